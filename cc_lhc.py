@@ -369,9 +369,655 @@ def load_policy(cwd: str, flag_values: dict) -> Policy:
 
 # == 4. Rollout parsing (pure): transcript line -> canonical records ============
 
+# Bumped whenever the mapping from transcript lines to canonical records changes;
+# every source row records the version that read it.
+PARSER_VERSION = 1
+
+# Record types Claude Code writes for its own bookkeeping. They are counted, never
+# parsed into the record, and never an error. Unknown types are treated the same way.
+BOOKKEEPING_TYPES = frozenset((
+    "queue-operation", "atis-latch", "api-request-shape", "api-request-blob", "api-request",
+    "tools-used", "last-prompt", "mode", "permission-mode", "cost-state",
+    "file-history-snapshot", "summary", "custom-title", "tag",
+))
+TERMINAL_STOP_REASONS = frozenset(("end_turn", "stop_sequence", "max_tokens", "refusal",
+                                   "pause_turn", "model_context_window_exceeded"))
+
+# Column order of a message row; the store inserts these tuples as they come.
+MESSAGE_COLUMNS = ("seq", "turn", "segment", "role", "kind", "text", "data", "tool_use_id",
+                   "tool_name", "is_error", "response_id", "model", "source_session",
+                   "source_uuid", "block", "line", "created")
+
+
+def flatten_tool_output(content) -> str:
+    """A tool result's content as the text a reader would see."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "text":
+                parts.append(block.get("text", ""))
+            elif isinstance(block, dict):
+                parts.append(f"[{block.get('type', 'block')}]")
+        return "\n".join(parts)
+    return "" if content is None else json.dumps(content, ensure_ascii=False)
+
+
+def _dump(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class ParseState:
+    """Everything the parser remembers between lines of one thread.
+
+    The store can rebuild it from what it holds (see ThreadStore.parse_state), so
+    capture survives being killed at any line.
+    """
+
+    def __init__(self, next_seq=1, next_turn=1):
+        self.next_seq = next_seq
+        self.next_turn = next_turn
+        self.open_turn = None        # the turn number still running, or None
+        self.turn_kind = None
+        self.segment = 0             # current segment index within the open turn
+        self.segment_first = None    # first seq of the current segment
+        self.segment_bytes = 0       # size of the current segment's text so far
+        self.outstanding = {}        # tool_use_id -> seq of the call, thread-wide
+        self.known_uuids = set()     # uuids seen in the session being read
+        self.compact_pending = False # a compact_boundary waits for its summary
+        self.last_turn = 0
+
+
+class ParseOutput:
+    """What parsing a batch of lines produced, ready for one store transaction."""
+
+    def __init__(self):
+        self.messages = []       # MESSAGE_COLUMNS tuples
+        self.turns_opened = []   # (n, kind, first_seq, session, started)
+        self.turns_closed = []   # (n, last_seq, status, stop_reason, ended)
+        self.segments = []       # (turn, idx, first_seq, last_seq, reason, est_tokens)
+        self.usage = {}          # response_id -> (session, seq, input, cc, cr, output, model, created)
+        self.chain = []          # (session, uuid)
+        self.problems = []       # (session, line, offset, kind, detail)
+        self.telemetry = {}      # type -> [count, bytes]
+        self.events = []         # ("native_compact", turn) and similar, for the host to report
+
+
+class RolloutParser:
+    """Maps Claude Code transcript lines to canonical records (pure).
+
+    One instance reads one session's lines in order into one thread. ``segment_soft_bytes``
+    is the size at which a long open turn is closed into a segment at the next safe
+    place (a tool result with no call outstanding).
+    """
+
+    def __init__(self, session_id: str, state: ParseState, segment_soft_bytes: int):
+        self.session = session_id
+        self.s = state
+        self.soft = segment_soft_bytes
+        self.out = ParseOutput()
+
+    def take(self) -> ParseOutput:
+        out, self.out = self.out, ParseOutput()
+        return out
+
+    # -- lines ---------------------------------------------------------------
+
+    def feed(self, raw: bytes, line_no: int, offset: int) -> None:
+        """One complete line (without its newline)."""
+        try:
+            rec = json.loads(raw)
+        except ValueError as e:
+            if raw.strip():
+                self.out.problems.append((self.session, line_no, offset, "malformed_line",
+                                          f"not valid JSON: {e}"))
+            return
+        if not isinstance(rec, dict):
+            self.out.problems.append((self.session, line_no, offset, "malformed_line",
+                                      "a line that is not a JSON object"))
+            return
+        rtype = rec.get("type")
+        uid = rec.get("uuid")
+        if uid is None or rtype in BOOKKEEPING_TYPES:
+            self._count(rtype, len(raw))
+            return
+        parent = rec.get("parentUuid")
+        if parent is not None and parent not in self.s.known_uuids:
+            self.out.problems.append((self.session, line_no, offset, "broken_chain",
+                                      f"record {uid} names parent {parent}, never seen in this session"))
+        if uid not in self.s.known_uuids:
+            self.s.known_uuids.add(uid)
+            self.out.chain.append((self.session, uid))
+        if rec.get("isSidechain"):
+            self._count("sidechain", len(raw))
+        elif rtype == "user":
+            self._user(rec, line_no, offset)
+        elif rtype == "assistant":
+            self._assistant(rec, line_no)
+        elif rtype == "system" and rec.get("subtype") == "compact_boundary":
+            self.s.compact_pending = True
+            self._count("system/compact_boundary", len(raw))
+        else:
+            label = rtype if rtype != "system" else f"system/{rec.get('subtype')}"
+            if rtype == "attachment":
+                label = f"attachment/{(rec.get('attachment') or {}).get('type')}"
+            self._count(label, len(raw))
+
+    def _count(self, rtype, size):
+        slot = self.out.telemetry.setdefault(str(rtype), [0, 0])
+        slot[0] += 1
+        slot[1] += size
+
+    # -- turns and segments ----------------------------------------------------
+
+    def _open_turn(self, kind, seq, created):
+        if self.s.open_turn is not None:
+            self._close_turn(seq - 1, "interrupted", None, created)
+        n = self.s.next_turn
+        self.s.next_turn += 1
+        self.s.open_turn, self.s.turn_kind = n, kind
+        self.s.segment, self.s.segment_first, self.s.segment_bytes = 0, seq, 0
+        self.out.turns_opened.append((n, kind, seq, self.session, created))
+        return n
+
+    def _close_segment(self, last_seq, reason):
+        s = self.s
+        if s.segment_first is not None and last_seq >= s.segment_first:
+            self.out.segments.append((s.open_turn, s.segment, s.segment_first, last_seq, reason,
+                                      s.segment_bytes // 4))
+        s.segment += 1
+        s.segment_first, s.segment_bytes = None, 0
+
+    def _close_turn(self, last_seq, status, stop_reason, ended):
+        if self.s.open_turn is None:
+            return
+        self._close_segment(last_seq, "terminal" if status == "closed" else status)
+        self.out.turns_closed.append((self.s.open_turn, last_seq, status, stop_reason, ended))
+        self.s.open_turn = None
+
+    def _message(self, role, kind, text, data, rec, block, line_no, tool_use_id=None,
+                 tool_name=None, is_error=None, response_id=None, model=None):
+        s = self.s
+        seq = s.next_seq
+        s.next_seq += 1
+        if s.open_turn is None:
+            self._open_turn("continuation", seq, rec.get("timestamp"))
+        if s.segment_first is None:
+            s.segment_first = seq
+        s.segment_bytes += len(text or "") + (len(data) if data and kind == "tool_call" else 0)
+        self.out.messages.append((seq, s.open_turn, s.segment, role, kind, text, data,
+                                  tool_use_id, tool_name, is_error, response_id, model,
+                                  self.session, rec.get("uuid"), block, line_no,
+                                  rec.get("timestamp")))
+        return seq
+
+    # -- record kinds ----------------------------------------------------------
+
+    def _user(self, rec, line_no, offset):
+        message = rec.get("message") or {}
+        content = message.get("content")
+        created = rec.get("timestamp")
+        if rec.get("isCompactSummary"):
+            seq = self.s.next_seq
+            self._open_turn("compact_summary", seq, created)
+            text = content if isinstance(content, str) else flatten_tool_output(content)
+            self._message("user", "compact_summary", text, _dump(content), rec, 0, line_no)
+            self._close_turn(seq, "closed", "compact_summary", created)
+            self.s.compact_pending = False
+            self.out.events.append(("native_compact", self.s.next_turn - 1))
+            return
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
+        if not isinstance(blocks, list):
+            blocks = [{"type": "unknown", "value": blocks}]
+        has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
+        if not has_result and not rec.get("isMeta"):
+            origin = (rec.get("origin") or {}).get("kind") if isinstance(rec.get("origin"), dict) else None
+            self._open_turn(origin or "prompt", self.s.next_seq, created)
+        for i, block in enumerate(blocks):
+            if not isinstance(block, dict):
+                block = {"type": "unknown", "value": block}
+            btype = block.get("type")
+            if btype == "tool_result":
+                tid = block.get("tool_use_id")
+                if tid in self.s.outstanding:
+                    del self.s.outstanding[tid]
+                else:
+                    self.out.problems.append((self.session, line_no, offset, "tool_result_without_call",
+                                              f"tool result for {tid} has no tool call in this thread"))
+                seq = self._message("user", "tool_result", flatten_tool_output(block.get("content")),
+                                    _dump(block), rec, i, line_no, tool_use_id=tid,
+                                    is_error=1 if block.get("is_error") else 0)
+                if (not self.s.outstanding and self.s.segment_bytes >= self.soft
+                        and self.s.open_turn is not None):
+                    self._close_segment(seq, "soft_size")
+            elif btype == "text":
+                kind = "user_meta" if rec.get("isMeta") else "user_text"
+                self._message("user", kind, block.get("text", ""), None, rec, i, line_no)
+            else:
+                self._message("user", f"user_{btype}", None, _dump(block), rec, i, line_no)
+
+    def _assistant(self, rec, line_no):
+        message = rec.get("message") or {}
+        response_id = message.get("id") or rec.get("uuid")
+        model = message.get("model")
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
+        created = rec.get("timestamp")
+        last = None
+        for i, block in enumerate(blocks):
+            if not isinstance(block, dict):
+                block = {"type": "unknown", "value": block}
+            btype = block.get("type")
+            if btype == "text":
+                kind = "api_error" if rec.get("isApiErrorMessage") else "assistant_text"
+                last = self._message("assistant", kind, block.get("text", ""), None, rec, i, line_no,
+                                     response_id=response_id, model=model)
+            elif btype == "thinking":
+                last = self._message("assistant", "thinking", block.get("thinking", ""), _dump(block),
+                                     rec, i, line_no, response_id=response_id, model=model)
+            elif btype == "tool_use":
+                tid = block.get("id")
+                last = self._message("assistant", "tool_call", _dump(block.get("input")),
+                                     _dump(block), rec, i, line_no, tool_use_id=tid,
+                                     tool_name=block.get("name"), response_id=response_id,
+                                     model=model)
+                self.s.outstanding[tid] = last
+            else:
+                last = self._message("assistant", f"assistant_{btype}", None, _dump(block), rec, i,
+                                     line_no, response_id=response_id, model=model)
+        usage = message.get("usage")
+        if isinstance(usage, dict) and last is not None:
+            self.out.usage[response_id] = (
+                self.session, last, _int_or_none(usage.get("input_tokens")),
+                _int_or_none(usage.get("cache_creation_input_tokens")),
+                _int_or_none(usage.get("cache_read_input_tokens")),
+                _int_or_none(usage.get("output_tokens")), model, created)
+        stop = message.get("stop_reason")
+        if last is not None and (stop in TERMINAL_STOP_REASONS or rec.get("isApiErrorMessage")):
+            self._close_turn(last, "closed", stop or "api_error", created)
+
+
+def _int_or_none(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def split_complete_lines(buf: bytes, base_offset: int):
+    """Yield (line, offset) for each newline-terminated line; the rest is left for later.
+
+    An incomplete last line is never parsed early: Claude may still be writing it.
+    """
+    start = 0
+    find = buf.find
+    while True:
+        end = find(b"\n", start)
+        if end < 0:
+            return
+        yield buf[start:end], base_offset + start
+        start = end + 1
+
+
 # == 5. Thread store: SQLite files, migrations, the append-only record ==========
 
+
+def _touch_private(path: str) -> None:
+    """Create a file with mode 0600 before SQLite does (it would use the umask)."""
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+
+
+def open_db(path: str, migrations, *, synchronous="NORMAL"):
+    """Open one of our SQLite files, applying missing migrations in order.
+
+    ``migrations`` is a list of (name, sql) and is append-only: a shipped entry is
+    never edited or reordered. PRAGMA user_version counts applied migrations, so a
+    file written by a newer cc-lhc is refused instead of being silently rewritten.
+    Each migration runs in its own explicit transaction (the sqlite3 module would
+    otherwise commit DDL implicitly).
+    """
+    import sqlite3
+    _touch_private(path)
+    db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute(f"PRAGMA synchronous = {synchronous}")
+        have = db.execute("PRAGMA user_version").fetchone()[0]
+        if have > len(migrations):
+            raise LhcError(f"{path} was written by a newer cc-lhc (schema {have}; this version "
+                           f"knows {len(migrations)}). Upgrade cc-lhc to open it; the file is unchanged.")
+        for index in range(have, len(migrations)):
+            name, sql = migrations[index]
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                current = db.execute("PRAGMA user_version").fetchone()[0]
+                if current > index:  # another process migrated while we waited
+                    db.execute("COMMIT")
+                    continue
+                for statement in sql.split(";\n"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied TEXT)")
+                db.execute("INSERT INTO migrations VALUES (?, ?)", (name, utc_now_iso()))
+                db.execute(f"PRAGMA user_version = {index + 1}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+class Tx:
+    """`with Tx(db):` runs the block in BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, *_):
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False
+
+
+THREAD_MIGRATIONS = [
+    ("001_record", """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE sources (
+    session_id TEXT PRIMARY KEY, path TEXT, start_offset INTEGER NOT NULL DEFAULT 0,
+    offset INTEGER NOT NULL DEFAULT 0, lines INTEGER NOT NULL DEFAULT 0,
+    parser_version INTEGER, degraded TEXT, first_seen TEXT, updated TEXT);
+CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY, turn INTEGER NOT NULL, segment INTEGER NOT NULL,
+    role TEXT NOT NULL, kind TEXT NOT NULL, text TEXT, data TEXT,
+    tool_use_id TEXT, tool_name TEXT, is_error INTEGER, response_id TEXT, model TEXT,
+    source_session TEXT, source_uuid TEXT, block INTEGER, line INTEGER, created TEXT);
+CREATE UNIQUE INDEX messages_source ON messages (source_session, source_uuid, block);
+CREATE INDEX messages_turn ON messages (turn);
+CREATE INDEX messages_tool ON messages (tool_use_id);
+CREATE TABLE turns (
+    n INTEGER PRIMARY KEY, kind TEXT, status TEXT NOT NULL DEFAULT 'open',
+    first_seq INTEGER, last_seq INTEGER, source_session TEXT, stop_reason TEXT,
+    started TEXT, ended TEXT);
+CREATE TABLE segments (
+    turn INTEGER, idx INTEGER, first_seq INTEGER, last_seq INTEGER, reason TEXT,
+    est_tokens INTEGER, PRIMARY KEY (turn, idx));
+CREATE TABLE usage (
+    response_id TEXT PRIMARY KEY, source_session TEXT, seq INTEGER, input INTEGER,
+    cache_creation INTEGER, cache_read INTEGER, output INTEGER, model TEXT, created TEXT);
+CREATE TABLE chain (session TEXT, uuid TEXT, PRIMARY KEY (session, uuid)) WITHOUT ROWID;
+CREATE TABLE problems (
+    id INTEGER PRIMARY KEY, session TEXT, line INTEGER, offset INTEGER, kind TEXT,
+    detail TEXT, created TEXT);
+CREATE TABLE telemetry (
+    session TEXT, type TEXT, count INTEGER, bytes INTEGER, PRIMARY KEY (session, type));
+CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages', content_rowid='seq')
+"""),
+]
+
+REGISTRY_MIGRATIONS = [
+    ("001_threads", """
+CREATE TABLE threads (id TEXT PRIMARY KEY, cwd TEXT, created TEXT, origin TEXT);
+CREATE TABLE aliases (
+    alias TEXT PRIMARY KEY, thread_id TEXT NOT NULL REFERENCES threads (id),
+    session_id TEXT NOT NULL, is_current INTEGER NOT NULL DEFAULT 0, created TEXT);
+CREATE UNIQUE INDEX one_current_alias ON aliases (thread_id) WHERE is_current = 1
+"""),
+]
+
+HOST_MIGRATIONS = [
+    ("001_sessions", """
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY, thread_id TEXT, rollout_path TEXT, cwd TEXT,
+    captured_offset INTEGER NOT NULL DEFAULT 0, replayed_prefix_bytes INTEGER NOT NULL DEFAULT 0,
+    replayed_prefix_sha256 TEXT, created TEXT, updated TEXT)
+"""),
+]
+
+
+def session_alias(session_id: str) -> str:
+    return f"claude-code:{session_id}"
+
+
+class Registry:
+    """registry.sqlite: threads and the session aliases that lead to them."""
+
+    def __init__(self, home: "StateHome"):
+        self.db = open_db(home.path("registry.sqlite"), REGISTRY_MIGRATIONS, synchronous="FULL")
+
+    def thread_for_session(self, session_id: str):
+        row = self.db.execute("SELECT thread_id FROM aliases WHERE alias = ?",
+                              (session_alias(session_id),)).fetchone()
+        return row[0] if row else None
+
+    def current_session(self, thread_id: str):
+        row = self.db.execute("SELECT session_id FROM aliases WHERE thread_id = ? AND is_current = 1",
+                              (thread_id,)).fetchone()
+        return row[0] if row else None
+
+    def create_thread(self, session_id: str, cwd: str, origin: str) -> str:
+        thread_id = str(uuid.uuid4())
+        now = utc_now_iso()
+        with Tx(self.db):
+            self.db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (thread_id, cwd, now, origin))
+            self.db.execute("INSERT INTO aliases VALUES (?, ?, ?, 1, ?)",
+                            (session_alias(session_id), thread_id, session_id, now))
+        return thread_id
+
+    def threads(self):
+        return self.db.execute(
+            "SELECT t.id, t.cwd, t.created, t.origin, a.session_id FROM threads t "
+            "LEFT JOIN aliases a ON a.thread_id = t.id AND a.is_current = 1 ORDER BY t.created"
+        ).fetchall()
+
+    def resolve_prefix(self, prefix: str) -> str:
+        """A thread id from a unique prefix (or a session id of the thread)."""
+        rows = [r[0] for r in self.db.execute("SELECT id FROM threads WHERE id LIKE ? ORDER BY id",
+                                              (prefix.replace("%", "") + "%",)).fetchall()]
+        if not rows and is_uuid(prefix):
+            by_session = self.thread_for_session(prefix)
+            rows = [by_session] if by_session else []
+        if not rows:
+            raise usage_error(f"no thread matches {prefix!r} (see cc-lhc threads)")
+        if len(rows) > 1:
+            raise usage_error(f"{prefix!r} matches {len(rows)} threads: " + ", ".join(rows)
+                              + "; give more of the id")
+        return rows[0]
+
+
+class HostDB:
+    """cc-lhc.sqlite: what this host knows about each Claude session it has run."""
+
+    def __init__(self, home: "StateHome"):
+        self.db = open_db(home.path("cc-lhc.sqlite"), HOST_MIGRATIONS)
+
+    def note_session(self, session_id, thread_id, rollout_path, cwd):
+        now = utc_now_iso()
+        with Tx(self.db):
+            self.db.execute(
+                "INSERT INTO sessions (session_id, thread_id, rollout_path, cwd, created, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET "
+                "thread_id = excluded.thread_id, rollout_path = excluded.rollout_path, "
+                "updated = excluded.updated", (session_id, thread_id, rollout_path, cwd, now, now))
+
+    def session(self, session_id):
+        row = self.db.execute("SELECT session_id, thread_id, rollout_path, cwd, captured_offset, "
+                              "replayed_prefix_bytes, replayed_prefix_sha256 FROM sessions "
+                              "WHERE session_id = ?", (session_id,)).fetchone()
+        if not row:
+            return None
+        keys = ("session_id", "thread_id", "rollout_path", "cwd", "captured_offset",
+                "replayed_prefix_bytes", "replayed_prefix_sha256")
+        return dict(zip(keys, row))
+
+    def mirror_offset(self, session_id, offset):
+        with Tx(self.db):
+            self.db.execute("UPDATE sessions SET captured_offset = ?, updated = ? WHERE session_id = ?",
+                            (offset, utc_now_iso(), session_id))
+
+
+class ThreadStore:
+    """threads/<id>.sqlite: one thread's append-only canonical record.
+
+    Messages and turns are only ever added; their labels (mN, tN) never change. The
+    byte offset read from each source transcript is written in the same transaction
+    as the messages it produced, which is what makes capture safe to kill anywhere.
+    """
+
+    def __init__(self, home: "StateHome", thread_id: str):
+        self.thread_id = thread_id
+        home.ensure("threads")
+        self.path = home.path("threads", f"{thread_id}.sqlite")
+        self.db = open_db(self.path, THREAD_MIGRATIONS)
+        if not self.db.execute("SELECT 1 FROM meta WHERE key = 'thread_id'").fetchone():
+            with Tx(self.db):
+                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('thread_id', ?)", (thread_id,))
+
+    def close(self):
+        self.db.close()
+
+    # -- sources ----------------------------------------------------------------
+
+    def source(self, session_id):
+        row = self.db.execute("SELECT path, start_offset, offset, lines, degraded FROM sources "
+                              "WHERE session_id = ?", (session_id,)).fetchone()
+        return None if row is None else dict(zip(("path", "start_offset", "offset", "lines",
+                                                  "degraded"), row))
+
+    def add_source(self, session_id, path, start_offset=0):
+        now = utc_now_iso()
+        with Tx(self.db):
+            self.db.execute("INSERT OR IGNORE INTO sources (session_id, path, start_offset, offset, "
+                            "parser_version, first_seen, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (session_id, path, start_offset, start_offset, PARSER_VERSION, now, now))
+
+    def parse_state(self, session_id) -> ParseState:
+        """Rebuild the parser's memory from the record (after a restart or a kill)."""
+        db = self.db
+        state = ParseState()
+        state.next_seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
+        state.next_turn = (db.execute("SELECT max(n) FROM turns").fetchone()[0] or 0) + 1
+        row = db.execute("SELECT n, kind FROM turns WHERE status = 'open' ORDER BY n DESC LIMIT 1").fetchone()
+        if row:
+            state.open_turn, state.turn_kind = row
+            seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ?", (row[0],)).fetchone()[0]
+            state.segment = seg or 0
+            first, size = db.execute(
+                "SELECT min(seq), sum(length(text)) FROM messages WHERE turn = ? AND segment = ?",
+                (row[0], state.segment)).fetchone()
+            closed = db.execute("SELECT 1 FROM segments WHERE turn = ? AND idx = ?",
+                                (row[0], state.segment)).fetchone()
+            if closed:
+                state.segment += 1
+            else:
+                state.segment_first, state.segment_bytes = first, size or 0
+        state.outstanding = dict(db.execute(
+            "SELECT c.tool_use_id, c.seq FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
+            "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)"
+        ).fetchall())
+        state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
+                                                      (session_id,))}
+        return state
+
+    def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int) -> None:
+        """Write one parsed batch and the offset it reached, atomically."""
+        db = self.db
+        now = utc_now_iso()
+        with Tx(db):
+            if out.turns_opened:
+                db.executemany("INSERT INTO turns (n, kind, first_seq, source_session, started) "
+                               "VALUES (?, ?, ?, ?, ?)", out.turns_opened)
+            if out.messages:
+                db.executemany(f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES "
+                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})", out.messages)
+            if out.turns_closed:
+                db.executemany("UPDATE turns SET last_seq = ?, status = ?, stop_reason = ?, ended = ? "
+                               "WHERE n = ?", [(last, status, stop, ended, n)
+                                               for n, last, status, stop, ended in out.turns_closed])
+            if out.segments:
+                db.executemany("INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?, ?, ?)", out.segments)
+            if out.usage:
+                db.executemany("INSERT OR REPLACE INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               [(rid,) + row for rid, row in out.usage.items()])
+            if out.chain:
+                db.executemany("INSERT OR IGNORE INTO chain VALUES (?, ?)", out.chain)
+            if out.problems:
+                db.executemany("INSERT INTO problems (session, line, offset, kind, detail, created) "
+                               "VALUES (?, ?, ?, ?, ?, ?)", [p + (now,) for p in out.problems])
+                first = out.problems[0]
+                db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
+                           (f"{first[3]} at line {first[1]}: {first[4]}", session_id))
+            for rtype, (count, size) in out.telemetry.items():
+                db.execute("INSERT INTO telemetry VALUES (?, ?, ?, ?) ON CONFLICT (session, type) DO "
+                           "UPDATE SET count = count + excluded.count, bytes = bytes + excluded.bytes",
+                           (session_id, rtype, count, size))
+            db.execute("UPDATE sources SET offset = ?, lines = lines + ?, parser_version = ?, "
+                       "updated = ? WHERE session_id = ?",
+                       (new_offset, lines_read, PARSER_VERSION, now, session_id))
+
+    def mark_degraded(self, session_id, kind, detail):
+        with Tx(self.db):
+            self.db.execute("INSERT INTO problems (session, line, offset, kind, detail, created) "
+                            "VALUES (?, NULL, NULL, ?, ?, ?)", (session_id, kind, detail, utc_now_iso()))
+            self.db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
+                            (f"{kind}: {detail}", session_id))
+
+    def index_search(self) -> int:
+        """Bring the full-text index up to the record; returns rows added."""
+        db = self.db
+        done = int((db.execute("SELECT value FROM meta WHERE key = 'fts_upto'").fetchone() or (0,))[0])
+        top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
+        if top <= done:
+            return 0
+        with Tx(db):
+            db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages "
+                       "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
+        return top - done
+
+    # -- reading ------------------------------------------------------------------
+
+    def summary(self) -> dict:
+        db = self.db
+        turns, messages = db.execute("SELECT (SELECT count(*) FROM turns), "
+                                     "(SELECT count(*) FROM messages)").fetchone()
+        captured, degraded, last = db.execute(
+            "SELECT coalesce(sum(offset - start_offset), 0), group_concat(degraded, '; '), "
+            "max(updated) FROM sources").fetchone()
+        return {"turns": turns, "messages": messages, "captured_bytes": captured,
+                "degraded": degraded, "last_activity": last}
+
+    def messages(self, first_turn=None, last_turn=None):
+        sql = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages"
+        args, where = [], []
+        if first_turn is not None:
+            where.append("turn >= ?")
+            args.append(first_turn)
+        if last_turn is not None:
+            where.append("turn <= ?")
+            args.append(last_turn)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        for row in self.db.execute(sql + " ORDER BY seq", args):
+            yield dict(zip(MESSAGE_COLUMNS, row))
+
+
 # == 6. Views (pure): fidelity bands and the served view ========================
+
+# How each allocation profile splits the view budget between the bands. The newest
+# turns get the best band that still fits; what no band can hold is named by range.
+PROFILE_SHARES = {
+    "default": {"full": 0.55, "lean": 0.30, "summary": 0.15},
+    "balanced": {"full": 0.40, "lean": 0.35, "summary": 0.25},
+    "historical": {"full": 0.30, "lean": 0.35, "summary": 0.35},
+}
+
 
 # == 7. Rollout writing: a view -> a transcript Claude can resume ===============
 
@@ -524,6 +1170,160 @@ def exit_status_from_wait(status: int) -> int:
 
 
 # == 11. Capture: tailing the live transcript into the store ====================
+
+
+def rollout_path(session_id: str, cwd: str) -> str:
+    return os.path.join(claude_config_dir(), "projects", project_slug(cwd), f"{session_id}.jsonl")
+
+
+def segment_soft_bytes(policy) -> int:
+    """Half the full-fidelity share of the lower target, as bytes (4 per token)."""
+    target = policy["lowerBoundTokens"] if policy is not None else BUILTIN_POLICY["lowerBoundTokens"]
+    profile = policy["profile"] if policy is not None else "default"
+    return int(target * PROFILE_SHARES[profile]["full"] / 2) * 4
+
+
+class Capture:
+    """Reads one session's transcript into its thread: on demand, or live in a thread.
+
+    Only newline-terminated lines are parsed, so a line Claude is still writing is
+    waited on. Each batch of records is committed together with the byte offset it
+    reached; killed at any point, the next run resumes exactly there. SQLite work
+    happens on the capture thread, never on the terminal relay's.
+    """
+
+    BATCH_BYTES = 8 << 20
+    POLL_SECONDS = 0.05
+
+    def __init__(self, home, thread_id, session_id, path, policy=None, start_offset=0,
+                 on_event=None):
+        self.home = home
+        self.thread_id = thread_id
+        self.session_id = session_id
+        self.path = path
+        self.policy = policy
+        self.start_offset = start_offset
+        self.on_event = on_event or (lambda *_: None)
+        self.store = None
+        self._thread = None
+        self._stop = None
+        self.error = None
+        self.lines = 0
+
+    def _open(self):
+        if self.store is None:
+            self.store = ThreadStore(self.home, self.thread_id)
+            self.store.add_source(self.session_id, self.path, self.start_offset)
+
+    def catch_up(self, index=True) -> int:
+        """Read every complete line not yet in the record; returns lines read."""
+        self._open()
+        store = self.store
+        src = store.source(self.session_id)
+        offset = src["offset"]
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return 0
+        if size < offset:
+            if not src["degraded"]:
+                store.mark_degraded(self.session_id, "transcript_shrank",
+                                    f"{self.path} is {size} bytes, {offset} were already captured")
+            return 0
+        if size == offset:
+            return 0
+        parser = RolloutParser(self.session_id, store.parse_state(self.session_id),
+                               segment_soft_bytes(self.policy))
+        total = 0
+        line_no = src["lines"]
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            pending = b""
+            while True:
+                chunk = f.read(self.BATCH_BYTES)
+                if not chunk:
+                    break
+                buf = pending + chunk if pending else chunk
+                base = offset
+                end = offset
+                n = 0
+                for line, at in split_complete_lines(buf, base):
+                    n += 1
+                    parser.feed(line, line_no + n, at)
+                    end = at + len(line) + 1
+                pending = buf[end - base:]
+                if n:
+                    out = parser.take()
+                    store.apply(self.session_id, out, end, n)
+                    self._report(out)
+                    line_no += n
+                    total += n
+                    offset = end
+        self.lines += total
+        if index and total:
+            store.index_search()
+        return total
+
+    def _report(self, out: ParseOutput):
+        for event in out.events:
+            self.on_event(event, self)
+        for problem in out.problems:
+            self.home.log("capture_problem", thread=self.thread_id, session=problem[0],
+                          line=problem[1], kind=problem[3], detail=problem[4])
+
+    def start(self):
+        import threading
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cc-lhc-capture", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        last = None
+        while not self._stop.is_set():
+            try:
+                st = os.stat(self.path)
+                key = (st.st_size, st.st_mtime_ns, st.st_ino)
+                if key != last:
+                    last = key
+                    self.catch_up()
+            except FileNotFoundError:
+                pass  # Claude writes the file with the first prompt
+            except Exception as e:  # capture must never take the session down
+                self.error = e
+                self.home.log("capture_error", thread=self.thread_id, error=repr(e))
+                self._stop.wait(1.0)
+            self._stop.wait(self.POLL_SECONDS)
+
+    def stop(self) -> int:
+        """Stop the live thread and read whatever Claude wrote last."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        try:
+            return self.catch_up()
+        finally:
+            if self.store is not None:
+                self.store.close()
+                self.store = None
+
+
+def bench_intake(path: str, home_dir: str) -> dict:
+    """Intake one transcript into a fresh store (used by scripts/bench.py)."""
+    import time
+    home = StateHome(home_dir)
+    home.ensure()
+    thread_id = str(uuid.uuid4())
+    t0 = time.perf_counter()
+    cap = Capture(home, thread_id, "bench-session", path)
+    lines = cap.catch_up(index=False)
+    t1 = time.perf_counter()
+    indexed = cap.store.index_search()
+    t2 = time.perf_counter()
+    summary = cap.store.summary()
+    cap.stop()
+    return {"lines": lines, "intake_s": t1 - t0, "index_s": t2 - t1, "indexed": indexed, **summary}
+
 
 # == 12. Terminal relay ==========================================================
 
@@ -858,7 +1658,288 @@ def run_oneshot(spec, home: StateHome) -> int:
     return status
 
 
+def with_resume(args, found, session_id):
+    """Claude's argv with its own session selectors replaced by --resume <session_id>."""
+    drop = set()
+    for i, n in found.get("selectors", ()):
+        drop.update(range(i, i + n))
+    return ["--resume", session_id] + [a for j, a in enumerate(args) if j not in drop]
+
+
+def _session_rollout(hostdb, session_id, cwd):
+    known = hostdb.session(session_id)
+    if known and known["rollout_path"]:
+        return known["rollout_path"]
+    return rollout_path(session_id, cwd)
+
+
+def _resume_session(spec, session_id):
+    spec.resume = session_id
+    spec.session_id = session_id
+    spec.assigned_session = False
+    spec.continue_ = spec.resume_picker = False
+    spec.child_argv = [spec.child_argv[0]] + with_resume(spec.claude_args, spec.found, session_id)
+
+
+def attach_thread(spec, home, policy):
+    """Resolve this launch's session to a thread and prepare its capture.
+
+    A fresh session gets a new thread; --resume of a session seen before lands on
+    its thread's current session; --resume of a session never seen adopts its whole
+    transcript; --continue and bare --resume are resolved here, before spawn.
+    """
+    if spec.found.get("no_persistence"):
+        home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript")
+        return None
+    registry, hostdb = Registry(home), HostDB(home)
+    if spec.continue_:
+        target = continue_target(spec, registry, hostdb)
+        if target is None:
+            return None  # nothing to continue here: Claude says so itself
+        _resume_session(spec, target)
+    elif spec.resume_picker:
+        _resume_session(spec, pick_thread_session(spec, registry, hostdb))
+    origin = "fresh"
+    if spec.resume:
+        thread = registry.thread_for_session(spec.resume)
+        if thread:
+            current = registry.current_session(thread)
+            if current and current != spec.resume:
+                say(f"session {spec.resume} continues as {current} in thread {thread[:8]}; resuming that")
+                _resume_session(spec, current)
+        path = _session_rollout(hostdb, spec.session_id, spec.cwd)
+        if thread is None:
+            if not os.path.exists(path):
+                home.log("capture_off", reason=f"no transcript at {path} to adopt")
+                return None
+            thread = registry.create_thread(spec.session_id, spec.cwd, "adopted")
+            origin = "adopted"
+        repair_torn_tail(path, home, spec.session_id)
+    else:
+        path = rollout_path(spec.session_id, spec.cwd)
+        thread = registry.create_thread(spec.session_id, spec.cwd, "fork" if spec.fork else "fresh")
+    hostdb.note_session(spec.session_id, thread, path, spec.cwd)
+    known = hostdb.session(spec.session_id)
+    home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
+
+    def on_event(event, capture):
+        kind, turn = event
+        if kind == "native_compact":
+            note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
+                    f"as turn t{turn} and every earlier turn stays in the thread")
+            home.log("native_compact", thread=capture.thread_id, turn=turn, note=note)
+            if spec.print_mode:
+                say(note)
+
+    return Capture(home, thread, spec.session_id, path, policy,
+                   start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event)
+
+
+def _cwd_threads(registry, hostdb, cwd):
+    """This folder's threads with their current session and its transcript's age."""
+    rows = []
+    for thread_id, tcwd, _created, _origin, session in registry.threads():
+        if tcwd != cwd or not session:
+            continue
+        path = _session_rollout(hostdb, session, cwd)
+        try:
+            mtime = os.path.getmtime(path)
+        except OSError:
+            continue
+        rows.append((mtime, thread_id, session, path))
+    rows.sort(reverse=True)
+    return rows
+
+
+def continue_target(spec, registry, hostdb):
+    """--continue: this folder's most recent thread, else Claude's most recent session."""
+    rows = _cwd_threads(registry, hostdb, spec.cwd)
+    if rows:
+        return rows[0][2]
+    folder = os.path.join(claude_config_dir(), "projects", project_slug(spec.cwd))
+    try:
+        candidates = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".jsonl")]
+    except OSError:
+        return None
+    candidates = [c for c in candidates if is_uuid(os.path.basename(c)[:-6])]
+    if not candidates:
+        return None
+    return os.path.basename(max(candidates, key=os.path.getmtime))[:-6]
+
+
+def pick_thread_session(spec, registry, hostdb):
+    """Bare --resume: let the user choose one of this folder's threads."""
+    rows = _cwd_threads(registry, hostdb, spec.cwd)
+    term = spec.found.get("resume") if isinstance(spec.found.get("resume"), str) else None
+    if not rows:
+        raise usage_error("no cc-lhc threads in this folder yet; start one with cc-lhc, "
+                          "or pass --resume <session-id>")
+    home = StateHome()
+    listed = []
+    for mtime, thread_id, session, _path in rows:
+        store = ThreadStore(home, thread_id)
+        try:
+            last = store.db.execute("SELECT text FROM messages WHERE kind = 'user_text' "
+                                    "ORDER BY seq DESC LIMIT 1").fetchone()
+            info = store.summary()
+        finally:
+            store.close()
+        prompt = (last[0] if last else "").replace("\n", " ")
+        if term and term.lower() not in prompt.lower() and not thread_id.startswith(term):
+            continue
+        when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
+        listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  {prompt[:60]}"))
+    if not listed:
+        raise usage_error(f"no thread in this folder matches {term!r}")
+    try:
+        tty = open("/dev/tty", "r+") if os.name == "posix" else None
+    except OSError:
+        tty = None
+    if tty is None:
+        raise usage_error("choosing a thread needs a terminal; pass --resume <session-id> "
+                          "(cc-lhc threads lists them)")
+    with tty:
+        tty.write("Threads in this folder (newest first):\n")
+        for i, (_s, line) in enumerate(listed, 1):
+            tty.write(f"  {i:>2}. {line}\n")
+        tty.write("Resume which? [1] ")
+        tty.flush()
+        answer = tty.readline().strip() or "1"
+    if not answer.isdigit() or not 1 <= int(answer) <= len(listed):
+        raise usage_error(f"no thread numbered {answer!r}")
+    return listed[int(answer) - 1][0]
+
+
 # == 14. Recovery at launch ======================================================
+
+
+def file_is_held(path: str):
+    """True when another process has the file open, False when provably not, None when unsure."""
+    if sys.platform.startswith("linux"):
+        return _held_linux(path)
+    if sys.platform == "darwin":
+        return _held_macos(path)
+    if os.name == "nt":
+        return _held_windows(path)
+    return None
+
+
+def _held_linux(path):
+    target = os.path.realpath(path)
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    # A process we may not inspect can only hold the file if the file lets it read.
+    others_can_read = bool(st.st_mode & 0o044)
+    me = os.getpid()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    unsure = False
+    for pid in pids:
+        if int(pid) == me:
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            unsure = unsure or others_can_read
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") == target:
+                    return True
+            except OSError:
+                continue
+    return None if unsure else False
+
+
+def _held_macos(path):  # pragma: no cover - macOS only
+    import subprocess
+    try:
+        out = subprocess.run(["lsof", "-t", "--", path], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode == 0 and out.stdout.strip():
+        return True
+    if out.returncode == 1 and not out.stdout.strip() and not out.stderr.strip():
+        return False
+    return None
+
+
+def _held_windows(path):  # pragma: no cover - Windows only
+    """An exclusive-open probe: with no sharing allowed, any other open handle makes it fail."""
+    import ctypes
+    GENERIC_READ, OPEN_EXISTING, SHARING_VIOLATION = 0x80000000, 3, 32
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.CreateFileW.restype = ctypes.c_void_p
+    handle = kernel32.CreateFileW(path, GENERIC_READ, 0, None, OPEN_EXISTING, 0, None)
+    if handle in (None, ctypes.c_void_p(-1).value):
+        return True if ctypes.get_last_error() == SHARING_VIOLATION else None
+    kernel32.CloseHandle(ctypes.c_void_p(handle))
+    return False
+
+
+def repair_torn_tail(path: str, home, session_id: str):
+    """Fix a transcript whose last line was cut off, before Claude resumes it.
+
+    A complete record that only lacks its newline gets one; an incomplete fragment is
+    saved under torn-lines/ and trimmed. Nothing is touched unless no other process
+    can be shown to have the file open. Returns what was done, or None.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size == 0:
+                return None
+            window = min(size, 1 << 20)
+            while True:
+                f.seek(size - window)
+                tail = f.read(window)
+                cut = tail.rfind(b"\n")
+                if cut >= 0 or window == size:
+                    break
+                window = min(size, window * 4)
+    except OSError:
+        return None
+    if tail.endswith(b"\n"):
+        return None
+    fragment = tail[cut + 1:]
+    held = file_is_held(path)
+    if held is not False:
+        home.log("torn_tail_left", session=session_id, path=path,
+                 reason="held by another process" if held else "could not prove the file unheld")
+        return None
+    try:
+        json.loads(fragment)
+        complete = True
+    except ValueError:
+        complete = False
+    if complete:
+        with open(path, "ab") as f:
+            f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        home.log("torn_tail_newline", session=session_id, path=path)
+        return "newline"
+    folder = home.ensure("torn-lines")
+    saved = os.path.join(folder, f"{session_id}-{utc_now_iso().replace(':', '')}.fragment")
+    fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(fragment)
+        out.flush()
+        os.fsync(out.fileno())
+    with open(path, "r+b") as f:
+        f.truncate(size - len(fragment))
+        os.fsync(f.fileno())
+    home.log("torn_tail_trimmed", session=session_id, path=path, saved=saved, bytes=len(fragment))
+    return "trimmed"
+
 
 # == 15. Commands, argument parsing, main ========================================
 
@@ -901,6 +1982,7 @@ class LaunchSpec:
         self.positionals = []
         self.cwd = os.getcwd()
         self.flags = {}               # lhc launch flags: name -> value
+        self.found = {}               # what scan_claude_args saw
 
 
 def scan_claude_args(args):
@@ -911,7 +1993,7 @@ def scan_claude_args(args):
     """
     found = {"print_mode": False, "resume": None, "continue_": False, "session_id": None,
              "fork": False, "autocompact": False, "help_or_version": False,
-             "positionals": [], "selectors": []}
+             "positionals": [], "selectors": [], "no_persistence": False}
     i = 0
     while i < len(args):
         a = args[i]
@@ -938,15 +2020,14 @@ def scan_claude_args(args):
         if name in ("-p", "--print"):
             found["print_mode"] = True
         elif name in ("-r", "--resume"):
-            found["selectors"].append(a)
+            found["selectors"].append((i, consumed))
             if found["resume"] is not None:
                 raise usage_error("--resume is given more than once")
             found["resume"] = value if value is not None else True
         elif name in ("-c", "--continue"):
-            found["selectors"].append(a)
+            found["selectors"].append((i, consumed))
             found["continue_"] = True
         elif name == "--session-id":
-            found["selectors"].append(a)
             if value is None:
                 raise usage_error("--session-id needs a session id (a UUID)")
             if not is_uuid(value):
@@ -956,6 +2037,8 @@ def scan_claude_args(args):
             found["fork"] = True
         elif name == "--autocompact":
             found["autocompact"] = True
+        elif name == "--no-session-persistence":
+            found["no_persistence"] = True
         elif name in ("-h", "--help", "-v", "--version"):
             found["help_or_version"] = True
         i += consumed
@@ -1163,6 +2246,7 @@ def build_launch(argv) -> LaunchSpec:
         spec.passthrough = True
         spec.child_argv = [find_claude_binary()] + claude_args
         return spec
+    spec.found = found
     normalize_session(spec, found)
     extra = ["--session-id", spec.session_id] if spec.assigned_session else []
     spec.child_argv = [find_claude_binary()] + extra + claude_args
@@ -1184,20 +2268,191 @@ def cmd_launch(argv) -> int:
         return run_oneshot(spec, home)
     policy = load_policy(spec.cwd, policy_flag_values(spec.flags))
     announce_policy(policy, home)
+    capture = attach_thread(spec, home, policy)
     home.log("launch", version=VERSION, mode="oneshot" if spec.print_mode else "interactive",
              session=spec.session_id, resume=spec.resume, cwd=spec.cwd,
+             thread=capture.thread_id if capture else None,
              policy={k: policy.values[k] for k in ("lowerBoundTokens", "upperBoundTokens",
                                                    "minRunwayTokens", "profile")})
-    if spec.print_mode:
-        return run_oneshot(spec, home)
-    return run_interactive(spec, home)
+    if capture:
+        capture.start()
+    try:
+        if spec.print_mode:
+            return run_oneshot(spec, home)
+        return run_interactive(spec, home)
+    finally:
+        if capture:
+            finish_capture(capture, spec, home)
+
+
+def finish_capture(capture, spec, home):
+    """Read Claude's last lines into the record before cc-lhc exits."""
+    try:
+        capture.stop()
+    except LhcError:
+        raise
+    except Exception as e:  # the session already ended well; say what was not captured
+        say(f"capture of session {spec.session_id} did not finish: {e}")
+        home.log("capture_error", thread=capture.thread_id, error=repr(e))
+        return
+    home.log("capture_done", thread=capture.thread_id, session=spec.session_id, lines=capture.lines)
+
+
+def _take_option(args, name, default=None, cast=str):
+    """Remove `name VALUE` / `name=VALUE` from args and return the value."""
+    for i, a in enumerate(args):
+        if a == name:
+            if i + 1 >= len(args):
+                raise usage_error(f"{name} needs a value")
+            value = args[i + 1]
+            del args[i:i + 2]
+            break
+        if a.startswith(name + "="):
+            value = a[len(name) + 1:]
+            del args[i]
+            break
+    else:
+        return default
+    try:
+        return cast(value)
+    except ValueError:
+        raise usage_error(f"{name}: {value!r} is not valid")
+
+
+def _take_flag(args, name) -> bool:
+    if name in args:
+        args.remove(name)
+        return True
+    return False
+
+
+def _no_more(args, command):
+    if args:
+        raise usage_error(f"cc-lhc {command}: unexpected argument {args[0]!r}")
+
+
+def _turn_number(text: str) -> int:
+    m = re.fullmatch(r"t?(\d+)", text.strip())
+    if not m:
+        raise usage_error(f"{text!r} is not a turn label like t12")
+    return int(m.group(1))
+
+
+def cmd_threads(args) -> int:
+    """List captured threads."""
+    as_json = _take_flag(args, "--json")
+    _no_more(args, "threads")
+    home = StateHome()
+    if not os.path.exists(home.path("registry.sqlite")):
+        rows = []
+    else:
+        registry = Registry(home)
+        rows = []
+        for thread_id, cwd, created, origin, session in registry.threads():
+            store = ThreadStore(home, thread_id)
+            try:
+                info = store.summary()
+            finally:
+                store.close()
+            rows.append({"id": thread_id, "cwd": cwd, "current_session": session, "origin": origin,
+                         "created": created, **info, "degraded": bool(info["degraded"]),
+                         "degraded_reason": info["degraded"]})
+    if as_json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    if not rows:
+        print("no threads yet")
+        return EXIT_OK
+    print(f"{'thread':<10} {'turns':>6} {'msgs':>7} {'captured':>10}  {'last activity':<20} "
+          f"{'current session':<37} cwd")
+    for r in rows:
+        flag = "  DEGRADED: " + r["degraded_reason"] if r["degraded"] else ""
+        print(f"{r['id'][:8]:<10} {r['turns']:>6} {r['messages']:>7} {r['captured_bytes']:>10}  "
+              f"{(r['last_activity'] or '-')[:19]:<20} {r['current_session'] or '-':<37} {r['cwd']}{flag}")
+    return EXIT_OK
+
+
+def export_record(m: dict) -> dict:
+    """One message as the export format shows it: verbatim content, nothing re-worded."""
+    out = {"label": f"m{m['seq']}", "turn": f"t{m['turn']}", "role": m["role"], "kind": m["kind"]}
+    data = json.loads(m["data"]) if m["data"] else None
+    if m["kind"] == "tool_call":
+        out["tool"] = m["tool_name"]
+        out["input"] = data.get("input") if isinstance(data, dict) else None
+    elif m["kind"] == "tool_result":
+        out["output"] = data.get("content") if isinstance(data, dict) else m["text"]
+        out["is_error"] = bool(m["is_error"])
+    elif m["kind"] == "thinking":
+        out["text"] = m["text"]
+        out["signature"] = data.get("signature") if isinstance(data, dict) else None
+    elif m["text"] is not None:
+        out["text"] = m["text"]
+    else:
+        out["block"] = data
+    if m["tool_use_id"]:
+        out["tool_use_id"] = m["tool_use_id"]
+    if m["model"]:
+        out["model"] = m["model"]
+    out["source_session"] = m["source_session"]
+    out["source_uuid"] = m["source_uuid"]
+    return out
+
+
+def render_markdown_message(m: dict) -> str:
+    label = f"m{m['seq']}"
+    if m["kind"] == "tool_call":
+        return f"**{label} · tool call {m['tool_name']}** (`{m['tool_use_id']}`)\n\n```json\n{m['text']}\n```\n"
+    if m["kind"] == "tool_result":
+        err = " · error" if m["is_error"] else ""
+        return f"**{label} · tool result{err}** (`{m['tool_use_id']}`)\n\n```\n{m['text']}\n```\n"
+    if m["kind"] == "thinking":
+        return f"**{label} · thinking**\n\n> " + (m["text"] or "").replace("\n", "\n> ") + "\n"
+    body = m["text"] if m["text"] is not None else f"`{m['data']}`"
+    return f"**{label} · {m['role']} · {m['kind']}**\n\n{body}\n"
+
+
+def cmd_export(args) -> int:
+    """Print a thread's canonical record in label order."""
+    fmt = _take_option(args, "--format", "json")
+    first = _take_option(args, "--from", None, _turn_number)
+    last = _take_option(args, "--to", None, _turn_number)
+    if fmt not in ("json", "markdown"):
+        raise usage_error("--format is json or markdown")
+    if len(args) != 1:
+        raise usage_error("usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown] "
+                          "[--from tN] [--to tN]")
+    home = StateHome()
+    if not os.path.exists(home.path("registry.sqlite")):
+        raise usage_error("no threads yet")
+    thread_id = Registry(home).resolve_prefix(args[0])
+    store = ThreadStore(home, thread_id)
+    out = sys.stdout
+    try:
+        if fmt == "json":
+            out.write("[")
+            sep = "\n"
+            for m in store.messages(first, last):
+                out.write(sep + json.dumps(export_record(m), ensure_ascii=False))
+                sep = ",\n"
+            out.write("\n]\n")
+        else:
+            out.write(f"# Thread {thread_id}\n")
+            turn = None
+            for m in store.messages(first, last):
+                if m["turn"] != turn:
+                    turn = m["turn"]
+                    out.write(f"\n## t{turn}\n\n")
+                out.write(render_markdown_message(m) + "\n")
+    finally:
+        store.close()
+    return EXIT_OK
 
 
 def cmd_not_yet(name: str) -> int:
     raise usage_error(f"`cc-lhc {name}` is not available in this version yet")
 
 
-COMMANDS = {}
+COMMANDS = {"threads": cmd_threads, "export": cmd_export}
 
 
 def main(argv=None) -> int:
