@@ -759,6 +759,23 @@ CREATE TABLE telemetry (
     session TEXT, type TEXT, count INTEGER, bytes INTEGER, PRIMARY KEY (session, type));
 CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages', content_rowid='seq')
 """),
+    ("002_derivations_impressions", """
+CREATE TABLE derivations (
+    id INTEGER PRIMARY KEY, turn INTEGER NOT NULL, kind TEXT NOT NULL, text TEXT NOT NULL,
+    source TEXT NOT NULL, model TEXT, input_tokens INTEGER, output_tokens INTEGER,
+    format_version INTEGER NOT NULL DEFAULT 2, created TEXT);
+CREATE INDEX derivations_turn ON derivations (turn, kind);
+CREATE TABLE work (
+    id INTEGER PRIMARY KEY, turn INTEGER NOT NULL, kind TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'queued', attempts INTEGER NOT NULL DEFAULT 0,
+    owner TEXT, claimed_at TEXT, finished_at TEXT, error TEXT, UNIQUE (turn, kind));
+CREATE TABLE impressions (
+    id INTEGER PRIMARY KEY, session TEXT, command TEXT, labels TEXT, turns TEXT,
+    bytes INTEGER, created TEXT);
+CREATE TABLE inference_cost (
+    id INTEGER PRIMARY KEY, purpose TEXT, calls INTEGER, input_tokens INTEGER,
+    output_tokens INTEGER, created TEXT)
+"""),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -777,6 +794,11 @@ CREATE TABLE sessions (
     session_id TEXT PRIMARY KEY, thread_id TEXT, rollout_path TEXT, cwd TEXT,
     captured_offset INTEGER NOT NULL DEFAULT 0, replayed_prefix_bytes INTEGER NOT NULL DEFAULT 0,
     replayed_prefix_sha256 TEXT, created TEXT, updated TEXT)
+"""),
+    ("002_descriptors", """
+CREATE TABLE descriptors (
+    token TEXT PRIMARY KEY, path TEXT, thread_id TEXT, session_id TEXT, owner TEXT,
+    created TEXT, revoked TEXT)
 """),
 ]
 
