@@ -1107,6 +1107,57 @@ def find_claude_binary() -> str:
     return found
 
 
+def boot_id() -> str:
+    """An id of the running OS boot, so a pid from an earlier boot never matches."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        pass
+    try:
+        import psutil
+        return str(int(psutil.boot_time()))
+    except (ImportError, OSError):
+        return "unknown-boot"
+
+
+def process_start_time(pid: int):
+    """The OS's start time of a process (opaque, comparable), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # Field 22 (starttime) counted after the ")" that ends the command name,
+        # which itself may contain spaces or parentheses.
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+        return int(psutil.Process(pid).create_time() * 1000)
+    except ImportError:
+        return None
+    except Exception:  # psutil.NoSuchProcess and friends
+        return None
+
+
+def process_identity(pid: int = None) -> dict:
+    """(pid, start time, boot id): names one process for the life of the machine."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "start": process_start_time(pid), "boot": boot_id()}
+
+
+def identity_alive(ident) -> bool:
+    """True only when that exact process (not a later one reusing its pid) still runs."""
+    if not isinstance(ident, dict) or not isinstance(ident.get("pid"), int):
+        return False
+    if ident.get("boot") != boot_id():
+        return False
+    start = process_start_time(ident["pid"])
+    return start is not None and start == ident.get("start")
+
+
 PR_SET_PDEATHSIG = 1
 
 
