@@ -832,6 +832,24 @@ class Registry:
                             (session_alias(session_id), thread_id, session_id, now))
         return thread_id
 
+    def add_alias(self, session_id: str, thread_id: str, current: bool) -> None:
+        """Bind a session to a thread; with current=True it becomes the thread's current alias."""
+        now = utc_now_iso()
+        with Tx(self.db):
+            row = self.db.execute("SELECT thread_id FROM aliases WHERE alias = ?",
+                                  (session_alias(session_id),)).fetchone()
+            if row and row[0] != thread_id:
+                raise usage_error(f"session {session_id} already belongs to thread {row[0]}")
+            if current:
+                self.db.execute("UPDATE aliases SET is_current = 0 WHERE thread_id = ?", (thread_id,))
+            self.db.execute("INSERT INTO aliases VALUES (?, ?, ?, ?, ?) ON CONFLICT (alias) DO UPDATE "
+                            "SET is_current = excluded.is_current",
+                            (session_alias(session_id), thread_id, session_id, int(current), now))
+
+    def thread_cwd(self, thread_id: str):
+        row = self.db.execute("SELECT cwd FROM threads WHERE id = ?", (thread_id,)).fetchone()
+        return row[0] if row else None
+
     def threads(self):
         return self.db.execute(
             "SELECT t.id, t.cwd, t.created, t.origin, a.session_id FROM threads t "
@@ -1041,7 +1059,515 @@ PROFILE_SHARES = {
 }
 
 
+BANDS = ("full", "lean", "summary")
+
+# Which arm of the thinking ladder rebuilt rollouts use. `signed_verbatim` replays the
+# tail's signed thinking blocks exactly as recorded; `omit` drops all thinking. The API
+# binds a signature to the history it was produced over, and some accounts reject a
+# replayed block after a rebuild with a prefix-mismatch 400: flip this to "omit" then.
+THINKING_REBUILD_ARM = "signed_verbatim"
+
+# Tool outputs at most this long stay verbatim in the lean band (a stub would be longer);
+# error outputs up to ERROR_KEEP_BYTES stay too, because the exact error is what matters.
+STUB_KEEP_BYTES = 160
+ERROR_KEEP_BYTES = 2_000
+EDIT_TOOLS = frozenset(("Edit", "MultiEdit", "Write", "NotebookEdit"))
+READ_TOOLS = frozenset(("Read", "NotebookRead"))
+WORKING_SET_LIMIT = 30
+
+
+def estimate_tokens(text) -> int:
+    """LHC's fast estimate (4 bytes a token), used for budgets; `measure` counts exactly."""
+    return (len(text.encode("utf-8")) + 3) // 4 if text else 0
+
+
+class Turn:
+    """A turn and its messages, as the views see them."""
+
+    __slots__ = ("n", "kind", "status", "messages")
+
+    def __init__(self, n, kind, status, messages):
+        self.n, self.kind, self.status, self.messages = n, kind, status, messages
+
+
+def load_turns(store, closed_only=True):
+    """All turns of a thread with their messages, in order."""
+    turns = {}
+    for n, kind, status in store.db.execute("SELECT n, kind, status FROM turns ORDER BY n"):
+        if closed_only and status == "open":
+            continue
+        turns[n] = Turn(n, kind, status, [])
+    for m in store.messages():
+        t = turns.get(m["turn"])
+        if t is not None:
+            t.messages.append(m)
+    return [t for t in turns.values() if t.messages]
+
+
+def _human_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KB"
+    return f"{n / (1024 * 1024):.1f} MB"
+
+
+def tool_stub(m: dict, tool_name: str) -> str:
+    """The lean band's stand-in for a tool output: its size and the exact way back."""
+    text = m["text"] or ""
+    lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    size = _human_size(len(text.encode("utf-8")))
+    return f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size} · cc-lhc get-messages m{m['seq']}]"
+
+
+def _keeps_verbatim(m: dict) -> bool:
+    size = len((m["text"] or "").encode("utf-8"))
+    return size <= STUB_KEEP_BYTES or (bool(m["is_error"]) and size <= ERROR_KEEP_BYTES)
+
+
+def paired_tool_ids(messages) -> set:
+    """Tool ids with both a call and a result here: only those may appear in a view."""
+    calls = {m["tool_use_id"] for m in messages if m["kind"] == "tool_call"}
+    results = {m["tool_use_id"] for m in messages if m["kind"] == "tool_result"}
+    return calls & results
+
+
+def visible_messages(turn: Turn, band: str, arm: str = THINKING_REBUILD_ARM):
+    """The messages a band keeps of a turn, each as (message, rendered_text_or_None).
+
+    rendered_text is the stub that replaces a tool output in the lean band; None means
+    the message goes in verbatim.
+    """
+    names = {m["tool_use_id"]: m["tool_name"] for m in turn.messages if m["kind"] == "tool_call"}
+    paired = paired_tool_ids(turn.messages)
+    out = []
+    for m in turn.messages:
+        kind = m["kind"]
+        if kind == "api_error":
+            continue  # Claude's own error notices are not model output
+        if kind in ("tool_call", "tool_result") and m["tool_use_id"] not in paired:
+            continue  # an unpaired tool block makes the API reject the whole session
+        if kind == "thinking":
+            if band != "full" or arm != "signed_verbatim" or not _signature(m):
+                continue  # never invent a signature; lean drops thinking
+        if kind == "tool_result" and band == "lean" and not _keeps_verbatim(m):
+            out.append((m, tool_stub(m, names.get(m["tool_use_id"]))))
+            continue
+        if kind.startswith("user_") and kind not in ("user_text", "user_meta") and band == "lean":
+            out.append((m, f"[{kind[5:]} m{m['seq']} · cc-lhc get-messages m{m['seq']}]"))
+            continue
+        out.append((m, None))
+    return out
+
+
+def _signature(m: dict):
+    try:
+        return (json.loads(m["data"]) or {}).get("signature") if m["data"] else None
+    except ValueError:
+        return None
+
+
+def band_cost(turn: Turn, band: str, summary_text: str = "") -> int:
+    if band == "summary":
+        return estimate_tokens(summary_text) + 8
+    total = 0
+    for m, stub in visible_messages(turn, band):
+        total += estimate_tokens(stub if stub is not None else (m["text"] or m["data"] or "")) + 4
+    return total
+
+
+class View:
+    """The served view of a thread: a band for every turn, and what that costs."""
+
+    def __init__(self, thread_id, bands, costs, budget, profile, summaries):
+        self.thread_id = thread_id
+        self.bands = bands          # turn n -> "full" | "lean" | "summary" | "omitted"
+        self.costs = costs          # band -> estimated tokens used
+        self.budget = budget
+        self.profile = profile
+        self.summaries = summaries  # turn n -> (text, source) for summary-band turns
+
+    def turns_in(self, band):
+        return [n for n, b in sorted(self.bands.items()) if b == band]
+
+    def omitted_ranges(self):
+        return label_ranges(self.turns_in("omitted"))
+
+    @property
+    def empty(self) -> bool:
+        return not any(b != "omitted" for b in self.bands.values())
+
+
+def label_ranges(numbers):
+    """[1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
+    ranges = []
+    for n in numbers:
+        if ranges and n == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], n)
+        else:
+            ranges.append((n, n))
+    return ranges
+
+
+def omitted_line(a: int, b: int) -> str:
+    """The line that names turns left out of a view (the contract's exact form)."""
+    return f"turns t{a}\u2013t{b} not in view; use get-turns"
+
+
+def range_text(a: int, b: int) -> str:
+    return f"t{a}" if a == b else f"t{a}\u2013t{b}"
+
+
+def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
+    """Give every turn the best band that fits, newest first (pure, deterministic).
+
+    Each band gets its profile's share of the budget; capacity a better band did not
+    use passes down to the next. Once a turn falls to a worse band, no older turn is
+    placed in a better one, except turns the model recently retrieved (``favoured``),
+    which are lifted to lean when what is left of the budget allows.
+    ``summaries`` maps turn -> (text, source); a turn without one cannot be summarised.
+    """
+    summaries = summaries or {}
+    shares = PROFILE_SHARES[profile]
+    caps = {band: int(budget * shares[band]) for band in BANDS}
+    used = {band: 0 for band in BANDS}
+    bands, level, spare = {}, 0, 0
+    for turn in reversed(turns):
+        placed = False
+        while level < len(BANDS):
+            band = BANDS[level]
+            text = summaries.get(turn.n, ("", ""))[0]
+            if band == "summary" and not text:
+                break
+            cost = band_cost(turn, band, text)
+            if used[band] + cost <= caps[band] + spare:
+                used[band] += cost
+                bands[turn.n] = band
+                placed = True
+                break
+            spare += max(0, caps[band] - used[band]) if level + 1 < len(BANDS) else 0
+            spare = max(0, spare)
+            level += 1
+        if not placed:
+            bands[turn.n] = "omitted"
+            level = len(BANDS)
+    left = budget - sum(used.values())
+    by_n = {t.n: t for t in turns}
+    for n in sorted(set(favoured), reverse=True):
+        if bands.get(n) in ("summary", "omitted") and n in by_n:
+            cost = band_cost(by_n[n], "lean")
+            if cost <= left:
+                if bands[n] == "summary":
+                    used["summary"] -= band_cost(by_n[n], "summary", summaries.get(n, ("", ""))[0])
+                bands[n] = "lean"
+                used["lean"] += cost
+                left -= cost
+    kept = {n: summaries[n] for n, b in bands.items() if b == "summary"}
+    return View(thread_id, bands, used, budget, profile, kept)
+
+
+def working_set(turns):
+    """Files the thread read or edited, edited first, each with the label that last showed it."""
+    seen = {}
+    for turn in turns:
+        results = {m["tool_use_id"]: m["seq"] for m in turn.messages if m["kind"] == "tool_result"}
+        for m in turn.messages:
+            if m["kind"] != "tool_call" or m["tool_name"] not in EDIT_TOOLS | READ_TOOLS:
+                continue
+            try:
+                args = json.loads(m["text"] or "{}")
+            except ValueError:
+                continue
+            path = args.get("file_path") or args.get("notebook_path") if isinstance(args, dict) else None
+            if not isinstance(path, str):
+                continue
+            edited = m["tool_name"] in EDIT_TOOLS
+            label = results.get(m["tool_use_id"], m["seq"])
+            prev = seen.get(path)
+            seen[path] = (edited or (prev[0] if prev else False), label)
+    rows = sorted(seen.items(), key=lambda kv: (not kv[1][0], -kv[1][1], kv[0]))
+    return [(path, "edited" if edited else "read", label) for path, (edited, label) in rows[:WORKING_SET_LIMIT]]
+
+
+def render_header(view: View, files, fallback_note: bool) -> str:
+    """The opening message of a rebuilt session: what is in view and how to get the rest."""
+    lines = [
+        f"[cc-lhc] This conversation was rebuilt by Smart Compact from thread {view.thread_id}. "
+        "Nothing was deleted: every earlier turn is stored word for word and can be read back.",
+    ]
+    for band, words in (("full", "verbatim"), ("lean", "lean (tool outputs replaced by stubs; "
+                                                         "thinking left out)"),
+                        ("summary", "summarised below")):
+        ranges = label_ranges(view.turns_in(band))
+        if ranges:
+            lines.append(f"In view, {words}: " + ", ".join(range_text(a, b) for a, b in ranges))
+    for a, b in view.omitted_ranges():
+        lines.append(omitted_line(a, b))
+    lines += [
+        "To read anything back exactly, run these through Bash:",
+        "  cc-lhc get-turns t12 t13     whole turns as recorded",
+        "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
+        "  cc-lhc search \"some text\"    find the turns and messages that mention something",
+        "Use them instead of guessing what an earlier turn said.",
+    ]
+    if files:
+        lines.append("Working set (edited first; the label last showed the file):")
+        lines += [f"  {state:<6} {path}  ({'m' + str(label)})" for path, state, label in files]
+    if view.summaries:
+        lines.append("Summaries of earlier turns:")
+        for n in sorted(view.summaries):
+            text, source = view.summaries[n]
+            lines.append(f"  t{n} ({source}): " + text.replace("\n", "\n    "))
+    if fallback_note:
+        lines.append(MSG_CONFIG_FALLBACK)
+    return "\n".join(lines)
+
+
 # == 7. Rollout writing: a view -> a transcript Claude can resume ===============
+
+ROLLOUT_NAMESPACE = uuid.UUID("5d2c4f0e-8f1b-4a55-9a3c-6c1c2b7d9e01")
+ENVELOPE_ATTACHMENTS = ("environment", "date", "model")
+ZERO_USAGE = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+              "output_tokens": 0}
+
+
+def _block_of(m: dict, stub):
+    """The API content block for one message, verbatim unless the band stubbed it."""
+    kind = m["kind"]
+    data = json.loads(m["data"]) if m["data"] else None
+    if kind == "tool_result":
+        block = dict(data) if isinstance(data, dict) else {"type": "tool_result",
+                                                          "tool_use_id": m["tool_use_id"],
+                                                          "content": m["text"] or ""}
+        if stub is not None:
+            block["content"] = stub
+        return block
+    if stub is not None:
+        return {"type": "text", "text": stub}
+    if kind in ("tool_call", "thinking") or (data is not None and kind not in (
+            "user_text", "user_meta", "assistant_text", "compact_summary")):
+        return data
+    return {"type": "text", "text": m["text"] or ""}
+
+
+def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
+                 envelope=(), version="2.1.328", git_branch=""):
+    """The rebuilt session as transcript records (pure and deterministic).
+
+    A header user message, the source session's envelope attachments, then every lean
+    and full turn in order: one user record per original user record, and one record
+    per content block for assistant responses, sharing the response's message.id as
+    Claude Code itself writes them. Usage on replayed records is zero: the old counts
+    would make the new session look as full as the one it replaces.
+    """
+    counter = [0]
+    parent = [None]
+
+    def next_uuid():
+        counter[0] += 1
+        return str(uuid.uuid5(ROLLOUT_NAMESPACE, f"{session_id}/{counter[0]}"))
+
+    def common(rtype, timestamp):
+        return {"parentUuid": parent[0], "isSidechain": False, "userType": "external",
+                "entrypoint": "cli", "cwd": cwd, "sessionId": session_id, "version": version,
+                "gitBranch": git_branch, "type": rtype}
+
+    records = []
+
+    def emit(rec):
+        records.append(rec)
+        parent[0] = rec["uuid"]
+
+    header_rec = common("user", now)
+    header_rec.update({"message": {"role": "user", "content": header}, "uuid": next_uuid(),
+                       "timestamp": now})
+    emit(header_rec)
+    for att in envelope:
+        rec = dict(att)
+        rec.update({"parentUuid": parent[0], "sessionId": session_id, "cwd": cwd,
+                    "uuid": next_uuid(), "isSidechain": False})
+        emit(rec)
+    ack_needed = True
+    for turn in turns:
+        band = view.bands.get(turn.n)
+        if band not in ("full", "lean"):
+            continue
+        group, group_key, group_role = [], None, None
+
+        def flush():
+            if not group:
+                return
+            first = group[0][0]
+            if group_role == "user":
+                blocks = [_block_of(m, stub) for m, stub in group]
+                content = (blocks[0]["text"] if len(blocks) == 1 and blocks[0].get("type") == "text"
+                           and first["kind"] != "tool_result" else blocks)
+                rec = common("user", first["created"] or now)
+                rec.update({"message": {"role": "user", "content": content}, "uuid": next_uuid(),
+                            "timestamp": first["created"] or now})
+                if first["kind"] == "user_meta":
+                    rec["isMeta"] = True
+                emit(rec)
+            else:
+                has_tool = any(m["kind"] == "tool_call" for m, _ in group)
+                for m, stub in group:
+                    rec = common("assistant", m["created"] or now)
+                    rec.update({"message": {"id": m["response_id"], "type": "message", "role": "assistant",
+                                            "model": m["model"] or "<synthetic>",
+                                            "content": [_block_of(m, stub)],
+                                            "stop_reason": "tool_use" if has_tool else "end_turn",
+                                            "stop_sequence": None, "usage": dict(ZERO_USAGE)},
+                                "uuid": next_uuid(), "timestamp": m["created"] or now})
+                    emit(rec)
+            group.clear()
+
+        for m, stub in visible_messages(turn, band):
+            role = "assistant" if m["role"] == "assistant" else "user"
+            key = (role, m["response_id"] if role == "assistant" else m["source_uuid"])
+            if key != group_key:
+                flush()
+                group_key, group_role = key, role
+            group.append((m, stub))
+            if role == "assistant":
+                ack_needed = False
+        flush()
+    if ack_needed or records[-1]["type"] != "assistant" and records[-1]["message"].get("role") == "user" \
+            and isinstance(records[-1]["message"].get("content"), str):
+        # A session must not end on the header alone: Claude would answer it as a prompt.
+        rec = common("assistant", now)
+        rec.update({"message": {"id": f"msg_cc_lhc_{session_id.replace('-', '')[:24]}",
+                                "type": "message", "role": "assistant", "model": "<synthetic>",
+                                "content": [{"type": "text", "text": "Understood. Continuing from the rebuilt view."}],
+                                "stop_reason": "end_turn", "stop_sequence": None,
+                                "usage": dict(ZERO_USAGE)},
+                    "uuid": next_uuid(), "timestamp": now})
+        emit(rec)
+    return records
+
+
+def records_bytes(records) -> bytes:
+    return b"".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+                    for r in records)
+
+
+def write_atomic(path: str, data: bytes, mode=0o600) -> None:
+    """Write a file so that it either exists complete or not at all."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(path):
+            raise LhcError(f"{path} already exists", EXIT_USAGE)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if os.name == "posix":
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def read_envelope(path: str):
+    """The newest environment/date/model attachments of a transcript, plus its version and branch."""
+    latest, meta = {}, {}
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if b'"attachment"' not in raw and b'"version"' not in raw:
+                    continue
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict):
+                    continue
+                if rec.get("version"):
+                    meta["version"] = rec["version"]
+                    meta["gitBranch"] = rec.get("gitBranch", "")
+                att = rec.get("attachment")
+                if rec.get("type") == "attachment" and isinstance(att, dict) \
+                        and att.get("type") in ENVELOPE_ATTACHMENTS:
+                    latest[att["type"]] = rec
+    except OSError:
+        pass
+    return [latest[k] for k in ENVELOPE_ATTACHMENTS if k in latest], meta
+
+
+class Rebuild:
+    """One rebuilt session, ready to write: its records and what it holds."""
+
+    def __init__(self, session_id, path, data, view):
+        self.session_id = session_id
+        self.path = path
+        self.data = data
+        self.view = view
+
+
+def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
+                 envelope_from=None, now=None, arm=THINKING_REBUILD_ARM) -> Rebuild:
+    """Build the served view of a thread and the transcript bytes for a new session."""
+    turns = load_turns(store)
+    summaries = thread_summaries(store, turns)
+    favoured = recent_impression_turns(store)
+    view = build_view(thread_id, turns, policy.effective_target, policy["profile"], summaries, favoured)
+    header = render_header(view, working_set(turns), policy.fell_back)
+    envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
+    records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
+                           version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""))
+    root = projects_root or os.path.join(claude_config_dir(), "projects")
+    path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
+    return Rebuild(session_id, path, records_bytes(records), view)
+
+
+def thread_summaries(store, turns) -> dict:
+    """turn -> (text, source): model-written where there is one, else extractive."""
+    getter = globals().get("turn_summary")
+    out = {}
+    for t in turns:
+        if getter is not None:
+            text, source = getter(store, t.n)
+        else:
+            text, source = extractive_turn_text(t.messages), "extractive summary"
+        out[t.n] = (text, source)
+    return out
+
+
+def extractive_turn_text(messages) -> str:
+    fn = globals().get("extractive_summary")
+    if fn is not None:
+        return fn(messages)
+    prompt = next((m["text"] for m in messages if m["kind"] == "user_text"), "") or ""
+    answer = next((m["text"] for m in reversed(messages) if m["kind"] == "assistant_text"), "") or ""
+    return f"(extractive summary) asked: {prompt[:300]} | answered: {answer[:400]}"
+
+
+def recent_impression_turns(store, limit=20):
+    turns = set()
+    for (text,) in store.db.execute("SELECT turns FROM impressions ORDER BY id DESC LIMIT ?", (limit,)):
+        turns.update(int(t) for t in (text or "").split(",") if t.isdigit())
+    return turns
+
+
+def record_lineage(hostdb, session_id, thread_id, path, cwd, data: bytes):
+    """Remember the replayed prefix so capturing this session skips it instead of re-taking it."""
+    import hashlib
+    hostdb.note_session(session_id, thread_id, path, cwd)
+    with Tx(hostdb.db):
+        hostdb.db.execute("UPDATE sessions SET replayed_prefix_bytes = ?, replayed_prefix_sha256 = ?, "
+                          "captured_offset = ? WHERE session_id = ?",
+                          (len(data), hashlib.sha256(data).hexdigest(), len(data), session_id))
+
 
 # == 8. Governor (pure): pressure, states, decisions, receipts ==================
 
@@ -1226,6 +1752,7 @@ def self_command() -> list:
 def child_environment(spec) -> dict:
     """The environment every managed Claude child gets."""
     env = dict(os.environ)
+    env.update(getattr(spec, "extra_env", {}))
     if not spec.autocompact:
         # Claude native Compact would replace the conversation with a summary behind our
         # back; Smart Compact does this job losslessly instead.
@@ -1241,6 +1768,119 @@ def exit_status_from_wait(status: int) -> int:
         return os.WEXITSTATUS(status)
     return EXIT_ERROR
 
+
+RUNTIME_ENV = "CC_LHC_RUNTIME_DESCRIPTOR"
+
+
+def create_descriptor(home, hostdb, thread_id: str, session_id: str) -> dict:
+    """Write the retrieval capability for one live child, and a `cc-lhc` shim for it.
+
+    The descriptor (0600) binds thread, session, this wrapper's process identity and a
+    random token that is also recorded in cc-lhc.sqlite; retrieval refuses on any
+    mismatch. The shim folder goes first on the child's PATH, so the `cc-lhc` the view
+    tells the model to run is this very program, however cc-lhc was installed.
+    """
+    import secrets
+    import shlex
+    token = secrets.token_hex(16)
+    runtime = home.ensure("runtime")
+    name = token[:16]
+    path = os.path.join(runtime, f"{name}.json")
+    body = {"version": 1, "token": token, "thread_id": thread_id, "session_id": session_id,
+            "owner": process_identity(), "created": utc_now_iso()}
+    write_atomic(path, json.dumps(body).encode("utf-8"))
+    shim_dir = os.path.join(runtime, f"bin-{name}")
+    os.makedirs(shim_dir, mode=0o700, exist_ok=True)
+    if os.name == "nt":  # pragma: no cover - Windows only
+        shim = os.path.join(shim_dir, "cc-lhc.cmd")
+        with open(shim, "w") as f:
+            f.write("@echo off\r\n" + " ".join(f'"{a}"' for a in self_command()) + " %*\r\n")
+    else:
+        shim = os.path.join(shim_dir, "cc-lhc")
+        with open(shim, "w") as f:
+            f.write("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in self_command()) + ' "$@"\n')
+        os.chmod(shim, 0o700)
+    with Tx(hostdb.db):
+        hostdb.db.execute("INSERT INTO descriptors VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                          (token, path, thread_id, session_id, json.dumps(body["owner"]), body["created"]))
+    return {"path": path, "token": token, "shim_dir": shim_dir}
+
+
+def remove_descriptor(home, hostdb, descriptor: dict, reason: str) -> None:
+    import shutil
+    with Tx(hostdb.db):
+        hostdb.db.execute("UPDATE descriptors SET revoked = ? WHERE token = ? AND revoked IS NULL",
+                          (f"{utc_now_iso()} {reason}", descriptor["token"]))
+    for path in (descriptor["path"],):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    shutil.rmtree(descriptor["shim_dir"], ignore_errors=True)
+
+
+def remove_stale_descriptors(home, hostdb) -> int:
+    """Launch-time sweep: descriptors whose owning process is gone are removed."""
+    removed = 0
+    for token, path, owner in hostdb.db.execute(
+            "SELECT token, path, owner FROM descriptors WHERE revoked IS NULL").fetchall():
+        try:
+            alive = identity_alive(json.loads(owner))
+        except ValueError:
+            alive = False
+        if not alive:
+            remove_descriptor(home, hostdb, {"token": token, "path": path,
+                                             "shim_dir": os.path.join(os.path.dirname(path),
+                                                                      f"bin-{token[:16]}")},
+                              "owner gone")
+            removed += 1
+    return removed
+
+
+def refuse(reason: str) -> LhcError:
+    return LhcError(f"retrieval refused: {reason}", EXIT_USAGE)
+
+
+def check_descriptor(home) -> dict:
+    """Verify the inherited descriptor before anything in the archive is read.
+
+    Fails closed: a missing, malformed, foreign, revoked or stale descriptor, a dead
+    owner, or a session that is no longer the thread's current one is a refusal.
+    """
+    path = os.environ.get(RUNTIME_ENV)
+    if not path:
+        raise refuse(f"{RUNTIME_ENV} is not set; retrieval runs inside a cc-lhc session, "
+                     "where Claude calls it through Bash")
+    runtime = os.path.realpath(home.path("runtime"))
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != runtime:
+        raise refuse("the descriptor is not one of this state home's runtime descriptors")
+    try:
+        st = os.stat(real)
+        with open(real, "rb") as f:
+            body = json.loads(f.read())
+    except (OSError, ValueError):
+        raise refuse("the descriptor is missing or malformed")
+    if os.name == "posix" and (st.st_mode & 0o077 or st.st_uid != os.getuid()):
+        raise refuse("the descriptor's owner or permissions are wrong")
+    if not isinstance(body, dict) or not all(isinstance(body.get(k), str)
+                                             for k in ("token", "thread_id", "session_id")):
+        raise refuse("the descriptor is malformed")
+    if not os.path.exists(home.path("cc-lhc.sqlite")):
+        raise refuse("the descriptor is not known to this state home")
+    hostdb = HostDB(home)
+    row = hostdb.db.execute("SELECT thread_id, session_id, owner, revoked FROM descriptors WHERE token = ?",
+                            (body["token"],)).fetchone()
+    if row is None or row[3] is not None:
+        raise refuse("the descriptor was revoked or never issued")
+    if (row[0], row[1]) != (body["thread_id"], body["session_id"]) or json.loads(row[2]) != body.get("owner"):
+        raise refuse("the descriptor does not match what this host issued")
+    if not identity_alive(body.get("owner")):
+        raise refuse("the cc-lhc process that owned this session is gone")
+    current = Registry(home).current_session(body["thread_id"])
+    if current != body["session_id"]:
+        raise refuse(f"session {body['session_id']} is no longer the thread's current session")
+    return body
 
 # == 11. Capture: tailing the live transcript into the store ====================
 
@@ -2056,6 +2696,7 @@ class LaunchSpec:
         self.cwd = os.getcwd()
         self.flags = {}               # lhc launch flags: name -> value
         self.found = {}               # what scan_claude_args saw
+        self.extra_env = {}           # added to the child's environment
 
 
 def scan_claude_args(args):
@@ -2347,7 +2988,13 @@ def cmd_launch(argv) -> int:
              thread=capture.thread_id if capture else None,
              policy={k: policy.values[k] for k in ("lowerBoundTokens", "upperBoundTokens",
                                                    "minRunwayTokens", "profile")})
+    descriptor = None
     if capture:
+        hostdb = HostDB(home)
+        remove_stale_descriptors(home, hostdb)
+        descriptor = create_descriptor(home, hostdb, capture.thread_id, spec.session_id)
+        spec.extra_env[RUNTIME_ENV] = descriptor["path"]
+        spec.extra_env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
         capture.start()
     try:
         if spec.print_mode:
@@ -2356,6 +3003,7 @@ def cmd_launch(argv) -> int:
     finally:
         if capture:
             finish_capture(capture, spec, home)
+            remove_descriptor(home, hostdb, descriptor, "session ended")
 
 
 def finish_capture(capture, spec, home):
@@ -2521,11 +3169,233 @@ def cmd_export(args) -> int:
     return EXIT_OK
 
 
+RETRIEVAL_CEILING = 24_000  # whole stdout of one retrieval, envelope included
+LABEL_RANGE_RE = re.compile(r"^([tm])(\d+)(?:(?:-|\.\.|\u2013)\1?(\d+))?$")
+
+
+def parse_labels(args, letter: str):
+    """['t3', 't5-t7'] -> [3, 5, 6, 7] (order kept, duplicates dropped)."""
+    out = []
+    for a in args:
+        for piece in a.replace(",", " ").split():
+            m = LABEL_RANGE_RE.match(piece.strip())
+            if not m or m.group(1) != letter:
+                raise usage_error(f"{piece!r} is not a {'turn' if letter == 't' else 'message'} "
+                                  f"label like {letter}12 or {letter}12-{letter}15")
+            a_n, b_n = int(m.group(2)), int(m.group(3) or m.group(2))
+            if b_n < a_n or b_n - a_n > 10_000:
+                raise usage_error(f"{piece!r} is not a usable range")
+            out.extend(n for n in range(a_n, b_n + 1) if n not in out)
+    if not out:
+        raise usage_error(f"name at least one label, like {letter}12")
+    return out
+
+
+def render_message_body(m: dict) -> str:
+    """One message as retrieval shows it: a label line, then the content exactly as recorded."""
+    head = f"--- m{m['seq']} \u00b7 {m['role']} \u00b7 {m['kind']}"
+    if m["tool_name"]:
+        head += f" \u00b7 {m['tool_name']}"
+    if m["tool_use_id"]:
+        head += f" ({m['tool_use_id']})"
+    if m["is_error"]:
+        head += " \u00b7 error"
+    content = m["text"] if m["text"] is not None else (m["data"] or "")
+    return f"{head}\n{content}\n"
+
+
+def slice_body(body: bytes, start_tokens: int, room: int):
+    """Cut body at a token offset (4 bytes a token) to at most `room` bytes.
+
+    Cuts land on a UTF-8 character boundary that is also a whole token, so the pieces
+    of a continued retrieval join back into the exact original bytes.
+    """
+    start = start_tokens * 4
+    if start >= len(body):
+        return b"", None
+    end = start + max(room, 64)
+    if end >= len(body):
+        return body[start:], None
+    end -= end % 4
+    while end > start and (body[end] & 0xC0) == 0x80:  # inside a multi-byte character
+        end -= 4
+    if end <= start:
+        end = start + 4
+    return body[start:end], end // 4
+
+
+def emit_retrieval(command: str, thread_id: str, request: str, body: str, start: int) -> int:
+    """Write one retrieval envelope within the stdout ceiling; returns bytes written."""
+    opening = f'<cc-lhc-recall thread="{thread_id[:8]}" request="{command} {request}">\n'.encode()
+    closing = b"</cc-lhc-recall>\n"
+    receipt_room = 160
+    data = body.encode("utf-8")
+    room = RETRIEVAL_CEILING - len(opening) - len(closing) - receipt_room
+    piece, next_from = slice_body(data, start, room)
+    out = [opening, piece]
+    if piece and not piece.endswith(b"\n"):
+        out.append(b"\n")
+    if next_from is not None:
+        out.append(f"[cut: {next_from * 4} of {len(data)} bytes shown so far. The rest: "
+                   f"cc-lhc {command} --from {next_from} {request}]\n".encode())
+    elif start and not piece:
+        out.append(b"[nothing after that offset]\n")
+    out.append(closing)
+    blob = b"".join(out)
+    sys.stdout.flush()
+    sys.stdout.buffer.write(blob)
+    sys.stdout.buffer.flush()
+    return len(blob)
+
+
+def _retrieval_store(home):
+    body = check_descriptor(home)
+    return body, ThreadStore(home, body["thread_id"])
+
+
+def _record_impression(store, session, command, labels, turns, size):
+    with Tx(store.db):
+        store.db.execute("INSERT INTO impressions (session, command, labels, turns, bytes, created) "
+                         "VALUES (?, ?, ?, ?, ?, ?)",
+                         (session, command, ",".join(labels), ",".join(str(t) for t in sorted(turns)),
+                          size, utc_now_iso()))
+
+
+def cmd_get_turns(args) -> int:
+    """Give back whole turns exactly as recorded (run by Claude through Bash)."""
+    start = _take_option(args, "--from", 0, int)
+    numbers = parse_labels(args, "t")
+    home = StateHome()
+    desc, store = _retrieval_store(home)
+    try:
+        parts = []
+        for n in numbers:
+            row = store.db.execute("SELECT kind, status FROM turns WHERE n = ?", (n,)).fetchone()
+            if row is None:
+                parts.append(f"=== t{n}: no such turn in this thread ===\n")
+                continue
+            parts.append(f"=== t{n} ({row[0]}, {row[1]}) ===\n")
+            parts.extend(render_message_body(m) for m in store.messages(n, n))
+        request = " ".join(f"t{n}" for n in numbers)
+        size = emit_retrieval("get-turns", store.thread_id, request, "".join(parts), max(0, start))
+        _record_impression(store, desc["session_id"], "get-turns", [f"t{n}" for n in numbers],
+                           numbers, size)
+    finally:
+        store.close()
+    return EXIT_OK
+
+
+def cmd_get_messages(args) -> int:
+    """Give back single messages exactly as recorded (run by Claude through Bash)."""
+    start = _take_option(args, "--from", 0, int)
+    numbers = parse_labels(args, "m")
+    home = StateHome()
+    desc, store = _retrieval_store(home)
+    try:
+        parts, turns = [], set()
+        cols = ", ".join(MESSAGE_COLUMNS)
+        for n in numbers:
+            row = store.db.execute(f"SELECT {cols} FROM messages WHERE seq = ?", (n,)).fetchone()
+            if row is None:
+                parts.append(f"--- m{n}: no such message in this thread\n")
+                continue
+            m = dict(zip(MESSAGE_COLUMNS, row))
+            turns.add(m["turn"])
+            parts.append(render_message_body(m))
+        request = " ".join(f"m{n}" for n in numbers)
+        size = emit_retrieval("get-messages", store.thread_id, request, "".join(parts), max(0, start))
+        _record_impression(store, desc["session_id"], "get-messages", [f"m{n}" for n in numbers],
+                           turns, size)
+    finally:
+        store.close()
+    return EXIT_OK
+
+
+def fts_query(text: str) -> str:
+    """User text as an FTS5 query: every word must appear (each quoted, so no syntax leaks)."""
+    words = re.findall(r"\w[\w./-]*", text, flags=re.UNICODE)
+    if not words:
+        raise usage_error("search needs some words to look for")
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+def cmd_search(args) -> int:
+    """Find where the thread mentions something; prints labels to retrieve."""
+    limit = _take_option(args, "--limit", 20, int)
+    if not args:
+        raise usage_error("usage: cc-lhc search <text> [--limit N]")
+    text = " ".join(args)
+    query = fts_query(text)
+    home = StateHome()
+    desc, store = _retrieval_store(home)
+    try:
+        store.index_search()
+        rows = store.db.execute(
+            "SELECT m.seq, m.turn, m.kind, snippet(messages_fts, 0, '\u00bb', '\u00ab', '\u2026', 16) "
+            "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
+            "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, max(1, min(limit, 200)))).fetchall()
+        lines = [f"m{seq} (t{turn}, {kind}): {' '.join(snip.split())}" for seq, turn, kind, snip in rows]
+        if not lines:
+            lines = [f"no messages match {text!r}"]
+        else:
+            lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN.")
+        size = emit_retrieval("search", store.thread_id, json.dumps(text), "\n".join(lines) + "\n", 0)
+        _record_impression(store, desc["session_id"], "search", [f"m{r[0]}" for r in rows],
+                           {r[1] for r in rows}, size)
+    finally:
+        store.close()
+    return EXIT_OK
+
+
+def cmd_rollout(args) -> int:
+    """`rollout write`: write a thread's served view as a new Claude session (the fork entry)."""
+    if not args or args[0] != "write":
+        raise usage_error("usage: cc-lhc rollout write --thread-id ID --session-id UUID "
+                          "[--cwd DIR] [--projects-root DIR] [--envelope-from ROLLOUT]")
+    args = args[1:]
+    thread_arg = _take_option(args, "--thread-id")
+    session_id = _take_option(args, "--session-id")
+    cwd = _take_option(args, "--cwd")
+    projects_root = _take_option(args, "--projects-root")
+    envelope_from = _take_option(args, "--envelope-from")
+    _no_more(args, "rollout write")
+    if not thread_arg or not session_id:
+        raise usage_error("rollout write needs --thread-id and --session-id")
+    if not is_uuid(session_id):
+        raise usage_error(f"--session-id {session_id!r} is not a UUID")
+    home = StateHome()
+    registry, hostdb = Registry(home), HostDB(home)
+    thread_id = registry.resolve_prefix(thread_arg)
+    bound = registry.thread_for_session(session_id)
+    if bound is not None:
+        raise usage_error(f"session {session_id} is already bound to thread {bound}")
+    cwd = os.path.abspath(cwd or registry.thread_cwd(thread_id) or os.getcwd())
+    policy = load_policy(cwd, {})
+    store = ThreadStore(home, thread_id)
+    try:
+        rebuild = plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root,
+                               envelope_from)
+    finally:
+        store.close()
+    if rebuild.view.empty:
+        raise usage_error(f"thread {thread_id} has nothing to put in a view yet")
+    if os.path.exists(rebuild.path):
+        raise usage_error(f"{rebuild.path} already exists")
+    write_atomic(rebuild.path, rebuild.data)
+    record_lineage(hostdb, session_id, thread_id, rebuild.path, cwd, rebuild.data)
+    registry.add_alias(session_id, thread_id, current=True)
+    home.log("rollout_written", thread=thread_id, session=session_id, path=rebuild.path,
+             bytes=len(rebuild.data))
+    print(rebuild.path)
+    return EXIT_OK
+
+
 def cmd_not_yet(name: str) -> int:
     raise usage_error(f"`cc-lhc {name}` is not available in this version yet")
 
 
-COMMANDS = {"threads": cmd_threads, "export": cmd_export}
+COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
+            "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout}
 
 
 def main(argv=None) -> int:
