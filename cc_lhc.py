@@ -930,12 +930,15 @@ class ThreadStore:
         return None if row is None else dict(zip(("path", "start_offset", "offset", "lines",
                                                   "degraded"), row))
 
-    def add_source(self, session_id, path, start_offset=0):
+    def add_source(self, session_id, path, start_offset=0, prefix_uuids=()):
+        """Start reading a session; a replayed prefix is skipped, its uuids still known."""
         now = utc_now_iso()
         with Tx(self.db):
             self.db.execute("INSERT OR IGNORE INTO sources (session_id, path, start_offset, offset, "
                             "parser_version, first_seen, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
                             (session_id, path, start_offset, start_offset, PARSER_VERSION, now, now))
+            self.db.executemany("INSERT OR IGNORE INTO chain VALUES (?, ?)",
+                                [(session_id, u) for u in prefix_uuids])
 
     def parse_state(self, session_id) -> ParseState:
         """Rebuild the parser's memory from the record (after a restart or a kill)."""
@@ -1926,7 +1929,24 @@ class Capture:
     def _open(self):
         if self.store is None:
             self.store = ThreadStore(self.home, self.thread_id)
-            self.store.add_source(self.session_id, self.path, self.start_offset)
+            if self.store.source(self.session_id) is None:
+                self.store.add_source(self.session_id, self.path, self.start_offset,
+                                      self._prefix_uuids())
+
+    def _prefix_uuids(self):
+        """uuids of the replayed prefix cc-lhc wrote: Claude's next records chain onto them."""
+        if not self.start_offset:
+            return ()
+        found = []
+        with open(self.path, "rb") as f:
+            for line, _ in split_complete_lines(f.read(self.start_offset), 0):
+                try:
+                    uid = json.loads(line).get("uuid")
+                except (ValueError, AttributeError):
+                    continue
+                if uid:
+                    found.append(uid)
+        return found
 
     def catch_up(self, index=True) -> int:
         """Read every complete line not yet in the record; returns lines read."""
