@@ -477,32 +477,46 @@ class RolloutParser:
             self.out.problems.append((self.session, line_no, offset, "malformed_line",
                                       "a line that is not a JSON object"))
             return
+        try:
+            self._record(rec, len(raw), line_no, offset)
+        except (TypeError, AttributeError) as e:
+            # Valid JSON in a shape Claude Code never writes (one flipped byte can make
+            # one): a malformed line where it stands, never a capture stalled on it.
+            self.out.problems.append((self.session, line_no, offset, "malformed_line",
+                                      f"a record in a shape this parser does not know ({e})"))
+
+    def _record(self, rec, size, line_no, offset):
         rtype = rec.get("type")
         uid = rec.get("uuid")
         if uid is None or rtype in BOOKKEEPING_TYPES:
-            self._count(rtype, len(raw))
+            self._count(rtype, size)
             return
         parent = rec.get("parentUuid")
+        _require_text(uid, parent, rec.get("timestamp"))
+        if uid in self.s.known_uuids:
+            # Claude Code writes some records again under the same uuid (a reopened or
+            # resumed session replays them); the first copy is already in the record.
+            self._count("duplicate_record", size)
+            return
         if parent is not None and parent not in self.s.known_uuids:
             self.out.problems.append((self.session, line_no, offset, "broken_chain",
                                       f"record {uid} names parent {parent}, never seen in this session"))
-        if uid not in self.s.known_uuids:
-            self.s.known_uuids.add(uid)
-            self.out.chain.append((self.session, uid))
+        self.s.known_uuids.add(uid)
+        self.out.chain.append((self.session, uid))
         if rec.get("isSidechain"):
-            self._count("sidechain", len(raw))
+            self._count("sidechain", size)
         elif rtype == "user":
             self._user(rec, line_no, offset)
         elif rtype == "assistant":
             self._assistant(rec, line_no)
         elif rtype == "system" and rec.get("subtype") == "compact_boundary":
             self.s.compact_pending = True
-            self._count("system/compact_boundary", len(raw))
+            self._count("system/compact_boundary", size)
         else:
             label = rtype if rtype != "system" else f"system/{rec.get('subtype')}"
             if rtype == "attachment":
                 label = f"attachment/{(rec.get('attachment') or {}).get('type')}"
-            self._count(label, len(raw))
+            self._count(label, size)
 
     def _count(self, rtype, size):
         slot = self.out.telemetry.setdefault(str(rtype), [0, 0])
@@ -538,6 +552,7 @@ class RolloutParser:
 
     def _message(self, role, kind, text, data, rec, block, line_no, tool_use_id=None,
                  tool_name=None, is_error=None, response_id=None, model=None):
+        _require_text(text, tool_use_id, tool_name, response_id, model)
         s = self.s
         seq = s.next_seq
         s.next_seq += 1
@@ -545,7 +560,7 @@ class RolloutParser:
             self._open_turn("continuation", seq, rec.get("timestamp"))
         if s.segment_first is None:
             s.segment_first = seq
-        s.segment_bytes += len(text or "") + (len(data) if data and kind == "tool_call" else 0)
+        s.segment_bytes += segment_size(kind, text, data)
         self.out.messages.append((seq, s.open_turn, s.segment, role, kind, text, data,
                                   tool_use_id, tool_name, is_error, response_id, model,
                                   self.session, rec.get("uuid"), block, line_no,
@@ -640,6 +655,18 @@ class RolloutParser:
 
 def _int_or_none(value):
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _require_text(*values):
+    """Raise TypeError unless each value is text or None (what the store may hold there)."""
+    for value in values:
+        if value is not None and type(value) is not str:
+            raise TypeError(f"{type(value).__name__} where text belongs")
+
+
+def segment_size(kind, text, data) -> int:
+    """What one message adds to its segment's size; the store rebuilds it the same way."""
+    return len(text or "") + (len(data) if data and kind == "tool_call" else 0)
 
 
 def split_complete_lines(buf: bytes, base_offset: int):
@@ -776,6 +803,11 @@ CREATE TABLE inference_cost (
     id INTEGER PRIMARY KEY, purpose TEXT, calls INTEGER, input_tokens INTEGER,
     output_tokens INTEGER, created TEXT)
 """),
+    ("003_derivation_retries", """
+ALTER TABLE work ADD COLUMN expiries INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE work ADD COLUMN not_before TEXT;
+ALTER TABLE inference_cost ADD COLUMN turn INTEGER
+"""),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -785,6 +817,12 @@ CREATE TABLE aliases (
     alias TEXT PRIMARY KEY, thread_id TEXT NOT NULL REFERENCES threads (id),
     session_id TEXT NOT NULL, is_current INTEGER NOT NULL DEFAULT 0, created TEXT);
 CREATE UNIQUE INDEX one_current_alias ON aliases (thread_id) WHERE is_current = 1
+"""),
+    ("002_pending_rebuilds", """
+CREATE TABLE rebuilds (
+    session_id TEXT PRIMARY KEY, thread_id TEXT NOT NULL, from_session TEXT NOT NULL,
+    path TEXT NOT NULL, cwd TEXT, owner TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+    created TEXT, settled TEXT)
 """),
 ]
 
@@ -799,6 +837,16 @@ CREATE TABLE sessions (
 CREATE TABLE descriptors (
     token TEXT PRIMARY KEY, path TEXT, thread_id TEXT, session_id TEXT, owner TEXT,
     created TEXT, revoked TEXT)
+"""),
+    ("003_receipts_repairs", """
+CREATE TABLE cc_governor_receipts (
+    id INTEGER PRIMARY KEY, replay_key TEXT NOT NULL UNIQUE, thread_id TEXT, session_id TEXT,
+    state TEXT NOT NULL, source TEXT, provider_tokens INTEGER, estimate_tokens INTEGER,
+    pressure INTEGER, trigger_tokens INTEGER, would_mutate INTEGER NOT NULL, outcome TEXT,
+    outcome_at TEXT, created TEXT);
+CREATE TABLE pointer_repairs (
+    id INTEGER PRIMARY KEY, thread_id TEXT NOT NULL, from_session TEXT NOT NULL,
+    to_session TEXT NOT NULL, created TEXT, repaired TEXT)
 """),
 ]
 
@@ -1574,7 +1622,752 @@ def record_lineage(hostdb, session_id, thread_id, path, cwd, data: bytes):
 
 # == 8. Governor (pure): pressure, states, decisions, receipts ==================
 
+# Named states of one classification. Only measured pressure against the trigger
+# decides; everything else is a diagnostic.
+STATE_NOT_OBSERVED = "not_observed"
+STATE_HEALTHY = "healthy"
+STATE_OVER_OPEN = "over_trigger_open_turn"
+STATE_OVER_SETTLED = "over_trigger_settled"
+
+
+def provider_context(row):
+    """input + cache creation + cache read of one response, or None if any part is unusable."""
+    if row is None:
+        return None
+    parts = row[:3]
+    if any(p is None for p in parts):
+        return None
+    return sum(parts)
+
+
+def measure_pressure(latest, last_valid, estimate_after_latest, estimate_after_valid, prompt_estimate=0):
+    """The governor's reading (pure).
+
+    ``latest`` is the newest response's (input, cache_creation, cache_read) or None;
+    ``last_valid`` the newest one that was usable. Content captured after a response is
+    an LHC estimate added on top, labelled, never mixed into the provider figure.
+    """
+    provider = provider_context(latest)
+    if provider is not None:
+        source, estimate = "provider", estimate_after_latest
+    else:
+        provider = provider_context(last_valid)
+        if provider is None:
+            return {"source": STATE_NOT_OBSERVED, "provider_tokens": None,
+                    "estimate_tokens": estimate_after_valid + prompt_estimate, "pressure": None}
+        source, estimate = "last_known", estimate_after_valid
+    estimate += prompt_estimate
+    return {"source": source, "provider_tokens": provider, "estimate_tokens": estimate,
+            "pressure": provider + estimate}
+
+
+def classify(reading: dict, trigger: int, settled: bool) -> dict:
+    """One named state and whether Smart Compact would run now (pure)."""
+    if reading["pressure"] is None:
+        state = STATE_NOT_OBSERVED
+    elif reading["pressure"] < trigger:
+        state = STATE_HEALTHY
+    elif settled:
+        state = STATE_OVER_SETTLED
+    else:
+        state = STATE_OVER_OPEN
+    return dict(reading, state=state, trigger=trigger, would_mutate=state == STATE_OVER_SETTLED)
+
+
+def describe_reading(c: dict) -> str:
+    if c["pressure"] is None:
+        return "provider-reported context: not observed"
+    label = "provider-reported" if c["source"] == "provider" else "last known provider-reported"
+    return (f"{label} context {c['provider_tokens']:,} + LHC estimate {c['estimate_tokens']:,} "
+            f"= {c['pressure']:,} tokens against a trigger of {c['trigger']:,}")
+
+
+def governor_reading(store, session_id, prompt_estimate=0) -> dict:
+    """Read the newest provider usage of a session from the record and measure pressure."""
+    db = store.db
+    # Only this session's responses count: a rebuilt session's context is its view, not
+    # the oversized one it replaced, so before its first answer it is "not observed".
+    rows = db.execute("SELECT input, cache_creation, cache_read, seq FROM usage WHERE source_session = ? "
+                      "ORDER BY seq DESC", (session_id,)).fetchall()
+    latest = rows[0] if rows else None
+    last_valid = next((r for r in rows if provider_context(r) is not None), None)
+
+    def after(row):
+        seq = row[3] if row else 0
+        total = db.execute("SELECT coalesce(sum(length(coalesce(text, data))), 0) FROM messages "
+                           "WHERE seq > ?", (seq,)).fetchone()[0]
+        return (total + 3) // 4
+
+    return measure_pressure(latest, last_valid, after(latest), after(last_valid), prompt_estimate)
+
+
+class Receipts:
+    """Durable governor receipts (cc_governor_receipts), written behind the decision.
+
+    A receipt records a classification; it never decides one. If the store cannot be
+    written the operation goes on with an in-memory id and a loud warning.
+    """
+
+    def __init__(self, hostdb, home):
+        self.hostdb = hostdb
+        self.home = home
+
+    def record(self, thread_id, session_id, c: dict, replay_key: str):
+        try:
+            with Tx(self.hostdb.db) as db:
+                row = db.execute("SELECT id FROM cc_governor_receipts WHERE replay_key = ?",
+                                 (replay_key,)).fetchone()
+                if row:
+                    return row[0]
+                cur = db.execute(
+                    "INSERT INTO cc_governor_receipts (replay_key, thread_id, session_id, state, source, "
+                    "provider_tokens, estimate_tokens, pressure, trigger_tokens, would_mutate, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (replay_key, thread_id, session_id, c["state"], c["source"], c["provider_tokens"],
+                     c["estimate_tokens"], c["pressure"], c["trigger"], int(c["would_mutate"]),
+                     utc_now_iso()))
+                return cur.lastrowid
+        except Exception as e:  # write-behind: the receipt store must never block the work
+            rid = f"memory-{uuid.uuid4()}"
+            say(f"warning: governor receipt could not be stored ({e}); using {rid}, "
+                "restart recovery is degraded for this attempt")
+            self.home.log("receipt_store_unavailable", error=repr(e), receipt=rid)
+            return rid
+
+    def outcome(self, receipt_id, outcome: str):
+        if isinstance(receipt_id, str):
+            return
+        try:
+            with Tx(self.hostdb.db) as db:
+                db.execute("UPDATE cc_governor_receipts SET outcome = ?, outcome_at = ? WHERE id = ?",
+                           (outcome, utc_now_iso(), receipt_id))
+        except Exception as e:
+            self.home.log("receipt_outcome_lost", receipt=receipt_id, outcome=outcome, error=repr(e))
+
+
 # == 9. Derivations: the work queue and isolated summarisers ====================
+
+# A derivation is text made from the record, never part of it: here one summary per
+# settled turn, for the summary band. A model writes it in the background, through an
+# isolated `claude -p` that cc-lhc never captures; until it has (and whenever it cannot),
+# a deterministic extractive summary, labelled as such, stands in, so a view never waits.
+
+SUMMARY_KIND = "turn_summary"
+EXTRACTIVE_MARKER = "(extractive summary)"
+EXTRACTIVE_PROMPT_CHARS = 300
+EXTRACTIVE_REPLY_CHARS = 400
+EXTRACTIVE_TOOLS_CHARS = 240   # the whole "Tools" line
+EXTRACTIVE_ERRORS_CHARS = 160  # the whole "Errors" line
+EXTRACTIVE_MAX_CHARS = 1200
+
+# The key argument shown for a tool call, first match wins.
+TOOL_KEY_ARGUMENTS = ("file_path", "notebook_path", "command", "pattern", "path", "url",
+                      "query", "skill", "description", "prompt")
+
+# Bounded input for the summariser. The prompt travels on the command line (stdin stays
+# /dev/null), so this also keeps it far below Windows' 32,767-character command line.
+SUMMARY_INPUT_MAX_CHARS = 16_000
+SUMMARY_MESSAGE_MAX_CHARS = 3_000
+SUMMARY_OUTPUT_MAX_CHARS = 4_000
+SUMMARY_TIMEOUT_SECONDS = 120
+SUMMARY_MAX_ATTEMPTS = 3               # claims of one item (crashed ones count) before it fails
+CLAIM_EXPIRY_LIMIT = 2                 # losing a claim to a dead owner this often fails the item
+SUMMARY_RETRY_DELAYS = (30, 120, 600)  # seconds a failed item waits before its next claim
+WORKER_MAX_PAUSE_SECONDS = 300
+
+SUMMARY_SYSTEM_PROMPT = (
+    "You write short, factual summaries of single turns of a coding session between a "
+    "user and an AI coding assistant. You have no tools. Reply with the summary only."
+)
+SUMMARY_INSTRUCTIONS = (
+    "Summarise the turn of a coding session below in at most 120 words of plain text: what "
+    "the user asked, what was done, and what came of it. Keep exact file paths, commands, "
+    "error messages, numbers, names and decisions; leave out pleasantries and anything you "
+    "would have to guess. Messages are labelled mN; cite a label where it helps to find a "
+    "detail again."
+)
+
+
+class SummariserError(LhcError):
+    """A summariser run gave no usable summary. ``usage`` holds tokens it still spent."""
+
+    def __init__(self, message: str, usage=None):
+        super().__init__(message)
+        self.usage = usage
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text or "").split())
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:max(limit - 1, 0)] + "\u2026"
+
+
+def _clip_middle(text: str, limit: int) -> str:
+    """Keep the head and the tail (where errors and results tend to be)."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    return f"{text[:head]}\n[\u2026 {len(text) - head - tail} characters left out \u2026]\n{text[-tail:]}"
+
+
+def _tool_key_argument(message) -> str:
+    try:
+        args = json.loads(message.get("text") or "null")
+    except ValueError:
+        return _one_line(message.get("text"))
+    if not isinstance(args, dict):
+        return ""
+    for key in TOOL_KEY_ARGUMENTS + tuple(sorted(args)):
+        value = args.get(key)
+        if isinstance(value, str) and value.strip():
+            return _one_line(value)
+    return ""
+
+
+def _tool_names(messages) -> dict:
+    return {m.get("tool_use_id"): m.get("tool_name") or "tool"
+            for m in messages if m.get("kind") == "tool_call"}
+
+
+def extractive_summary(messages) -> str:
+    """A deterministic stand-in summary of one turn, built from its messages alone.
+
+    It names the prompt, the tools called with their key argument, failed tool results
+    and the start of the final reply, each with its mN label. Same messages, same bytes;
+    never longer than EXTRACTIVE_MAX_CHARS.
+    """
+    messages = list(messages)
+    names = _tool_names(messages)
+
+    def first(kinds, items):
+        return next((m for m in items if m.get("kind") in kinds and _one_line(m.get("text"))), None)
+
+    lines = [EXTRACTIVE_MARKER]
+    prompt = first(("user_text",), messages)
+    compacted = first(("compact_summary",), messages)
+    if prompt:
+        lines.append(f"Asked (m{prompt['seq']}): "
+                     + _clip(_one_line(prompt["text"]), EXTRACTIVE_PROMPT_CHARS))
+    elif compacted:
+        lines.append(f"Compacted history (m{compacted['seq']}): "
+                     + _clip(_one_line(compacted["text"]), EXTRACTIVE_PROMPT_CHARS))
+    calls = [m for m in messages if m.get("kind") == "tool_call"]
+    if calls:
+        shown = []
+        for m in calls:
+            arg = _clip(_tool_key_argument(m), 60)
+            shown.append(f"{m.get('tool_name') or 'tool'} m{m['seq']}" + (f" {arg}" if arg else ""))
+        lines.append(_clip(f"Tools ({len(calls)}): " + "; ".join(shown), EXTRACTIVE_TOOLS_CHARS))
+    errors = [m for m in messages if (m.get("kind") == "tool_result" and m.get("is_error"))
+              or m.get("kind") == "api_error"]
+    if errors:
+        noted = []
+        for m in errors:
+            what = "API error" if m.get("kind") == "api_error" else names.get(m.get("tool_use_id"), "tool")
+            noted.append(f"{what} m{m['seq']}: {_clip(_one_line(m.get('text')), 80)}")
+        lines.append(_clip(f"Errors ({len(errors)}): " + "; ".join(noted), EXTRACTIVE_ERRORS_CHARS))
+    reply = first(("assistant_text",), reversed(messages))
+    if reply:
+        lines.append(f"Answered (m{reply['seq']}): "
+                     + _clip(_one_line(reply["text"]), EXTRACTIVE_REPLY_CHARS))
+    else:
+        lines.append("Answered: no text reply in this turn")
+    return _clip("\n".join(lines), EXTRACTIVE_MAX_CHARS)
+
+
+def render_turn_for_summary(messages, limit: int = SUMMARY_INPUT_MAX_CHARS) -> str:
+    """One turn as labelled plain text for a summariser, never longer than ``limit``.
+
+    Thinking and meta messages are left out; long messages keep their head and tail;
+    when the turn is still too long, messages from its middle are left out and counted.
+    """
+    messages = list(messages)
+    names = _tool_names(messages)
+    entries = []
+    for m in messages:
+        kind, seq = m.get("kind"), m.get("seq")
+        if kind == "user_text":
+            head = f"[m{seq} user]"
+        elif kind == "assistant_text":
+            head = f"[m{seq} assistant]"
+        elif kind == "tool_call":
+            head = f"[m{seq} tool call: {m.get('tool_name') or 'tool'}]"
+        elif kind == "tool_result":
+            head = (f"[m{seq} tool result of {names.get(m.get('tool_use_id'), 'tool')}"
+                    + (", error]" if m.get("is_error") else "]"))
+        elif kind == "compact_summary":
+            head = f"[m{seq} compacted history]"
+        elif kind == "api_error":
+            head = f"[m{seq} API error]"
+        else:
+            continue
+        entries.append(head + "\n" + _clip_middle(m.get("text") or "", SUMMARY_MESSAGE_MAX_CHARS))
+    text = "\n\n".join(entries)
+    if len(text) <= limit:
+        return text
+    budget = limit - 60
+    front, back, used = [], [], 0
+    i, j = 0, len(entries) - 1
+    while i <= j:  # alternate ends so both the prompt and the outcome survive
+        take_front = len(front) <= len(back)
+        entry = entries[i] if take_front else entries[j]
+        if used + len(entry) + 2 > budget:
+            break
+        used += len(entry) + 2
+        if take_front:
+            front.append(entry)
+            i += 1
+        else:
+            back.append(entry)
+            j -= 1
+    gap = [f"[\u2026 {j - i + 1} messages left out \u2026]"] if i <= j else []
+    return _clip("\n\n".join(front + gap + back[::-1]), limit)
+
+
+def summary_prompt(messages) -> str:
+    return f"{SUMMARY_INSTRUCTIONS}\n\n<turn>\n{render_turn_for_summary(messages)}\n</turn>"
+
+
+def summariser_command(claude_bin: str, prompt: str, model=None) -> list:
+    """argv of one isolated summariser run (real CLI 2.1.328 checked by the tests).
+
+    --no-session-persistence: the CLI writes no transcript at all; --tools "": the request
+    carries an empty tool list; --system-prompt replaces Claude Code's own (~7 KB) prompt.
+    """
+    argv = [claude_bin, "-p", prompt, "--output-format", "json", "--no-session-persistence",
+            "--system-prompt", SUMMARY_SYSTEM_PROMPT, "--disable-slash-commands"]
+    if model:
+        argv += ["--model", model]
+    return argv + ["--tools", ""]  # last: --tools takes a list and would swallow what follows
+
+
+def summariser_environment(base=None) -> dict:
+    """The caller's environment minus every CC_LHC_* variable, with native compaction off.
+
+    Without CC_LHC_* the run cannot reach this process's descriptor or state, and nothing
+    downstream mistakes it for a managed session.
+    """
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.upper().startswith("CC_LHC_")}
+    env["DISABLE_AUTO_COMPACT"] = "1"
+    return env
+
+
+def parse_summariser_output(status: int, stdout: str, stderr: str) -> dict:
+    """The result of `claude -p --output-format json` -> dict(text, model, tokens).
+
+    Raises SummariserError for a non-zero status, an error result, output that is not
+    the JSON result object, or an empty summary.
+    """
+    doc = None
+    for line in reversed((stdout or "").strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                break
+            doc = None
+    usage = doc.get("usage") if isinstance(doc, dict) and isinstance(doc.get("usage"), dict) else {}
+    spent = {"input_tokens": sum(_int_or_none(usage.get(k)) or 0 for k in
+                                 ("input_tokens", "cache_creation_input_tokens",
+                                  "cache_read_input_tokens")),
+             "output_tokens": _int_or_none(usage.get("output_tokens")) or 0}
+    spent = spent if usage else None
+    if status != 0 or doc is None or doc.get("is_error"):
+        detail = doc.get("result") if isinstance(doc, dict) else None
+        detail = _clip(_one_line(detail or stderr or stdout) or "no output", 300)
+        if status == 0 and doc is None:
+            raise SummariserError(f"summariser output is not a JSON result: {detail}")
+        raise SummariserError(f"summariser failed (exit status {status}): {detail}", spent)
+    text = doc.get("result")
+    if not isinstance(text, str) or not text.strip():
+        raise SummariserError("summariser returned no summary text", spent)
+    models = doc.get("modelUsage")
+    model = sorted(models)[0] if isinstance(models, dict) and models else None
+    tokens = spent or {"input_tokens": 0, "output_tokens": 0}
+    return {"text": _clip(text.strip(), SUMMARY_OUTPUT_MAX_CHARS), "model": model, **tokens}
+
+
+def _discard_stray_transcripts(home, cwd: str, since: float) -> None:
+    """--no-session-persistence writes nothing today; should a CLI version write a
+    transcript anyway, it lands in our private cwd's project folder and is removed."""
+    seen = set()
+    for path in (cwd, os.path.realpath(cwd)):
+        folder = os.path.join(claude_config_dir(), "projects", project_slug(path))
+        if folder in seen or not os.path.isdir(folder):
+            continue
+        seen.add(folder)
+        for name in sorted(os.listdir(folder)):
+            target = os.path.join(folder, name)
+            try:
+                if name.endswith(".jsonl") and os.path.getmtime(target) >= since - 2:
+                    os.unlink(target)
+                    home.log("summariser_transcript_removed", path=target)
+            except OSError:
+                pass
+
+
+def summarise_turn(home, turn_messages, claude_bin=None, timeout=SUMMARY_TIMEOUT_SECONDS,
+                   model=None, on_start=None) -> dict:
+    """Have an isolated `claude -p` summarise one turn -> dict(text, model, input_tokens,
+    output_tokens). Raises SummariserError on any failure.
+
+    Isolated: its cwd is private (<home>/derivations/work), it keeps no session, has no
+    tools, gets no CC_LHC_* variables and reads /dev/null; cc-lhc never captures it.
+    ``on_start(popen)`` lets a worker stop a run in flight.
+    """
+    import subprocess
+    import time
+    if claude_bin is None:
+        try:
+            claude_bin = find_claude_binary()
+        except LhcError as e:
+            raise SummariserError(str(e)) from None
+    cwd = home.ensure("derivations", "work")
+    extra = {}
+    if os.name == "posix":
+        extra = {"preexec_fn": _death_link_preexec(os.getpid()), "start_new_session": True}
+    started = time.time()
+    try:
+        proc = subprocess.Popen(summariser_command(claude_bin, summary_prompt(turn_messages), model),
+                                cwd=cwd, env=summariser_environment(), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **extra)
+    except OSError as e:
+        raise SummariserError(f"cannot run {claude_bin}: {e}") from None
+    try:
+        if on_start is not None:
+            on_start(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise SummariserError(f"summariser timed out after {timeout} s") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _discard_stray_transcripts(home, cwd, started)
+    return parse_summariser_output(proc.returncode, out.decode("utf-8", "replace"),
+                                   err.decode("utf-8", "replace"))
+
+
+# -- the work queue (one per thread store) ----------------------------------------
+
+
+def _owner_key(owner) -> str:
+    """A claim owner as stored: a process identity (dict) as canonical JSON."""
+    if isinstance(owner, str):
+        return owner
+    return json.dumps(owner, sort_keys=True, separators=(",", ":"))
+
+
+def _owner_alive(stored: str) -> bool:
+    try:
+        return identity_alive(json.loads(stored))
+    except (TypeError, ValueError):
+        return False
+
+
+def _iso_after(now_iso: str, seconds: float) -> str:
+    moment = datetime.datetime.fromisoformat(now_iso.replace("Z", "+00:00"))
+    later = moment + datetime.timedelta(seconds=seconds)
+    return later.astimezone(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _home_of(store) -> "StateHome":
+    """A thread store lives at <home>/threads/<id>.sqlite."""
+    return StateHome(os.path.dirname(os.path.dirname(store.path)))
+
+
+def queue_summaries(store, turns=None) -> int:
+    """Queue a summary for each settled turn (closed or interrupted) that has neither a
+    summary nor a queue entry; ``turns`` limits it to those turn numbers. Returns how many."""
+    rows = store.db.execute(
+        "SELECT t.n FROM turns t WHERE t.status IN ('closed', 'interrupted') "
+        "AND NOT EXISTS (SELECT 1 FROM derivations d WHERE d.turn = t.n AND d.kind = ?) "
+        "AND NOT EXISTS (SELECT 1 FROM work w WHERE w.turn = t.n AND w.kind = ?) ORDER BY t.n",
+        (SUMMARY_KIND, SUMMARY_KIND)).fetchall()
+    wanted = None if turns is None else set(turns)
+    todo = [(n, SUMMARY_KIND) for (n,) in rows if wanted is None or n in wanted]
+    if not todo:  # the common case takes no write lock
+        return 0
+    with Tx(store.db) as db:
+        before = db.total_changes
+        db.executemany("INSERT OR IGNORE INTO work (turn, kind) VALUES (?, ?)", todo)
+        return db.total_changes - before
+
+
+def claim_work(store, owner_identity, now=None, home=None):
+    """Claim the next item for ``owner_identity`` -> dict(id, turn, kind, attempts,
+    expiries) or None.
+
+    Takes a queued item whose retry time has come, or an item whose claim owner no longer
+    runs (left by a crash; its attempt counts). An item that loses its claim that way for
+    the CLAIM_EXPIRY_LIMIT-th time is failed (`claim_expired_repeatedly`) and a warning
+    goes to the wrapper log, instead of crashing a third process.
+    """
+    owner = _owner_key(owner_identity)
+    now = now or utc_now_iso()
+    given_up, claimed = [], None
+    with Tx(store.db) as db:
+        rows = db.execute("SELECT id, turn, kind, status, attempts, expiries, owner, not_before "
+                          "FROM work WHERE status IN ('queued', 'claimed') ORDER BY id").fetchall()
+        for wid, turn, kind, status, attempts, expiries, holder, not_before in rows:
+            error = None
+            if status == "claimed":
+                if holder == owner or _owner_alive(holder):
+                    continue
+                expiries += 1
+                if expiries >= CLAIM_EXPIRY_LIMIT:
+                    db.execute("UPDATE work SET status = 'failed', expiries = ?, owner = NULL, "
+                               "finished_at = ?, error = 'claim_expired_repeatedly' WHERE id = ?",
+                               (expiries, now, wid))
+                    given_up.append({"work_id": wid, "turn": turn, "kind": kind,
+                                     "attempts": attempts, "last_owner": holder})
+                    continue
+                error = "claim_expired"
+            elif not_before and not_before > now:
+                continue
+            db.execute("UPDATE work SET status = 'claimed', owner = ?, claimed_at = ?, "
+                       "attempts = attempts + 1, expiries = ?, error = coalesce(?, error) "
+                       "WHERE id = ?", (owner, now, expiries, error, wid))
+            claimed = {"id": wid, "turn": turn, "kind": kind, "attempts": attempts + 1,
+                       "expiries": expiries}
+            break
+    for item in given_up:
+        (home or _home_of(store)).log("derivation_failed", level="warning", thread=store.thread_id,
+                                      error="claim_expired_repeatedly", **item)
+    return claimed
+
+
+def _record_cost(db, purpose, turn, calls, spent, now) -> None:
+    db.execute("INSERT INTO inference_cost (purpose, calls, input_tokens, output_tokens, created, "
+               "turn) VALUES (?, ?, ?, ?, ?, ?)",
+               (purpose, calls, int(spent.get("input_tokens") or 0),
+                int(spent.get("output_tokens") or 0), now, turn))
+
+
+def finish_work(store, work_id, derivation, now=None) -> int:
+    """Store a finished derivation (dict: text, model, input_tokens, output_tokens, and
+    optionally source, calls), mark its item done and count the call it took, in one
+    transaction. Returns the derivation id."""
+    now = now or utc_now_iso()
+    with Tx(store.db) as db:
+        row = db.execute("SELECT turn, kind FROM work WHERE id = ?", (work_id,)).fetchone()
+        if row is None:
+            raise LhcError(f"no derivation work item {work_id}")
+        turn, kind = row
+        cur = db.execute(
+            "INSERT INTO derivations (turn, kind, text, source, model, input_tokens, output_tokens, "
+            "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (turn, kind, derivation["text"], derivation.get("source", "model"), derivation.get("model"),
+             derivation.get("input_tokens"), derivation.get("output_tokens"), now))
+        db.execute("UPDATE work SET status = 'done', owner = NULL, finished_at = ?, error = NULL, "
+                   "not_before = NULL WHERE id = ?", (now, work_id))
+        calls = derivation.get("calls", 1)
+        if calls:
+            _record_cost(db, kind, turn, calls, derivation, now)
+        return cur.lastrowid
+
+
+def fail_work(store, work_id, error: str, spent=None, now=None) -> str:
+    """Record a failed attempt. The item goes back to the queue, claimable again after a
+    delay, until it has had SUMMARY_MAX_ATTEMPTS; then it is `failed` for good. Tokens a
+    failed call still spent (``spent``) are counted. Returns the item's new status."""
+    now = now or utc_now_iso()
+    with Tx(store.db) as db:
+        row = db.execute("SELECT turn, kind, attempts FROM work WHERE id = ?", (work_id,)).fetchone()
+        if row is None:
+            raise LhcError(f"no derivation work item {work_id}")
+        turn, kind, attempts = row
+        if attempts >= SUMMARY_MAX_ATTEMPTS:
+            status, not_before, finished = "failed", None, now
+        else:
+            delay = SUMMARY_RETRY_DELAYS[min(max(attempts - 1, 0), len(SUMMARY_RETRY_DELAYS) - 1)]
+            status, not_before, finished = "queued", _iso_after(now, delay), None
+        db.execute("UPDATE work SET status = ?, owner = NULL, claimed_at = NULL, error = ?, "
+                   "not_before = ?, finished_at = ? WHERE id = ?",
+                   (status, _clip(str(error), 500), not_before, finished, work_id))
+        if spent:
+            _record_cost(db, kind, turn, 1, spent, now)
+    return status
+
+
+def release_work(store, owner) -> int:
+    """Hand back every item ``owner`` still claims (a clean exit): queued again, and the
+    attempt it had counted is returned. Returns how many."""
+    with Tx(store.db) as db:
+        return db.execute("UPDATE work SET status = 'queued', owner = NULL, claimed_at = NULL, "
+                          "attempts = max(attempts - 1, 0) WHERE status = 'claimed' AND owner = ?",
+                          (_owner_key(owner),)).rowcount
+
+
+def turn_summary(store, turn: int, messages=None):
+    """(text, source) for a turn: the newest model-written summary ('model'), else the
+    extractive one ('extractive'), computed now and never stored. ``messages`` (the
+    turn's, if the caller has them) saves reading them again."""
+    row = store.db.execute("SELECT text FROM derivations WHERE turn = ? AND kind = ? "
+                           "AND source = 'model' ORDER BY id DESC LIMIT 1",
+                           (turn, SUMMARY_KIND)).fetchone()
+    if row:
+        return row[0], "model"
+    if messages is None:
+        messages = store.messages(turn, turn)
+    return extractive_summary(messages), "extractive"
+
+
+def derivation_cost(store) -> dict:
+    """Summariser calls and tokens spent on this thread so far."""
+    calls, tokens_in, tokens_out = store.db.execute(
+        "SELECT coalesce(sum(calls), 0), coalesce(sum(input_tokens), 0), "
+        "coalesce(sum(output_tokens), 0) FROM inference_cost").fetchone()
+    return {"calls": calls, "input_tokens": tokens_in, "output_tokens": tokens_out}
+
+
+def work_counts(store) -> dict:
+    """status -> number of queue items (queued, claimed, done, failed)."""
+    return dict(store.db.execute("SELECT status, count(*) FROM work GROUP BY status").fetchall())
+
+
+class DerivationWorker:
+    """Summarises one thread's settled turns in the background while a host runs.
+
+    Loop: queue new settled turns, claim one, summarise it, store the result. A failed
+    run is recorded on its item (retried later, within bounds) and slows the loop down;
+    nothing here raises into the host. stop() ends a run in flight and hands unfinished
+    claims back, so the next process starts them afresh.
+    """
+
+    def __init__(self, home, thread_id, claude_bin=None, timeout=SUMMARY_TIMEOUT_SECONDS,
+                 model=None, idle_seconds=2.0, summariser=None):
+        import threading
+        self.home = home
+        self.thread_id = thread_id
+        self.claude_bin = claude_bin
+        self.timeout = timeout
+        self.model = model
+        self.idle_seconds = idle_seconds
+        self.summarise = summariser or summarise_turn
+        # The worker field keeps two workers of one process from releasing each other's claims.
+        self.owner = {**process_identity(), "worker": uuid.uuid4().hex[:12]}
+        self.done = 0
+        self.failed = 0
+        self._stopping = threading.Event()
+        self._thread = None
+        self._proc = None
+
+    def start(self) -> "DerivationWorker":
+        import threading
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"cc-lhc derivations {self.thread_id[:8]}")
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.terminate()
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if not self._thread.is_alive():
+                return
+        try:  # not started, or stuck: release from here
+            store = ThreadStore(self.home, self.thread_id)
+            try:
+                release_work(store, self.owner)
+            finally:
+                store.close()
+        except Exception as e:
+            self.home.log("derivation_worker_error", thread=self.thread_id, error=repr(e))
+
+    def run_pending(self, store=None, limit=None) -> int:
+        """Work in this thread until nothing is claimable (or ``limit`` items); returns
+        how many items were tried."""
+        own = store is None
+        store = store or ThreadStore(self.home, self.thread_id)
+        tried = 0
+        try:
+            while limit is None or tried < limit:
+                if self.step(store) in ("idle", "released"):
+                    break
+                tried += 1
+        finally:
+            if own:
+                release_work(store, self.owner)
+                store.close()
+        return tried
+
+    def step(self, store) -> str:
+        """One claim and run: 'idle', 'done', 'failed' or 'released' (stopping)."""
+        queue_summaries(store)
+        item = claim_work(store, self.owner, home=self.home)
+        if item is None:
+            return "idle"
+        try:
+            messages = list(store.messages(item["turn"], item["turn"]))
+            result = self.summarise(self.home, messages, claude_bin=self.claude_bin,
+                                    timeout=self.timeout, model=self.model, on_start=self._started)
+        except Exception as e:  # whatever went wrong, the host carries on
+            if self._stopping.is_set():
+                release_work(store, self.owner)
+                return "released"
+            status = fail_work(store, item["id"], str(e), spent=getattr(e, "usage", None))
+            self.failed += 1
+            self.home.log("derivation_attempt_failed", level="warning" if status == "failed" else "info",
+                          thread=self.thread_id, turn=item["turn"], work_id=item["id"],
+                          attempts=item["attempts"], status=status, error=_clip(str(e), 300))
+            return "failed"
+        finally:
+            self._proc = None
+        finish_work(store, item["id"], result)
+        self.done += 1
+        return "done"
+
+    def _started(self, proc) -> None:
+        self._proc = proc
+        if self._stopping.is_set():
+            proc.terminate()
+
+    def _run(self) -> None:
+        store = None
+        pause = self.idle_seconds
+        try:
+            store = ThreadStore(self.home, self.thread_id)
+            while not self._stopping.is_set():
+                try:
+                    outcome = self.step(store)
+                except Exception as e:
+                    self.home.log("derivation_worker_error", thread=self.thread_id, error=repr(e))
+                    outcome = "failed"
+                if outcome == "done":
+                    pause = self.idle_seconds
+                    continue
+                if outcome == "failed":  # inference is unavailable: ask less often
+                    pause = min(max(pause * 2, self.idle_seconds), WORKER_MAX_PAUSE_SECONDS)
+                    self._stopping.wait(pause)
+                else:
+                    self._stopping.wait(self.idle_seconds)
+        except Exception as e:
+            self.home.log("derivation_worker_error", thread=self.thread_id, error=repr(e))
+        finally:
+            if store is not None:
+                try:
+                    release_work(store, self.owner)
+                except Exception as e:
+                    self.home.log("derivation_worker_error", thread=self.thread_id, error=repr(e))
+                store.close()
+
 
 # == 10. Processes: identity, leases, descriptors, spawning, death-linking ======
 
@@ -1772,6 +2565,88 @@ def exit_status_from_wait(status: int) -> int:
     return EXIT_ERROR
 
 
+FAILPOINT_ENV = "CC_LHC_FAILPOINT"
+FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-spawn", "before-acceptance",
+              "after-acceptance-before-alias", "after-alias-advance")
+
+
+def failpoint(name: str) -> None:
+    """Die here, at once and without cleanup, when $CC_LHC_FAILPOINT names this point.
+
+    Tests use it to kill cc-lhc at every step of Smart Compact and prove the next
+    launch recovers with nothing lost.
+    """
+    if os.environ.get(FAILPOINT_ENV) == name:
+        StateHome().log("failpoint", name=name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Lease:
+    """Exclusive ownership of one thread for this process's life.
+
+    An OS lock on owners/<hash>.lock is held while we live, so a dead owner never
+    blocks anyone and a reused pid can never pass for the owner; the JSON beside it
+    says who holds the lease, for messages and diagnostics.
+    """
+
+    def __init__(self, home, thread_id):
+        import hashlib
+        self.home = home
+        self.thread_id = thread_id
+        key = hashlib.sha256(thread_id.encode()).hexdigest()[:24]
+        folder = home.ensure("owners")
+        self.lock_path = os.path.join(folder, f"{key}.lock")
+        self.info_path = os.path.join(folder, f"{key}.json")
+        self.fd = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        if not _try_lock(fd):
+            os.close(fd)
+            holder = ""
+            try:
+                with open(self.info_path) as f:
+                    owner = json.load(f).get("owner", {})
+                holder = f" by cc-lhc pid {owner.get('pid')}"
+            except (OSError, ValueError, AttributeError):
+                pass
+            raise usage_error(f"thread {self.thread_id[:8]} is already in use{holder}; "
+                              "not starting a second Claude on it (nothing was queued)")
+        self.fd = fd
+        write_info = json.dumps({"thread_id": self.thread_id, "owner": process_identity(),
+                                 "since": utc_now_iso()}).encode()
+        tmp = self.info_path + f".{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(write_info)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.info_path)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            try:
+                os.unlink(self.info_path)
+            except OSError:
+                pass
+            os.close(self.fd)  # closing drops the OS lock
+            self.fd = None
+
+
+def _try_lock(fd) -> bool:
+    if os.name == "nt":  # pragma: no cover - Windows only
+        import msvcrt
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
 RUNTIME_ENV = "CC_LHC_RUNTIME_DESCRIPTOR"
 
 
@@ -1925,6 +2800,8 @@ class Capture:
         self._stop = None
         self.error = None
         self.lines = 0
+        self.lease = None
+        self.caught_up = False
 
     def _open(self):
         if self.store is None:
@@ -1948,8 +2825,14 @@ class Capture:
                     found.append(uid)
         return found
 
-    def catch_up(self, index=True) -> int:
-        """Read every complete line not yet in the record; returns lines read."""
+    def catch_up(self, index=True, deadline=None) -> int:
+        """Read every complete line not yet in the record; returns lines read.
+
+        With a ``deadline`` (time.monotonic) it stops between batches once that has
+        passed; ``caught_up`` then says whether the end of the file was reached.
+        """
+        import time
+        self.caught_up = False
         self._open()
         store = self.store
         src = store.source(self.session_id)
@@ -1957,6 +2840,7 @@ class Capture:
         try:
             size = os.path.getsize(self.path)
         except OSError:
+            self.caught_up = True  # no transcript yet: nothing to catch up with
             return 0
         if size < offset:
             if not src["degraded"]:
@@ -1964,6 +2848,7 @@ class Capture:
                                     f"{self.path} is {size} bytes, {offset} were already captured")
             return 0
         if size == offset:
+            self.caught_up = True
             return 0
         parser = RolloutParser(self.session_id, store.parse_state(self.session_id),
                                segment_soft_bytes(self.policy))
@@ -1973,8 +2858,11 @@ class Capture:
             f.seek(offset)
             pending = b""
             while True:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
                 chunk = f.read(self.BATCH_BYTES)
                 if not chunk:
+                    self.caught_up = True
                     break
                 buf = pending + chunk if pending else chunk
                 base = offset
@@ -2086,6 +2974,7 @@ class Relay:
         self.to_user = bytearray()
         self.input_open = in_fd is not None
         self.stop_requested = None
+        self.always_ready = {}  # tag -> wanted events, for fds the selector refuses
 
     def run(self) -> None:
         import selectors
@@ -2109,11 +2998,18 @@ class Relay:
             os.close(wake_w)
 
     def _interest(self, sel, fd, events, tag):
-        if events:
+        if tag in self.always_ready:
+            self.always_ready[tag] = events
+        elif events:
             try:
                 sel.modify(fd, events, tag)
             except KeyError:
-                sel.register(fd, events, tag)
+                try:
+                    sel.register(fd, events, tag)
+                except PermissionError:
+                    # epoll refuses regular files and /dev/null (`cc-lhc < file`,
+                    # `cc-lhc > log`); they never block, so they count as always ready.
+                    self.always_ready[tag] = events
         else:
             try:
                 sel.unregister(fd)
@@ -2131,12 +3027,15 @@ class Relay:
                 m_events |= selectors.EVENT_WRITE
             self._interest(sel, self.master_fd, m_events, "master")
             if self.input_open:
-                self._interest(sel, self.in_fd,
-                               selectors.EVENT_READ if len(self.to_child) < self.HIGH_WATER else 0,
-                               "in")
+                try:
+                    self._interest(sel, self.in_fd,
+                                   selectors.EVENT_READ if len(self.to_child) < self.HIGH_WATER else 0,
+                                   "in")
+                except PermissionError:  # /dev/null or a regular file: nothing will ever arrive
+                    self.input_open = False
             self._interest(sel, self.out_fd, selectors.EVENT_WRITE if self.to_user else 0, "out")
-            for key, mask in sel.select():
-                tag = key.data
+            ready = [(tag, events) for tag, events in self.always_ready.items() if events]
+            for tag, mask in [(k.data, m) for k, m in sel.select(0 if ready else None)] + ready:
                 if tag == "wake":
                     self._drain_signals(wake_r)
                 elif tag == "master":
@@ -2267,6 +3166,8 @@ def run_interactive(spec, home: StateHome) -> int:
         raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
     home.log("child_started", mode="interactive", child_pid=child.pid,
              session=spec.session_id, argv=spec.child_argv[1:])
+    if spec.after_spawn:
+        spec.after_spawn()
     watchdog = start_watchdog(child.pid)
 
     def on_signal(signum, relay):
@@ -2367,6 +3268,8 @@ def run_oneshot(spec, home: StateHome) -> int:
         raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
     home.log("child_started", mode="oneshot", child_pid=child.pid, session=spec.session_id,
              argv=spec.child_argv[1:])
+    if spec.after_spawn:
+        spec.after_spawn()
     watchdog = start_watchdog(child.pid)
 
     def forward(signum, _frame):
@@ -2415,11 +3318,13 @@ def _resume_session(spec, session_id):
 
 
 def attach_thread(spec, home, policy):
-    """Resolve this launch's session to a thread and prepare its capture.
+    """Resolve this launch's session to a thread, own it, and prepare its capture.
 
     A fresh session gets a new thread; --resume of a session seen before lands on
-    its thread's current session; --resume of a session never seen adopts its whole
-    transcript; --continue and bare --resume are resolved here, before spawn.
+    its thread's current session (read again under the thread's lease); --resume of
+    a session never seen adopts its whole transcript; --continue and bare --resume
+    are resolved here, before spawn. Interrupted Smart Compacts of the thread are
+    settled before anything else touches it.
     """
     if spec.found.get("no_persistence"):
         home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript")
@@ -2433,27 +3338,45 @@ def attach_thread(spec, home, policy):
     elif spec.resume_picker:
         _resume_session(spec, pick_thread_session(spec, registry, hostdb))
     origin = "fresh"
+    lease = None
     if spec.resume:
         thread = registry.thread_for_session(spec.resume)
-        if thread:
-            current = registry.current_session(thread)
-            if current and current != spec.resume:
-                say(f"session {spec.resume} continues as {current} in thread {thread[:8]}; resuming that")
-                _resume_session(spec, current)
-        path = _session_rollout(hostdb, spec.session_id, spec.cwd)
         if thread is None:
+            path = _session_rollout(hostdb, spec.session_id, spec.cwd)
             if not os.path.exists(path):
                 home.log("capture_off", reason=f"no transcript at {path} to adopt")
                 return None
+            refuse_orphan(path, spec, home, registry)
             thread = registry.create_thread(spec.session_id, spec.cwd, "adopted")
             origin = "adopted"
-        repair_torn_tail(path, home, spec.session_id)
+        lease = Lease(home, thread)
+        lease.acquire()
+        try:
+            recover_thread(home, registry, hostdb, thread)
+            current = registry.current_session(thread)
+            if current and current != spec.session_id:
+                say(f"session {spec.session_id} continues as {current} in thread {thread[:8]}; "
+                    "resuming that")
+                _resume_session(spec, current)
+            path = _session_rollout(hostdb, spec.session_id, spec.cwd)
+            repair_torn_tail(path, home, spec.session_id)
+        except BaseException:
+            lease.release()
+            raise
     else:
         path = rollout_path(spec.session_id, spec.cwd)
         thread = registry.create_thread(spec.session_id, spec.cwd, "fork" if spec.fork else "fresh")
+        lease = Lease(home, thread)
+        lease.acquire()
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
-    known = hostdb.session(spec.session_id)
     home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
+    capture = new_capture(spec, home, policy, hostdb, thread, spec.session_id, path)
+    capture.lease = lease
+    return capture
+
+
+def new_capture(spec, home, policy, hostdb, thread, session_id, path):
+    known = hostdb.session(session_id)
 
     def on_event(event, capture):
         kind, turn = event
@@ -2464,8 +3387,130 @@ def attach_thread(spec, home, policy):
             if spec.print_mode:
                 say(note)
 
-    return Capture(home, thread, spec.session_id, path, policy,
+    return Capture(home, thread, session_id, path, policy,
                    start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event)
+
+
+CATCHUP_SECONDS = 10.0
+
+
+def thread_settled(store) -> str:
+    """'' when the record ends at a settled seam, else why not."""
+    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    if row and row[1] == "open":
+        return f"the transcript was left mid-turn (t{row[0]} is still open)"
+    outstanding = store.db.execute(
+        "SELECT count(*) FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
+        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)"
+    ).fetchone()[0]
+    if outstanding and row and row[1] == "open":
+        return f"{outstanding} tool call(s) are still waiting for results"
+    return ""
+
+
+def prompt_estimate(spec) -> int:
+    """LHC estimate of the prompt a one-shot is about to send (its argv text)."""
+    return estimate_tokens(" ".join(spec.positionals))
+
+
+def oneshot_smart_compact(spec, home, policy, capture):
+    """Smart Compact before a one-shot launches, when the thread is over the trigger.
+
+    Returns the Capture for the session Claude will run on (a new one after a rebuild)
+    and the pending rebuild, if any.
+    """
+    import time
+    registry, hostdb = Registry(home), HostDB(home)
+    capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
+    store = capture.store
+    if not capture.caught_up:
+        say("context check skipped: capture is still catching up with the transcript; "
+            "Smart Compact will run on the next invocation if needed")
+        return capture, None
+    not_settled = thread_settled(store)
+    reading = governor_reading(store, spec.session_id, prompt_estimate(spec))
+    c = classify(reading, policy["upperBoundTokens"], not not_settled)
+    receipts = Receipts(hostdb, home)
+    latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? ORDER BY seq DESC "
+                              "LIMIT 1", (spec.session_id,)).fetchone()
+    receipt = receipts.record(capture.thread_id, spec.session_id, c,
+                              f"oneshot:{spec.session_id}:{latest[0] if latest else '-'}:{c['state']}")
+    home.log("governor", thread=capture.thread_id, session=spec.session_id, **c)
+    if c["state"] == STATE_OVER_OPEN:
+        say(f"over the trigger but not at a settled seam ({not_settled}); "
+            "launching on the current session, Smart Compact runs on the next invocation")
+    if not c["would_mutate"]:
+        receipts.outcome(receipt, "no_action")
+        return capture, None
+    say(f"Smart Compact: {describe_reading(c)}")
+    new_sid = new_session_id()
+    rebuild = plan_rebuild(home, store, capture.thread_id, policy, new_sid, spec.cwd,
+                           envelope_from=capture.path)
+    record_pending(registry, capture.thread_id, spec.session_id, rebuild, spec.cwd)
+    failpoint("after-pending-record")
+    write_atomic(rebuild.path, rebuild.data)
+    record_lineage(hostdb, new_sid, capture.thread_id, rebuild.path, spec.cwd, rebuild.data)
+    failpoint("after-rollout-write")
+    receipts.outcome(receipt, f"rebuilt:{new_sid}")
+    home.log("smart_compact_rebuilt", thread=capture.thread_id, old_session=spec.session_id,
+             new_session=new_sid, bytes=len(rebuild.data),
+             bands={b: len(rebuild.view.turns_in(b)) for b in BANDS + ("omitted",)})
+    lease = capture.lease
+    capture.lease = None
+    capture.stop()
+    old_session = spec.session_id
+    _resume_session(spec, new_sid)
+    fresh = new_capture(spec, home, policy, hostdb, capture.thread_id, new_sid, rebuild.path)
+    fresh.lease = lease
+    return fresh, {"session_id": new_sid, "from_session": old_session, "path": rebuild.path,
+                   "prefix": len(rebuild.data), "receipt": receipt}
+
+
+def record_pending(registry, thread_id, from_session, rebuild, cwd):
+    """Record the rebuild as not yet accepted, before its transcript exists."""
+    now = utc_now_iso()
+    with Tx(registry.db) as db:
+        db.execute("INSERT INTO rebuilds (session_id, thread_id, from_session, path, cwd, owner, status, "
+                   "created) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
+                   (rebuild.session_id, thread_id, from_session, rebuild.path, cwd,
+                    json.dumps(process_identity()), now))
+        db.execute("INSERT INTO aliases VALUES (?, ?, ?, 0, ?)",
+                   (session_alias(rebuild.session_id), thread_id, rebuild.session_id, now))
+
+
+def settle_acceptance(home, capture, pending) -> bool:
+    """Advance the thread to the rebuilt session only if Claude was seen accepting it."""
+    registry, hostdb = Registry(home), HostDB(home)
+    failpoint("before-acceptance")
+    try:
+        accepted = os.path.getsize(pending["path"]) > pending["prefix"]
+    except OSError:
+        accepted = False
+    if not accepted:
+        abandon_rebuild(home, registry, pending["session_id"], "the new session never accepted the prompt")
+        say("the rebuilt session was not accepted; the thread stays on its previous session "
+            "and nothing was re-sent")
+        return False
+    failpoint("after-acceptance-before-alias")
+    try:
+        with Tx(registry.db) as db:
+            db.execute("UPDATE aliases SET is_current = 0 WHERE thread_id = ?", (capture.thread_id,))
+            db.execute("UPDATE aliases SET is_current = 1 WHERE alias = ?",
+                       (session_alias(pending["session_id"]),))
+            db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ?",
+                       (utc_now_iso(), pending["session_id"]))
+    except Exception as e:
+        # The swap happened; remember the pointer we meant to write and repair it at the
+        # next launch, touching only that exact predecessor.
+        with Tx(hostdb.db) as db:
+            db.execute("INSERT INTO pointer_repairs (thread_id, from_session, to_session, created) "
+                       "VALUES (?, ?, ?, ?)", (capture.thread_id, pending["from_session"],
+                                               pending["session_id"], utc_now_iso()))
+        home.log("pointer_write_failed", thread=capture.thread_id, error=repr(e))
+        return True
+    failpoint("after-alias-advance")
+    home.log("smart_compact_accepted", thread=capture.thread_id, session=pending["session_id"])
+    return True
 
 
 def _cwd_threads(registry, hostdb, cwd):
@@ -2544,6 +3589,103 @@ def pick_thread_session(spec, registry, hostdb):
 
 
 # == 14. Recovery at launch ======================================================
+
+
+REBUILT_MARKER = "[cc-lhc] This conversation was rebuilt by Smart Compact"
+
+
+def abandon_rebuild(home, registry, session_id, reason) -> None:
+    """Move an unused rebuilt transcript out of Claude's projects folder and say so."""
+    row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
+                              (session_id,)).fetchone()
+    if row is None:
+        return
+    path, cwd, thread_id = row
+    moved = None
+    if os.path.exists(path):
+        folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
+        moved = os.path.join(folder, os.path.basename(path))
+        os.replace(path, moved)
+    with Tx(registry.db) as db:
+        db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
+                   (utc_now_iso(), session_id))
+    home.log("rebuild_abandoned", thread=thread_id, session=session_id, reason=reason, moved_to=moved)
+
+
+def recover_thread(home, registry, hostdb, thread_id) -> None:
+    """Under the thread's lease: settle what a crash left behind."""
+    for session_id, owner in registry.db.execute(
+            "SELECT session_id, owner FROM rebuilds WHERE thread_id = ? AND status = 'pending'",
+            (thread_id,)).fetchall():
+        try:
+            alive = identity_alive(json.loads(owner))
+        except ValueError:
+            alive = False
+        if alive:
+            continue
+        abandon_rebuild(home, registry, session_id, "its Smart Compact was interrupted")
+        say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
+            f"stays on its accepted session (the unused rebuild is in abandoned-rebuilds/)")
+    for rid, from_s, to_s in hostdb.db.execute(
+            "SELECT id, from_session, to_session FROM pointer_repairs WHERE thread_id = ? "
+            "AND repaired IS NULL ORDER BY id", (thread_id,)).fetchall():
+        if registry.current_session(thread_id) == from_s:
+            registry.add_alias(to_s, thread_id, current=True)
+            home.log("pointer_repaired", thread=thread_id, from_session=from_s, to_session=to_s)
+        with Tx(hostdb.db) as db:
+            db.execute("UPDATE pointer_repairs SET repaired = ? WHERE id = ?", (utc_now_iso(), rid))
+    import shutil
+    for name in os.listdir(home.ensure("recovery")):
+        if name.startswith(thread_id):
+            target = home.path("recovery", name)
+            if os.path.isdir(target):
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                os.unlink(target)
+
+
+def looks_rebuilt(path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        rec = json.loads(first)
+        content = (rec.get("message") or {}).get("content")
+        return isinstance(content, str) and content.startswith(REBUILT_MARKER)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def refuse_orphan(path, spec, home, registry) -> None:
+    """A rebuilt-looking session no record knows of is never linked by guesswork."""
+    if not looks_rebuilt(path):
+        return
+    texts = []
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            content = (rec.get("message") or {}).get("content") if isinstance(rec, dict) else None
+            if rec.get("type") == "user" and isinstance(content, str) and not content.startswith(REBUILT_MARKER):
+                texts.append(content)
+            if len(texts) >= 5:
+                break
+    matches = []
+    for thread_id, _cwd, _c, _o, _s in registry.threads():
+        store = ThreadStore(home, thread_id)
+        try:
+            if any(store.db.execute("SELECT 1 FROM messages WHERE text = ? LIMIT 1", (t,)).fetchone()
+                   for t in texts):
+                matches.append(thread_id)
+        finally:
+            store.close()
+    lines = [f"session {spec.session_id} looks like a rebuilt session that no cc-lhc record knows "
+             "(left by an older version); it is not linked to any thread by guesswork.",
+             "Choose the thread to continue with: cc-lhc --resume"]
+    lines += [f"  unverified possible match: thread {m}" for m in matches]
+    home.log("orphan_rebuild", session=spec.session_id, path=path, possible=matches)
+    raise usage_error("\n".join(lines))
 
 
 def file_is_held(path: str):
@@ -2717,6 +3859,7 @@ class LaunchSpec:
         self.flags = {}               # lhc launch flags: name -> value
         self.found = {}               # what scan_claude_args saw
         self.extra_env = {}           # added to the child's environment
+        self.after_spawn = None       # called once the child exists (failpoints)
 
 
 def scan_claude_args(args):
@@ -2903,6 +4046,8 @@ Environment:
   CC_LHC_TOKENIZER_FILE  o200k_base rank file for exact token counts
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
+  CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval commands; never set it yourself
+  CC_LHC_FAILPOINT     tests only: kill cc-lhc at a named step to prove recovery
 
 Configuration: ~/.config/cc-lhc/config.json, then .cc-lhc.json in the project,
 then the flags above. Fields: lowerBoundTokens, upperBoundTokens, profile,
@@ -3008,22 +4153,32 @@ def cmd_launch(argv) -> int:
              thread=capture.thread_id if capture else None,
              policy={k: policy.values[k] for k in ("lowerBoundTokens", "upperBoundTokens",
                                                    "minRunwayTokens", "profile")})
-    descriptor = None
-    if capture:
-        hostdb = HostDB(home)
-        remove_stale_descriptors(home, hostdb)
-        descriptor = create_descriptor(home, hostdb, capture.thread_id, spec.session_id)
-        spec.extra_env[RUNTIME_ENV] = descriptor["path"]
-        spec.extra_env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
-        capture.start()
+    descriptor, pending = None, None
     try:
-        if spec.print_mode:
-            return run_oneshot(spec, home)
-        return run_interactive(spec, home)
-    finally:
         if capture:
-            finish_capture(capture, spec, home)
-            remove_descriptor(home, hostdb, descriptor, "session ended")
+            hostdb = HostDB(home)
+            if spec.print_mode and spec.resume:
+                capture, pending = oneshot_smart_compact(spec, home, policy, capture)
+            remove_stale_descriptors(home, hostdb)
+            descriptor = create_descriptor(home, hostdb, capture.thread_id, spec.session_id)
+            spec.extra_env[RUNTIME_ENV] = descriptor["path"]
+            spec.extra_env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+            capture.start()
+        if pending:
+            spec.after_spawn = lambda: failpoint("after-spawn")
+        try:
+            if spec.print_mode:
+                return run_oneshot(spec, home)
+            return run_interactive(spec, home)
+        finally:
+            if capture:
+                finish_capture(capture, spec, home)
+                if pending:
+                    settle_acceptance(home, capture, pending)
+                remove_descriptor(home, hostdb, descriptor, "session ended")
+    finally:
+        if capture and capture.lease:
+            capture.lease.release()
 
 
 def finish_capture(capture, spec, home):
