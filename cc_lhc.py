@@ -315,13 +315,17 @@ def resolve_policy(layers) -> Policy:
                 continue
             values[name] = value
             sources[name] = source
-    for low, high, why in _COHERENT_PAIRS:
-        if values[low] >= values[high]:
-            problems.append(f"{low} ({values[low]} from {sources[low]}) and {high} "
-                            f"({values[high]} from {sources[high]}): {why}")
-            for name in (low, high):
-                values[name] = BUILTIN_POLICY[name]
-                sources[name] = "builtin"
+    broken = True
+    while broken:  # a pair put back to builtin can break one checked before it
+        broken = False
+        for low, high, why in _COHERENT_PAIRS:
+            if values[low] >= values[high]:
+                problems.append(f"{low} ({values[low]} from {sources[low]}) and {high} "
+                                f"({values[high]} from {sources[high]}): {why}")
+                for name in (low, high):
+                    values[name] = BUILTIN_POLICY[name]
+                    sources[name] = "builtin"
+                broken = True
     return Policy(values, sources, problems)
 
 
@@ -336,7 +340,7 @@ def project_config_path(cwd: str):
     here = os.path.abspath(cwd)
     while True:
         candidate = os.path.join(here, ".cc-lhc.json")
-        if os.path.isfile(candidate):
+        if os.path.lexists(candidate):  # a folder or dangling link here is reported, not skipped
             return candidate
         parent = os.path.dirname(here)
         if parent == here:
@@ -347,7 +351,7 @@ def project_config_path(cwd: str):
 def _read_config_file(path):
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+            return json.loads(f.read().decode("utf-8-sig"))  # editors on Windows add a BOM
     except (OSError, UnicodeDecodeError) as e:
         return LhcError(f"cannot read the file ({e.__class__.__name__}: {e})")
     except json.JSONDecodeError as e:
@@ -357,7 +361,7 @@ def _read_config_file(path):
 def load_policy(cwd: str, flag_values: dict) -> Policy:
     layers = []
     user = user_config_path()
-    if os.path.exists(user):
+    if os.path.lexists(user):
         layers.append((user, _read_config_file(user)))
     project = project_config_path(cwd)
     if project:
@@ -588,6 +592,7 @@ class RolloutParser:
         has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
         if not has_result and not rec.get("isMeta"):
             origin = (rec.get("origin") or {}).get("kind") if isinstance(rec.get("origin"), dict) else None
+            _require_text(origin)
             self._open_turn(origin or "prompt", self.s.next_seq, created)
         for i, block in enumerate(blocks):
             if not isinstance(block, dict):
@@ -999,15 +1004,18 @@ class ThreadStore:
             state.open_turn, state.turn_kind = row
             seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ?", (row[0],)).fetchone()[0]
             state.segment = seg or 0
-            first, size = db.execute(
-                "SELECT min(seq), sum(length(text)) FROM messages WHERE turn = ? AND segment = ?",
-                (row[0], state.segment)).fetchone()
             closed = db.execute("SELECT 1 FROM segments WHERE turn = ? AND idx = ?",
                                 (row[0], state.segment)).fetchone()
             if closed:
                 state.segment += 1
             else:
-                state.segment_first, state.segment_bytes = first, size or 0
+                # Measured in Python exactly as the parser measured it (SQLite's length()
+                # differs: it skips a tool call's block and stops at a NUL), or a restart
+                # would cut this segment somewhere a one-shot read would not.
+                rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? "
+                                  "AND segment = ? ORDER BY seq", (row[0], state.segment)).fetchall()
+                state.segment_first = rows[0][0] if rows else None
+                state.segment_bytes = sum(segment_size(kind, text, data) for _, kind, text, data in rows)
         state.outstanding = dict(db.execute(
             "SELECT c.tool_use_id, c.seq FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
             "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)"
@@ -4565,12 +4573,159 @@ def cmd_rollout(args) -> int:
     return EXIT_OK
 
 
+def _count_many(texts):
+    """Token counts for many strings at once (exact o200k when available)."""
+    TOKENS.count("")  # loads the tokenizer once
+    enc = TOKENS._encoding
+    if enc is None:
+        return [estimate_tokens(t) for t in texts]
+    return [len(ids) for ids in enc.encode_ordinary_batch(list(texts), num_threads=4)]
+
+
+def measure_transcript(path: str, profile: str, target: int) -> dict:
+    """What each band and Smart Compact would make of one transcript (counts only).
+
+    The transcript is read through the same capture code as a live session, into a
+    throwaway state folder, so the figures are the product's own, not a model of it.
+    """
+    import tempfile
+    import time
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cc-lhc-measure-") as tmp:
+        home = StateHome(tmp)
+        home.ensure()
+        thread_id = str(uuid.uuid4())
+        cap = Capture(home, thread_id, "measured", path)
+        cap.catch_up(index=False)
+        store = cap.store
+        turns = load_turns(store, closed_only=False)
+        problems = store.db.execute("SELECT count(*) FROM problems").fetchone()[0]
+        cap.stop()
+    messages = [m for t in turns for m in t.messages]
+    tool_calls = sum(1 for m in messages if m["kind"] == "tool_call")
+    texts, index = [], {}
+
+    def slot(text):
+        if text not in index:
+            index[text] = len(texts)
+            texts.append(text)
+        return index[text]
+
+    per_turn = []
+    for t in turns:
+        row = {}
+        for band in ("full", "lean"):
+            row[band] = [slot(stub if stub is not None else (m["text"] or m["data"] or ""))
+                         for m, stub in visible_messages(t, band)]
+        row["summary"] = [slot(extractive_turn_text(t.messages))]
+        per_turn.append(row)
+    counts = _count_many(texts)
+    totals = {band: sum(counts[i] for row in per_turn for i in row[band]) for band in BANDS}
+    summaries = {t.n: (extractive_turn_text(t.messages), "extractive summary") for t in turns}
+    view = build_view(thread_id, turns, profile=profile, budget=target, summaries=summaries)
+    in_view = 0
+    for t, row in zip(turns, per_turn):
+        band = view.bands.get(t.n)
+        if band in row:
+            in_view += sum(counts[i] for i in row[band])
+    header = render_header(view, working_set(turns), False)
+    in_view += _count_many([header])[0]
+    original = totals["full"]
+
+    def cut(after):
+        return round(100.0 * (original - after) / original, 1) if original else 0.0
+
+    return {
+        "messages": len(messages), "tool_calls": tool_calls, "turns": len(turns),
+        "tokens": original, "lean_tokens": totals["lean"], "lean_cut_pct": cut(totals["lean"]),
+        "summary_tokens": totals["summary"], "summary_cut_pct": cut(totals["summary"]),
+        "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),
+        "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted",)},
+        "integrity_problems": problems, "exact": TOKENS.exact,
+        "counting": "exact o200k_base" if TOKENS.exact else "approximate (4 bytes a token)",
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def _percentile(values, p):
+    values = sorted(values)
+    if not values:
+        return None
+    k = (len(values) - 1) * p
+    lo = int(k)
+    hi = min(lo + 1, len(values) - 1)
+    return round(values[lo] + (values[hi] - values[lo]) * (k - lo), 1)
+
+
+def cmd_measure(args) -> int:
+    """Offline: what Smart Compact and each band would do to sessions. Counts only."""
+    as_json = _take_flag(args, "--json")
+    as_md = _take_flag(args, "--markdown")
+    profile = _take_option(args, "--profile", "default")
+    target = _take_option(args, "--target", BUILTIN_POLICY["lowerBoundTokens"], int)
+    if profile not in PROFILES:
+        raise usage_error(f"--profile is one of {', '.join(PROFILES)}")
+    if target <= 0:
+        raise usage_error("--target must be a positive number of tokens")
+    if len(args) != 1:
+        raise usage_error("usage: cc-lhc measure <transcript.jsonl | folder> [--json | --markdown] "
+                          "[--profile P] [--target N]")
+    where = args[0]
+    if os.path.isdir(where):
+        files = sorted(os.path.join(d, f) for d, _s, names in os.walk(where) for f in names
+                       if f.endswith(".jsonl") and "subagents" not in d)
+    elif os.path.isfile(where):
+        files = [where]
+    else:
+        raise usage_error(f"{where!r} is neither a transcript nor a folder")
+    rows = []
+    for i, path in enumerate(files, 1):
+        row = measure_transcript(path, profile, target)
+        row["session"] = i
+        rows.append(row)
+    report = {"profile": profile, "target": target, "sessions": rows}
+    if len(rows) > 1:
+        for key in ("lean_cut_pct", "summary_cut_pct", "smart_compact_cut_pct"):
+            vals = [r[key] for r in rows if r["tokens"]]
+            report[f"median_{key}"] = _percentile(vals, 0.5)
+            report[f"p90_{key}"] = _percentile(vals, 0.9)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    head = ["session", "messages", "tool calls", "tokens", "lean", "summary", "smart compact", "time"]
+    lines = []
+    for r in rows:
+        lines.append([str(r["session"]), str(r["messages"]), str(r["tool_calls"]), f"{r['tokens']:,}",
+                      f"{r['lean_tokens']:,} ({-r['lean_cut_pct']:+.1f}%)",
+                      f"{r['summary_tokens']:,} ({-r['summary_cut_pct']:+.1f}%)",
+                      f"{r['smart_compact_tokens']:,} ({-r['smart_compact_cut_pct']:+.1f}%)",
+                      f"{r['seconds']}s"])
+    counting = rows[0]["counting"] if rows else TOKENS.reason
+    if as_md:
+        print("| " + " | ".join(head) + " |")
+        print("|" + " --- |" * len(head))
+        for ln in lines:
+            print("| " + " | ".join(ln) + " |")
+    else:
+        widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h) for i, h in enumerate(head)]
+        print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+        for ln in lines:
+            print("  ".join(c.ljust(w) for c, w in zip(ln, widths)))
+    if len(rows) > 1:
+        print(f"median cut: lean {report['median_lean_cut_pct']}%, smart compact "
+              f"{report['median_smart_compact_cut_pct']}%; p90: lean {report['p90_lean_cut_pct']}%, "
+              f"smart compact {report['p90_smart_compact_cut_pct']}%")
+    print(f"tokens: {counting}; profile {profile}, target {target:,}")
+    return EXIT_OK
+
+
 def cmd_not_yet(name: str) -> int:
     raise usage_error(f"`cc-lhc {name}` is not available in this version yet")
 
 
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
-            "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout}
+            "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout,
+            "measure": cmd_measure}
 
 
 def main(argv=None) -> int:
