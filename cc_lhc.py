@@ -4719,13 +4719,105 @@ def cmd_measure(args) -> int:
     return EXIT_OK
 
 
-def cmd_not_yet(name: str) -> int:
-    raise usage_error(f"`cc-lhc {name}` is not available in this version yet")
+def cmd_backfill_labels(args) -> int:
+    """Give older stored turn renderings the stable tN/mN labels (operator command)."""
+    dry = _take_flag(args, "--dry-run")
+    if len(args) != 1:
+        raise usage_error("usage: cc-lhc backfill-labels <thread-id-or-prefix> [--dry-run]")
+    home = StateHome()
+    if not os.path.exists(home.path("registry.sqlite")):
+        raise usage_error("no threads yet")
+    thread_id = Registry(home).resolve_prefix(args[0])
+    store = ThreadStore(home, thread_id)
+    try:
+        legacy = store.db.execute(
+            "SELECT id, turn, kind FROM derivations WHERE format_version < 2 AND kind = 'turn_rendering' "
+            "AND NOT EXISTS (SELECT 1 FROM derivations d2 WHERE d2.turn = derivations.turn "
+            "AND d2.kind = derivations.kind AND d2.format_version >= 2) ORDER BY turn").fetchall()
+        planned = []
+        for did, turn, kind in legacy:
+            text = f"=== t{turn} ===\n" + "".join(render_message_body(m) for m in store.messages(turn, turn))
+            planned.append((turn, kind, text, did))
+        for turn, _kind, text, did in planned:
+            print(f"{'would recompose' if dry else 'recomposed'} t{turn} (derivation {did}, "
+                  f"{len(text.encode())} bytes with labels)")
+        if not dry and planned:
+            with Tx(store.db) as db:
+                db.executemany("INSERT INTO derivations (turn, kind, text, source, format_version, created) "
+                               "VALUES (?, ?, ?, 'backfill', 2, ?)",
+                               [(t, k, x, utc_now_iso()) for t, k, x, _d in planned])
+        if not planned:
+            print(f"thread {thread_id[:8]}: nothing to backfill; every stored rendering has labels")
+    finally:
+        store.close()
+    return EXIT_OK
+
+
+def cmd_doctor(args) -> int:
+    """Check this installation; exit 1 when something is broken."""
+    import subprocess
+    _no_more(args, "doctor")
+    home = StateHome()
+    results = []
+
+    def check(status, what, detail=""):
+        results.append(status)
+        print(f"[{status:>4}] {what}" + (f": {detail}" if detail else ""))
+
+    check("ok", "cc-lhc", render_version())
+    try:
+        claude = find_claude_binary()
+        out = subprocess.run([claude, "--version"], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL)
+        check("ok" if out.returncode == 0 else "fail", "claude", f"{claude} {out.stdout.strip()}")
+    except (LhcError, OSError, subprocess.SubprocessError) as e:
+        check("fail", "claude", str(e))
+    check("ok" if TOKENS.count("x") >= 0 and TOKENS.exact else "warn", "token counts", TOKENS.reason)
+    if not os.path.isdir(home.root):
+        check("ok", "state home", f"{home.root} (not created yet)")
+        return EXIT_OK
+    loose = []
+    for d, dirs, files in os.walk(home.root):
+        if os.name == "posix":
+            if os.stat(d).st_mode & 0o077 and d != home.root:
+                loose.append(d)
+            loose += [os.path.join(d, f) for f in files
+                      if os.stat(os.path.join(d, f)).st_mode & 0o077 and not f.endswith(("-wal", "-shm"))]
+    mode_ok = os.name != "posix" or not (os.stat(home.root).st_mode & 0o077)
+    check("ok" if mode_ok and not loose else "warn", "state home permissions",
+          home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"))
+    for name, migrations in (("registry.sqlite", REGISTRY_MIGRATIONS), ("cc-lhc.sqlite", HOST_MIGRATIONS)):
+        path = home.path(name)
+        if os.path.exists(path):
+            import sqlite3
+            have = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
+            status = "ok" if have <= len(migrations) else "fail"
+            check(status, f"schema {name}", f"{have} of {len(migrations)} known")
+    stale = 0
+    folder = home.path("owners")
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.endswith(".json"):
+                try:
+                    with open(os.path.join(folder, name)) as f:
+                        owner = json.load(f).get("owner")
+                except (OSError, ValueError):
+                    owner = None
+                stale += 0 if identity_alive(owner) else 1
+    check("ok" if not stale else "warn", "leases", f"{stale} left by processes that are gone"
+          if stale else "none stale")
+    if os.path.exists(home.path("cc-lhc.sqlite")):
+        hostdb = HostDB(home)
+        dead = sum(1 for (owner,) in hostdb.db.execute(
+            "SELECT owner FROM descriptors WHERE revoked IS NULL") if not identity_alive(json.loads(owner)))
+        check("ok" if not dead else "warn", "runtime descriptors",
+              f"{dead} stale (removed at the next launch)" if dead else "none stale")
+    return EXIT_ERROR if "fail" in results else EXIT_OK
 
 
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
             "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout,
-            "measure": cmd_measure}
+            "measure": cmd_measure, "backfill-labels": cmd_backfill_labels, "doctor": cmd_doctor}
 
 
 def main(argv=None) -> int:
@@ -4734,10 +4826,7 @@ def main(argv=None) -> int:
         if argv and argv[0] == "__watchdog" and len(argv) == 3:
             return run_watchdog(int(argv[1]), int(argv[2]))
         if argv and argv[0] in LHC_SUBCOMMANDS:
-            handler = COMMANDS.get(argv[0])
-            if handler is None:
-                return cmd_not_yet(argv[0])
-            return handler(argv[1:])
+            return COMMANDS[argv[0]](argv[1:])
         return cmd_launch(argv)
     except LhcError as e:
         say(str(e))
