@@ -1376,7 +1376,8 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         lines.append("Summaries of earlier turns:")
         for n in sorted(view.summaries):
             text, source = view.summaries[n]
-            lines.append(f"  t{n} ({source}): " + text.replace("\n", "\n    "))
+            label = "" if text.startswith("(") else f"({source}) "
+            lines.append(f"  t{n}: {label}" + text.replace("\n", "\n    "))
     if fallback_note:
         lines.append(MSG_CONFIG_FALLBACK)
     return "\n".join(lines)
@@ -1591,24 +1592,7 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
 
 def thread_summaries(store, turns) -> dict:
     """turn -> (text, source): model-written where there is one, else extractive."""
-    getter = globals().get("turn_summary")
-    out = {}
-    for t in turns:
-        if getter is not None:
-            text, source = getter(store, t.n)
-        else:
-            text, source = extractive_turn_text(t.messages), "extractive summary"
-        out[t.n] = (text, source)
-    return out
-
-
-def extractive_turn_text(messages) -> str:
-    fn = globals().get("extractive_summary")
-    if fn is not None:
-        return fn(messages)
-    prompt = next((m["text"] for m in messages if m["kind"] == "user_text"), "") or ""
-    answer = next((m["text"] for m in reversed(messages) if m["kind"] == "assistant_text"), "") or ""
-    return f"(extractive summary) asked: {prompt[:300]} | answered: {answer[:400]}"
+    return {t.n: turn_summary(store, t.n, t.messages) for t in turns}
 
 
 def recent_impression_turns(store, limit=20):
@@ -2394,9 +2378,16 @@ class StateHome:
         """Create a folder under the home (0700 on POSIX) and return its path."""
         path = self.path(*parts)
         if not os.path.isdir(path):
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            if os.name == "posix":
-                os.chmod(path, 0o700)
+            # One step at a time: makedirs gives the folders it creates on the way (the
+            # home itself, on a first use that starts here) the umask's mode, not 0700.
+            here = self.root
+            rel = os.path.relpath(path, self.root)
+            for step in [""] + ([] if rel == "." else rel.split(os.sep)):
+                here = os.path.join(here, step) if step else here
+                if not os.path.isdir(here):
+                    os.makedirs(here, mode=0o700, exist_ok=True)
+                    if os.name == "posix":
+                        os.chmod(here, 0o700)
         return path
 
     def log(self, event: str, **fields) -> None:
@@ -3218,6 +3209,7 @@ def _reap(child) -> int:
         time.sleep(0.01)
     if child.isalive():
         child.terminate(force=True)
+    child.delayafterclose = 0  # already reaped: ptyprocess would sleep 0.1 s on every exit
     try:
         child.close(force=True)
     except OSError:
@@ -3602,8 +3594,8 @@ def pick_thread_session(spec, registry, hostdb):
 REBUILT_MARKER = "[cc-lhc] This conversation was rebuilt by Smart Compact"
 
 
-def abandon_rebuild(home, registry, session_id, reason) -> None:
-    """Move an unused rebuilt transcript out of Claude's projects folder and say so."""
+def abandon_rebuild(home, registry, session_id, reason):
+    """Move an unused rebuilt transcript out of Claude's projects folder; returns where to."""
     row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
                               (session_id,)).fetchone()
     if row is None:
@@ -3618,10 +3610,26 @@ def abandon_rebuild(home, registry, session_id, reason) -> None:
         db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
                    (utc_now_iso(), session_id))
     home.log("rebuild_abandoned", thread=thread_id, session=session_id, reason=reason, moved_to=moved)
+    return moved
 
 
 def recover_thread(home, registry, hostdb, thread_id) -> None:
     """Under the thread's lease: settle what a crash left behind."""
+    # Accepted swaps whose pointer could not be written come first: their rebuild is
+    # still 'pending' in the registry, and must not be mistaken for an unused one.
+    for rid, from_s, to_s in hostdb.db.execute(
+            "SELECT id, from_session, to_session FROM pointer_repairs WHERE thread_id = ? "
+            "AND repaired IS NULL ORDER BY id", (thread_id,)).fetchall():
+        if registry.current_session(thread_id) == from_s:
+            with Tx(registry.db) as db:
+                db.execute("UPDATE aliases SET is_current = 0 WHERE thread_id = ?", (thread_id,))
+                db.execute("UPDATE aliases SET is_current = 1 WHERE alias = ? AND thread_id = ?",
+                           (session_alias(to_s), thread_id))
+                db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ? "
+                           "AND status = 'pending'", (utc_now_iso(), to_s))
+            home.log("pointer_repaired", thread=thread_id, from_session=from_s, to_session=to_s)
+        with Tx(hostdb.db) as db:
+            db.execute("UPDATE pointer_repairs SET repaired = ? WHERE id = ?", (utc_now_iso(), rid))
     for session_id, owner in registry.db.execute(
             "SELECT session_id, owner FROM rebuilds WHERE thread_id = ? AND status = 'pending'",
             (thread_id,)).fetchall():
@@ -3631,17 +3639,9 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
             alive = False
         if alive:
             continue
-        abandon_rebuild(home, registry, session_id, "its Smart Compact was interrupted")
+        moved = abandon_rebuild(home, registry, session_id, "its Smart Compact was interrupted")
         say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
-            f"stays on its accepted session (the unused rebuild is in abandoned-rebuilds/)")
-    for rid, from_s, to_s in hostdb.db.execute(
-            "SELECT id, from_session, to_session FROM pointer_repairs WHERE thread_id = ? "
-            "AND repaired IS NULL ORDER BY id", (thread_id,)).fetchall():
-        if registry.current_session(thread_id) == from_s:
-            registry.add_alias(to_s, thread_id, current=True)
-            home.log("pointer_repaired", thread=thread_id, from_session=from_s, to_session=to_s)
-        with Tx(hostdb.db) as db:
-            db.execute("UPDATE pointer_repairs SET repaired = ? WHERE id = ?", (utc_now_iso(), rid))
+            "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else ""))
     import shutil
     for name in os.listdir(home.ensure("recovery")):
         if name.startswith(thread_id):
@@ -4052,6 +4052,7 @@ Environment:
   CC_LHC_HOME          state folder (default ~/.cc-lhc)
   CC_LHC_CLAUDE_BIN    the claude program to run (default: claude on PATH)
   CC_LHC_TOKENIZER_FILE  o200k_base rank file for exact token counts
+  CC_LHC_SUMMARIES     "off" stops background turn summaries (extractive ones are used)
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
   CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval commands; never set it yourself
@@ -4174,11 +4175,18 @@ def cmd_launch(argv) -> int:
             capture.start()
         if pending:
             spec.after_spawn = lambda: failpoint("after-spawn")
+        worker = None
+        if capture and not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off":
+            # Turn summaries are written in the background while a person works; a one-shot
+            # exits too soon for them and keeps its single prompt's cost predictable.
+            worker = DerivationWorker(home, capture.thread_id).start()
         try:
             if spec.print_mode:
                 return run_oneshot(spec, home)
             return run_interactive(spec, home)
         finally:
+            if worker:
+                worker.stop()
             if capture:
                 finish_capture(capture, spec, home)
                 if pending:
@@ -4617,11 +4625,11 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         for band in ("full", "lean"):
             row[band] = [slot(stub if stub is not None else (m["text"] or m["data"] or ""))
                          for m, stub in visible_messages(t, band)]
-        row["summary"] = [slot(extractive_turn_text(t.messages))]
+        row["summary"] = [slot(extractive_summary(t.messages))]
         per_turn.append(row)
     counts = _count_many(texts)
     totals = {band: sum(counts[i] for row in per_turn for i in row[band]) for band in BANDS}
-    summaries = {t.n: (extractive_turn_text(t.messages), "extractive summary") for t in turns}
+    summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     view = build_view(thread_id, turns, profile=profile, budget=target, summaries=summaries)
     in_view = 0
     for t, row in zip(turns, per_turn):
