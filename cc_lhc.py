@@ -1191,12 +1191,14 @@ def paired_tool_ids(messages) -> set:
     return calls & results
 
 
-def visible_messages(turn: Turn, band: str, arm: str = THINKING_REBUILD_ARM):
+def visible_messages(turn: Turn, band: str, arm: str = None):
     """The messages a band keeps of a turn, each as (message, rendered_text_or_None).
 
     rendered_text is the stub that replaces a tool output in the lean band; None means
-    the message goes in verbatim.
+    the message goes in verbatim. ``arm`` defaults to THINKING_REBUILD_ARM as it is now
+    (read at each call, so flipping the constant takes effect at once).
     """
+    arm = arm or THINKING_REBUILD_ARM
     names = {m["tool_use_id"]: m["tool_name"] for m in turn.messages if m["kind"] == "tool_call"}
     paired = paired_tool_ids(turn.messages)
     out = []
@@ -1206,7 +1208,7 @@ def visible_messages(turn: Turn, band: str, arm: str = THINKING_REBUILD_ARM):
             continue  # Claude's own error notices are not model output
         if kind in ("tool_call", "tool_result") and m["tool_use_id"] not in paired:
             continue  # an unpaired tool block makes the API reject the whole session
-        if kind == "thinking":
+        if kind in ("thinking", "assistant_redacted_thinking"):
             if band != "full" or arm != "signed_verbatim" or not _signature(m):
                 continue  # never invent a signature; lean drops thinking
         if kind == "tool_result" and band == "lean" and not _keeps_verbatim(m):
@@ -1220,10 +1222,14 @@ def visible_messages(turn: Turn, band: str, arm: str = THINKING_REBUILD_ARM):
 
 
 def _signature(m: dict):
+    """A thinking block's signature (a redacted block's encrypted data plays that part)."""
     try:
-        return (json.loads(m["data"]) or {}).get("signature") if m["data"] else None
+        block = json.loads(m["data"]) if m["data"] else None
     except ValueError:
         return None
+    if not isinstance(block, dict):
+        return None
+    return block.get("signature") or (block.get("data") if block.get("type") == "redacted_thinking" else None)
 
 
 def band_cost(turn: Turn, band: str, summary_text: str = "") -> int:
@@ -1304,8 +1310,9 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
                 bands[turn.n] = band
                 placed = True
                 break
-            spare += max(0, caps[band] - used[band]) if level + 1 < len(BANDS) else 0
-            spare = max(0, spare)
+            # What the bands so far left unused passes down (counted once: a band may
+            # already have spent some of what a better band left it).
+            spare = sum(caps[b] - used[b] for b in BANDS[:level + 1])
             level += 1
         if not placed:
             bands[turn.n] = "omitted"
@@ -1411,7 +1418,7 @@ def _block_of(m: dict, stub):
 
 
 def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
-                 envelope=(), version="2.1.328", git_branch=""):
+                 envelope=(), version="2.1.328", git_branch="", arm=None):
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
@@ -1481,7 +1488,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                     emit(rec)
             group.clear()
 
-        for m, stub in visible_messages(turn, band):
+        for m, stub in visible_messages(turn, band, arm):
             role = "assistant" if m["role"] == "assistant" else "user"
             key = (role, m["response_id"] if role == "assistant" else m["source_uuid"])
             if key != group_key:
@@ -1575,8 +1582,11 @@ class Rebuild:
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
-                 envelope_from=None, now=None, arm=THINKING_REBUILD_ARM) -> Rebuild:
-    """Build the served view of a thread and the transcript bytes for a new session."""
+                 envelope_from=None, now=None, arm=None) -> Rebuild:
+    """Build the served view of a thread and the transcript bytes for a new session.
+
+    ``arm`` is the thinking replay arm (default: THINKING_REBUILD_ARM at call time).
+    """
     turns = load_turns(store)
     summaries = thread_summaries(store, turns)
     favoured = recent_impression_turns(store)
@@ -1584,7 +1594,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     header = render_header(view, working_set(turns), policy.fell_back)
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
-                           version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""))
+                           version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
+                           arm=arm)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
     return Rebuild(session_id, path, records_bytes(records), view)
@@ -1942,7 +1953,7 @@ def summariser_environment(base=None) -> dict:
     Without CC_LHC_* the run cannot reach this process's descriptor or state, and nothing
     downstream mistakes it for a managed session.
     """
-    env = {k: v for k, v in (os.environ if base is None else base).items()
+    env = {k: v for k, v in (outside_environment() if base is None else base).items()
            if not k.upper().startswith("CC_LHC_")}
     env["DISABLE_AUTO_COMPACT"] = "1"
     return env
@@ -2544,9 +2555,30 @@ def self_command() -> list:
                                             else __file__)]
 
 
+def outside_environment() -> dict:
+    """Our environment as the user's shell gave it, for the programs we start.
+
+    A PyInstaller bundle points LD_LIBRARY_PATH (DYLD_* on macOS) at its own older
+    libraries and sets _PYI_* variables; a child inheriting them could load the
+    bundle's libstdc++ or OpenSSL and crash, so the user's values are put back.
+    """
+    env = dict(os.environ)
+    if getattr(sys, "frozen", False):
+        for name in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "DYLD_FRAMEWORK_PATH"):
+            original = env.pop(name + "_ORIG", None)
+            if original is not None:
+                env[name] = original
+            else:
+                env.pop(name, None)
+        for name in list(env):
+            if name.startswith("_PYI_") or name == "_MEIPASS2":
+                del env[name]
+    return env
+
+
 def child_environment(spec) -> dict:
     """The environment every managed Claude child gets."""
-    env = dict(os.environ)
+    env = outside_environment()
     env.update(getattr(spec, "extra_env", {}))
     if not spec.autocompact:
         # Claude native Compact would replace the conversation with a summary behind our
@@ -2808,6 +2840,9 @@ class Capture:
             if self.store.source(self.session_id) is None:
                 self.store.add_source(self.session_id, self.path, self.start_offset,
                                       self._prefix_uuids())
+            # A run killed between storing a batch and indexing it left the search index
+            # behind, and no new line may ever come to trigger it: catch up here.
+            self.store.index_search()
 
     def _prefix_uuids(self):
         """uuids of the replayed prefix cc-lhc wrote: Claude's next records chain onto them."""
@@ -3744,7 +3779,8 @@ def _held_linux(path):
 def _held_macos(path):  # pragma: no cover - macOS only
     import subprocess
     try:
-        out = subprocess.run(["lsof", "-t", "--", path], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["lsof", "-t", "--", path], capture_output=True, text=True, timeout=10,
+                             env=outside_environment())
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode == 0 and out.stdout.strip():
@@ -4395,42 +4431,65 @@ def render_message_body(m: dict) -> str:
     return f"{head}\n{content}\n"
 
 
+def _char_start(body: bytes, i: int) -> int:
+    """The first UTF-8 character boundary at or after byte i."""
+    while i < len(body) and (body[i] & 0xC0) == 0x80:
+        i += 1
+    return i
+
+
 def slice_body(body: bytes, start_tokens: int, room: int):
     """Cut body at a token offset (4 bytes a token) to at most `room` bytes.
 
-    Cuts land on a UTF-8 character boundary that is also a whole token, so the pieces
-    of a continued retrieval join back into the exact original bytes.
+    A token offset T means the first character boundary at or after byte 4*T, so every
+    piece is whole UTF-8 and the pieces of a continued retrieval join back into the
+    exact original bytes, whatever characters sit at the cuts. Returns (piece, the
+    token offset of the rest or None).
     """
-    start = start_tokens * 4
+    start = _char_start(body, start_tokens * 4)
     if start >= len(body):
         return b"", None
-    end = start + max(room, 64)
-    if end >= len(body):
+    limit = start + max(room, 64)
+    if limit >= len(body):
         return body[start:], None
-    end -= end % 4
-    while end > start and (body[end] & 0xC0) == 0x80:  # inside a multi-byte character
-        end -= 4
-    if end <= start:
-        end = start + 4
-    return body[start:end], end // 4
+    next_from = (limit - 3) // 4  # its boundary lies at most 3 bytes further on
+    return body[start:_char_start(body, next_from * 4)], next_from
+
+
+def _request_text(letter: str, numbers) -> str:
+    """Labels as a short request that parse_labels reads back: [3, 4, 5, 9] -> "t3-t5 t9"."""
+    return " ".join(f"{letter}{a}" if a == b else f"{letter}{a}-{letter}{b}"
+                    for a, b in label_ranges(numbers))
 
 
 def emit_retrieval(command: str, thread_id: str, request: str, body: str, start: int) -> int:
-    """Write one retrieval envelope within the stdout ceiling; returns bytes written."""
+    """Write one retrieval envelope within the stdout ceiling; returns bytes written.
+
+    When the body does not fit, the piece shown is followed by one added newline and a
+    continuation receipt naming the bytes shown so far and the `--from` offset of the rest.
+    """
     opening = f'<cc-lhc-recall thread="{thread_id[:8]}" request="{command} {request}">\n'.encode()
     closing = b"</cc-lhc-recall>\n"
-    receipt_room = 160
     data = body.encode("utf-8")
-    room = RETRIEVAL_CEILING - len(opening) - len(closing) - receipt_room
+
+    def receipt(shown, next_from):
+        return (f"\n[cut: {shown} of {len(data)} bytes shown so far. The rest: "
+                f"cc-lhc {command} --from {next_from} {request}]\n").encode()
+
+    room = RETRIEVAL_CEILING - len(opening) - len(closing) - len(receipt(len(data), len(data)))
+    if room < 1024:
+        raise usage_error(f"cc-lhc {command}: the request is too long to answer within the "
+                          f"{RETRIEVAL_CEILING:,}-byte output ceiling; ask for fewer labels or "
+                          "shorter text")
     piece, next_from = slice_body(data, start, room)
     out = [opening, piece]
-    if piece and not piece.endswith(b"\n"):
-        out.append(b"\n")
     if next_from is not None:
-        out.append(f"[cut: {next_from * 4} of {len(data)} bytes shown so far. The rest: "
-                   f"cc-lhc {command} --from {next_from} {request}]\n".encode())
-    elif start and not piece:
-        out.append(b"[nothing after that offset]\n")
+        out.append(receipt(_char_start(data, start * 4) + len(piece), next_from))
+    else:
+        if piece and not piece.endswith(b"\n"):
+            out.append(b"\n")
+        if start and not piece:
+            out.append(b"[nothing after that offset]\n")
     out.append(closing)
     blob = b"".join(out)
     sys.stdout.flush()
@@ -4467,7 +4526,7 @@ def cmd_get_turns(args) -> int:
                 continue
             parts.append(f"=== t{n} ({row[0]}, {row[1]}) ===\n")
             parts.extend(render_message_body(m) for m in store.messages(n, n))
-        request = " ".join(f"t{n}" for n in numbers)
+        request = _request_text("t", numbers)
         size = emit_retrieval("get-turns", store.thread_id, request, "".join(parts), max(0, start))
         _record_impression(store, desc["session_id"], "get-turns", [f"t{n}" for n in numbers],
                            numbers, size)
@@ -4493,7 +4552,7 @@ def cmd_get_messages(args) -> int:
             m = dict(zip(MESSAGE_COLUMNS, row))
             turns.add(m["turn"])
             parts.append(render_message_body(m))
-        request = " ".join(f"m{n}" for n in numbers)
+        request = _request_text("m", numbers)
         size = emit_retrieval("get-messages", store.thread_id, request, "".join(parts), max(0, start))
         _record_impression(store, desc["session_id"], "get-messages", [f"m{n}" for n in numbers],
                            turns, size)
@@ -4512,9 +4571,11 @@ def fts_query(text: str) -> str:
 
 def cmd_search(args) -> int:
     """Find where the thread mentions something; prints labels to retrieve."""
+    import shlex
     limit = _take_option(args, "--limit", 20, int)
+    start = _take_option(args, "--from", 0, int)
     if not args:
-        raise usage_error("usage: cc-lhc search <text> [--limit N]")
+        raise usage_error("usage: cc-lhc search <text> [--limit N] [--from TOKENS]")
     text = " ".join(args)
     query = fts_query(text)
     home = StateHome()
@@ -4530,7 +4591,8 @@ def cmd_search(args) -> int:
             lines = [f"no messages match {text!r}"]
         else:
             lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN.")
-        size = emit_retrieval("search", store.thread_id, json.dumps(text), "\n".join(lines) + "\n", 0)
+        request = (f"--limit {limit} " if limit != 20 else "") + shlex.quote(text)
+        size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start))
         _record_impression(store, desc["session_id"], "search", [f"m{r[0]}" for r in rows],
                            {r[1] for r in rows}, size)
     finally:
@@ -4776,7 +4838,7 @@ def cmd_doctor(args) -> int:
     try:
         claude = find_claude_binary()
         out = subprocess.run([claude, "--version"], capture_output=True, text=True, timeout=20,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, env=outside_environment())
         check("ok" if out.returncode == 0 else "fail", "claude", f"{claude} {out.stdout.strip()}")
     except (LhcError, OSError, subprocess.SubprocessError) as e:
         check("fail", "claude", str(e))

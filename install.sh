@@ -1,0 +1,509 @@
+#!/bin/sh
+# cc-lhc installer for Linux and macOS (x64 and arm64).
+#
+#   curl -fsSL https://github.com/OWNER/REPO/releases/download/cc-lhc-vX.Y.Z/install.sh | sh
+#   sh install.sh --help
+#
+# Downloads the cc-lhc bundle for this machine, verifies its SHA-256 (refusing to install
+# when it cannot), unpacks it next to the versions already installed and switches to it in
+# one rename. cc-lhc's own state (~/.cc-lhc) is never touched.
+#
+# Everything happens inside main(), called on the very last line, so a download cut short
+# defines a few functions and runs nothing.
+
+set -u
+
+# BEGIN CC_LHC_RELEASE (filled in by build/release.py when a release is published)
+RELEASE_VERSION=""
+RELEASE_REPO=""
+RELEASE_SUMS=""
+# END CC_LHC_RELEASE
+
+# Oldest glibc the Linux bundles are built against (manylinux_2_28 / AlmaLinux 8).
+GLIBC_MIN_MAJOR=2
+GLIBC_MIN_MINOR=28
+
+usage() {
+    cat <<EOF
+Install or upgrade cc-lhc.
+
+Usage: install.sh [--version X.Y.Z] [--quiet] [--help]
+
+  --version X.Y.Z  install this release (default: ${RELEASE_VERSION:-the one named by CC_LHC_VERSION})
+  -q, --quiet      print only warnings and errors
+  -h, --help       show this help
+
+Environment:
+  CC_LHC_INSTALL_DIR    where versions live (default ~/.local/share/cc-lhc)
+  CC_LHC_BIN_DIR        where the cc-lhc command is linked (default ~/.local/bin)
+  CC_LHC_VERSION        same as --version
+  CC_LHC_DOWNLOAD_BASE  URL of the folder holding the release assets (mirrors, tests)
+  CC_LHC_REPO           GitHub owner/name to download from (default: ${RELEASE_REPO:-none})
+
+The bundle's SHA-256 must match the release's SHA256SUMS and, in a published installer,
+the checksums embedded in this script; otherwise nothing is installed. A SHA-256 tool
+(sha256sum, shasum or openssl) is required.
+
+Re-running upgrades in place. Sessions already running keep their version until they
+exit; old versions are removed on a later run once nothing runs from them.
+Uninstall: rm -rf ~/.local/share/cc-lhc ~/.local/bin/cc-lhc (cc-lhc's records in
+~/.cc-lhc are yours to keep or remove).
+EOF
+}
+
+say() {
+    if [ "$QUIET" != 1 ]; then
+        printf 'cc-lhc install: %s\n' "$*" >&2
+    fi
+}
+
+warn() {
+    printf 'cc-lhc install: warning: %s\n' "$*" >&2
+}
+
+err() {
+    printf 'cc-lhc install: error: %s\n' "$*" >&2
+    exit 1
+}
+
+check_cmd() {
+    command -v "$1" >/dev/null 2>&1
+}
+
+need_cmd() {
+    if ! check_cmd "$1"; then
+        err "this installer needs '$1', which was not found"
+    fi
+}
+
+ensure() {
+    if ! "$@"; then
+        err "command failed: $*"
+    fi
+}
+
+cleanup() {
+    if [ -n "$STAGING" ]; then
+        rm -rf "$STAGING"
+    fi
+    if [ -n "$TMP_DIR" ]; then
+        rm -rf "$TMP_DIR"
+    fi
+    if [ -n "$LOCK_DIR" ]; then
+        rm -rf "$LOCK_DIR"
+    fi
+}
+
+# -- where are we -------------------------------------------------------------
+
+detect_os() {
+    _os=$(uname -s) || err "uname failed"
+    case "$_os" in
+        Linux) TARGET_OS=linux ;;
+        Darwin) TARGET_OS=macos ;;
+        MINGW* | MSYS* | CYGWIN* | Windows_NT)
+            err "on Windows, use install.ps1 from PowerShell instead" ;;
+        *) err "unsupported operating system: $_os (cc-lhc supports Linux, macOS and Windows)" ;;
+    esac
+}
+
+detect_arch() {
+    _arch=$(uname -m) || err "uname failed"
+    case "$_arch" in
+        x86_64 | amd64) TARGET_ARCH=x64 ;;
+        aarch64 | arm64 | armv8*) TARGET_ARCH=arm64 ;;
+        *) err "unsupported CPU architecture: $_arch (cc-lhc supports x64 and arm64)" ;;
+    esac
+    # A shell running under Rosetta 2 reports x86_64 on Apple silicon; the native
+    # arm64 bundle is the right one there.
+    if [ "$TARGET_OS" = macos ] && [ "$TARGET_ARCH" = x64 ]; then
+        if [ "$(sysctl -n hw.optional.arm64 2>/dev/null)" = 1 ]; then
+            say "Apple silicon under Rosetta: installing the native arm64 build"
+            TARGET_ARCH=arm64
+        fi
+    fi
+}
+
+# The Linux bundles carry their own Python but link against the system's glibc.
+check_libc() {
+    [ "$TARGET_OS" = linux ] || return 0
+    if _glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null); then
+        _ver=${_glibc##* }
+        _major=${_ver%%.*}
+        _minor=${_ver#*.}
+        _minor=${_minor%%.*}
+        case "$_major$_minor" in
+            '' | *[!0-9]*) return 0 ;;
+        esac
+        if [ "$_major" -lt "$GLIBC_MIN_MAJOR" ] ||
+            { [ "$_major" -eq "$GLIBC_MIN_MAJOR" ] && [ "$_minor" -lt "$GLIBC_MIN_MINOR" ]; }; then
+            err "this system's glibc $_ver is older than $GLIBC_MIN_MAJOR.$GLIBC_MIN_MINOR, which the cc-lhc bundles need; use the zipapp (cc-lhc.pyz) with Python 3.10+ instead"
+        fi
+        return 0
+    fi
+    _musl=""
+    for _f in /lib/ld-musl-*; do
+        [ -e "$_f" ] && _musl=1
+    done
+    if [ -z "$_musl" ] && (ldd --version 2>&1 || true) | grep -qi musl; then
+        _musl=1
+    fi
+    if [ -n "$_musl" ]; then
+        err "musl libc (e.g. Alpine) is not supported by the cc-lhc bundles, which need glibc; use the zipapp (cc-lhc.pyz) with Python 3.10+ instead"
+    fi
+    warn "could not tell which C library this system uses; trying anyway"
+}
+
+# -- tools ----------------------------------------------------------------------
+
+pick_downloader() {
+    if check_cmd curl; then
+        DOWNLOADER=curl
+    elif check_cmd wget; then
+        DOWNLOADER=wget
+    else
+        err "this installer needs curl or wget to download cc-lhc"
+    fi
+}
+
+pick_hasher() {
+    if check_cmd sha256sum; then
+        HASHER=sha256sum
+    elif check_cmd shasum; then
+        HASHER=shasum
+    elif check_cmd openssl; then
+        HASHER=openssl
+    else
+        err "no SHA-256 tool found (sha256sum, shasum or openssl); refusing to install an unverified download"
+    fi
+}
+
+download() {
+    # Only an https:// source is held to https all the way (no redirect to http).
+    case "$1" in
+        https://*)
+            if [ "$DOWNLOADER" = curl ]; then
+                curl --fail --silent --show-error --location --proto '=https' --tlsv1.2 \
+                    --retry 2 --output "$2" "$1"
+            else
+                wget --quiet --https-only --tries=2 --output-document="$2" "$1"
+            fi
+            ;;
+        *)
+            if [ "$DOWNLOADER" = curl ]; then
+                curl --fail --silent --show-error --location --output "$2" "$1"
+            else
+                wget --quiet --tries=1 --output-document="$2" "$1"
+            fi
+            ;;
+    esac
+}
+
+sha256_of() {
+    case "$HASHER" in
+        sha256sum) _out=$(sha256sum "$1") ;;
+        shasum) _out=$(shasum -a 256 "$1") ;;
+        *) _out=$(openssl dgst -sha256 "$1") ;;
+    esac || return 1
+    case "$_out" in
+        *'= '*) _out=${_out##*= } ;;  # openssl: "SHA2-256(file)= <hex>"
+        *) _out=${_out%%[ 	]*} ;;
+    esac
+    _out=$(printf '%s' "$_out" | tr 'ABCDEF' 'abcdef')
+    case "$_out" in
+        *[!0-9a-f]*) return 1 ;;
+    esac
+    [ "${#_out}" -eq 64 ] || return 1
+    printf '%s\n' "$_out"
+}
+
+# Print the sum listed for file name $1 in sha256sum-format text on stdin.
+sum_for() {
+    while IFS= read -r _line || [ -n "$_line" ]; do
+        _hash=${_line%% *}
+        _name=${_line#* }
+        _name=${_name# }
+        _name=${_name#\*}
+        if [ "$_name" = "$1" ] && [ "$_hash" != "$_line" ]; then
+            printf '%s\n' "$_hash" | tr 'ABCDEF' 'abcdef'
+            return 0
+        fi
+    done
+    return 1
+}
+
+# -- versions on disk -----------------------------------------------------------
+
+# Rename symlink $1 onto symlink $2 in one step. Plain `mv` would move $1 *into* the
+# directory $2 points at, so ask for no-dereference: -T (GNU) or -h (BSD/macOS).
+replace_link() {
+    if [ ! -e "$2" ] && [ ! -L "$2" ]; then
+        mv "$1" "$2" && return 0
+    fi
+    mv -T "$1" "$2" 2>/dev/null && return 0
+    mv -h "$1" "$2" 2>/dev/null && return 0
+    rm -f "$1"
+    return 1
+}
+
+# Print the physical paths of version folders some process is running from, one per
+# line; fail when this system gives no reliable way to tell.
+running_version_dirs() {
+    _versions=$(cd "$INSTALL_DIR/versions" && pwd -P) || return 1
+    if [ -r /proc/self/exe ] && check_cmd readlink; then
+        for _exe in /proc/[0-9]*/exe; do
+            _target=$(readlink "$_exe" 2>/dev/null) || continue
+            case "$_target" in
+                "$_versions"/*)
+                    _rest=${_target#"$_versions"/}
+                    printf '%s\n' "${_rest%%/*}"
+                    ;;
+            esac
+        done
+        return 0
+    fi
+    if [ "$TARGET_OS" = macos ] && check_cmd lsof; then
+        _txt=$(lsof -nP -w -Fn -d txt 2>/dev/null) || return 1
+        printf '%s\n' "$_txt" | while IFS= read -r _l; do
+            case "$_l" in
+                "n$_versions"/*)
+                    _rest=${_l#"n$_versions"/}
+                    printf '%s\n' "${_rest%%/*}"
+                    ;;
+            esac
+        done
+        return 0
+    fi
+    return 1
+}
+
+# Remove version folders other than the current one ($1) and the previous one ($2),
+# skipping any that a running cc-lhc still uses.
+prune_versions() {
+    if ! _busy=$(running_version_dirs); then
+        say "cannot tell which versions are in use here; keeping the old ones"
+        return 0
+    fi
+    for _dir in "$INSTALL_DIR"/versions/*; do
+        [ -d "$_dir" ] || continue
+        _name=${_dir##*/}
+        if [ "$_name" = "$1" ] || [ "$_name" = "$2" ]; then
+            continue
+        fi
+        if printf '%s\n' "$_busy" | grep -Fqx -- "$_name"; then
+            say "keeping $_name: a running cc-lhc still uses it"
+            continue
+        fi
+        rm -rf "$_dir" && say "removed old version $_name"
+    done
+}
+
+take_lock() {
+    LOCK_DIR="$INSTALL_DIR/.install-lock"
+    if mkdir "$LOCK_DIR" 2>/dev/null; then
+        echo "$$" >"$LOCK_DIR/pid"
+        return 0
+    fi
+    _holder=$(cat "$LOCK_DIR/pid" 2>/dev/null || true)
+    if [ -n "$_holder" ] && kill -0 "$_holder" 2>/dev/null; then
+        LOCK_DIR=""
+        err "another cc-lhc install (pid $_holder) is running; try again when it finishes"
+    fi
+    # The holder is gone: the lock is stale.
+    rm -rf "$LOCK_DIR"
+    mkdir "$LOCK_DIR" 2>/dev/null || { LOCK_DIR=""; err "cannot create $INSTALL_DIR/.install-lock"; }
+    echo "$$" >"$LOCK_DIR/pid"
+}
+
+path_hint() {
+    case ":${PATH:-}:" in
+        *":$BIN_DIR:"*)
+            _found=$(command -v cc-lhc 2>/dev/null || true)
+            if [ -n "$_found" ] && [ "$_found" != "$BIN_DIR/cc-lhc" ]; then
+                warn "another cc-lhc ($_found) comes before $BIN_DIR on your PATH"
+            fi
+            return 0
+            ;;
+    esac
+    case "${SHELL:-}" in
+        */fish) _how="fish_add_path \"$BIN_DIR\"" ;;
+        */zsh) _how="echo 'export PATH=\"$BIN_DIR:\$PATH\"' >> ~/.zshrc" ;;
+        */bash) _how="echo 'export PATH=\"$BIN_DIR:\$PATH\"' >> ~/.bashrc" ;;
+        *) _how="echo 'export PATH=\"$BIN_DIR:\$PATH\"' >> ~/.profile" ;;
+    esac
+    warn "$BIN_DIR is not on your PATH. To add it, run:
+    $_how
+then open a new terminal (or run: export PATH=\"$BIN_DIR:\$PATH\")."
+}
+
+# -- main -------------------------------------------------------------------------
+
+main() {
+    QUIET=0
+    STAGING=""
+    TMP_DIR=""
+    LOCK_DIR=""
+    _want_version=${CC_LHC_VERSION:-}
+
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            -h | --help) usage; return 0 ;;
+            -q | --quiet) QUIET=1 ;;
+            --version)
+                [ $# -ge 2 ] || err "--version needs a value, e.g. --version 0.1.0"
+                _want_version=$2
+                shift
+                ;;
+            --version=*) _want_version=${1#--version=} ;;
+            *) err "unknown argument: $1 (see --help)" ;;
+        esac
+        shift
+    done
+    _want_version=${_want_version#cc-lhc-}
+    _want_version=${_want_version#v}
+    case "$_want_version" in
+        *[!0-9A-Za-z.+-]*) err "not a version: $_want_version" ;;
+    esac
+
+    [ -n "${HOME:-}" ] || err "HOME is not set"
+    INSTALL_DIR=${CC_LHC_INSTALL_DIR:-$HOME/.local/share/cc-lhc}
+    BIN_DIR=${CC_LHC_BIN_DIR:-$HOME/.local/bin}
+    INSTALL_DIR=${INSTALL_DIR%/}
+    BIN_DIR=${BIN_DIR%/}
+
+    need_cmd uname
+    need_cmd mkdir
+    need_cmd mktemp
+    need_cmd mv
+    need_cmd ln
+    need_cmd rm
+    need_cmd tar
+    need_cmd tr
+    need_cmd grep
+    detect_os
+    detect_arch
+    check_libc
+    pick_downloader
+    pick_hasher
+
+    _repo=${CC_LHC_REPO:-$RELEASE_REPO}
+    _version=${_want_version:-$RELEASE_VERSION}
+    if [ -n "${CC_LHC_DOWNLOAD_BASE:-}" ]; then
+        _base=${CC_LHC_DOWNLOAD_BASE%/}
+    elif [ -z "$_version" ]; then
+        err "which version? Pass --version X.Y.Z (this copy of install.sh names none)"
+    elif [ -z "$_repo" ]; then
+        err "this copy of install.sh names no GitHub repository: set CC_LHC_REPO=owner/name or CC_LHC_DOWNLOAD_BASE"
+    else
+        _base="https://github.com/$_repo/releases/download/cc-lhc-v$_version"
+    fi
+
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    TMP_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cc-lhc-install.XXXXXX") || err "cannot create a temporary folder"
+
+    say "fetching checksums from $_base/"
+    download "$_base/SHA256SUMS" "$TMP_DIR/SHA256SUMS" || err "could not download $_base/SHA256SUMS"
+
+    if [ -z "$_version" ]; then
+        _version=$(sed -n "s/^[0-9a-fA-F]\{64\}  *\*\{0,1\}cc-lhc-\(.*\)-$TARGET_OS-$TARGET_ARCH\.tar\.gz\$/\1/p" \
+            "$TMP_DIR/SHA256SUMS")
+        case "$_version" in
+            '' | *"
+"*) err "cannot tell which version $_base/ holds; pass --version X.Y.Z" ;;
+        esac
+    fi
+
+    _asset="cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH.tar.gz"
+    _want=$(sum_for "$_asset" <"$TMP_DIR/SHA256SUMS") ||
+        err "the release's SHA256SUMS lists no $_asset (is there a $TARGET_OS-$TARGET_ARCH build of $_version?)"
+
+    # A published installer carries its release's checksums, so a mirror that swaps
+    # both the bundle and SHA256SUMS is still caught.
+    if [ -n "$RELEASE_SUMS" ] && [ "$_version" = "$RELEASE_VERSION" ]; then
+        _embedded=$(printf '%s\n' "$RELEASE_SUMS" | sum_for "$_asset") ||
+            err "this installer's embedded checksums list no $_asset"
+        if [ "$_embedded" != "$_want" ]; then
+            err "the downloaded SHA256SUMS does not match the checksums embedded in this installer for $_asset
+  want (embedded) $_embedded
+  got  (download) $_want
+refusing to install"
+        fi
+    elif [ -n "$RELEASE_SUMS" ]; then
+        say "this installer embeds checksums for $RELEASE_VERSION only; verifying $_version against its release's SHA256SUMS"
+    fi
+
+    say "downloading $_asset"
+    download "$_base/$_asset" "$TMP_DIR/$_asset" || err "could not download $_base/$_asset"
+    _got=$(sha256_of "$TMP_DIR/$_asset") || err "could not compute the SHA-256 of $_asset with $HASHER"
+    if [ "$_got" != "$_want" ]; then
+        err "checksum mismatch for $_asset
+  want $_want
+  got  $_got
+refusing to install (nothing was changed)"
+    fi
+    say "verified sha256 $_got"
+
+    ensure mkdir -p "$INSTALL_DIR/versions"
+    INSTALL_DIR=$(cd "$INSTALL_DIR" && pwd) || err "cannot use $INSTALL_DIR"
+    take_lock
+    # Leftovers of interrupted runs (we hold the lock, so none is live).
+    rm -rf "$INSTALL_DIR"/versions/.staging.*
+
+    _id=$(printf '%s' "$_got" | cut -c1-12)
+    _name="$_version-$_id"
+    _dest="$INSTALL_DIR/versions/$_name"
+    if [ -f "$_dest/.cc-lhc-complete" ] && [ -x "$_dest/cc-lhc" ]; then
+        say "$_version is already unpacked in $_dest"
+    else
+        STAGING=$(mktemp -d "$INSTALL_DIR/versions/.staging.XXXXXX") || err "cannot create a staging folder in $INSTALL_DIR/versions"
+        (cd "$STAGING" && tar -xzf "$TMP_DIR/$_asset") || err "could not unpack $_asset"
+        _top="$STAGING/cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH"
+        [ -x "$_top/cc-lhc" ] || err "$_asset does not contain cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH/cc-lhc"
+        # Try the new build before switching to it, with a throwaway state folder.
+        if ! _check=$(CC_LHC_HOME="$TMP_DIR/state" "$_top/cc-lhc" --lhc-version 2>&1); then
+            err "the downloaded cc-lhc does not run on this system; nothing was changed:
+$_check"
+        fi
+        printf '%s\n' "$_got" >"$_top/.cc-lhc-complete" || err "cannot write to $_top"
+        rm -rf "$_dest"
+        mv "$_top" "$_dest" || err "could not move the new version into $_dest"
+    fi
+
+    _previous=""
+    if [ -L "$INSTALL_DIR/current" ]; then
+        _previous=$(readlink "$INSTALL_DIR/current" 2>/dev/null || true)
+        _previous=${_previous##*/}
+    fi
+    if [ "$_previous" != "$_name" ]; then
+        rm -f "$INSTALL_DIR/.current.new"
+        ln -s "versions/$_name" "$INSTALL_DIR/.current.new" || err "cannot create a link in $INSTALL_DIR"
+        replace_link "$INSTALL_DIR/.current.new" "$INSTALL_DIR/current" ||
+            err "could not switch $INSTALL_DIR/current to $_name"
+    fi
+
+    ensure mkdir -p "$BIN_DIR"
+    BIN_DIR=$(cd "$BIN_DIR" && pwd) || err "cannot use $BIN_DIR"
+    _link="$BIN_DIR/cc-lhc"
+    if [ -e "$_link" ] && [ ! -L "$_link" ]; then
+        err "$_link exists and was not made by this installer; remove it or set CC_LHC_BIN_DIR"
+    fi
+    if [ "$(readlink "$_link" 2>/dev/null || true)" != "$INSTALL_DIR/current/cc-lhc" ]; then
+        rm -f "$BIN_DIR/.cc-lhc.new"
+        ln -s "$INSTALL_DIR/current/cc-lhc" "$BIN_DIR/.cc-lhc.new" || err "cannot create a link in $BIN_DIR"
+        replace_link "$BIN_DIR/.cc-lhc.new" "$_link" || err "could not link $_link"
+    fi
+
+    prune_versions "$_name" "$_previous"
+
+    if [ -n "$_previous" ] && [ "$_previous" != "$_name" ]; then
+        say "upgraded ${_previous%-*} -> $_version; sessions already running keep their version until they exit"
+    fi
+    say "installed cc-lhc $_version in $_dest"
+    say "$_link -> $INSTALL_DIR/current/cc-lhc"
+    path_hint
+    return 0
+}
+
+main "$@" || exit 1

@@ -1,0 +1,544 @@
+"""install.sh against a loopback HTTP server serving release folders.
+
+The bundles here are small fakes made by the tests (a tar.gz whose `cc-lhc` is a shell
+script), so every case runs in well under a second and needs no PyInstaller. One test at
+the end installs the real bundle from dist/ when there is one (or CC_LHC_TEST_BUNDLE=1).
+
+Each install runs with its own HOME, CC_LHC_HOME, XDG_CONFIG_HOME and CLAUDE_CONFIG_DIR
+under tmp_path, and under both dash and bash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+INSTALL_SH = REPO / "install.sh"
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="install.sh is for Linux and macOS")
+
+
+def load_module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+BUILD = load_module("cc_lhc_build_for_tests", REPO / "build" / "build.py")
+RELEASE = load_module("cc_lhc_release_for_tests", REPO / "build" / "release.py")
+OS_NAME, ARCH = BUILD.host_target()
+SHELLS = [s for s in ("dash", "bash") if shutil.which(s)]
+
+
+# == A release folder with fake bundles ======================================
+
+FAKE_CC_LHC = """#!/bin/sh
+case "${1:-}" in
+    --lhc-version) echo "cc-lhc @VERSION@ (fake bundle)"; exit @STATUS@ ;;
+    *) echo "fake cc-lhc @VERSION@: $*" ;;
+esac
+"""
+
+
+def make_bundle(folder: Path, version: str, *, status: int = 0, with_sleeper: bool = True) -> Path:
+    """cc-lhc-<v>-<os>-<arch>.tar.gz holding a scripted cc-lhc (and a real binary to run)."""
+    name = BUILD.bundle_basename(version, OS_NAME, ARCH)
+    tree = folder / f".tree-{name}"
+    (tree / "_internal").mkdir(parents=True)
+    exe = tree / "cc-lhc"
+    exe.write_text(FAKE_CC_LHC.replace("@VERSION@", version).replace("@STATUS@", str(status)))
+    exe.chmod(0o755)
+    if with_sleeper:
+        # A real executable inside the version folder, so a process can be seen "running
+        # from" it in /proc (a script's /proc/PID/exe is its interpreter).
+        shutil.copy2(shutil.which("sleep"), tree / "_internal" / "sleep")
+    out = folder / f"{name}.tar.gz"
+    BUILD.write_tar_gz(tree, name, out, 1767225600)
+    shutil.rmtree(tree)
+    return out
+
+
+def make_release(root: Path, version: str, **kw) -> Path:
+    folder = root / f"release-{version}"
+    folder.mkdir(parents=True)
+    make_bundle(folder, version, **kw)
+    BUILD.write_sums(list(folder.glob("*.tar.gz")), folder / "SHA256SUMS")
+    return folder
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# == Loopback server ==========================================================
+
+class Server:
+    """Serves one folder at a time on 127.0.0.1; can cut chosen files short mid-body."""
+
+    def __init__(self):
+        self.root: Path | None = None
+        self.requests: list[str] = []
+        self.truncate: set[str] = set()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                name = self.path.rsplit("/", 1)[-1]
+                server.requests.append(name)
+                path = server.root / name if server.root else None
+                if path is None or not path.is_file():
+                    self.send_error(404)
+                    return
+                data = path.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if name in server.truncate:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/cc-lhc-release"
+
+    def serve(self, folder: Path) -> None:
+        self.root = folder
+        self.requests.clear()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+# == Running the installer ====================================================
+
+class Box:
+    """An isolated user: HOME, cc-lhc state, config dirs; default install locations."""
+
+    def __init__(self, tmp: Path, shell: str, server: Server):
+        self.tmp, self.shell, self.server = tmp, shell, server
+        self.home = tmp / "home"
+        self.state = tmp / "cc-lhc-home"
+        for d in (self.home, self.state, tmp / "xdg", tmp / "claude", tmp / "tmpdir"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.install_dir = self.home / ".local" / "share" / "cc-lhc"
+        self.bin = self.home / ".local" / "bin" / "cc-lhc"
+
+    def env(self, path: str | None = None, **extra) -> dict:
+        env = {
+            "HOME": str(self.home),
+            "CC_LHC_HOME": str(self.state),
+            "XDG_CONFIG_HOME": str(self.tmp / "xdg"),
+            "CLAUDE_CONFIG_DIR": str(self.tmp / "claude"),
+            "TMPDIR": str(self.tmp / "tmpdir"),
+            "PATH": path if path is not None else os.environ.get("PATH", "/usr/bin:/bin"),
+            "CC_LHC_DOWNLOAD_BASE": self.server.base,
+            "LC_ALL": "C",
+        }
+        env.update(extra)
+        return env
+
+    def install(self, *args: str, script: Path = INSTALL_SH, path: str | None = None, stdin: bytes | None = None,
+                **extra) -> subprocess.CompletedProcess:
+        cmd = [self.shell] if stdin is not None else [self.shell, str(script), *args]
+        return subprocess.run(cmd, input=stdin, env=self.env(path, **extra), capture_output=True, timeout=120,
+                              cwd=self.tmp)
+
+    def run_cc_lhc(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.bin), *args], capture_output=True, text=True, timeout=60,
+                              env=self.env())
+
+    def version_dirs(self) -> list[str]:
+        versions = self.install_dir / "versions"
+        return sorted(p.name for p in versions.iterdir()) if versions.is_dir() else []
+
+    def installed_version(self) -> str:
+        out = self.run_cc_lhc("--lhc-version")
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()[1]
+
+
+def tree_digest(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): (sha256(p) if p.is_file() else "dir")
+            for p in sorted(root.rglob("*"))}
+
+
+def private_path(tmp: Path, tools: list[str], fakes: dict[str, str] | None = None) -> str:
+    """A PATH folder holding only links to `tools` (and scripted `fakes`)."""
+    bindir = tmp / "private-bin"
+    bindir.mkdir(exist_ok=True)
+    for tool in tools:
+        found = shutil.which(tool)
+        if found:
+            (bindir / tool).symlink_to(found)
+    for name, body in (fakes or {}).items():
+        (bindir / name).unlink(missing_ok=True)
+        (bindir / name).write_text("#!/bin/sh\n" + body)
+        (bindir / name).chmod(0o755)
+    return str(bindir)
+
+
+BASE_TOOLS = ["sh", "dash", "bash", "uname", "mkdir", "mktemp", "mv", "ln", "rm", "tar", "gzip", "tr", "grep",
+              "sed", "cut", "cat", "readlink", "getconf", "ldd", "ls", "sleep", "env"]
+
+
+@pytest.fixture(params=SHELLS)
+def box(request, tmp_path, server) -> Box:
+    return Box(tmp_path, request.param, server)
+
+
+def stderr(proc) -> str:
+    return proc.stderr.decode() if isinstance(proc.stderr, bytes) else proc.stderr
+
+
+# == Tests ====================================================================
+
+def test_clean_install(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    proc = box.install("--version", "0.1.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.1.0"
+    assert box.bin.is_symlink()
+    assert os.readlink(box.bin) == str(box.install_dir / "current" / "cc-lhc")
+    assert os.readlink(box.install_dir / "current").startswith("versions/0.1.0-")
+    # The bin folder is not on this PATH, so the installer says how to add it.
+    assert "is not on your PATH" in stderr(proc)
+    assert str(box.home / ".local" / "bin") in stderr(proc)
+    # No leftovers: staging folders, the lock, the temporary download folder.
+    assert sorted(p.name for p in box.install_dir.iterdir()) == ["current", "versions"]
+    assert len(box.version_dirs()) == 1
+    assert list((box.tmp / "tmpdir").iterdir()) == []
+    assert not (box.home / ".cc-lhc").exists()
+
+
+def test_quiet_install_prints_nothing_but_the_path_hint(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    path = f"{box.home / '.local' / 'bin'}:{os.environ['PATH']}"
+    proc = box.install("--version", "0.1.0", "--quiet", path=path)
+    assert proc.returncode == 0, stderr(proc)
+    assert stderr(proc) == ""
+    assert box.installed_version() == "0.1.0"
+
+
+def test_version_is_read_from_sha256sums_when_not_given(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.3.1"))
+    proc = box.install()
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.3.1"
+
+
+def test_rerun_upgrades_and_keeps_state(box, server, tmp_path):
+    # Records a user would not want to lose: cc-lhc state and a real ~/.cc-lhc.
+    (box.state / "registry.sqlite").write_bytes(b"state that must survive")
+    (box.state / "threads").mkdir()
+    (box.state / "threads" / "t.sqlite").write_bytes(b"thread")
+    dot = box.home / ".cc-lhc"
+    dot.mkdir()
+    (dot / "config.json").write_text('{"keep": true}')
+    before = (tree_digest(box.state), tree_digest(dot))
+
+    for version in ("0.1.0", "0.2.0", "0.3.0"):
+        server.serve(make_release(tmp_path, version))
+        proc = box.install("--version", version)
+        assert proc.returncode == 0, stderr(proc)
+        assert box.installed_version() == version
+    assert "upgraded 0.2.0 -> 0.3.0" in stderr(proc)
+    # The current and the previous version are kept; older ones are pruned.
+    assert [d.split("-")[0] for d in box.version_dirs()] == ["0.2.0", "0.3.0"]
+    assert (tree_digest(box.state), tree_digest(dot)) == before
+
+    # Re-running the same version changes nothing and keeps working.
+    proc = box.install("--version", "0.3.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert "already unpacked" in stderr(proc)
+    assert box.installed_version() == "0.3.0"
+
+
+@pytest.mark.skipif(not Path("/proc/self/exe").exists(), reason="needs /proc")
+def test_version_in_use_is_kept_until_it_exits(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    # A long-running process started through the links, as a user's session would be.
+    sleeper = subprocess.Popen([str(box.install_dir / "current" / "_internal" / "sleep"), "60"])
+    try:
+        for version in ("0.2.0", "0.3.0"):
+            server.serve(make_release(tmp_path, version))
+            proc = box.install("--version", version)
+            assert proc.returncode == 0, stderr(proc)
+        assert [d.split("-")[0] for d in box.version_dirs()] == ["0.1.0", "0.2.0", "0.3.0"]
+        assert "keeping 0.1.0-" in stderr(proc)
+        assert box.installed_version() == "0.3.0"
+    finally:
+        sleeper.send_signal(signal.SIGTERM)
+        sleeper.wait(timeout=10)
+    server.serve(make_release(tmp_path, "0.4.0"))
+    proc = box.install("--version", "0.4.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert [d.split("-")[0] for d in box.version_dirs()] == ["0.3.0", "0.4.0"]
+
+
+def assert_still_on(box: Box, version: str, dirs_before: list[str]) -> None:
+    assert box.installed_version() == version
+    assert box.version_dirs() == dirs_before
+    assert list((box.tmp / "tmpdir").iterdir()) == []
+    assert not (box.install_dir / ".install-lock").exists()
+
+
+def test_tampered_bundle_installs_nothing(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    dirs = box.version_dirs()
+
+    release = make_release(tmp_path, "0.2.0")
+    bundle = next(release.glob("*.tar.gz"))
+    want = sha256(bundle)
+    data = bytearray(bundle.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bundle.write_bytes(bytes(data))
+    server.serve(release)
+
+    proc = box.install("--version", "0.2.0")
+    assert proc.returncode != 0
+    err = stderr(proc)
+    assert "checksum mismatch" in err
+    assert f"want {want}" in err and f"got  {sha256(bundle)}" in err
+    assert_still_on(box, "0.1.0", dirs)
+
+
+@pytest.mark.parametrize("how", ["connection-cut", "short-file"])
+def test_truncated_download_installs_nothing(box, server, tmp_path, how):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    dirs = box.version_dirs()
+
+    release = make_release(tmp_path, "0.2.0")
+    bundle = next(release.glob("*.tar.gz"))
+    if how == "connection-cut":
+        server.serve(release)
+        server.truncate.add(bundle.name)  # promises the full length, sends half
+    else:
+        bundle.write_bytes(bundle.read_bytes()[:-100])  # a short file served "successfully"
+        server.serve(release)
+    proc = box.install("--version", "0.2.0")
+    assert proc.returncode != 0
+    assert ("could not download" in stderr(proc)) if how == "connection-cut" else ("checksum mismatch" in stderr(proc))
+    assert_still_on(box, "0.1.0", dirs)
+
+
+def test_bundle_that_does_not_run_is_not_switched_to(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    dirs = box.version_dirs()
+    server.serve(make_release(tmp_path, "0.2.0", status=3))
+    proc = box.install("--version", "0.2.0")
+    assert proc.returncode != 0
+    assert "does not run on this system" in stderr(proc)
+    assert_still_on(box, "0.1.0", dirs)
+
+
+def test_missing_hash_tool_refuses(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    path = private_path(tmp_path, BASE_TOOLS + ["curl"])
+    proc = box.install("--version", "0.1.0", path=path)
+    assert proc.returncode != 0
+    assert "no SHA-256 tool found" in stderr(proc)
+    assert not any(r.endswith(".tar.gz") for r in server.requests)  # refused before downloading
+    assert not box.install_dir.exists() and not box.bin.exists()
+
+
+@pytest.mark.parametrize("hasher,downloader", [("openssl", "curl"), ("shasum", "curl"), ("sha256sum", "wget")])
+def test_each_hash_tool_and_downloader_works(box, server, tmp_path, hasher, downloader):
+    if not shutil.which(hasher) or not shutil.which(downloader):
+        pytest.skip(f"{hasher} or {downloader} not on this machine")
+    server.serve(make_release(tmp_path, "0.1.0"))
+    extra = ["perl"] if hasher == "shasum" else []
+    path = private_path(tmp_path, BASE_TOOLS + [hasher, downloader] + extra)
+    proc = box.install("--version", "0.1.0", path=path)
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.1.0"
+
+
+def test_wget_truncated_download_installs_nothing(box, server, tmp_path):
+    if not shutil.which("wget"):
+        pytest.skip("wget not on this machine")
+    server.serve(make_release(tmp_path, "0.1.0"))
+    path = private_path(tmp_path, BASE_TOOLS + ["sha256sum", "wget"])
+    assert box.install("--version", "0.1.0", path=path).returncode == 0
+    release = make_release(tmp_path, "0.2.0")
+    server.serve(release)
+    server.truncate.add(next(release.glob("*.tar.gz")).name)
+    proc = box.install("--version", "0.2.0", path=path)
+    assert proc.returncode != 0
+    assert_still_on(box, "0.1.0", box.version_dirs())
+
+
+def test_script_cut_short_runs_nothing(box, server, tmp_path):
+    """Like `curl … | sh` with the connection dropping part way through."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    text = INSTALL_SH.read_bytes()
+    last_line_start = text.rstrip(b"\n").rfind(b"\n") + 1
+    cuts = [len(text) // 4, len(text) // 2, 3 * len(text) // 4, last_line_start]
+    for cut in cuts:
+        proc = box.install(stdin=text[:cut])
+        assert server.requests == [], f"cut at {cut}: the partial script downloaded something"
+        assert not (box.home / ".local").exists(), f"cut at {cut}: the partial script created files"
+        assert list((box.tmp / "tmpdir").iterdir()) == []
+    # The same text in full, through stdin, does install.
+    proc = box.install(stdin=text, CC_LHC_VERSION="0.1.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.1.0"
+
+
+def filled_installer(tmp: Path, release: Path, version: str) -> Path:
+    """install.sh as the release job publishes it: checksums of `release` embedded."""
+    folder = tmp / f"published-{version}"
+    shutil.copytree(release, folder)
+    RELEASE.finish_release(folder, version, "example/cc-lhc", None)
+    return folder / "install.sh"
+
+
+def test_embedded_checksums_catch_a_mirror_swapping_both_files(box, server, tmp_path):
+    genuine = make_release(tmp_path, "0.5.0")
+    script = filled_installer(tmp_path, genuine, "0.5.0")
+    assert 'RELEASE_VERSION="0.5.0"' in script.read_text()
+
+    # The mirror rebuilt the bundle and its SHA256SUMS consistently.
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    make_bundle(mirror, "0.5.0", status=0)
+    bundle = next(mirror.glob("*.tar.gz"))
+    bundle.write_bytes(bundle.read_bytes() + b"\0" * 512)
+    BUILD.write_sums([bundle], mirror / "SHA256SUMS")
+    server.serve(mirror)
+    proc = box.install(script=script)
+    assert proc.returncode != 0
+    assert "does not match the checksums embedded in this installer" in stderr(proc)
+    assert not box.install_dir.exists()
+
+    # The genuine folder passes both checks (no --version: the script names its release).
+    server.serve(genuine)
+    proc = box.install(script=script)
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.5.0"
+
+
+def test_published_installer_names_its_release_url(box, tmp_path):
+    genuine = make_release(tmp_path, "0.5.0")
+    script = filled_installer(tmp_path, genuine, "0.5.0")
+    # No mirror: the default URL is the GitHub release; with no network it must fail
+    # to download, and say where it tried.
+    env_path = private_path(tmp_path, BASE_TOOLS + ["curl", "sha256sum"],
+                            fakes={"curl": 'echo "curl $*" >&2; exit 7\n'})
+    proc = subprocess.run([box.shell, str(script)], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in box.env(env_path).items() if k != "CC_LHC_DOWNLOAD_BASE"})
+    assert proc.returncode != 0
+    assert "https://github.com/example/cc-lhc/releases/download/cc-lhc-v0.5.0/SHA256SUMS" in proc.stderr
+    assert "--proto =https" in proc.stderr
+
+
+@pytest.mark.parametrize("case", ["rosetta", "musl", "old-glibc", "unknown-arch", "windows"])
+def test_platform_detection(box, server, tmp_path, case):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    fakes = {
+        "rosetta": {"uname": 'case "$1" in -s) echo Darwin;; -m) echo x86_64;; esac\n',
+                    "sysctl": 'echo 1\n'},
+        "musl": {"getconf": "exit 1\n", "ldd": 'echo "musl libc (x86_64)" >&2; exit 1\n'},
+        "old-glibc": {"getconf": 'echo "glibc 2.17"\n'},
+        "unknown-arch": {"uname": 'case "$1" in -s) echo Linux;; -m) echo riscv64;; esac\n'},
+        "windows": {"uname": 'case "$1" in -s) echo MINGW64_NT-10.0;; -m) echo x86_64;; esac\n'},
+    }[case]
+    path = private_path(tmp_path, [t for t in BASE_TOOLS if t not in fakes] + ["curl", "sha256sum"], fakes)
+    proc = box.install("--version", "0.1.0", path=path)
+    assert proc.returncode != 0
+    expect = {
+        "rosetta": "lists no cc-lhc-0.1.0-macos-arm64.tar.gz",
+        "musl": "musl libc",
+        "old-glibc": "glibc 2.17 is older than 2.28",
+        "unknown-arch": "unsupported CPU architecture: riscv64",
+        "windows": "use install.ps1",
+    }[case]
+    assert expect in stderr(proc)
+    assert not box.install_dir.exists()
+
+
+def test_help_and_bad_arguments(box):
+    proc = box.install("--help")
+    assert proc.returncode == 0
+    assert b"--version X.Y.Z" in proc.stdout and b"CC_LHC_DOWNLOAD_BASE" in proc.stdout
+    proc = box.install("--frobnicate")
+    assert proc.returncode != 0 and "unknown argument" in stderr(proc)
+    proc = box.install("--version", "1.0;rm -rf /")
+    assert proc.returncode != 0 and "not a version" in stderr(proc)
+
+
+def test_foreign_file_at_the_command_path_is_not_overwritten(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    box.bin.parent.mkdir(parents=True)
+    box.bin.write_text("#!/bin/sh\necho someone else's cc-lhc\n")
+    proc = box.install("--version", "0.1.0")
+    assert proc.returncode != 0
+    assert "was not made by this installer" in stderr(proc)
+    assert "someone else" in box.bin.read_text()
+
+
+# == The real bundle ==========================================================
+
+def real_bundle() -> Path | None:
+    dist = REPO / "dist"
+    found = sorted(dist.glob(f"cc-lhc-*-{OS_NAME}-{ARCH}.tar.gz")) if dist.is_dir() else []
+    return found[-1] if found else None
+
+
+@pytest.mark.skipif(real_bundle() is None and os.environ.get("CC_LHC_TEST_BUNDLE") != "1",
+                    reason="no built bundle in dist/ (python3 build/build.py) and CC_LHC_TEST_BUNDLE unset")
+def test_slow_real_bundle_installs_and_reports_its_identity(tmp_path, server):
+    bundle = real_bundle()
+    if bundle is None:
+        pytest.fail("CC_LHC_TEST_BUNDLE=1 but dist/ holds no bundle for this machine")
+    release = tmp_path / "release"
+    release.mkdir()
+    shutil.copy2(bundle, release / bundle.name)
+    BUILD.write_sums([release / bundle.name], release / "SHA256SUMS")
+    server.serve(release)
+    box = Box(tmp_path, "sh", server)
+    version = bundle.name[len("cc-lhc-"):].split("-")[0]
+    proc = box.install("--version", version)
+    assert proc.returncode == 0, stderr(proc)
+    # Through the two links (bin -> current -> versions/...), as a user runs it.
+    started = time.monotonic()
+    out = box.run_cc_lhc("--lhc-version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"cc-lhc {version} (source ")
+    assert "stamped" in out.stdout
+    assert time.monotonic() - started < 30
