@@ -2551,8 +2551,10 @@ def self_command() -> list:
     """argv that runs this same cc-lhc (frozen bundle, zipapp or source file)."""
     if getattr(sys, "frozen", False):
         return [sys.executable]
-    return [sys.executable, os.path.abspath(sys.argv[0] if sys.argv and sys.argv[0].endswith(".pyz")
-                                            else __file__)]
+    here = _program_dir()
+    if os.path.isfile(here):  # a zipapp: __file__ lives inside the archive
+        return [sys.executable, here]
+    return [sys.executable, os.path.abspath(__file__)]
 
 
 def outside_environment() -> dict:
@@ -3432,15 +3434,18 @@ CATCHUP_SECONDS = 10.0
 def thread_settled(store) -> str:
     """'' when the record ends at a settled seam, else why not."""
     row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
-    if row and row[1] == "open":
-        return f"the transcript was left mid-turn (t{row[0]} is still open)"
+    if not row or row[1] != "open":
+        # A tool call left unanswered inside a closed turn (an interrupt) is no reason to
+        # wait: Claude drops it on resume and the view pairs calls with results.
+        return ""
     outstanding = store.db.execute(
-        "SELECT count(*) FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
-        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)"
-    ).fetchone()[0]
-    if outstanding and row and row[1] == "open":
-        return f"{outstanding} tool call(s) are still waiting for results"
-    return ""
+        "SELECT count(*) FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND NOT EXISTS "
+        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)",
+        (row[0],)).fetchone()[0]
+    if outstanding:
+        return (f"the transcript was left mid-turn: t{row[0]} has {outstanding} tool call(s) "
+                "still waiting for results")
+    return f"the transcript was left mid-turn (t{row[0]} is still open)"
 
 
 def prompt_estimate(spec) -> int:
