@@ -122,7 +122,8 @@ def project_slug(cwd: str) -> str:
     Every character outside [A-Za-z0-9] becomes '-', runs are kept; a slug longer
     than 200 characters is cut and suffixed with a base-36 hash of the path.
     """
-    slug = re.sub(r"[^A-Za-z0-9]", "-", cwd)
+    # Claude Code works on UTF-16 code units: a character outside the BMP is two dashes.
+    slug = re.sub(r"[^A-Za-z0-9]", lambda m: "-" * (2 if ord(m.group()) > 0xFFFF else 1), cwd)
     if len(slug) > 200:
         slug = slug[:200] + "-" + _base36(abs(_java_string_hash(cwd)))
     return slug
@@ -477,15 +478,22 @@ class RolloutParser:
                 self.out.problems.append((self.session, line_no, offset, "malformed_line",
                                           f"not valid JSON: {e}"))
             return
+        except RecursionError:
+            # JSON sets no depth limit (a tool input can nest deep); Python's reader has
+            # one. Such a line is lost to the record, so say so rather than stall on it.
+            self.out.problems.append((self.session, line_no, offset, "malformed_line",
+                                      "nested deeper than this parser can read"))
+            return
         if not isinstance(rec, dict):
             self.out.problems.append((self.session, line_no, offset, "malformed_line",
                                       "a line that is not a JSON object"))
             return
         try:
             self._record(rec, len(raw), line_no, offset)
-        except (TypeError, AttributeError) as e:
+        except (TypeError, AttributeError, RecursionError) as e:
             # Valid JSON in a shape Claude Code never writes (one flipped byte can make
-            # one): a malformed line where it stands, never a capture stalled on it.
+            # one), or one nested just too deep to write back: a malformed line where it
+            # stands, never a capture stalled on it.
             self.out.problems.append((self.session, line_no, offset, "malformed_line",
                                       f"a record in a shape this parser does not know ({e})"))
 
@@ -1283,16 +1291,10 @@ def range_text(a: int, b: int) -> str:
     return f"t{a}" if a == b else f"t{a}\u2013t{b}"
 
 
-def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
-    """Give every turn the best band that fits, newest first (pure, deterministic).
-
-    Each band gets its profile's share of the budget; capacity a better band did not
-    use passes down to the next. Once a turn falls to a worse band, no older turn is
-    placed in a better one, except turns the model recently retrieved (``favoured``),
-    which are lifted to lean when what is left of the budget allows.
-    ``summaries`` maps turn -> (text, source); a turn without one cannot be summarised.
-    """
-    summaries = summaries or {}
+def _allocate(turns, budget, profile, summaries):
+    """Bands for turns, newest first: each band its profile's share of the budget, and
+    capacity a better band did not use passes down to the next. Once a turn falls to a
+    worse band, no older turn is placed in a better one. Returns (bands, used)."""
     shares = PROFILE_SHARES[profile]
     caps = {band: int(budget * shares[band]) for band in BANDS}
     used = {band: 0 for band in BANDS}
@@ -1317,17 +1319,33 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
         if not placed:
             bands[turn.n] = "omitted"
             level = len(BANDS)
-    left = budget - sum(used.values())
+    return bands, used
+
+
+def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
+    """Give every turn the best band that fits, newest first (pure, deterministic).
+
+    Turns the model recently retrieved (``favoured``) that would otherwise be summarised
+    or omitted are held in lean instead: their cost is set aside first, newest first and
+    up to the profile's lean share, and the other turns share what remains.
+    ``summaries`` maps turn -> (text, source); a turn without one cannot be summarised.
+    """
+    summaries = summaries or {}
+    bands, used = _allocate(turns, budget, profile, summaries)
     by_n = {t.n: t for t in turns}
+    lift, reserve = [], 0
+    room = int(budget * PROFILE_SHARES[profile]["lean"])
     for n in sorted(set(favoured), reverse=True):
-        if bands.get(n) in ("summary", "omitted") and n in by_n:
+        if bands.get(n) in ("summary", "omitted"):
             cost = band_cost(by_n[n], "lean")
-            if cost <= left:
-                if bands[n] == "summary":
-                    used["summary"] -= band_cost(by_n[n], "summary", summaries.get(n, ("", ""))[0])
-                bands[n] = "lean"
-                used["lean"] += cost
-                left -= cost
+            if reserve + cost <= room:
+                lift.append(n)
+                reserve += cost
+    if lift:
+        bands, used = _allocate([t for t in turns if t.n not in lift], budget - reserve, profile,
+                                summaries)
+        bands.update((n, "lean") for n in lift)
+        used["lean"] += reserve
     kept = {n: summaries[n] for n, b in bands.items() if b == "summary"}
     return View(thread_id, bands, used, budget, profile, kept)
 
@@ -1697,8 +1715,9 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
 
     def after(row):
         seq = row[3] if row else 0
-        total = db.execute("SELECT coalesce(sum(length(coalesce(text, data))), 0) FROM messages "
-                           "WHERE seq > ?", (seq,)).fetchone()[0]
+        # Bytes, as estimate_tokens counts them (length() of text would count characters).
+        total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(text, data) AS BLOB))), 0) "
+                           "FROM messages WHERE seq > ?", (seq,)).fetchone()[0]
         return (total + 3) // 4
 
     return measure_pressure(latest, last_valid, after(latest), after(last_valid), prompt_estimate)
@@ -2497,16 +2516,21 @@ def _death_link_preexec(parent_pid: int):
     """A preexec_fn that makes the child die with the wrapper (Linux).
 
     prctl(PR_SET_PDEATHSIG) fires when the parent thread dies; the getppid() check
-    closes the race where the wrapper died between fork and prctl.
+    closes the race where the wrapper died between fork and prctl. libc is looked up
+    here, before the fork: importing or loading libraries in a child forked from a
+    threaded process can deadlock.
     """
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
+
     def link():
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-            except (OSError, AttributeError):
-                pass
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent_pid:
             os._exit(EXIT_ERROR)
     return link
@@ -2788,9 +2812,16 @@ def check_descriptor(home) -> dict:
         raise refuse("the descriptor does not match what this host issued")
     if not identity_alive(body.get("owner")):
         raise refuse("the cc-lhc process that owned this session is gone")
-    current = Registry(home).current_session(body["thread_id"])
+    registry = Registry(home)
+    current = registry.current_session(body["thread_id"])
     if current != body["session_id"]:
-        raise refuse(f"session {body['session_id']} is no longer the thread's current session")
+        # A rebuilt one-shot session is current only once accepted; until then its own
+        # wrapper, and only that one, may already serve it.
+        pending = registry.db.execute("SELECT owner FROM rebuilds WHERE session_id = ? AND thread_id = ? "
+                                      "AND status = 'pending'",
+                                      (body["session_id"], body["thread_id"])).fetchone()
+        if pending is None or json.loads(pending[0]) != body.get("owner"):
+            raise refuse(f"session {body['session_id']} is no longer the thread's current session")
     return body
 
 # == 11. Capture: tailing the live transcript into the store ====================
@@ -3384,8 +3415,15 @@ def attach_thread(spec, home, policy):
                 home.log("capture_off", reason=f"no transcript at {path} to adopt")
                 return None
             refuse_orphan(path, spec, home, registry)
-            thread = registry.create_thread(spec.session_id, spec.cwd, "adopted")
-            origin = "adopted"
+            import sqlite3
+            try:
+                thread = registry.create_thread(spec.session_id, spec.cwd, "adopted")
+                origin = "adopted"
+            except sqlite3.IntegrityError:
+                # Another cc-lhc adopted this session a moment ago: contend for its thread.
+                thread = registry.thread_for_session(spec.session_id)
+                if thread is None:
+                    raise
         lease = Lease(home, thread)
         lease.acquire()
         try:
@@ -4242,8 +4280,6 @@ def finish_capture(capture, spec, home):
     """Read Claude's last lines into the record before cc-lhc exits."""
     try:
         capture.stop()
-    except LhcError:
-        raise
     except Exception as e:  # the session already ended well; say what was not captured
         say(f"capture of session {spec.session_id} did not finish: {e}")
         home.log("capture_error", thread=capture.thread_id, error=repr(e))

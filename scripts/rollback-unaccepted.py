@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""Roll back Smart Compact rebuilds that were never accepted (cc-lhc state repair tool).
+
+    python3 rollback-unaccepted.py            # dry run: say what would be done
+    python3 rollback-unaccepted.py --apply    # do it
+
+A Smart Compact records its rebuilt session as *pending* in cc-lhc's registry before it
+writes the new transcript, and marks it *accepted* only once Claude was seen taking the
+prompt on it. If cc-lhc was killed in between, the pending row and an unused transcript are
+left behind. cc-lhc cleans these up itself the next time the thread is launched; this
+script does the same for every thread at once, without launching anything:
+
+- the rebuilt transcript is moved out of Claude's projects folder into
+  ``$CC_LHC_HOME/abandoned-rebuilds/<project folder>/`` (nothing is deleted);
+- the pending row and the rebuilt session's (never current) alias are removed, in one
+  transaction. The thread stays on the session it was on: a pending rebuild was never
+  made current.
+
+Skipped: rebuilds whose cc-lhc process is still running, threads another cc-lhc currently
+owns, and rebuilds that were accepted but whose pointer is still waiting to be repaired
+(the next cc-lhc launch of that thread finishes them).
+
+Honours ``CC_LHC_HOME`` (default ``~/.cc-lhc``) and ``CLAUDE_CONFIG_DIR`` (default
+``~/.claude``). Stdlib only, Python 3.8+; it reads the state files directly and does not
+need cc-lhc itself. Running it again after ``--apply`` finds nothing to do.
+
+Exit status: 0 when it finished (including "nothing to do"), 1 when the state could not be
+read or changed, 2 for a usage error.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import sys
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+PROG = "rollback-unaccepted"
+
+
+# -- state layout ------------------------------------------------------------------------
+
+def state_home():
+    root = os.environ.get("CC_LHC_HOME") or os.path.join(os.path.expanduser("~"), ".cc-lhc")
+    return os.path.abspath(root)
+
+
+def claude_config_dir():
+    return os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+
+
+def project_slug(cwd):
+    """Claude Code's folder name for a working directory under projects/.
+
+    Every character outside [A-Za-z0-9] becomes '-' (counted in UTF-16 units, as Claude
+    Code does); a slug longer than 200 characters is cut and gets '-' and a base-36 hash.
+    """
+    slug = "".join(c if (c.isascii() and c.isalnum()) else "-" * (2 if ord(c) > 0xFFFF else 1)
+                   for c in cwd)
+    if len(slug) <= 200:
+        return slug
+    data, h = cwd.encode("utf-16-le", "surrogatepass"), 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + (data[i] | (data[i + 1] << 8))) & 0xFFFFFFFF
+    if h & 0x80000000:
+        h -= 1 << 32
+    h = abs(h)
+    digits = ""
+    while True:
+        h, r = divmod(h, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[r] + digits
+        if h == 0:
+            break
+    return slug[:200] + "-" + digits
+
+
+def lease_lock_path(home, thread_id):
+    """The OS-lock file cc-lhc holds for a thread while a session of it runs."""
+    key = hashlib.sha256(thread_id.encode()).hexdigest()[:24]
+    return os.path.join(home, "owners", key + ".lock")
+
+
+# -- process identity ----------------------------------------------------------------------
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def process_start_time(pid):
+    """Field 22 (starttime) of /proc/<pid>/stat, or None if the process is gone/unknown."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pid_exists(pid):
+    """Best effort where /proc is not available (macOS, Windows)."""
+    if os.name == "nt":  # pragma: no cover - Windows only
+        import ctypes
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return ctypes.get_last_error() == 5  # access denied: it exists
+        code = ctypes.c_ulong()
+        kernel32.GetExitCodeProcess(handle, ctypes.byref(code))
+        kernel32.CloseHandle(handle)
+        return code.value == 259  # STILL_ACTIVE
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def owner_alive(owner_text):
+    """True when the exact process recorded as owner (pid + start time + boot) still runs.
+
+    Where the OS gives no start time or boot id, a live pid counts as alive: skipping a
+    rebuild that could be rolled back is safe, rolling back a running one is not.
+    """
+    try:
+        owner = json.loads(owner_text)
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int) \
+            or isinstance(owner.get("pid"), bool):
+        return False
+    pid = owner["pid"]
+    here_boot = boot_id()
+    if here_boot is not None and os.path.exists("/proc/self/stat"):
+        if owner.get("boot") != here_boot:
+            return False
+        start = process_start_time(pid)
+        return start is not None and start == owner.get("start")
+    return pid_exists(pid)
+
+
+class ThreadBusy(Exception):
+    pass
+
+
+class ThreadLock:
+    """Take the thread's cc-lhc lease lock for the duration of a change (non-blocking)."""
+
+    def __init__(self, home, thread_id):
+        self.path = lease_lock_path(home, thread_id)
+        self.fd = None
+
+    def __enter__(self):
+        folder = os.path.dirname(self.path)
+        if not os.path.isdir(folder):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.name == "nt":  # pragma: no cover - Windows only
+                import msvcrt
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            else:
+                import fcntl
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ThreadBusy()
+        self.fd = fd
+        return self
+
+    def __exit__(self, *_):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        return False
+
+
+def thread_in_use(home, thread_id):
+    """True when a running cc-lhc holds the thread (its lease lock is taken)."""
+    if not os.path.exists(lease_lock_path(home, thread_id)):
+        return False
+    try:
+        with ThreadLock(home, thread_id):
+            return False
+    except ThreadBusy:
+        return True
+    except OSError:
+        return False
+
+
+# -- the work ------------------------------------------------------------------------------
+
+def connect(path):
+    db = sqlite3.connect(path, timeout=30, isolation_level=None)
+    db.execute("PRAGMA busy_timeout = 30000")
+    return db
+
+
+def has_table(db, name):
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                      (name,)).fetchone() is not None
+
+
+def awaiting_repair(home):
+    """Rebuilt sessions that were accepted but whose pointer write failed (cc-lhc.sqlite)."""
+    path = os.path.join(home, "cc-lhc.sqlite")
+    if not os.path.exists(path):
+        return set()
+    db = connect(path)
+    try:
+        if not has_table(db, "pointer_repairs"):
+            return set()
+        return {r[0] for r in db.execute(
+            "SELECT to_session FROM pointer_repairs WHERE repaired IS NULL")}
+    finally:
+        db.close()
+
+
+def find_transcript(row):
+    """The rebuilt transcript: the stored path, else where it sits under CLAUDE_CONFIG_DIR."""
+    stored = row["path"]
+    if stored and os.path.isfile(stored):
+        return stored
+    if row["cwd"]:
+        guess = os.path.join(claude_config_dir(), "projects", project_slug(row["cwd"]),
+                             row["session_id"] + ".jsonl")
+        if os.path.isfile(guess):
+            return guess
+    return None
+
+
+def destination(home, row, source):
+    folder = os.path.join(home, "abandoned-rebuilds", project_slug(row["cwd"] or "unknown"))
+    target = os.path.join(folder, os.path.basename(source))
+    n = 1
+    while os.path.exists(target):
+        n += 1
+        stem, ext = os.path.splitext(os.path.basename(source))
+        target = os.path.join(folder, "%s.%d%s" % (stem, n, ext))
+    return folder, target
+
+
+def alias_of(session_id):
+    return "claude-code:" + session_id
+
+
+def roll_back(home, db, row, apply):
+    """Report (and with apply, do) the rollback of one pending rebuild. Returns lines."""
+    sid = row["session_id"]
+    source = find_transcript(row)
+    lines = []
+    if source:
+        folder, target = destination(home, row, source)
+        verb = "moved" if apply else "would move"
+        lines.append("  %s %s -> %s" % (verb, source, target))
+    else:
+        folder = target = None
+        lines.append("  no transcript found (expected %s)" % row["path"])
+    verb = "removed" if apply else "would remove"
+    lines.append("  %s the pending record and alias %s" % (verb, alias_of(sid)))
+    if not apply:
+        return lines
+    if source:
+        # Move first: a crash after this leaves a pending row without a file, which the
+        # next run (or cc-lhc's own recovery) still settles; never a lost transcript.
+        if not os.path.isdir(folder):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        try:
+            os.replace(source, target)
+        except OSError:
+            shutil.move(source, target)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("DELETE FROM rebuilds WHERE session_id = ? AND status = 'pending'", (sid,))
+        db.execute("DELETE FROM aliases WHERE alias = ? AND is_current = 0", (alias_of(sid),))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return lines
+
+
+def run(apply, out):
+    home = state_home()
+    registry = os.path.join(home, "registry.sqlite")
+    if not os.path.exists(registry):
+        out.write("nothing to do: no cc-lhc registry at %s\n" % registry)
+        return EXIT_OK
+    db = connect(registry)
+    try:
+        if not has_table(db, "rebuilds"):
+            out.write("nothing to do: no rebuild records in %s\n" % registry)
+            return EXIT_OK
+        db.row_factory = sqlite3.Row
+        rows = db.execute("SELECT session_id, thread_id, from_session, path, cwd, owner, created "
+                          "FROM rebuilds WHERE status = 'pending' ORDER BY created").fetchall()
+        db.row_factory = None
+        if not rows:
+            out.write("nothing to do: no unaccepted rebuilds\n")
+            return EXIT_OK
+        repairs = awaiting_repair(home)
+        done = skipped = 0
+        for row in rows:
+            head = "rebuild %s of thread %s (from session %s, created %s)" % (
+                row["session_id"], row["thread_id"], row["from_session"], row["created"])
+            if owner_alive(row["owner"]):
+                out.write("skipped %s: session still running\n" % head)
+                skipped += 1
+                continue
+            if row["session_id"] in repairs:
+                out.write("skipped %s: it was accepted; the next cc-lhc launch of the thread "
+                          "finishes writing its pointer\n" % head)
+                skipped += 1
+                continue
+            try:
+                with ThreadLock(home, row["thread_id"]) if apply else _NoLock():
+                    if not apply and thread_in_use(home, row["thread_id"]):
+                        raise ThreadBusy()
+                    lines = roll_back(home, db, row, apply)
+            except ThreadBusy:
+                out.write("skipped %s: session still running (another cc-lhc owns the thread)\n"
+                          % head)
+                skipped += 1
+                continue
+            out.write(("rolled back " if apply else "would roll back ") + head + "\n")
+            for line in lines:
+                out.write(line + "\n")
+            done += 1
+        if done == 0:
+            out.write("nothing to do: %d unaccepted rebuild(s), all still running\n" % skipped)
+        elif apply:
+            out.write("done: %d rolled back, %d skipped; the threads stay on their accepted "
+                      "sessions\n" % (done, skipped))
+        else:
+            out.write("dry run: %d to roll back, %d skipped; run again with --apply to do it\n"
+                      % (done, skipped))
+        return EXIT_OK
+    finally:
+        db.close()
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        sys.stderr.write("%s: error: %s\n" % (PROG, message))
+        sys.exit(EXIT_USAGE)
+
+
+def main(argv=None):
+    parser = _Parser(prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     description=__doc__.split("\n", 1)[0] + "\n\n"
+                     + __doc__.split("\n\n", 2)[2].strip())
+    parser.add_argument("--apply", action="store_true",
+                        help="move the unused transcripts and remove the records "
+                             "(default: only say what would be done)")
+    args = parser.parse_args(argv)
+    try:
+        return run(args.apply, sys.stdout)
+    except (sqlite3.Error, OSError) as e:
+        sys.stderr.write("%s: cannot finish: %s\n" % (PROG, e))
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""scripts/rollback-unaccepted.py on a state home built in-process with cc_lhc's own stores.
+
+The script itself is run as a separate program in isolated mode (`python3 -I`), so it
+proves it needs nothing but the standard library and the state layout.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sqlite3
+import subprocess
+import sys
+import types
+import uuid
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+from conftest import REPO, project_slug
+
+SCRIPT = REPO / "scripts" / "rollback-unaccepted.py"
+
+
+def run_script(iso_env, *args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-I", str(SCRIPT), *args], env={**iso_env.env, **(env or {})},
+                          cwd=iso_env.work, capture_output=True, text=True, timeout=30)
+
+
+def dead_identity() -> dict:
+    """The identity of a process that has exited (its pid may later be reused: still dead)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        ident = cc_lhc.process_identity(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    assert ident["start"] is not None and not cc_lhc.identity_alive(ident)
+    return ident
+
+
+class State:
+    """A thread on session `old` with a pending rebuild `new` whose transcript exists."""
+
+    def __init__(self, iso_env, owner: dict, stored_path: str | None = None):
+        self.iso = iso_env
+        self.home = cc_lhc.StateHome()
+        self.registry = cc_lhc.Registry(self.home)
+        self.cwd = str(iso_env.work)
+        self.old, self.new = str(uuid.uuid4()), str(uuid.uuid4())
+        self.thread = self.registry.create_thread(self.old, self.cwd, "fresh")
+        self.transcript = iso_env.config / "projects" / project_slug(self.cwd) / f"{self.new}.jsonl"
+        self.transcript.parent.mkdir(parents=True, exist_ok=True)
+        self.transcript.write_text(json.dumps({"type": "user", "message": {
+            "role": "user", "content": cc_lhc.REBUILT_MARKER + " ..."}}) + "\n")
+        rebuild = types.SimpleNamespace(session_id=self.new, path=stored_path or str(self.transcript))
+        cc_lhc.record_pending(self.registry, self.thread, self.old, rebuild, self.cwd)
+        with cc_lhc.Tx(self.registry.db) as db:
+            db.execute("UPDATE rebuilds SET owner = ? WHERE session_id = ?", (json.dumps(owner), self.new))
+
+    @property
+    def moved_to(self) -> Path:
+        return self.iso.lhc / "abandoned-rebuilds" / project_slug(self.cwd) / f"{self.new}.jsonl"
+
+    def rows(self):
+        db = self.registry.db
+        return (db.execute("SELECT session_id, status FROM rebuilds").fetchall(),
+                sorted(db.execute("SELECT alias, is_current FROM aliases").fetchall()))
+
+
+def test_no_registry_nothing_to_do(iso_env):
+    p = run_script(iso_env)
+    assert p.returncode == 0 and "nothing to do" in p.stdout
+
+
+def test_help_and_usage_errors(iso_env):
+    p = run_script(iso_env, "--help")
+    assert p.returncode == 0 and "--apply" in p.stdout and "CC_LHC_HOME" in p.stdout
+    p = run_script(iso_env, "--frobnicate")
+    assert p.returncode == 2 and "usage" in p.stderr
+    p = run_script(iso_env, "extra-argument")
+    assert p.returncode == 2
+
+
+def test_script_is_stdlib_only_and_python38():
+    source = SCRIPT.read_text()
+    ast.parse(source, feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+
+
+def test_dead_owner_dry_run_apply_then_nothing(iso_env):
+    s = State(iso_env, dead_identity())
+    before = s.rows()
+    assert before == ([(s.new, "pending")],
+                      sorted([(f"claude-code:{s.old}", 1), (f"claude-code:{s.new}", 0)]))
+
+    dry = run_script(iso_env)
+    assert dry.returncode == 0, dry.stderr
+    assert "would roll back" in dry.stdout and s.new in dry.stdout and s.thread in dry.stdout
+    assert str(s.transcript) in dry.stdout and str(s.moved_to) in dry.stdout
+    assert s.transcript.exists() and not s.moved_to.exists() and s.rows() == before
+
+    done = run_script(iso_env, "--apply")
+    assert done.returncode == 0, done.stderr
+    assert "rolled back" in done.stdout and "moved" in done.stdout and s.new in done.stdout
+    assert not s.transcript.exists() and s.moved_to.exists()
+    assert s.rows() == ([], [(f"claude-code:{s.old}", 1)])
+    assert s.registry.current_session(s.thread) == s.old
+
+    for args in ((), ("--apply",)):
+        again = run_script(iso_env, *args)
+        assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert s.moved_to.exists()
+
+
+def test_live_owner_is_skipped(iso_env):
+    s = State(iso_env, cc_lhc.process_identity())   # this test process: alive
+    for args in ((), ("--apply",)):
+        p = run_script(iso_env, *args)
+        assert p.returncode == 0, p.stderr
+        assert "session still running" in p.stdout and "nothing to do" in p.stdout
+    assert s.transcript.exists() and s.rows()[0] == [(s.new, "pending")]
+
+
+def test_reused_pid_is_not_alive(iso_env):
+    me = cc_lhc.process_identity()
+    s = State(iso_env, dict(me, start=me["start"] + 1))   # same pid, another process's start
+    p = run_script(iso_env, "--apply")
+    assert "rolled back" in p.stdout and s.moved_to.exists()
+
+
+def test_thread_owned_by_a_running_cc_lhc_is_skipped(iso_env):
+    s = State(iso_env, dead_identity())
+    lease = cc_lhc.Lease(s.home, s.thread)
+    lease.acquire()
+    try:
+        for args in ((), ("--apply",)):
+            p = run_script(iso_env, *args)
+            assert p.returncode == 0 and "still running" in p.stdout, p.stdout
+        assert s.transcript.exists()
+    finally:
+        lease.release()
+    assert "rolled back" in run_script(iso_env, "--apply").stdout
+
+
+def test_missing_stored_path_found_under_claude_config_dir(iso_env, tmp_path):
+    s = State(iso_env, dead_identity(), stored_path=str(tmp_path / "elsewhere" / "gone.jsonl"))
+    p = run_script(iso_env, "--apply")
+    assert p.returncode == 0 and str(s.transcript) in p.stdout
+    assert s.moved_to.exists() and not s.transcript.exists()
+    assert s.rows()[0] == []
+
+
+def test_no_transcript_anywhere_still_clears_the_record(iso_env):
+    s = State(iso_env, dead_identity())
+    s.transcript.unlink()
+    p = run_script(iso_env, "--apply")
+    assert p.returncode == 0 and "no transcript found" in p.stdout
+    assert s.rows() == ([], [(f"claude-code:{s.old}", 1)])
+
+
+def test_accepted_swap_awaiting_pointer_repair_is_left_for_cc_lhc(iso_env):
+    """settle_acceptance saw the new session accept the prompt but could not write the
+    registry: the rebuild is still 'pending' there and a pointer repair is recorded. Neither
+    the script nor recovery may treat it as unused; recovery advances the pointer."""
+    s = State(iso_env, dead_identity())
+    hostdb = cc_lhc.HostDB(s.home)
+    with cc_lhc.Tx(hostdb.db) as db:
+        db.execute("INSERT INTO pointer_repairs (thread_id, from_session, to_session, created) "
+                   "VALUES (?, ?, ?, 'now')", (s.thread, s.old, s.new))
+    p = run_script(iso_env, "--apply")
+    assert p.returncode == 0 and "was accepted" in p.stdout and s.new in p.stdout
+    assert s.transcript.exists()
+
+    cc_lhc.recover_thread(s.home, s.registry, hostdb, s.thread)
+    assert s.registry.current_session(s.thread) == s.new
+    assert s.rows()[0] == [(s.new, "accepted")]
+    assert s.transcript.exists() and not s.moved_to.exists()
+    assert "nothing to do" in run_script(iso_env).stdout
+
+
+def test_recovery_moves_the_same_rebuild_the_script_would(iso_env):
+    s = State(iso_env, dead_identity())
+    cc_lhc.recover_thread(s.home, s.registry, cc_lhc.HostDB(s.home), s.thread)
+    assert s.moved_to.exists() and not s.transcript.exists()
+    assert s.rows()[0] == [(s.new, "abandoned")]
+    assert s.registry.current_session(s.thread) == s.old
+    assert "nothing to do" in run_script(iso_env).stdout

@@ -1,0 +1,485 @@
+"""Smart Compact before a one-shot launches, with the real Claude Code CLI and the fake API.
+
+The fake API makes a reply report any usage we like; Claude copies it onto the transcript,
+and the next `cc-lhc --resume <id> -p ...` reads it from there. Covered here: the
+acceptance scenario of issue 5, below/above a configured trigger, the crash matrix (cc-lhc
+SIGKILLs itself at every failpoint, the next launch recovers), 20 one-shots racing for one
+thread, orphaned rebuilt sessions, stale runtime descriptors, and an unavailable receipt
+store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+from conftest import CC_LHC, REPO
+from fakeapi import text_reply, tool_use_reply
+
+ROLLBACK = REPO / "scripts" / "rollback-unaccepted.py"
+
+
+def usage(total: int) -> dict:
+    """A reply usage whose provider-reported context (input + cache) is `total` tokens."""
+    return {"input_tokens": total - 1_000, "cache_creation_input_tokens": 600,
+            "cache_read_input_tokens": 400, "output_tokens": 5}
+
+
+OVER = usage(371_000)     # over the built-in 360k trigger
+MIDDLE = usage(120_000)   # under the built-in trigger, over a configured 100k one
+SMALL = usage(2_000)
+SMALL_REPLY = "fine answer from the fake API"
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def lhc(rc, *args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    return rc.run_lhc(*args, env=env, timeout=timeout)
+
+
+def ok(p: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    return p
+
+
+def start_thread(rc, context: dict, with_tool: bool = False) -> str:
+    """A cc-lhc thread whose newest reply reports `context` usage; returns its session id.
+
+    After this, every further request is answered with a small reply (a responder, so
+    the number of requests a test makes does not matter).
+    """
+    rc.api.script([text_reply("first answer, remember 777", usage=context if not with_tool else SMALL)])
+    sid = json.loads(ok(lhc(rc, "-p", "hello one", "--output-format", "json")).stdout)["session_id"]
+    if with_tool:
+        rc.api.script([tool_use_reply("Bash", {"command": "seq 1 300", "description": "numbers"}),
+                       text_reply("second answer", usage=context)])
+        ok(lhc(rc, "--resume", sid, "-p", "hello two", "--allowedTools", "Bash"))
+    rc.api.responder = lambda body: text_reply(SMALL_REPLY, usage=SMALL)
+    return sid
+
+
+def threads(rc) -> list[dict]:
+    return json.loads(ok(lhc(rc, "threads", "--json")).stdout)
+
+
+def export(rc, thread_id: str) -> list[dict]:
+    return json.loads(ok(lhc(rc, "export", thread_id, "--format", "json")).stdout)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def registry_rows(rc, sql: str, args=()) -> list[tuple]:
+    db = sqlite3.connect(rc.iso.lhc / "registry.sqlite")
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def rebuilds(rc) -> list[tuple]:
+    """(session_id, from_session, status) of every rebuild, oldest first."""
+    return registry_rows(rc, "SELECT session_id, from_session, status FROM rebuilds ORDER BY rowid")
+
+
+def first_text(message: dict) -> str:
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return next((b.get("text", "") for b in content if b.get("type") == "text"), "")
+
+
+def all_text(body: dict) -> str:
+    return json.dumps(body.get("messages", []))
+
+
+def rollback_dry_run(rc) -> subprocess.CompletedProcess:
+    return ok(rc.run([sys.executable, ROLLBACK]))
+
+
+def log_events(rc, event: str) -> list[dict]:
+    path = rc.iso.lhc / "wrapper.log"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("event") == event]
+
+
+def process_gone(pid: int, timeout: float = 10) -> bool:
+    """True once pid has exited (a zombie waiting for a reaper counts as gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# -- (a) the acceptance scenario ------------------------------------------------------------------
+
+def test_over_trigger_oneshot_runs_on_rebuilt_session(real_claude):
+    rc = real_claude
+    old = start_thread(rc, OVER, with_tool=True)
+    old_path = rc.project_dir / f"{old}.jsonl"
+    before_sha = sha(old_path)
+    thread_id = threads(rc)[0]["id"]
+    record_before = export(rc, thread_id)
+    n = len(rc.api.message_requests)
+
+    p = ok(lhc(rc, "--resume", old, "-p", "next"))
+    assert SMALL_REPLY in p.stdout                       # the prompt was answered
+    assert "Smart Compact" in p.stderr
+    sent = rc.api.message_requests[n:]
+    assert len(sent) == 1, "the prompt is sent exactly once"
+    new = sent[0]["session_id"]
+    assert new and new != old
+    body = sent[0]["body"]
+    assert first_text(body["messages"][0]).startswith(cc_lhc.REBUILT_MARKER)
+    assert "remember 777" in all_text(body)              # the rebuilt view carries the history
+    last_user = [m for m in body["messages"] if m["role"] == "user"][-1]
+    assert "next" in json.dumps(last_user)               # ...and then the prompt, once
+    assert sha(old_path) == before_sha                   # old transcript byte-for-byte unchanged
+    assert (rc.project_dir / f"{new}.jsonl").exists()
+
+    [row] = threads(rc)
+    assert row["id"] == thread_id and row["current_session"] == new
+    assert rebuilds(rc) == [(new, old, "accepted")]
+    record_after = export(rc, thread_id)
+    assert record_after[:len(record_before)] == record_before
+    added = record_after[len(record_before):]
+    assert [m["text"] for m in added if m["kind"] == "user_text"] == ["next"]
+    assert all(m["source_session"] == new for m in added)
+
+    # The governor's decision left a durable receipt with its outcome.
+    db = sqlite3.connect(rc.iso.lhc / "cc-lhc.sqlite")
+    try:
+        receipts = db.execute("SELECT session_id, state, pressure, would_mutate, outcome "
+                              "FROM cc_governor_receipts WHERE session_id = ? ORDER BY id", (old,)).fetchall()
+    finally:
+        db.close()
+    # (the earlier `hello two` one-shot was classified healthy: one receipt each)
+    assert [(r[1], r[3], r[4]) for r in receipts] == [
+        (cc_lhc.STATE_HEALTHY, 0, "no_action"), (cc_lhc.STATE_OVER_SETTLED, 1, f"rebuilt:{new}")]
+    assert receipts[1][2] >= 371_000
+
+    # Later, the old id lands on the new session.
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", old, "-p", "later"))
+    assert SMALL_REPLY in p.stdout
+    assert [r["session_id"] for r in rc.api.message_requests[n:]] == [new]
+    assert sha(old_path) == before_sha
+    assert threads(rc)[0]["current_session"] == new
+    assert len(rebuilds(rc)) == 1                         # the rebuilt session is healthy: no second rebuild
+    assert "nothing to do" in rollback_dry_run(rc).stdout
+
+
+# -- (b), (c) the trigger ---------------------------------------------------------------------------
+
+def test_below_trigger_no_rebuild(real_claude):
+    rc = real_claude
+    old = start_thread(rc, MIDDLE)
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", old, "-p", "next"))
+    assert SMALL_REPLY in p.stdout and "Smart Compact" not in p.stderr
+    assert [r["session_id"] for r in rc.api.message_requests[n:]] == [old]
+    assert threads(rc)[0]["current_session"] == old
+    assert rebuilds(rc) == []
+    assert [p.name for p in rc.project_dir.glob("*.jsonl")] == [f"{old}.jsonl"]
+
+
+@pytest.mark.parametrize("where", ["flag", "project-file"])
+def test_configured_lower_trigger(real_claude, where):
+    rc = real_claude
+    old = start_thread(rc, MIDDLE)   # 120k: healthy under the built-in 360k trigger
+    args = ["--resume", old, "-p", "next"]
+    if where == "flag":
+        args += ["--lhc-target", "30000", "--lhc-trigger", "100000"]
+    else:
+        (rc.cwd / ".cc-lhc.json").write_text(json.dumps({"lowerBoundTokens": 30000,
+                                                         "upperBoundTokens": 100000}))
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, *args))
+    assert SMALL_REPLY in p.stdout
+    assert "100,000" in p.stderr, p.stderr               # the reading names the configured trigger
+    [sent] = rc.api.message_requests[n:]
+    new = sent["session_id"]
+    assert new != old
+    assert first_text(sent["body"]["messages"][0]).startswith(cc_lhc.REBUILT_MARKER)
+    assert threads(rc)[0]["current_session"] == new
+    assert rebuilds(rc) == [(new, old, "accepted")]
+
+
+def test_over_trigger_but_left_mid_turn_launches_on_the_resumed_session(real_claude):
+    rc = real_claude
+    old = start_thread(rc, SMALL)
+    path = rc.project_dir / f"{old}.jsonl"
+    lines = path.read_text().splitlines()
+    last = json.loads(next(line for line in reversed(lines) if json.loads(line).get("type") == "assistant"))
+    # Claude was killed while a tool ran: the newest response asked for a tool and no
+    # result followed. Its usage is over the trigger.
+    last.update(uuid=str(uuid.uuid4()), parentUuid=last["uuid"])
+    last["message"] = dict(last["message"], id="msg_midturn", stop_reason="tool_use", usage=OVER,
+                           content=[{"type": "tool_use", "id": "toolu_midturn", "name": "Bash",
+                                     "input": {"command": "sleep 100"}}])
+    path.write_text("\n".join(lines + [json.dumps(last)]) + "\n")
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", old, "-p", "next"))
+    assert SMALL_REPLY in p.stdout
+    assert "not at a settled seam" in p.stderr and "mid-turn" in p.stderr, p.stderr
+    assert [r["session_id"] for r in rc.api.message_requests[n:]] == [old]
+    assert rebuilds(rc) == [] and threads(rc)[0]["current_session"] == old
+
+
+def test_retrieval_works_inside_the_rebuilt_oneshot(real_claude):
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    rc.api.script([tool_use_reply("Bash", {"command": "cc-lhc get-messages m1",
+                                           "description": "read back"}), "read it"])
+    p = ok(lhc(rc, "--resume", old, "-p", "what was the first prompt?", "--allowedTools", "Bash"))
+    assert "Smart Compact" in p.stderr
+    final = rc.api.message_requests[-1]
+    assert final["session_id"] != old
+    result = json.dumps(final["body"]["messages"][-1])
+    assert "retrieval refused" not in result
+    assert "hello one" in result
+
+
+# -- (d) the crash matrix ---------------------------------------------------------------------------
+
+# Failpoints after which the rebuilt transcript exists but its acceptance was never recorded.
+UNUSED_REBUILD = {"after-rollout-write", "after-spawn", "before-acceptance",
+                  "after-acceptance-before-alias"}
+AFTER_SPAWN = {"after-spawn", "before-acceptance", "after-acceptance-before-alias",
+               "after-alias-advance"}
+
+
+def test_failpoints_cover_every_step():
+    assert set(cc_lhc.FAILPOINTS) >= {"after-pending-record", "after-rollout-write", "after-spawn",
+                                      "before-acceptance", "after-acceptance-before-alias",
+                                      "after-alias-advance"}
+    assert UNUSED_REBUILD | AFTER_SPAWN | {"after-pending-record"} >= set(cc_lhc.FAILPOINTS)
+
+
+@pytest.mark.parametrize("point", cc_lhc.FAILPOINTS)
+def test_crash_matrix(real_claude, point):
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    old_path = rc.project_dir / f"{old}.jsonl"
+    before_sha = sha(old_path)
+    thread_id = threads(rc)[0]["id"]
+    record_before = export(rc, thread_id)
+
+    crashed = lhc(rc, "--resume", old, "-p", "next", env={cc_lhc.FAILPOINT_ENV: point})
+    assert crashed.returncode == -9, (crashed.returncode, crashed.stderr)
+    assert sha(old_path) == before_sha
+    [(new, from_session, status)] = rebuilds(rc)
+    assert from_session == old
+    advanced = point == "after-alias-advance"
+    assert status == ("accepted" if advanced else "pending")
+    # Right after the kill the thread is on an accepted session already.
+    assert threads(rc)[0]["current_session"] == (new if advanced else old)
+
+    # Claude dies with the wrapper.
+    children = [e["child_pid"] for e in log_events(rc, "child_started") if e.get("session") == new]
+    assert len(children) == (1 if point in AFTER_SPAWN else 0)
+    for pid in children:
+        assert process_gone(pid), f"claude (pid {pid}) outlived the killed cc-lhc"
+    stale = list((rc.iso.lhc / "runtime").glob("*.json"))
+    assert bool(stale) == (point in AFTER_SPAWN)         # the dead owner's descriptor is left over
+
+    # The rollback script sees what a crash left (dry run changes nothing).
+    dry = rollback_dry_run(rc).stdout
+    if advanced:
+        assert "nothing to do" in dry
+    else:
+        assert "would roll back" in dry and new in dry
+
+    # Launch again, without the failpoint, by the old id.
+    n = len(rc.api.message_requests)
+    again = ok(lhc(rc, "--resume", old, "-p", "again"))
+    assert SMALL_REPLY in again.stdout
+    [sent] = rc.api.message_requests[n:]
+    current = threads(rc)[0]["current_session"]
+    assert sent["session_id"] == current
+    statuses = dict((s, st) for s, _f, st in rebuilds(rc))
+    assert "pending" not in statuses.values()
+    if advanced:
+        assert current == new                             # it stays on the accepted rebuild
+        assert "was rolled back" not in again.stderr
+    else:
+        assert statuses[new] == "abandoned"
+        assert "was rolled back" in again.stderr
+        # the old session was over the trigger, so this launch compacted afresh
+        assert current not in (old, new) and statuses[current] == "accepted"
+    assert (rc.project_dir / f"{current}.jsonl").exists()
+    assert sha(old_path) == before_sha
+
+    abandoned = rc.iso.lhc / "abandoned-rebuilds"
+    moved = list(abandoned.rglob("*.jsonl")) if abandoned.exists() else []
+    if point in UNUSED_REBUILD:
+        assert [p.name for p in moved] == [f"{new}.jsonl"]
+        assert moved[0].parent.name == cc_lhc.project_slug(str(rc.cwd))
+        assert not (rc.project_dir / f"{new}.jsonl").exists()
+    else:
+        assert moved == []
+
+    # No record lost: everything exported before is still there under the same labels.
+    record_after = export(rc, thread_id)
+    assert record_after[:len(record_before)] == record_before
+    assert "again" in [m.get("text") for m in record_after[len(record_before):]]
+
+    assert not list((rc.iso.lhc / "runtime").glob("*.json")), "stale descriptors were not removed"
+    assert not list((rc.iso.lhc / "runtime").glob("bin-*"))
+    assert "nothing to do" in rollback_dry_run(rc).stdout
+
+
+# -- (e) single ownership ---------------------------------------------------------------------------
+
+def race(rc, session: str, count: int, reply: str) -> tuple[subprocess.Popen, list]:
+    """Start `count` one-shots on `session` at once while the first request is held.
+
+    Returns the one that ran (finished) and the (returncode, stdout, stderr) of the others,
+    collected while the winner was still running."""
+    n = len(rc.api.message_requests)
+    hold = threading.Event()
+    rc.api.script([text_reply(reply, usage=SMALL, hold=hold)])
+    procs = [subprocess.Popen(rc.lhc_argv("--resume", session, "-p", f"racer {i}"), env=rc.env,
+                              cwd=rc.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(count)]
+    try:
+        rc.api.wait_for_requests(n + 1, timeout=60, answered=False)
+        deadline = time.monotonic() + 60
+        while sum(p.poll() is not None for p in procs) < count - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        running = [p for p in procs if p.poll() is None]
+        assert len(running) == 1, f"{len(running)} one-shots still running"
+        losers = [(p.returncode, *p.communicate()) for p in procs if p is not running[0]]
+    finally:
+        hold.set()
+    winner = running[0]
+    out, err = winner.communicate(timeout=60)
+    assert winner.returncode == 0, err
+    assert reply in out
+    for code, lout, lerr in losers:
+        assert code == 2, lerr
+        assert "already in use" in lerr and "nothing was queued" in lerr
+        assert lout == ""
+    assert len(rc.api.message_requests) == n + 1            # nothing queued, nothing re-sent
+    return winner, losers
+
+
+def test_twenty_oneshots_at_once_exactly_one_runs(real_claude):
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    thread_id = threads(rc)[0]["id"]
+    record_before = export(rc, thread_id)
+    race(rc, old, 20, "the one that ran")
+    sent = rc.api.message_requests[-1]
+    [(new, from_session, status)] = rebuilds(rc)
+    assert (from_session, status) == (old, "accepted") and sent["session_id"] == new
+    assert threads(rc)[0]["current_session"] == new
+    record_after = export(rc, thread_id)
+    assert record_after[:len(record_before)] == record_before
+    added = record_after[len(record_before):]
+    assert [m["text"] for m in added if m["kind"] == "user_text"] in ([f"racer {i}"] for i in range(20))
+    assert "the one that ran" in [m.get("text") for m in added]
+
+
+def test_oneshots_racing_to_adopt_a_plain_claude_session(real_claude):
+    rc = real_claude
+    rc.api.script(["plain answer"])
+    plain = json.loads(ok(rc.run_claude("-p", "plain prompt", "--output-format", "json")).stdout)
+    race(rc, plain["session_id"], 10, "adopted and ran")
+    [row] = threads(rc)
+    assert row["origin"] == "adopted" and row["current_session"] == plain["session_id"]
+    texts = [m.get("text") for m in export(rc, row["id"])]
+    assert texts[:2] == ["plain prompt", "plain answer"] and "adopted and ran" in texts
+
+
+# -- (f) orphans -----------------------------------------------------------------------------------
+
+def test_orphan_rebuilt_session_is_refused_before_claude_starts(real_claude):
+    rc = real_claude
+    start_thread(rc, SMALL)
+    thread_id = threads(rc)[0]["id"]
+    orphan = str(uuid.uuid4())
+    records, parent = [], None
+    for kind, content in (("user", cc_lhc.REBUILT_MARKER + " from thread 0000 (an older cc-lhc)."),
+                          ("user", "hello one"),
+                          ("assistant", [{"type": "text", "text": "first answer"}])):
+        rid = str(uuid.uuid4())
+        message = {"role": kind, "content": content}
+        if kind == "assistant":
+            message.update(id="msg_orphan", model="claude-fake-model")
+        records.append({"parentUuid": parent, "isSidechain": False, "type": kind, "uuid": rid,
+                        "sessionId": orphan, "cwd": str(rc.cwd), "message": message,
+                        "timestamp": "2026-01-01T00:00:00.000Z"})
+        parent = rid
+    (rc.project_dir / f"{orphan}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    n = len(rc.api.requests)
+
+    p = lhc(rc, "--resume", orphan, "-p", "x")
+    assert p.returncode == 2, p.stderr
+    assert len(rc.api.requests) == n                        # Claude never started
+    assert not log_events(rc, "child_started")[1:], "a child was started for the orphan"
+    assert "cc-lhc --resume" in p.stderr
+    assert "unverified possible match" in p.stderr and thread_id in p.stderr
+    assert p.stdout == ""
+    assert [t["id"] for t in threads(rc)] == [thread_id]    # never linked by guesswork
+
+
+# -- (g) stale runtime descriptors -------------------------------------------------------------------
+
+def test_stale_runtime_descriptor_removed_at_next_launch(real_claude):
+    rc = real_claude
+    code = ("import json, cc_lhc\n"
+            "home = cc_lhc.StateHome(); home.ensure()\n"
+            "d = cc_lhc.create_descriptor(home, cc_lhc.HostDB(home), 'thread-x', 'session-x')\n"
+            "print(json.dumps(d))\n")
+    made = ok(rc.run([sys.executable, "-c", code], env={"PYTHONPATH": str(REPO)}))
+    stale = json.loads(made.stdout)
+    assert os.path.exists(stale["path"]) and os.path.isdir(stale["shim_dir"])
+
+    rc.api.responder = lambda body: text_reply(SMALL_REPLY, usage=SMALL)
+    ok(lhc(rc, "-p", "hello"))
+    assert not os.path.exists(stale["path"]) and not os.path.exists(stale["shim_dir"])
+    assert not list((rc.iso.lhc / "runtime").glob("*.json"))
+    db = sqlite3.connect(rc.iso.lhc / "cc-lhc.sqlite")
+    try:
+        [(revoked,)] = db.execute("SELECT revoked FROM descriptors WHERE token = ?",
+                                  (stale["token"],)).fetchall()
+    finally:
+        db.close()
+    assert revoked and "owner gone" in revoked
+
+
+# -- receipts are write-behind -------------------------------------------------------------------------
+
+def test_unavailable_receipt_store_does_not_stop_smart_compact(real_claude):
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    db = sqlite3.connect(rc.iso.lhc / "cc-lhc.sqlite")
+    db.execute("DROP TABLE cc_governor_receipts")
+    db.close()
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", old, "-p", "next"))
+    assert "warning: governor receipt could not be stored" in p.stderr
+    assert SMALL_REPLY in p.stdout
+    [sent] = rc.api.message_requests[n:]
+    assert sent["session_id"] != old
+    assert threads(rc)[0]["current_session"] == sent["session_id"]
