@@ -1564,26 +1564,27 @@ def write_atomic(path: str, data: bytes, mode=0o600) -> None:
 
 
 def read_envelope(path: str):
-    """The newest environment/date/model attachments of a transcript, plus its version and branch."""
+    """The newest environment/date/model attachments of a transcript, plus its version and branch.
+
+    Only lines that mention an attachment are parsed: a long transcript has thousands
+    of records, and this runs inside Smart Compact.
+    """
     latest, meta = {}, {}
     try:
         with open(path, "rb") as f:
             for raw in f:
-                if b'"attachment"' not in raw and b'"version"' not in raw:
+                if b'"attachment"' not in raw:
                     continue
                 try:
                     rec = json.loads(raw)
                 except ValueError:
                     continue
-                if not isinstance(rec, dict):
-                    continue
-                if rec.get("version"):
-                    meta["version"] = rec["version"]
-                    meta["gitBranch"] = rec.get("gitBranch", "")
-                att = rec.get("attachment")
+                att = rec.get("attachment") if isinstance(rec, dict) else None
                 if rec.get("type") == "attachment" and isinstance(att, dict) \
                         and att.get("type") in ENVELOPE_ATTACHMENTS:
                     latest[att["type"]] = rec
+                    if rec.get("version"):
+                        meta = {"version": rec["version"], "gitBranch": rec.get("gitBranch", "")}
     except OSError:
         pass
     return [latest[k] for k in ENVELOPE_ATTACHMENTS if k in latest], meta
@@ -2578,7 +2579,10 @@ def self_command() -> list:
     here = _program_dir()
     if os.path.isfile(here):  # a zipapp: __file__ lives inside the archive
         return [sys.executable, here]
-    return [sys.executable, os.path.abspath(__file__)]
+    # Imported rather than run as a script, so Python reuses its cached bytecode: the
+    # model runs retrieval often, and compiling this file costs more than the work.
+    return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "import cc_lhc; cc_lhc.cli()", here]
 
 
 def outside_environment() -> dict:
@@ -2994,23 +2998,6 @@ class Capture:
             if self.store is not None:
                 self.store.close()
                 self.store = None
-
-
-def bench_intake(path: str, home_dir: str) -> dict:
-    """Intake one transcript into a fresh store (used by scripts/bench.py)."""
-    import time
-    home = StateHome(home_dir)
-    home.ensure()
-    thread_id = str(uuid.uuid4())
-    t0 = time.perf_counter()
-    cap = Capture(home, thread_id, "bench-session", path)
-    lines = cap.catch_up(index=False)
-    t1 = time.perf_counter()
-    indexed = cap.store.index_search()
-    t2 = time.perf_counter()
-    summary = cap.store.summary()
-    cap.stop()
-    return {"lines": lines, "intake_s": t1 - t0, "index_s": t2 - t1, "indexed": indexed, **summary}
 
 
 # == 12. Terminal relay ==========================================================

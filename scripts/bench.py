@@ -12,7 +12,7 @@ Adding a benchmark is writing one function:
     @bench("my-thing", "what it measures, in one line")
     def _my_thing(ctx: Ctx) -> dict:
         path = ctx.transcript()                    # the cached generated transcript
-        secs = ctx.median_time(lambda: work(path))
+        secs, _times = ctx.median_time(lambda: work(path), ctx.runs(5))
         return {"time (median)": Figure(secs, "s"),
                 "vs json floor": Ratio("my-thing / json floor", secs / ctx.result("json-floor")["_seconds"],
                                        target=3)}
@@ -131,7 +131,6 @@ class Ctx:
         self._cc_lhc: Any = None
         self._cc_lhc_loaded = False
         self._scratch: list[Path] = []
-        self._tokens_per_mib: float | None = None
 
     def runs(self, default: int) -> int:
         return self.runs_override or default
@@ -205,25 +204,50 @@ class Ctx:
                     return sid
         return path.stem
 
-    def tokens_per_mib(self) -> float:
-        """Estimated thread tokens (cc_lhc.estimate_tokens over the record) per MiB of transcript."""
-        if self._tokens_per_mib is None:
-            cc = self.need_cc()
-            path = self.transcript()
-            root = self.scratch("calibrate")
-            home, tid, _sid, _ = intake_into(self, root, path)
+    def estimate_of(self, path: Path) -> int:
+        """Estimated tokens of the thread a transcript makes (captured into a throwaway store)."""
+        cc = self.need_cc()
+        root = self.scratch("calibrate")
+        try:
+            home, tid, _sid, _ = intake_into(self, root, path, index=False)
             store = cc.ThreadStore(home, tid)
             try:
-                tokens = thread_estimate(cc, store)
+                return thread_estimate(cc, store)
             finally:
                 store.close()
+        finally:
             shutil.rmtree(root, ignore_errors=True)
-            self._tokens_per_mib = tokens / (path.stat().st_size / gen_transcript.MIB)
-        return self._tokens_per_mib
 
     def transcript_for_tokens(self, tokens: int) -> Path:
-        """A generated transcript whose captured thread holds about ``tokens`` estimated tokens."""
-        size = max(0.5, round(tokens / self.tokens_per_mib() * 2) / 2)   # 0.5 MiB steps: cache hits
+        """A generated transcript whose captured thread holds about ``tokens`` estimated tokens.
+
+        The size is found by a few secant steps from the default transcript's density (the
+        generator is not linear: bookkeeping per process, context growth) and remembered in
+        .cache/bench/sizes.json, keyed by the generator's source and the seed.
+        """
+        digest = hashlib.sha256(Path(gen_transcript.__file__).read_bytes()).hexdigest()[:10]
+        key = f"g{gen_transcript.GENERATOR_VERSION}.{digest}-s{self.seed}-{tokens}"
+        memo = CACHE / "sizes.json"
+        try:
+            sizes = json.loads(memo.read_text())
+        except (OSError, ValueError):
+            sizes = {}
+        if key in sizes:
+            return self.transcript(size_mb=sizes[key])
+        base = self.transcript()
+        size = base.stat().st_size / gen_transcript.MIB
+        est = self.estimate_of(base)
+        for _ in range(4):
+            nxt = max(0.5, round(size * tokens / est * 2) / 2)   # 0.5 MiB steps: cache hits
+            if nxt == size:
+                break
+            size = nxt
+            est = self.estimate_of(self.transcript(size_mb=size))
+            if abs(est - tokens) <= 0.03 * tokens:
+                break
+        sizes[key] = size
+        CACHE.mkdir(parents=True, exist_ok=True)
+        memo.write_text(json.dumps(sizes, indent=1, sort_keys=True))
         return self.transcript(size_mb=size)
 
     @staticmethod
@@ -447,6 +471,26 @@ def time_process(argv: list[str], runs: int, env: dict, cwd: Path, warmup: int =
         if i >= warmup:
             times.append(dt)
     return times, proc
+
+
+def time_interleaved(cmds: dict[str, list[str]], runs: int, env: dict, cwd: Path,
+                     warmup: int = 1) -> tuple[dict[str, list[float]], dict[str, subprocess.CompletedProcess]]:
+    """Like time_process for several commands, run in turn, so load on a shared machine hits all alike."""
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    procs: dict[str, subprocess.CompletedProcess] = {}
+    for i in range(warmup + runs):
+        for name, argv in cmds.items():
+            t, procs[name] = time_process(argv, 1, env, cwd, warmup=0)
+            if i >= warmup:
+                times[name] += t
+    return times, procs
+
+
+def compile_time(path: Path, runs: int = 5) -> float:
+    """Seconds to compile a source file to bytecode (what every `python3 cc_lhc.py` pays:
+    a script run as __main__ never uses a cached .pyc)."""
+    src = path.read_bytes()
+    return min(Ctx.median_time(lambda: compile(src, str(path), "exec"), runs)[1])
 
 
 def _time_command(argv: list[str], runs: int, cwd: Path, target_ms: float | None = None) -> Figure:
@@ -748,22 +792,27 @@ def _get_turns(ctx: Ctx) -> dict:
     registry.db.close()
     hostdb.db.close()
     env = sandbox_env(root, CC_LHC_RUNTIME_DESCRIPTOR=desc["path"])
-    runs = ctx.runs(9)
-    times, proc = time_process([sys.executable, str(REPO / "cc_lhc.py"), "get-turns", f"t{n}"], runs, env, root)
-    if not proc.stdout.startswith(b"<cc-lhc-recall"):
-        raise CommandFailed(f"unexpected get-turns output: {proc.stdout[:80]!r}")
-    floor, _ = time_process([sys.executable, "-c", "pass"], runs, env, root)
-    imported, _ = time_process([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-                                                      "import cc_lhc"], runs, env, root)
-    secs = statistics.median(times)
+    runs = ctx.runs(15)
+    cmds = {"get-turns": [sys.executable, str(REPO / "cc_lhc.py"), "get-turns", f"t{n}"],
+            "pass": [sys.executable, "-c", "pass"],
+            "import": [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); import cc_lhc"]}
+    times, procs = time_interleaved(cmds, runs, env, root)
+    out = procs["get-turns"].stdout
+    if not out.startswith(b"<cc-lhc-recall"):
+        raise CommandFailed(f"unexpected get-turns output: {out[:80]!r}")
+    med = {k: statistics.median(v) for k, v in times.items()}
     return {"thread": Figure(est, "est. tokens", f"{info['turns']:,} turns, {info['messages']:,} messages, "
                                                  f"{path.stat().st_size / gen_transcript.MIB:.1f} MiB transcript"),
-            f"get-turns t{n} (median)": ms(secs, 150, spread(times) + f"; turn {turn_bytes / 1024:.1f} KiB, "
-                                                                      f"{len(proc.stdout):,} bytes out"),
-            "python3 -c pass": ms(statistics.median(floor), note=spread(floor)),
-            "python3 -c 'import cc_lhc'": ms(statistics.median(imported), note=spread(imported)),
-            "get-turns own work": ms(secs - statistics.median(imported), note="minus interpreter + import"),
-            "_seconds": secs}
+            f"get-turns t{n} (median)": ms(med["get-turns"], 150, spread(times["get-turns"])
+                                           + f"; turn {turn_bytes / 1024:.1f} KiB, {len(out):,} bytes out"),
+            "python3 -c pass": ms(med["pass"], note=spread(times["pass"])),
+            "python3 -c 'import cc_lhc'": ms(med["import"], note=spread(times["import"])
+                                             + ("; bytecode not cached (PYTHONDONTWRITEBYTECODE)"
+                                                if sys.flags.dont_write_bytecode else "")),
+            "  of which compiling cc_lhc.py": ms(compile_time(REPO / "cc_lhc.py"),
+                                                 note="paid by every `python3 cc_lhc.py` run"),
+            "get-turns own work": ms(med["get-turns"] - med["import"], note="median minus import median"),
+            "_seconds": med["get-turns"]}
 
 
 LCC_SPEC = "local-context-compiler[tiktoken]==1.2.0"
@@ -908,7 +957,7 @@ PROMPT = "next step please"
 def _smart_compact_overhead(ctx: Ctx) -> dict:
     import io
     cc = ctx.need_cc()
-    src = ctx.transcript()
+    src = ctx.transcript(size_mb=14)   # ~470k provider-reported tokens: over the 360k trigger, whatever --size-mb
     root = ctx.scratch("smart-compact").resolve()
     proj = root / "proj"
     proj.mkdir()
@@ -976,7 +1025,14 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
             if capture.store is not None:
                 capture.store.close()
             if pending is None:
-                raise RuntimeError("Smart Compact did not run: " + stderr.getvalue().strip()[-160:])
+                store = cc.ThreadStore(home, tid)
+                try:
+                    reading = cc.governor_reading(store, sid, cc.estimate_tokens(PROMPT))
+                finally:
+                    store.close()
+                raise RuntimeError(f"Smart Compact did not run (pressure {reading.get('pressure')}, "
+                                   f"trigger {policy['upperBoundTokens']}): "
+                                   + stderr.getvalue().strip()[-120:])
             rebuilt = pending
             for name, dt in (("total", t3 - t0), ("attach", t1 - t0), ("smart compact", t2 - t1),
                              ("descriptor", t3 - t2)):
