@@ -919,8 +919,10 @@ class Registry:
 
     def resolve_prefix(self, prefix: str) -> str:
         """A thread id from a unique prefix (or a session id of the thread)."""
-        rows = [r[0] for r in self.db.execute("SELECT id FROM threads WHERE id LIKE ? ORDER BY id",
-                                              (prefix.replace("%", "") + "%",)).fetchall()]
+        if not prefix.strip():
+            raise usage_error("name a thread (an id prefix; see cc-lhc threads)")
+        rows = [r[0] for r in self.db.execute("SELECT id FROM threads WHERE substr(id, 1, ?) = ? "
+                                              "ORDER BY id", (len(prefix), prefix)).fetchall()]
         if not rows and is_uuid(prefix):
             by_session = self.thread_for_session(prefix)
             rows = [by_session] if by_session else []
@@ -3867,7 +3869,7 @@ def repair_torn_tail(path: str, home, session_id: str):
     try:
         json.loads(fragment)
         complete = True
-    except ValueError:
+    except (ValueError, RecursionError):
         complete = False
     if complete:
         with open(path, "ab") as f:

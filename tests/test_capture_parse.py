@@ -1,0 +1,805 @@
+"""Capture, part 1: the rollout parser and the record it writes.
+
+Golden tests over the real transcripts in ../shared/samples/ and over transcripts the real
+CLI writes at test time, then unit tests of the parser's rules: what is a message, a turn,
+a segment, a problem, and what is only telemetry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+from fakeapi import block_text, tool_results
+
+# Real transcripts written by Claude Code 2.1.328 (already redacted; see fixtures/samples).
+SAMPLES = Path(__file__).resolve().parent / "fixtures" / "samples"
+SAMPLE_01 = SAMPLES / "01_plain_hello.jsonl"
+SAMPLE_02 = SAMPLES / "02_tool_roundtrip_thinking.jsonl"
+SAMPLE_08 = SAMPLES / "08_synthetic_resume_prompt_too_long_reactive_compact.jsonl"
+
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def rows(out: cc_lhc.ParseOutput) -> list[dict]:
+    return [dict(zip(cc_lhc.MESSAGE_COLUMNS, m)) for m in out.messages]
+
+
+def parse_bytes(data: bytes, soft: int = 10 ** 9, session: str = "sess-1",
+                state: cc_lhc.ParseState | None = None) -> cc_lhc.ParseOutput:
+    """A one-shot parse of every complete line, as capture would feed them."""
+    parser = cc_lhc.RolloutParser(session, state or cc_lhc.ParseState(), soft)
+    for n, (line, offset) in enumerate(cc_lhc.split_complete_lines(data, 0), 1):
+        parser.feed(line, n, offset)
+    return parser.take()
+
+
+class Captured:
+    """A transcript captured into a fresh thread store, opened for reading."""
+
+    def __init__(self, tmp: Path, transcript: Path, session: str = "sess-1", policy=None):
+        self.home = cc_lhc.StateHome(tmp / "lhc")
+        self.home.ensure()
+        self.events = []
+        self.capture = cc_lhc.Capture(self.home, "thread-1", session, str(transcript), policy,
+                                      on_event=lambda event, _cap: self.events.append(event))
+        self.lines = self.capture.catch_up()
+        self.store = self.capture.store
+
+    def messages(self) -> list[dict]:
+        return list(self.store.messages())
+
+    def export(self) -> list[dict]:
+        return [cc_lhc.export_record(m) for m in self.store.messages()]
+
+    def turns(self) -> list[tuple]:
+        return self.store.db.execute("SELECT n, kind, status, first_seq, last_seq, stop_reason "
+                                     "FROM turns ORDER BY n").fetchall()
+
+    def segments(self) -> list[tuple]:
+        return self.store.db.execute("SELECT turn, idx, first_seq, last_seq, reason FROM segments "
+                                     "ORDER BY turn, idx").fetchall()
+
+    def usage(self) -> dict:
+        return {r[0]: r[1:] for r in self.store.db.execute(
+            "SELECT response_id, seq, input, cache_creation, cache_read, output, model FROM usage")}
+
+    def problems(self) -> list[tuple]:
+        return self.store.db.execute("SELECT line, kind, detail FROM problems ORDER BY id").fetchall()
+
+    def telemetry(self) -> dict:
+        return {t: c for t, c in self.store.db.execute("SELECT type, count FROM telemetry")}
+
+    def close(self):
+        self.capture.stop()
+
+
+@pytest.fixture
+def capture(tmp_path):
+    opened = []
+
+    def run(transcript, **kw) -> Captured:
+        c = Captured(tmp_path / f"c{len(opened)}", Path(transcript), **kw)
+        opened.append(c)
+        return c
+
+    yield run
+    for c in opened:
+        c.close()
+
+
+def conversational_blocks(recs: list[dict]) -> list[tuple]:
+    """An independent reading of a transcript: (role, kind, verbatim payload) per block."""
+    out = []
+    for r in recs:
+        if r.get("type") not in ("user", "assistant") or not r.get("uuid") or r.get("isSidechain"):
+            continue
+        content = r["message"]["content"]
+        if r.get("isCompactSummary"):
+            out.append(("user", "compact_summary", content))
+            continue
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        for b in content:
+            if b["type"] == "text":
+                kind = "assistant_text" if r["type"] == "assistant" else (
+                    "user_meta" if r.get("isMeta") else "user_text")
+                out.append((r["type"], kind, b["text"]))
+            elif b["type"] == "thinking":
+                out.append(("assistant", "thinking", (b["thinking"], b["signature"])))
+            elif b["type"] == "tool_use":
+                out.append(("assistant", "tool_call", (b["name"], b["input"], b["id"])))
+            elif b["type"] == "tool_result":
+                out.append(("user", "tool_result", (b["content"], b["tool_use_id"])))
+    return out
+
+
+def exported_blocks(export: list[dict]) -> list[tuple]:
+    out = []
+    for e in export:
+        if e["kind"] == "thinking":
+            out.append((e["role"], e["kind"], (e["text"], e["signature"])))
+        elif e["kind"] == "tool_call":
+            out.append((e["role"], e["kind"], (e["tool"], e["input"], e["tool_use_id"])))
+        elif e["kind"] == "tool_result":
+            out.append((e["role"], e["kind"], (e["output"], e["tool_use_id"])))
+        else:
+            out.append((e["role"], e["kind"], e["text"]))
+    return out
+
+
+_UUIDS = itertools.count(1)  # record uuids unique across every Transcript of a run
+
+
+class Transcript:
+    """Writes chained records the way Claude Code does, for the parser's unit tests.
+
+    Each assistant block is its own record sharing ``message.id``; every chained record
+    names the previous one as its parent.
+    """
+
+    def __init__(self, session: str = "sess-1"):
+        self.session = session
+        self.lines: list[bytes] = []
+        self.parent = None
+        self.n = 0
+        self.responses = 0
+
+    def _id(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}-{next(_UUIDS):06d}"
+
+    def raw(self, line: bytes) -> "Transcript":
+        self.lines.append(line)
+        return self
+
+    def record(self, rec: dict, chained: bool = True) -> dict:
+        if chained:
+            rec = {"parentUuid": self.parent, "isSidechain": False, **rec,
+                   "uuid": rec.get("uuid") or self._id("uuid"), "sessionId": self.session,
+                   "timestamp": f"2026-11-30T10:00:{self.n % 60:02d}.000Z"}
+            self.parent = rec["uuid"]
+        self.lines.append(json.dumps(rec, ensure_ascii=False).encode())
+        return rec
+
+    def user(self, text: str, **extra) -> dict:
+        return self.record({"type": "user", "message": {"role": "user", "content": text}, **extra})
+
+    def bookkeeping(self, rtype: str, **extra) -> dict:
+        return self.record({"type": rtype, "sessionId": self.session, **extra}, chained=False)
+
+    def assistant(self, *blocks: dict, stop: str = "end_turn", model: str = "claude-opus-5-5",
+                  usage: dict | list | None = None, msg_id: str | None = None) -> list[dict]:
+        """One response, one record per block; ``usage`` may be a list, one per record."""
+        self.responses += 1
+        msg_id = msg_id or f"msg_{self.responses:04d}"
+        out = []
+        for i, block in enumerate(blocks):
+            u = usage[i] if isinstance(usage, list) else (
+                usage or {"input_tokens": 100 * self.responses, "output_tokens": 7})
+            out.append(self.record({"type": "assistant", "message": {
+                "id": msg_id, "type": "message", "role": "assistant", "model": model,
+                "content": [block], "stop_reason": stop, "usage": u}}))
+        return out
+
+    def tool_result(self, *results: tuple, **extra) -> dict:
+        """results: (tool_use_id, content) or (tool_use_id, content, is_error)."""
+        blocks = [{"type": "tool_result", "tool_use_id": r[0], "content": r[1],
+                   **({"is_error": True} if len(r) > 2 and r[2] else {})} for r in results]
+        return self.record({"type": "user", "message": {"role": "user", "content": blocks}, **extra})
+
+    def data(self) -> bytes:
+        return b"".join(line + b"\n" for line in self.lines)
+
+    def write(self, path: Path) -> Path:
+        path.write_bytes(self.data())
+        return path
+
+
+def text(t: str) -> dict:
+    return {"type": "text", "text": t}
+
+
+def thinking(t: str, sig: str) -> dict:
+    return {"type": "thinking", "thinking": t, "signature": sig}
+
+
+def tool_use(tid: str, command: str, name: str = "Bash") -> dict:
+    return {"type": "tool_use", "id": tid, "name": name, "input": {"command": command}}
+
+
+# -- golden: the committed real transcripts ------------------------------------------------
+
+def test_golden_plain_hello(capture):
+    c = capture(SAMPLE_01)
+    recs = records(SAMPLE_01)
+    assert c.lines == len(recs) == 22
+    assert [(m["turn"], m["role"], m["kind"], m["text"]) for m in c.messages()] == [
+        (1, "user", "user_text", "hello"),
+        (1, "assistant", "assistant_text", "Hello from the fake API."),
+    ]
+    assert c.turns() == [(1, "prompt", "closed", 1, 2, "end_turn")]
+    assert c.segments() == [(1, 0, 1, 2, "terminal")]
+    [reply] = [r for r in recs if r["type"] == "assistant"]
+    assert c.usage() == {reply["message"]["id"]: (2, 10, 0, 0, 5, "claude-opus-5-5")}
+    # every other line is bookkeeping or envelope: counted, never a message, never a problem
+    assert sum(c.telemetry().values()) == 20
+    assert c.telemetry()["queue-operation"] == 2
+    assert c.telemetry()["attachment/prompt_snapshot"] == 2
+    assert c.problems() == []
+    assert c.store.summary()["degraded"] is None
+    assert c.store.summary()["captured_bytes"] == SAMPLE_01.stat().st_size
+    # labels and provenance as export shows them
+    first, second = c.export()
+    assert (first["label"], first["turn"], second["label"], second["turn"]) == ("m1", "t1", "m2", "t1")
+    assert first["source_uuid"] == recs[2]["uuid"] and first["source_session"] == "sess-1"
+    assert second["source_uuid"] == reply["uuid"] and second["model"] == "claude-opus-5-5"
+
+
+def test_golden_tool_round_trip_with_signed_thinking(capture):
+    c = capture(SAMPLE_02)
+    recs = records(SAMPLE_02)
+    raw = SAMPLE_02.read_bytes()
+    assert c.lines == 30
+    export = c.export()
+    assert [(e["label"], e["turn"], e["kind"]) for e in export] == [
+        ("m1", "t1", "user_text"), ("m2", "t1", "thinking"), ("m3", "t1", "assistant_text"),
+        ("m4", "t1", "tool_call"), ("m5", "t1", "tool_result"), ("m6", "t1", "assistant_text")]
+    assert exported_blocks(export) == conversational_blocks(recs)
+    prompt, think, say, call, result, answer = export
+    assert prompt["text"] == "run echo hi"
+    # thinking: text and signature exactly as written, byte for byte
+    assert think["text"] == "The user wants me to run echo. I'll use Bash."
+    assert think["signature"] == "ZmFrZS1zaWduYXR1cmUtMQ=="
+    assert b'"signature":"ZmFrZS1zaWduYXR1cmUtMQ=="' in raw
+    stored = c.messages()[1]
+    raw_block = [r for r in recs if r["type"] == "assistant"][0]["message"]["content"][0]
+    assert json.loads(stored["data"]) == raw_block
+    assert say["text"] == "Running it now."
+    # the tool call and its result are paired by tool_use_id
+    assert call["tool"] == "Bash" and call["input"] == {"command": "echo hi", "description": "Print hi"}
+    assert result["tool_use_id"] == call["tool_use_id"] == "toolu_c826ebaa58604d7b8274cb7d"
+    assert result["output"] == "hi" and result["is_error"] is False
+    assert answer["text"] == "The command printed: hi"
+    # one response written as three records is one response; usage is that response's
+    assert len({m["response_id"] for m in c.messages()[1:4]}) == 1
+    assert c.usage() == {
+        "msg_fake_541b513696fe43b593ba": (4, 1200, 3000, 0, 40, "claude-opus-5-5"),
+        "msg_fake_3de1b0423d1344aebdb3": (6, 370000, 1500, 4200, 12, "claude-opus-5-5"),
+    }
+    assert c.turns() == [(1, "prompt", "closed", 1, 6, "end_turn")]
+    assert c.problems() == []
+
+
+def test_golden_native_compact_summary_is_its_own_closed_turn(capture):
+    c = capture(SAMPLE_08)
+    recs = records(SAMPLE_08)
+    assert c.lines == 47
+    export = c.export()
+    assert len(export) == 9 and len(c.turns()) == 4
+    assert exported_blocks(export) == conversational_blocks(recs)
+    summary_rec = next(r for r in recs if r.get("isCompactSummary"))
+    [summary] = [e for e in export if e["kind"] == "compact_summary"]
+    assert summary["text"] == summary_rec["message"]["content"]  # verbatim
+    assert summary["source_uuid"] == summary_rec["uuid"]
+    n = int(summary["turn"][1:])
+    turns = {t[0]: t for t in c.turns()}
+    # a bounded, closed turn holding only the summary
+    assert turns[n][1:3] == ("compact_summary", "closed")
+    assert [e["label"] for e in export if e["turn"] == f"t{n}"] == [summary["label"]]
+    # ... reported loudly, once
+    assert c.events == [("native_compact", n)]
+    # everything before it stays in the thread, with its signature
+    think = next(e for e in export if e["kind"] == "thinking")
+    raw_think = recs[1]["message"]["content"][0]
+    assert (think["text"], think["signature"]) == (raw_think["thinking"], raw_think["signature"])
+    assert [e["text"] for e in export if e["kind"] == "user_text"] == [
+        "[context rebuilt] turns t1–t40 not in view; use get-turns", "continue"]
+    assert turns[1][1:3] == ("prompt", "closed")
+    # the prompt before and the reply after live in their own turns, not in the summary's
+    continue_turn = next(e["turn"] for e in export if e.get("text") == "continue")
+    reply = export[-1]
+    assert reply["text"] == "reply after compaction"
+    assert int(continue_turn[1:]) < n < int(reply["turn"][1:])
+    assert c.telemetry()["system/compact_boundary"] == 1
+    # a compact boundary has no parent by design: not a broken chain
+    assert c.problems() == []
+
+
+def test_nothing_latches_after_a_compact_summary(tmp_path, capture):
+    t = Transcript()
+    t.lines = SAMPLE_08.read_bytes().splitlines()
+    t.parent = records(SAMPLE_08)[-5]["uuid"]  # the last chained record
+    t.user("after the summary")
+    t.assistant(text("a normal reply"))
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    turns = c.turns()
+    assert turns[-1] == (5, "prompt", "closed", 10, 11, "end_turn")
+    assert [m["kind"] for m in c.messages()][-2:] == ["user_text", "assistant_text"]
+    assert c.events == [("native_compact", 3)]
+    assert c.problems() == []
+
+
+def test_samples_parse_the_same_pure_and_through_the_store(capture):
+    """The pure parser and the stored record agree line for line."""
+    for sample in (SAMPLE_01, SAMPLE_02, SAMPLE_08):
+        out = parse_bytes(sample.read_bytes())
+        stored = [tuple(m.values()) for m in capture(sample).messages()]
+        assert [row for row in out.messages] == stored
+        assert out.problems == []
+
+
+# -- golden: transcripts the real CLI writes now --------------------------------------------
+
+SIGNATURE = "RXFzaWduZWQ+/+thinking/sig==" + "A" * 200
+
+
+def test_real_cli_transcript_golden(real_claude, capture):
+    """Signed thinking and a Bash round trip, as the pinned CLI really writes them."""
+    api = real_claude.api
+    api.script([
+        {"content": [thinking("I should run the command ✓ — 日本語.", SIGNATURE),
+                     {"type": "thinking", "thinking": "", "signature": "empty-but-signed"},
+                     text("Running it."),
+                     {"type": "tool_use", "id": "toolu_golden_1", "name": "Bash",
+                      "input": {"command": "echo golden-$((6*7))", "description": "multiply"}}],
+         "usage": {"input_tokens": 370000, "cache_creation_input_tokens": 11,
+                   "cache_read_input_tokens": 22, "output_tokens": 33}},
+        lambda body: {"text": "Saw: " + block_text(tool_results(body)[0]),
+                      "usage": {"input_tokens": 5, "output_tokens": 6}},
+    ])
+    p = real_claude.run_claude("-p", "run the golden command", "--output-format", "json",
+                               "--allowedTools", "Bash")
+    assert p.returncode == 0, p.stderr
+    session = json.loads(p.stdout)["session_id"]
+    [path] = real_claude.transcripts()
+    recs = records(path)
+    c = capture(path, session=session)
+    export = c.export()
+    assert exported_blocks(export) == conversational_blocks(recs)
+    kinds = [e["kind"] for e in export]
+    assert kinds == ["user_text", "thinking", "thinking", "assistant_text", "tool_call",
+                     "tool_result", "assistant_text"]
+    assert export[0]["text"] == "run the golden command"
+    assert (export[1]["text"], export[1]["signature"]) == ("I should run the command ✓ — 日本語.", SIGNATURE)
+    assert (export[2]["text"], export[2]["signature"]) == ("", "empty-but-signed")
+    call, result = export[4], export[5]
+    assert call["input"] == {"command": "echo golden-$((6*7))", "description": "multiply"}
+    assert call["tool_use_id"] == result["tool_use_id"] == "toolu_golden_1"
+    assert block_text({"content": result["output"]}) == "golden-42"
+    assert export[6]["text"] == "Saw: golden-42"
+    assert c.turns() == [(1, "prompt", "closed", 1, 7, "end_turn")]
+    # usage: the scripted figures, believed verbatim, once per response
+    models = {r["message"]["model"] for r in recs if r.get("type") == "assistant"}
+    [model] = models
+    responses = {r["message"]["id"] for r in recs if r.get("type") == "assistant"}
+    usage = c.usage()
+    assert set(usage) == responses and len(responses) == 2
+    first = next(u for u in usage.values() if u[1] == 370000)
+    assert first == (5, 370000, 11, 22, 33, model)
+    assert all(e["model"] == model for e in export if e["role"] == "assistant")
+    assert all(e["source_session"] == session for e in export)
+    assert {e["source_uuid"] for e in export} <= {r.get("uuid") for r in recs}
+    assert c.problems() == []
+    assert c.store.summary()["captured_bytes"] == path.stat().st_size
+
+
+def test_real_cli_resumed_session_golden(real_claude, capture):
+    """Two prompts in one session (the second through --resume): two closed turns."""
+    real_claude.api.script(["first answer — ünïcødé 🚀", "second answer"])
+    p = real_claude.run_claude("-p", "first prompt", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    session = json.loads(p.stdout)["session_id"]
+    p = real_claude.run_claude("--resume", session, "-p", "second prompt")
+    assert p.returncode == 0, p.stderr
+    [path] = real_claude.transcripts()
+    c = capture(path, session=session)
+    assert [(e["turn"], e["kind"], e["text"]) for e in c.export()] == [
+        ("t1", "user_text", "first prompt"), ("t1", "assistant_text", "first answer — ünïcødé 🚀"),
+        ("t2", "user_text", "second prompt"), ("t2", "assistant_text", "second answer")]
+    assert [t[1:3] for t in c.turns()] == [("prompt", "closed"), ("prompt", "closed")]
+    assert c.problems() == []
+
+
+# -- parser rules ---------------------------------------------------------------------------
+
+def test_empty_but_signed_thinking_is_kept():
+    t = Transcript()
+    t.user("think")
+    t.assistant(thinking("", "c2lnbmVkLWJ1dC1lbXB0eQ=="), text("done"))
+    out = parse_bytes(t.data())
+    rows = [dict(zip(cc_lhc.MESSAGE_COLUMNS, m)) for m in out.messages]
+    assert [r["kind"] for r in rows] == ["user_text", "thinking", "assistant_text"]
+    exported = cc_lhc.export_record(rows[1])
+    assert exported["text"] == "" and exported["signature"] == "c2lnbmVkLWJ1dC1lbXB0eQ=="
+    assert json.loads(rows[1]["data"]) == {"type": "thinking", "thinking": "",
+                                           "signature": "c2lnbmVkLWJ1dC1lbXB0eQ=="}
+
+
+def test_unknown_and_bookkeeping_records_are_telemetry_not_errors():
+    t = Transcript()
+    t.user("hi")
+    t.bookkeeping("queue-operation", operation="enqueue")
+    t.bookkeeping("a-type-from-the-future", payload="x" * 50)
+    t.record({"type": "progress-from-the-future", "data": {"n": 1}})  # chained, unknown
+    t.record({"type": "system", "subtype": "turn_duration", "durationMs": 5})
+    t.record({"type": "attachment", "attachment": {"type": "date", "date": "today"}})
+    t.assistant(text("hello"))  # its parent is the unknown chained record: not broken
+    out = parse_bytes(t.data())
+    assert out.problems == []
+    assert [m[4] for m in out.messages] == ["user_text", "assistant_text"]
+    tele = {k: v[0] for k, v in out.telemetry.items()}
+    assert tele == {"queue-operation": 1, "a-type-from-the-future": 1,
+                    "progress-from-the-future": 1, "system/turn_duration": 1,
+                    "attachment/date": 1}
+    assert out.telemetry["a-type-from-the-future"][1] == len(t.lines[2])
+
+
+def test_malformed_line_before_the_last_is_a_problem_with_its_line(tmp_path, capture):
+    t = Transcript()
+    t.user("one")
+    t.assistant(text("two"))
+    t.raw(b'{"type":"user","uuid":"torn-in-the-mid')  # line 3
+    t.user("three")
+    t.assistant(text("four"))
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    [(line, kind, detail)] = c.problems()
+    assert (line, kind) == (3, "malformed_line")
+    summary = c.store.summary()
+    assert summary["degraded"].startswith("malformed_line at line 3")
+    # nothing after it is lost
+    assert [m["text"] for m in c.messages()] == ["one", "two", "three", "four"]
+
+
+def test_blank_line_is_not_a_problem():
+    t = Transcript()
+    t.user("one")
+    t.raw(b"")
+    t.raw(b"   ")
+    t.assistant(text("two"))
+    assert parse_bytes(t.data()).problems == []
+
+
+def test_broken_chain_is_a_problem(tmp_path, capture):
+    t = Transcript()
+    t.user("one")
+    t.assistant(text("two"))
+    t.parent = "a-parent-nobody-wrote"
+    t.user("three")  # line 3
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    [(line, kind, detail)] = c.problems()
+    assert (line, kind) == (3, "broken_chain") and "a-parent-nobody-wrote" in detail
+    assert c.store.summary()["degraded"].startswith("broken_chain at line 3")
+    assert [m["text"] for m in c.messages()] == ["one", "two", "three"]
+
+
+def test_tool_result_without_call_is_a_problem(tmp_path, capture):
+    t = Transcript()
+    t.user("one")
+    t.assistant(tool_use("toolu_a", "ls"), stop="tool_use")
+    t.tool_result(("toolu_a", "file"))
+    t.tool_result(("toolu_never_called", "orphan"))  # line 4
+    t.assistant(text("done"))
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    [(line, kind, detail)] = c.problems()
+    assert (line, kind) == (4, "tool_result_without_call") and "toolu_never_called" in detail
+    assert "tool_result_without_call at line 4" in c.store.summary()["degraded"]
+    # the orphan is still kept
+    assert [m["text"] for m in c.messages() if m["kind"] == "tool_result"] == ["file", "orphan"]
+
+
+def test_clean_transcript_is_not_degraded(tmp_path, capture):
+    t = Transcript()
+    t.user("one")
+    t.assistant(thinking("hm", "sig"), tool_use("toolu_a", "ls"), stop="tool_use")
+    t.tool_result(("toolu_a", [{"type": "text", "text": "a\nb"}]))
+    t.assistant(text("done"))
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    assert c.problems() == [] and c.store.summary()["degraded"] is None
+    [result] = [e for e in c.export() if e["kind"] == "tool_result"]
+    assert result["output"] == [{"type": "text", "text": "a\nb"}]
+
+
+def test_usage_is_the_last_record_of_a_response():
+    """Claude Code may write an early partial snapshot under the same message.id."""
+    t = Transcript()
+    t.user("go")
+    t.assistant(thinking("hm", "s"), text("part"), text("whole"), usage=[
+        {"input_tokens": 9, "output_tokens": 1},
+        {"input_tokens": 9, "output_tokens": 50, "cache_read_input_tokens": 3},
+        {"input_tokens": 9, "output_tokens": 90, "cache_read_input_tokens": 4,
+         "cache_creation_input_tokens": 2}])
+    out = parse_bytes(t.data())
+    assert out.usage == {"msg_0001": ("sess-1", 4, 9, 2, 4, 90, "claude-opus-5-5",
+                                      out.usage["msg_0001"][7])}
+    # one response: every block carries the same response id
+    assert {m[10] for m in out.messages if m[3] == "assistant"} == {"msg_0001"}
+
+
+def test_usage_across_batches_keeps_the_last_record(tmp_path):
+    t = Transcript()
+    t.user("go")
+    t.assistant(text("a"), text("b"), usage=[{"input_tokens": 1, "output_tokens": 1},
+                                             {"input_tokens": 1, "output_tokens": 77}])
+    path = tmp_path / "t.jsonl"
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    data = t.data()
+    cut = data.index(t.lines[2])  # the second record of the response comes later
+    path.write_bytes(data[:cut])
+    cap = cc_lhc.Capture(home, "th", "s", str(path))
+    cap.catch_up()
+    path.write_bytes(data)
+    cap.catch_up()
+    assert cap.store.db.execute("SELECT seq, output FROM usage").fetchall() == [(3, 77)]
+    cap.stop()
+
+
+def test_model_is_frozen_per_message():
+    """Each message keeps the model of the response that wrote it, whatever comes later."""
+    t = Transcript()
+    t.user("one")
+    t.assistant(thinking("x", "s"), text("by opus"), model="claude-opus-5-5")
+    t.user("two")
+    t.assistant(text("by sonnet"), model="claude-sonnet-9")
+    out = parse_bytes(t.data())
+    models = [(m["kind"], m["model"]) for m in rows(out)]
+    assert models == [("user_text", None), ("thinking", "claude-opus-5-5"),
+                      ("assistant_text", "claude-opus-5-5"), ("user_text", None),
+                      ("assistant_text", "claude-sonnet-9")]
+    assert {rid: u[6] for rid, u in out.usage.items()} == {"msg_0001": "claude-opus-5-5",
+                                                           "msg_0002": "claude-sonnet-9"}
+
+
+def test_api_error_message_closes_the_turn():
+    t = Transcript()
+    t.user("too much")
+    t.record({"type": "assistant", "isApiErrorMessage": True, "message": {
+        "id": "err1", "role": "assistant", "model": "<synthetic>", "stop_reason": "stop_sequence",
+        "content": [text("Prompt is too long")]}})
+    out = parse_bytes(t.data())
+    assert [m[4] for m in out.messages] == ["user_text", "api_error"]
+    assert [c[2] for c in out.turns_closed] == ["closed"]
+
+
+def test_sidechain_records_are_telemetry():
+    t = Transcript()
+    t.user("main")
+    t.record({"type": "user", "isSidechain": True, "message": {"role": "user", "content": "sub"}})
+    t.assistant(text("main reply"))
+    out = parse_bytes(t.data())
+    assert [m[5] for m in out.messages] == ["main", "main reply"]
+    assert out.telemetry["sidechain"][0] == 1 and out.problems == []
+
+
+def test_a_record_written_twice_is_kept_once(tmp_path, capture):
+    """Claude Code re-writes records with the same uuid (a reopened or resumed session
+    replays them); capture must neither duplicate them nor stall on them."""
+    t = Transcript()
+    t.user("one")
+    t.assistant(text("two"), tool_use("toolu_a", "ls"), stop="tool_use")
+    t.tool_result(("toolu_a", "out"))
+    t.assistant(text("three"))
+    t.lines += t.lines[:]  # the whole history replayed verbatim
+    t.user("four")
+    path = t.write(tmp_path / "t.jsonl")
+    c = capture(path)
+    assert [m["text"] for m in c.messages() if m["kind"] != "tool_call"] == [
+        "one", "two", "out", "three", "four"]
+    assert c.store.source("sess-1")["offset"] == path.stat().st_size
+    assert c.problems() == []
+
+
+@pytest.mark.parametrize("line", [
+    b'{"type":"user","uuid":"w1","message":"not an object"}',
+    b'{"type":"user","uuid":"w1","message":{"content":[{"type":"text","text":5}]}}',
+    b'{"type":"user","uuid":"w1","message":{"content":[{"type":"text","text":["a"]}]}}',
+    b'{"type":"assistant","uuid":"w1","message":{"id":"m","content":[{"type":"tool_use","id":["x"]}]}}',
+    b'{"type":"user","uuid":"w1","message":{"content":[{"type":"tool_result","tool_use_id":{"x":1}}]}}',
+    b'{"type":"assistant","uuid":"w1","message":{"id":{"x":1},"content":[{"type":"text","text":"t"}]}}',
+    b'{"type":"assistant","uuid":"w1","message":{"id":"m","model":["m"],"content":"t"}}',
+    b'{"type":"attachment","uuid":"w1","attachment":"not an object"}',
+    b'{"type":"user","uuid":["w1"],"message":{"content":"hi"}}',
+    b'{"type":"user","uuid":"w1","parentUuid":{"p":1},"message":{"content":"hi"}}',
+    b'{"type":"user","uuid":"w1","timestamp":{"t":1},"message":{"content":"hi"}}',
+    b'[1, 2, 3]',
+    b'"a string"',
+])
+def test_a_record_in_a_shape_claude_never_writes_degrades_but_never_stalls(tmp_path, capture, line):
+    """Valid JSON in a foreign shape (a flipped byte can do it) is a malformed line:
+    capture reports it with its line number and goes on to the end of the file."""
+    t = Transcript()
+    t.user("before")
+    t.raw(line)
+    t.assistant(text("after"))
+    path = t.write(tmp_path / "t.jsonl")
+    c = capture(path)
+    assert c.store.source("sess-1")["offset"] == path.stat().st_size
+    texts = [m["text"] for m in c.messages()]
+    assert texts[0] == "before" and texts[-1] == "after"
+    problems = c.problems()
+    assert problems and problems[0][:2] == (2, "malformed_line")
+    assert c.store.summary()["degraded"].startswith("malformed_line at line 2")
+
+
+def test_a_record_nested_deeper_than_python_reads_never_stalls_capture(tmp_path, capture):
+    """JSON sets no depth limit (a tool input can nest deep); Python's reader has one."""
+    t = Transcript()
+    t.user("before")
+    head = t.record({"type": "assistant", "message": {"id": "msg_deep", "role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_deep", "name": "Bash", "input": "DEEP"}]}})
+    t.lines[-1] = t.lines[-1].replace(b'"DEEP"', b'{"x":' * 5000 + b"{}" + b"}" * 5000)  # line 2
+    assert head["uuid"].encode() in t.lines[-1]
+    t.user("after")
+    path = t.write(tmp_path / "t.jsonl")
+    c = capture(path)
+    assert c.store.source("sess-1")["offset"] == path.stat().st_size
+    assert [m["text"] for m in c.messages()] == ["before", "after"]
+    assert c.problems()[0][:2] == (2, "malformed_line")
+
+
+# -- segments --------------------------------------------------------------------------------
+
+def long_turn(t: Transcript, calls: int, out_size: int, tag: str = "") -> None:
+    """One prompt, then `calls` tool round trips with outputs of out_size, then an answer."""
+    t.user(f"long task {tag}")
+    for i in range(calls):
+        t.assistant(text(f"step {i}"), tool_use(f"toolu_{tag}{i}", f"cat f{i}"), stop="tool_use")
+        t.tool_result((f"toolu_{tag}{i}", f"{i}:" + "é" * out_size))
+    t.assistant(text(f"finished {tag}"))
+
+
+def test_long_turn_is_closed_into_segments_at_safe_places():
+    t = Transcript()
+    long_turn(t, calls=12, out_size=300)
+    out = parse_bytes(t.data(), soft=1000)
+    msgs = [dict(zip(cc_lhc.MESSAGE_COLUMNS, m)) for m in out.messages]
+    segs = out.segments
+    assert len(segs) > 2
+    # every segment but the last ends on a tool result with no call outstanding,
+    # once it has passed the soft size; the last ends on the terminal line
+    by_seq = {m["seq"]: m for m in msgs}
+    for turn, idx, first, last, reason, _tokens in segs[:-1]:
+        assert reason == "soft_size" and by_seq[last]["kind"] == "tool_result"
+        # a tool call counts its input and its block as sent back to the API
+        size = sum(len(by_seq[s]["text"] or "")
+                   + (len(by_seq[s]["data"]) if by_seq[s]["kind"] == "tool_call" else 0)
+                   for s in range(first, last + 1))
+        assert size >= 1000
+    assert segs[-1][4] == "terminal" and segs[-1][3] == msgs[-1]["seq"]
+    # segments partition the turn, in order, and each message carries its segment index
+    assert segs[0][2] == 1
+    for a, b in zip(segs, segs[1:]):
+        assert b[2] == a[3] + 1 and b[1] == a[1] + 1
+    for turn, idx, first, last, *_ in segs:
+        assert {by_seq[s]["segment"] for s in range(first, last + 1)} == {idx}
+
+
+def test_no_segment_closes_while_a_call_is_outstanding():
+    t = Transcript()
+    t.user("parallel")
+    t.assistant(tool_use("toolu_a", "a"), tool_use("toolu_b", "b"), stop="tool_use")
+    t.tool_result(("toolu_a", "x" * 5000))  # past the soft size, but toolu_b is still out
+    t.tool_result(("toolu_b", "y"))         # the first safe place
+    t.assistant(text("done"))
+    out = parse_bytes(t.data(), soft=1000)
+    assert [(s[2], s[3], s[4]) for s in out.segments] == [(1, 5, "soft_size"), (6, 6, "terminal")]
+
+
+def test_short_turns_are_one_terminal_segment_each():
+    t = Transcript()
+    for i in range(3):
+        t.user(f"q{i}")
+        t.assistant(text(f"a{i}"))
+    out = parse_bytes(t.data(), soft=1000)
+    assert [(s[0], s[1], s[4]) for s in out.segments] == [(1, 0, "terminal"), (2, 0, "terminal"),
+                                                          (3, 0, "terminal")]
+
+
+def stored_segments(store) -> list[tuple]:
+    return store.db.execute("SELECT turn, idx, first_seq, last_seq, reason FROM segments "
+                            "ORDER BY turn, idx").fetchall()
+
+
+def stored_rows(store) -> list[tuple]:
+    return store.db.execute("SELECT * FROM messages ORDER BY seq").fetchall()
+
+
+def test_segmenting_is_the_same_whatever_line_capture_restarts_at(tmp_path):
+    """Killed and restarted between any two lines, capture cuts the same segments."""
+    t = Transcript()
+    long_turn(t, calls=10, out_size=150, tag="a")
+    long_turn(t, calls=10, out_size=150, tag="b")
+    data = t.data()
+    policy = {"lowerBoundTokens": 1000, "profile": "default"}  # soft size 1100 bytes
+    one = Captured(tmp_path / "one", t.write(tmp_path / "one.jsonl"), policy=policy)
+    want_rows, want_segs = stored_rows(one.store), stored_segments(one.store)
+    one.close()
+    assert len(want_segs) > 4
+    path = tmp_path / "restarted.jsonl"
+    home = cc_lhc.StateHome(tmp_path / "restarted")
+    ends = [i + 1 for i, b in enumerate(data) if b == 0x0A]
+    for end in ends:  # a fresh Capture (a new process) for every line
+        path.write_bytes(data[:end])
+        cap = cc_lhc.Capture(home, "th", "sess-1", str(path), policy)
+        cap.catch_up()
+        cap.stop()
+    store = cc_lhc.ThreadStore(home, "th")
+    assert stored_segments(store) == want_segs
+    assert stored_rows(store) == want_rows
+    store.close()
+
+
+def test_restart_after_a_prompt_with_no_content(tmp_path):
+    """A prompt record with an empty content list opens a turn holding no message yet."""
+    t = Transcript()
+    t.record({"type": "user", "message": {"role": "user", "content": []}})
+    first = t.data()
+    t.assistant(text("answer"))
+    whole = t.data()
+    one = Captured(tmp_path / "one", t.write(tmp_path / "one.jsonl"))
+    want = stored_rows(one.store), stored_segments(one.store)
+    one.close()
+    path = tmp_path / "t.jsonl"
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    for data in (first, whole):
+        path.write_bytes(data)
+        cap = cc_lhc.Capture(home, "th", "sess-1", str(path))
+        cap.catch_up()
+        got = stored_rows(cap.store), stored_segments(cap.store)
+        cap.stop()
+    assert got == want and len(want[0]) == 1
+
+
+def test_recorded_turns_are_not_resegmented_after_a_restart(tmp_path):
+    """A later run (even with another policy) never re-cuts what is already recorded."""
+    t = Transcript()
+    long_turn(t, calls=8, out_size=200, tag="a")
+    first_turn = t.data()
+    long_turn(t, calls=3, out_size=10, tag="b")
+    path = tmp_path / "t.jsonl"
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    path.write_bytes(first_turn)
+    cap = cc_lhc.Capture(home, "th", "sess-1", str(path), {"lowerBoundTokens": 1000, "profile": "default"})
+    cap.catch_up()
+    before = stored_segments(cap.store)
+    cap.stop()
+    assert len(before) > 2
+    path.write_bytes(t.data())
+    cap = cc_lhc.Capture(home, "th", "sess-1", str(path), {"lowerBoundTokens": 10, "profile": "default"})
+    cap.catch_up()
+    after = stored_segments(cap.store)
+    cap.stop()
+    assert after[:len(before)] == before
+    assert all(s[0] == 2 for s in after[len(before):])
+
+
+def test_an_open_turn_keeps_segmenting_from_where_it_was_after_a_restart(tmp_path):
+    """Stopped in the middle of a long turn, the next run continues its segment count."""
+    t = Transcript()
+    long_turn(t, calls=10, out_size=200)
+    data = t.data()
+    mid = data.index(t.lines[12])
+    path = tmp_path / "t.jsonl"
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    policy = {"lowerBoundTokens": 1000, "profile": "default"}
+    path.write_bytes(data[:mid])
+    cap = cc_lhc.Capture(home, "th", "sess-1", str(path), policy)
+    cap.catch_up()
+    assert cap.store.db.execute("SELECT status FROM turns").fetchall() == [("open",)]
+    cap.stop()
+    path.write_bytes(data)
+    cap = cc_lhc.Capture(home, "th", "sess-1", str(path), policy)
+    cap.catch_up()
+    segs = stored_segments(cap.store)
+    cap.stop()
+    assert [s[1] for s in segs] == list(range(len(segs)))
+    assert segs[-1][4] == "terminal" and all(s[4] == "soft_size" for s in segs[:-1])
