@@ -431,7 +431,10 @@ class ParseState:
         self.outstanding = {}        # tool_use_id -> seq of the call, thread-wide
         self.known_uuids = set()     # uuids seen in the session being read
         self.compact_pending = False # a compact_boundary waits for its summary
-        self.last_turn = 0
+        # The response whose record closed the last turn, and where that turn stood: Claude
+        # Code copies the final stop_reason onto every record of a response, so the first
+        # block already looks terminal and the response's later blocks must rejoin the turn.
+        self.closed_response = None  # (response_id, turn, segment, segment_first, segment_bytes)
 
 
 class ParseOutput:
@@ -518,6 +521,7 @@ class RolloutParser:
         if rec.get("isSidechain"):
             self._count("sidechain", size)
         elif rtype == "user":
+            self.s.closed_response = None
             self._user(rec, line_no, offset)
         elif rtype == "assistant":
             self._assistant(rec, line_no)
@@ -632,6 +636,10 @@ class RolloutParser:
         content = message.get("content")
         blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
         created = rec.get("timestamp")
+        s = self.s
+        if s.open_turn is None and s.closed_response and s.closed_response[0] == response_id:
+            _rid, s.open_turn, s.segment, s.segment_first, s.segment_bytes = s.closed_response
+        s.closed_response = None
         last = None
         for i, block in enumerate(blocks):
             if not isinstance(block, dict):
@@ -658,11 +666,14 @@ class RolloutParser:
         if isinstance(usage, dict) and last is not None:
             self.out.usage[response_id] = (
                 self.session, last, _int_or_none(usage.get("input_tokens")),
-                _int_or_none(usage.get("cache_creation_input_tokens")),
-                _int_or_none(usage.get("cache_read_input_tokens")),
+                # A provider that leaves out the cache fields used no cache; only a value
+                # that is there but unusable makes the reading invalid.
+                _int_or_none(usage.get("cache_creation_input_tokens", 0)),
+                _int_or_none(usage.get("cache_read_input_tokens", 0)),
                 _int_or_none(usage.get("output_tokens")), model, created)
         stop = message.get("stop_reason")
         if last is not None and (stop in TERMINAL_STOP_REASONS or rec.get("isApiErrorMessage")):
+            s.closed_response = (response_id, s.open_turn, s.segment, s.segment_first, s.segment_bytes)
             self._close_turn(last, "closed", stop or "api_error", created)
 
 
@@ -1026,6 +1037,8 @@ class ThreadStore:
                                   "AND segment = ? ORDER BY seq", (row[0], state.segment)).fetchall()
                 state.segment_first = rows[0][0] if rows else None
                 state.segment_bytes = sum(segment_size(kind, text, data) for _, kind, text, data in rows)
+        else:
+            state.closed_response = self._closed_response()
         state.outstanding = dict(db.execute(
             "SELECT c.tool_use_id, c.seq FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
             "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)"
@@ -1033,6 +1046,22 @@ class ThreadStore:
         state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
                                                       (session_id,))}
         return state
+
+    def _closed_response(self):
+        """Where the last turn stood when its final response closed it (see ParseState)."""
+        db = self.db
+        row = db.execute("SELECT n, last_seq FROM turns WHERE status = 'closed' ORDER BY n DESC "
+                         "LIMIT 1").fetchone()
+        if not row or row[0] != db.execute("SELECT max(n) FROM turns").fetchone()[0]:
+            return None
+        last = db.execute("SELECT role, response_id, segment FROM messages WHERE seq = ?",
+                          (row[1],)).fetchone()
+        if not last or last[0] != "assistant" or last[1] is None:
+            return None
+        rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? AND segment = ? "
+                          "ORDER BY seq", (row[0], last[2])).fetchall()
+        return (last[1], row[0], last[2], rows[0][0] if rows else None,
+                sum(segment_size(kind, text, data) for _, kind, text, data in rows))
 
     def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int) -> None:
         """Write one parsed batch and the offset it reached, atomically."""
@@ -4123,7 +4152,7 @@ Environment:
   CC_LHC_SUMMARIES     "off" stops background turn summaries (extractive ones are used)
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
-  CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval commands; never set it yourself
+  CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval; do not set it
   CC_LHC_FAILPOINT     tests only: kill cc-lhc at a named step to prove recovery
 
 Configuration: ~/.config/cc-lhc/config.json, then .cc-lhc.json in the project,

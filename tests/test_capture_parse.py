@@ -803,3 +803,44 @@ def test_an_open_turn_keeps_segmenting_from_where_it_was_after_a_restart(tmp_pat
     cap.stop()
     assert [s[1] for s in segs] == list(range(len(segs)))
     assert segs[-1][4] == "terminal" and all(s[4] == "soft_size" for s in segs[:-1])
+
+
+# -- a final response written as several records ----------------------------------------------
+
+def test_final_response_split_into_records_stays_one_turn(tmp_path, capture):
+    # Claude Code copies the final stop_reason onto every record of the response, so the
+    # thinking record already says end_turn; its text record must still join the same turn.
+    t = Transcript()
+    t.user("explain")
+    t.assistant(thinking("let me think", "c2ln"), text("the answer"), stop="end_turn")
+    t.user("next")
+    t.assistant(text("second answer"), stop="end_turn")
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    assert [(n, kind, status, first, last) for n, kind, status, first, last, _ in c.turns()] == [
+        (1, "prompt", "closed", 1, 3), (2, "prompt", "closed", 4, 5)]
+    assert c.segments() == [(1, 0, 1, 3, "terminal"), (2, 0, 4, 5, "terminal")]
+
+
+def test_final_response_rejoins_its_turn_across_a_restart(tmp_path):
+    # Capture killed between the two records of one response: the next run must place the
+    # text in the same turn as a one-shot read does.
+    t = Transcript()
+    t.user("explain")
+    t.assistant(thinking("let me think", "c2ln"), text("the answer"), stop="end_turn")
+    full = t.data()
+    cut = full.index(b"\n", full.index(b'"thinking"')) + 1
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(full[:cut])
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    first = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
+    first.catch_up()
+    first.stop()
+    path.write_bytes(full)
+    again = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
+    again.catch_up()
+    turns = again.store.db.execute("SELECT n, status, last_seq FROM turns").fetchall()
+    segments = again.store.db.execute("SELECT turn, idx, first_seq, last_seq FROM segments").fetchall()
+    again.stop()
+    assert turns == [(1, "closed", 3)]
+    assert segments == [(1, 0, 1, 3)]

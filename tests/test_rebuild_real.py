@@ -1,0 +1,443 @@
+"""Issue 4's acceptance through the real Claude Code CLI and the fake API's request log:
+a rebuilt rollout resumes with exactly the view; the model's own Bash calls to
+`cc-lhc get-turns / get-messages / search` return the exact record (and a forged or stale
+descriptor a refusal); `cc-lhc measure` counts without printing content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import cc_lhc
+from conftest import REPO
+from fakeapi import text_reply, thinking_reply, tool_use_reply
+
+sys.path.insert(0, str(REPO / "scripts"))
+from gen_transcript import generate  # noqa: E402
+
+HEADER_START = "[cc-lhc] This conversation was rebuilt by Smart Compact from thread "
+OMITTED_RE = re.compile(r"^turns t(\d+)\u2013t(\d+) not in view; use get-turns$", re.M)
+STUB_RE = re.compile(r"^\[output of Bash m(\d+): (\d+) lines, [\d.]+ (?:B|KB|MB) \u00b7 "
+                     r"cc-lhc get-messages m\1\]$")
+
+
+def lhc(rc, *args, **kw):
+    proc = rc.run_lhc(*args, **kw)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def bash(command):
+    return tool_use_reply("Bash", {"command": command, "description": "run it"})
+
+
+def long_text(tag, n=1500):
+    words = f"{tag} lorem ipsum dolor sit amet consectetur ".split()
+    return " ".join(words[i % len(words)] for i in range(n // 6))
+
+
+def signature(tag):
+    return f"EqoBCkYIBxABGAIiQ{tag}" + "x9Yz+/=" * 30
+
+
+def the_thread(home):
+    rows = cc_lhc.Registry(home).threads()
+    assert len(rows) == 1
+    return rows[0][0]
+
+
+def blocks(message):
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def tool_result_text(block):
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or [])
+
+
+def assert_api_pairs(messages):
+    """The request as the API checks it: each assistant tool_use answered in the very next
+    user message, each tool_result answering the assistant message just before it."""
+    for i, m in enumerate(messages):
+        uses = [b["id"] for b in blocks(m) if b.get("type") == "tool_use"]
+        results = [b["tool_use_id"] for b in blocks(m) if b.get("type") == "tool_result"]
+        if m["role"] == "assistant":
+            assert not results
+            if uses:
+                nxt = [b["tool_use_id"] for b in blocks(messages[i + 1]) if b.get("type") == "tool_result"]
+                assert set(nxt) == set(uses), (i, uses, nxt)
+        elif results:
+            prev = messages[i - 1]
+            assert prev["role"] == "assistant"
+            assert set(results) == {b["id"] for b in blocks(prev) if b.get("type") == "tool_use"}
+
+
+@pytest.fixture
+def recorded(real_claude):
+    """A longer session recorded through cc-lhc: signed thinking, large Bash outputs, a
+    short failing command, long prompts and answers."""
+    rc, api = real_claude, real_claude.api
+    api.script([text_reply(long_text("zero-answer"))])
+    sid = json.loads(lhc(rc, "-p", "prompt zero " + long_text("zero"), "--output-format",
+                         "json").stdout)["session_id"]
+    runs = [
+        ("prompt one " + long_text("one"),
+         [thinking_reply("thinking one", long_text("one-answer"), signature=signature("ONE"))]),
+        ("prompt two " + long_text("two"),
+         [bash("seq 1 4000"), thinking_reply("thinking two", long_text("two-answer"),
+                                             signature=signature("TWO"))]),
+        ("prompt three " + long_text("three"),
+         [bash("seq 100000 104000"), bash("ls /nonexistent-dir-for-cc-lhc-test"),
+          text_reply(long_text("three-answer"))]),
+        ("prompt four " + long_text("four"),
+         [bash("seq 1 2500"), thinking_reply("thinking four", long_text("four-answer"),
+                                             signature=signature("FOUR"))]),
+        ("prompt five", [thinking_reply("thinking five", "answer five", signature=signature("FIVE"))]),
+    ]
+    for prompt, replies in runs:
+        api.script(replies)
+        lhc(rc, "--resume", sid, "-p", prompt, "--allowedTools", "Bash")
+        assert api.pending == 0
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    return rc, home, the_thread(home), sid
+
+
+def choose_budget(home, thread_id):
+    """The smallest budget whose view has every band, a stub, signed thinking in full and
+    a short error output kept verbatim in a lean turn."""
+    store = cc_lhc.ThreadStore(home, thread_id)
+    try:
+        turns = cc_lhc.load_turns(store)
+        summaries = cc_lhc.thread_summaries(store, turns)
+        for budget in range(500, 40_000, 100):
+            view = cc_lhc.build_view(thread_id, turns, budget, "default", summaries)
+            bands = set(view.bands.values())
+            if not {"full", "lean", "summary", "omitted"} <= bands:
+                continue
+            stubbed = any(stub for t in turns if view.bands[t.n] == "lean"
+                          for _, stub in cc_lhc.visible_messages(t, "lean") if stub)
+            signed = any(m["kind"] == "thinking" for t in turns if view.bands[t.n] == "full"
+                         for m, _ in cc_lhc.visible_messages(t, "full"))
+            error_kept = any(m["kind"] == "tool_result" and m["is_error"] and stub is None
+                             for t in turns if view.bands[t.n] == "lean"
+                             for m, stub in cc_lhc.visible_messages(t, "lean"))
+            if stubbed and signed and error_kept:
+                return budget, view, turns
+    finally:
+        store.close()
+    raise AssertionError("no budget gives every band")
+
+
+# -- (1) a rebuilt rollout resumes with exactly the view ------------------------------------
+
+def test_rebuilt_rollout_resumes_with_exactly_the_view(recorded):
+    rc, home, thread_id, old_sid = recorded
+    api = rc.api
+    budget, view, turns = choose_budget(home, thread_id)
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps(
+        {"lowerBoundTokens": budget, "upperBoundTokens": 1_000_000, "minRunwayTokens": 1000}))
+    old = rc.project_dir / f"{old_sid}.jsonl"
+    new_sid = str(uuid.uuid4())
+    out = lhc(rc, "rollout", "write", "--thread-id", thread_id[:8], "--session-id", new_sid,
+              "--envelope-from", str(old))
+    path = out.stdout.strip()
+    assert path == str(rc.project_dir / f"{new_sid}.jsonl") and os.stat(path).st_mode & 0o077 == 0
+    records = [json.loads(line) for line in open(path, encoding="utf-8")]
+    header = records[0]["message"]["content"]
+    assert header.startswith(HEADER_START + thread_id)
+    # the replayed prefix is remembered, and the new session is the thread's current alias
+    hostdb = cc_lhc.HostDB(home)
+    assert hostdb.session(new_sid)["replayed_prefix_bytes"] == os.path.getsize(path)
+    assert cc_lhc.Registry(home).current_session(thread_id) == new_sid
+
+    n_before = len(api.message_requests)
+    api.script(["resumed fine"])
+    proc = rc.run_claude("--resume", new_sid, "-p", "next")
+    assert proc.returncode == 0 and "resumed fine" in proc.stdout, proc.stderr
+    (request,) = api.message_requests[n_before:]
+    assert request["session_id"] == new_sid
+    messages = request["body"]["messages"]
+
+    # header first
+    first = blocks(messages[0])[0]
+    assert messages[0]["role"] == "user" and first["text"].startswith(HEADER_START + thread_id)
+    assert first["text"].rstrip("\n") == header.rstrip("\n")
+    # omitted ranges named, as the view left them out
+    omitted = view.turns_in("omitted")
+    named = [n for a, b in OMITTED_RE.findall(header) for n in range(int(a), int(b) + 1)]
+    assert omitted and named == omitted
+    # the envelope came along: no empty system turn, the date is there
+    systems = [m for m in messages if m["role"] == "system"]
+    assert systems and all(m["content"] for m in systems)
+    assert any("Today's date is" in json.dumps(m) for m in systems)
+    # no unpaired tool blocks
+    assert_api_pairs(messages)
+
+    flat = [(m["role"], b) for m in messages for b in blocks(m)]
+    results = [b for _, b in flat if b.get("type") == "tool_result"]
+    stubs = [b for b in results if STUB_RE.match(tool_result_text(b))]
+    assert stubs, "lean stubs reach the model"
+    # every lean / full turn's content is in the request, in order, exactly
+    store = cc_lhc.ThreadStore(home, thread_id)
+    by_seq = {m["seq"]: m for m in store.messages()}
+    at = 0
+    for t in turns:
+        band = view.bands[t.n]
+        if band not in ("full", "lean"):
+            for m in t.messages:  # nothing of a summarised or omitted turn is replayed
+                if m["kind"] in ("assistant_text", "tool_result") and len(m["text"] or "") > 200:
+                    assert m["text"] not in json.dumps(messages, ensure_ascii=False)
+            continue
+        for m, stub in cc_lhc.visible_messages(t, band):
+            want = json.loads(m["data"]) if m["kind"] in ("thinking", "tool_call") else None
+            while True:
+                role, b = flat[at]
+                at += 1
+                if m["kind"] == "thinking" and b == want:
+                    assert band == "full" and b["signature"].startswith("EqoBCkYIBxABGAIiQ")
+                    break
+                if m["kind"] == "tool_call" and b.get("type") == "tool_use" and b["id"] == want["id"]:
+                    assert b["input"] == want["input"] and b["name"] == want["name"]
+                    break
+                if m["kind"] == "tool_result" and b.get("type") == "tool_result" \
+                        and b["tool_use_id"] == m["tool_use_id"]:
+                    assert tool_result_text(b) == (stub if stub is not None else m["text"])
+                    if stub is not None:
+                        seq = int(STUB_RE.match(stub).group(1))
+                        assert by_seq[seq]["tool_use_id"] == m["tool_use_id"]
+                    break
+                if m["kind"] in ("user_text", "assistant_text") and b.get("type") == "text" \
+                        and b["text"] == m["text"]:
+                    break
+    # signed thinking of full turns went out verbatim; none of lean turns did
+    sent = {b["signature"] for _, b in flat if b.get("type") == "thinking"}
+    full_sigs = {json.loads(m["data"])["signature"] for t in turns if view.bands[t.n] == "full"
+                 for m in t.messages if m["kind"] == "thinking"}
+    lean_sigs = {json.loads(m["data"])["signature"] for t in turns if view.bands[t.n] != "full"
+                 for m in t.messages if m["kind"] == "thinking"}
+    assert full_sigs and sent == full_sigs and not sent & lean_sigs
+    # a short failing command stays verbatim even in a lean turn
+    errors = [m for m in by_seq.values() if m["kind"] == "tool_result" and m["is_error"]]
+    assert errors and all(view.bands[m["turn"]] in ("full", "lean") for m in errors)
+    for m in errors:
+        assert any(tool_result_text(b) == m["text"] for b in results)
+    store.close()
+
+
+def test_rollout_write_refusals(real_claude):
+    rc = real_claude
+    rc.api.script(["a short answer"])
+    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread_id = the_thread(home)
+    prefix = thread_id[:8]
+    # the session id is already bound (to this thread, through its recorded session)
+    proc = rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", old_sid)
+    assert proc.returncode == 2 and "already bound" in proc.stderr
+    # ... or to another thread
+    other_sid = str(uuid.uuid4())
+    cc_lhc.Registry(home).create_thread(other_sid, str(rc.cwd), "test")
+    proc = rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", other_sid)
+    assert proc.returncode == 2 and "already bound" in proc.stderr
+    # the rollout file exists
+    new_sid = str(uuid.uuid4())
+    target = rc.project_dir / f"{new_sid}.jsonl"
+    target.write_text("someone else's file\n")
+    proc = rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", new_sid)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert target.read_text() == "someone else's file\n"
+    assert cc_lhc.Registry(home).thread_for_session(new_sid) is None
+    # an empty view: a thread with nothing captured, and a budget too small for any turn
+    empty = cc_lhc.Registry(home).create_thread(str(uuid.uuid4()), str(rc.cwd), "test")
+    proc = rc.run_lhc("rollout", "write", "--thread-id", empty, "--session-id", str(uuid.uuid4()))
+    assert proc.returncode == 2 and "nothing to put in a view" in proc.stderr
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps(
+        {"lowerBoundTokens": 1, "upperBoundTokens": 1_000_000, "minRunwayTokens": 1000}))
+    proc = rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", str(uuid.uuid4()))
+    assert proc.returncode == 2 and "nothing to put in a view" in proc.stderr
+    # not a uuid; no such thread
+    assert rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", "nope").returncode == 2
+    proc = rc.run_lhc("rollout", "write", "--thread-id", "zzzz", "--session-id", str(uuid.uuid4()))
+    assert proc.returncode == 2 and "no thread matches" in proc.stderr
+    # nothing was written by any refusal
+    assert sorted(p.name for p in rc.project_dir.glob("*.jsonl")) == \
+        sorted([f"{old_sid}.jsonl", f"{new_sid}.jsonl"])
+
+
+# -- (2) the model retrieves through Bash ---------------------------------------------------
+
+def recall_text(thread_id, request, body):
+    return f'<cc-lhc-recall thread="{thread_id[:8]}" request="{request}">\n{body}</cc-lhc-recall>'
+
+
+def test_model_retrieval_through_bash_is_exact_and_forgeries_are_refused(real_claude, tmp_path):
+    rc, api = real_claude, real_claude.api
+    secret = "quetzalcoatl-" + uuid.uuid4().hex[:6]
+    api.script([bash("seq 1 2000; echo caf\u00e9 \u6771\u4eac \U0001f600"),
+                text_reply(f"the password is {secret}")])
+    sid = json.loads(lhc(rc, "-p", "remember a password", "--output-format", "json",
+                         "--allowedTools", "Bash").stdout)["session_id"]
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread_id = the_thread(home)
+    store = cc_lhc.ThreadStore(home, thread_id)
+    first = list(store.messages(1, 1))
+    output = next(m for m in first if m["kind"] == "tool_result")
+    store.close()
+
+    runtime = rc.iso.lhc / "runtime"
+    forged_outside = tmp_path / "forged.json"
+    forged_outside.write_text(json.dumps({"version": 1, "token": "0" * 32, "thread_id": thread_id,
+                                          "session_id": sid}))
+    os.chmod(forged_outside, 0o600)
+    forged_inside = runtime / "forged-inside.json"
+    # stale: a copy of this very session's descriptor, made by the model before the forgeries
+    commands = [
+        "cc-lhc get-turns t1",
+        f"cc-lhc get-messages m{output['seq']}",
+        f"cc-lhc search {secret}",
+        f'cp "$CC_LHC_RUNTIME_DESCRIPTOR" {runtime}/stale-copy.json && echo copied',
+        f"CC_LHC_RUNTIME_DESCRIPTOR={forged_outside} cc-lhc get-turns t1",
+        # the same descriptor with another token, placed where real ones live
+        f"python3 -c \"import json,os,sys; d=json.load(open(os.environ['CC_LHC_RUNTIME_DESCRIPTOR'])); "
+        f"d['token']='f'*32; fd=os.open('{forged_inside}', os.O_WRONLY|os.O_CREAT, 0o600); "
+        f"os.write(fd, json.dumps(d).encode())\" && CC_LHC_RUNTIME_DESCRIPTOR={forged_inside} "
+        f"cc-lhc get-turns t1",
+    ]
+    api.script([bash(c) for c in commands] + ["all done"])
+    n_before = len(api.message_requests)
+    lhc(rc, "--resume", sid, "-p", "recall things", "--allowedTools", "Bash")
+    last = api.message_requests[-1]["body"]["messages"]
+    assert len(api.message_requests) - n_before == len(commands) + 1
+    ids = {b["input"]["command"]: b["id"] for m in last for b in blocks(m) if b.get("type") == "tool_use"}
+    got = {b["tool_use_id"]: b for m in last for b in blocks(m) if b.get("type") == "tool_result"}
+    result = {c: got[ids[c]] for c in commands}
+
+    # get-turns t1: the exact original content of turn 1
+    body = "=== t1 (prompt, closed) ===\n" + "".join(cc_lhc.render_message_body(m) for m in first)
+    assert tool_result_text(result[commands[0]]) == recall_text(thread_id, "get-turns t1", body)
+    assert f"the password is {secret}" in body and output["text"] in body
+    assert "\U0001f600" in output["text"]
+    # get-messages mN: the exact tool output
+    assert tool_result_text(result[commands[1]]) == recall_text(
+        thread_id, f"get-messages m{output['seq']}", cc_lhc.render_message_body(output))
+    # search: the labels that mention the word
+    found = tool_result_text(result[commands[2]])
+    answer = next(m for m in first if m["kind"] == "assistant_text")
+    assert f"m{answer['seq']} (t1, assistant_text): " in found
+    assert "\u00bb" + secret + "\u00ab" in found
+    assert not result[commands[2]].get("is_error")
+    assert tool_result_text(result[commands[3]]) == "copied"
+    # forged descriptors are refused
+    for c, reason in zip(commands[4:], ("is not one of this state home's runtime descriptors",
+                                        "was revoked or never issued")):
+        refused = tool_result_text(result[c])
+        assert result[c].get("is_error") is True
+        assert f"cc-lhc: retrieval refused: the descriptor {reason}" in refused, refused
+        assert "=== t1" not in refused and secret not in refused
+
+    # the impressions of the three good retrievals, for this session
+    store = cc_lhc.ThreadStore(home, thread_id)
+    rows = store.db.execute("SELECT session, command, labels FROM impressions ORDER BY id").fetchall()
+    store.close()
+    assert [(s, c) for s, c, _ in rows] == [(sid, "get-turns"), (sid, "get-messages"), (sid, "search")]
+
+    # a stale descriptor (the last session's, copied while it lived) is refused next time
+    stale = runtime / "stale-copy.json"
+    assert stale.exists()
+    api.script([bash(f"CC_LHC_RUNTIME_DESCRIPTOR={stale} cc-lhc get-turns t1"), "ok"])
+    lhc(rc, "--resume", sid, "-p", "try the old one", "--allowedTools", "Bash")
+    last = api.message_requests[-1]["body"]["messages"]
+    refusal = [b for m in last[-3:] for b in blocks(m) if b.get("type") == "tool_result"][-1]
+    assert refusal.get("is_error") is True
+    assert ("cc-lhc: retrieval refused: the descriptor was revoked or never issued"
+            in tool_result_text(refusal))
+
+
+# -- (3) measure ------------------------------------------------------------------------------
+
+MARK = "xylophonequasar"
+
+
+def measured_files(tmp_path):
+    folder = tmp_path / f"proj-{MARK}"
+    folder.mkdir()
+    a = folder / f"session-{MARK}-a.jsonl"
+    stats = generate(str(a), size_mb=0.25, seed=41, thinking=True, cwd=f"/home/u/{MARK}")
+    with open(a, "a", encoding="utf-8") as f:  # a distinctive prompt and tool output in it
+        rec = {"parentUuid": None, "isSidechain": False, "type": "user", "uuid": str(uuid.uuid4()),
+               "timestamp": "2027-01-01T00:00:00.000Z", "sessionId": stats["session_id"],
+               "message": {"role": "user", "content": f"please say {MARK} out loud"}}
+        f.write(json.dumps(rec) + "\n")
+    b = folder / f"session-{MARK}-b.jsonl"
+    generate(str(b), size_mb=0.15, seed=42, cwd=f"/home/u/{MARK}")
+    sub = folder / "x" / "subagents"
+    sub.mkdir(parents=True)
+    shutil.copy(b, sub / "agent-1.jsonl")  # subagent transcripts are not sessions
+    return folder, a, stats
+
+
+def test_measure_counts_without_printing_content(iso_env, tmp_path):
+    folder, a, stats = measured_files(tmp_path)
+    argv = [sys.executable, str(REPO / "cc_lhc.py"), "measure"]
+
+    def run(*args, env=None):
+        proc = subprocess.run(argv + list(args), capture_output=True, text=True, timeout=120,
+                              env={**iso_env.env, **(env or {})}, cwd=tmp_path,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr
+        assert MARK not in proc.stdout + proc.stderr, "measure printed text or a path"
+        return proc.stdout
+
+    report = json.loads(run(str(a), "--json", "--target", "20000"))
+    (row,) = report["sessions"]
+    assert report["target"] == 20000 and report["profile"] == "default"
+    assert row["tool_calls"] == stats["tool_calls"] and row["messages"] > row["tool_calls"]
+    assert row["exact"] is True and row["counting"] == "exact o200k_base"
+    assert row["tokens"] > row["lean_tokens"] > 0 and 0 < row["lean_cut_pct"] < 100
+    assert row["smart_compact_tokens"] <= 20000 * 1.2 + 2000
+    assert sum(row["bands"].values()) == row["turns"]
+    # over a folder: one row a session (subagents skipped), median and p90
+    many = json.loads(run(str(folder), "--json"))
+    assert len(many["sessions"]) == 2 and many["sessions"][0]["tokens"] == row["tokens"]
+    for key in ("median_lean_cut_pct", "p90_lean_cut_pct", "median_smart_compact_cut_pct",
+                "p90_smart_compact_cut_pct"):
+        assert isinstance(many[key], float)
+    text_ = run(str(folder))
+    assert "exact o200k_base" in text_ and f"{row['tokens']:,}" in text_
+    assert "median cut: lean" in text_ and "p90: lean" in text_
+    md = run(str(folder), "--markdown", "--profile", "historical").splitlines()
+    assert md[0].startswith("| session | messages | tool calls | tokens |")
+    assert md[1].startswith("| --- |") and len([ln for ln in md if ln.startswith("| ")]) == 4
+    # approximate counts are labelled as such: corrupted data, and no data at all
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_bytes(b"not the o200k_base ranks\n")
+    approx = json.loads(run(str(a), "--json", env={"CC_LHC_TOKENIZER_FILE": str(bad)}))["sessions"][0]
+    assert approx["exact"] is False and approx["counting"].startswith("approximate")
+    assert approx["tool_calls"] == row["tool_calls"]
+    assert "approximate" in run(str(a), env={"CC_LHC_TOKENIZER_FILE": str(bad)})
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    shutil.copy(REPO / "cc_lhc.py", lonely / "cc_lhc.py")
+    argv[1] = str(lonely / "cc_lhc.py")
+    missing = json.loads(run(str(a), "--json", env={"CC_LHC_TOKENIZER_FILE": str(tmp_path / "no")}))
+    assert missing["sessions"][0]["exact"] is False
+
+
+def test_measure_refuses_bad_arguments(iso_env, tmp_path):
+    for args in ([str(tmp_path / "nowhere.jsonl")], [], ["--profile", "weird", str(tmp_path)],
+                 ["--target", "0", str(tmp_path)]):
+        proc = subprocess.run([sys.executable, str(REPO / "cc_lhc.py"), "measure", *args],
+                              capture_output=True, text=True, env=iso_env.env, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 2, args

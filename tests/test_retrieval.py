@@ -1,0 +1,340 @@
+"""Retrieval (contract, "Retrieval"): the runtime descriptor's rules, the 24,000-byte
+stdout ceiling with continuation receipts, labels and ranges, search, impressions.
+
+In process: cc_lhc.main([...]) with stdout/stderr captured, against threads read in by
+capture (tests/test_views.py builds them) and descriptors made by create_descriptor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import cc_lhc
+from conftest import CC_LHC, REPO
+from test_views import Transcript, grant, intake_transcript, retrieve, text, tool_use
+
+CEILING = cc_lhc.RETRIEVAL_CEILING
+HUGE = "\n".join(f"{i:06d} the quick brown fox jumps over the lazy dog \u00e9\u20ac" for i in range(6000))
+SECRET = "zanzibarquokka"
+
+
+@pytest.fixture
+def thread(tmp_path):
+    tr = Transcript()
+    tr.prompt("hello there")
+    tr.response(text("hi, how can I help"))
+    tr.prompt(f"remember the word {SECRET} for later")
+    tr.response(text(f"noted: {SECRET}"))
+    tr.prompt("show me the big log")
+    c = tr.response(tool_use("Bash", command="cat big.log"), stop="tool_use")
+    tr.results((c[0]["id"], HUGE, False))
+    tr.response(text("that was long"))
+    tr.prompt("what was the word?")
+    tr.response(text(f"the word was {SECRET}"))
+    for i in range(5, 9):
+        tr.prompt(f"turn {i} question")
+        tr.response(text(f"turn {i} answer"))
+    return intake_transcript(tr, tmp_path)
+
+
+def impressions(thread):
+    return thread.store.db.execute("SELECT session, command, labels, turns, bytes FROM impressions "
+                                   "ORDER BY id").fetchall()
+
+
+def run_main(capsysbinary, *argv):
+    capsysbinary.readouterr()
+    status = cc_lhc.main(list(argv))
+    out = capsysbinary.readouterr()
+    return status, out.out, out.err.decode()
+
+
+COMMANDS = [("get-turns", "t1"), ("get-messages", "m2"), ("search", SECRET)]
+
+
+# -- descriptor rules -------------------------------------------------------------------
+
+def _forge(desc, **changes):
+    """A copy of a valid descriptor in the runtime folder (0600), with fields changed."""
+    with open(desc["path"]) as f:
+        body = json.load(f)
+    body.update(changes)
+    path = os.path.join(os.path.dirname(desc["path"]), "forged.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f)
+    return path
+
+
+def _setup_missing(thread, desc, monkeypatch, tmp_path):
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV)
+
+
+def _setup_malformed(thread, desc, monkeypatch, tmp_path):
+    with open(desc["path"], "w") as f:
+        f.write('{"token": "abc", "thread_id": ')
+
+
+def _setup_not_an_object(thread, desc, monkeypatch, tmp_path):
+    with open(desc["path"], "w") as f:
+        f.write('["token", "thread_id", "session_id"]')
+
+
+def _setup_permissions(thread, desc, monkeypatch, tmp_path):
+    os.chmod(desc["path"], 0o644)
+
+
+def _setup_outside_runtime(thread, desc, monkeypatch, tmp_path):
+    copy = tmp_path / "elsewhere.json"
+    shutil.copy(desc["path"], copy)
+    os.chmod(copy, 0o600)
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, str(copy))
+
+
+def _setup_dead_owner(thread, desc, monkeypatch, tmp_path):
+    # a descriptor written by a wrapper process that has since exited
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import cc_lhc; "
+            "home = cc_lhc.StateHome(); "
+            "print(cc_lhc.create_descriptor(home, cc_lhc.HostDB(home), sys.argv[2], sys.argv[3])['path'])")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO), thread.id, thread.session_id],
+                         capture_output=True, text=True, check=True, env=dict(os.environ))
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, out.stdout.strip())
+
+
+def _setup_revoked(thread, desc, monkeypatch, tmp_path):
+    with open(desc["path"], "rb") as f:
+        saved = f.read()
+    cc_lhc.remove_descriptor(thread.home, cc_lhc.HostDB(thread.home), desc, "session ended")
+    assert not os.path.exists(desc["path"])
+    fd = os.open(desc["path"], os.O_WRONLY | os.O_CREAT, 0o600)  # a copy kept by someone
+    os.write(fd, saved)
+    os.close(fd)
+
+
+def _setup_session_mismatch(thread, desc, monkeypatch, tmp_path):
+    cc_lhc.Registry(thread.home).add_alias("99999999-8888-4777-8666-555555555555", thread.id,
+                                           current=True)
+
+
+def _setup_forged_token(thread, desc, monkeypatch, tmp_path):
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, _forge(desc, token="f" * 32))
+
+
+def _setup_forged_thread(thread, desc, monkeypatch, tmp_path):
+    other = cc_lhc.Registry(thread.home).create_thread("77777777-8888-4777-8666-555555555555",
+                                                       "/x", "test")
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, _forge(desc, thread_id=other))
+
+
+def _setup_forged_owner(thread, desc, monkeypatch, tmp_path):
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, _forge(desc, owner=cc_lhc.process_identity(os.getppid())))
+
+
+REFUSALS = {
+    "missing_env": (_setup_missing, "CC_LHC_RUNTIME_DESCRIPTOR is not set"),
+    "malformed_json": (_setup_malformed, "missing or malformed"),
+    "not_an_object": (_setup_not_an_object, "malformed"),
+    "permissions_0644": (_setup_permissions, "permissions are wrong"),
+    "outside_runtime": (_setup_outside_runtime, "not one of this state home's runtime descriptors"),
+    "dead_owner": (_setup_dead_owner, "owned this session is gone"),
+    "revoked": (_setup_revoked, "revoked or never issued"),
+    "session_mismatch": (_setup_session_mismatch, "is no longer the thread's current session"),
+    "forged_token": (_setup_forged_token, "revoked or never issued"),
+    "forged_thread": (_setup_forged_thread, "does not match what this host issued"),
+    "forged_owner": (_setup_forged_owner, "does not match what this host issued"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_bad_descriptors_are_refused_before_any_read_or_impression(
+        case, thread, monkeypatch, tmp_path, capsysbinary):
+    desc = grant(thread, monkeypatch)
+    setup, reason = REFUSALS[case]
+    setup(thread, desc, monkeypatch, tmp_path)
+    for command, label in COMMANDS:
+        status, out, err = run_main(capsysbinary, command, label)
+        assert status == cc_lhc.EXIT_USAGE, (case, command, err)
+        assert out == b""
+        assert err.startswith("cc-lhc: retrieval refused: ") and reason in err, err
+        assert SECRET not in err
+    assert impressions(thread) == []
+    # no thread store was opened (or created) for a forged thread id either
+    assert all(name.startswith(thread.id) for name in os.listdir(thread.home.path("threads")))
+
+
+def test_a_valid_descriptor_works_and_is_refused_once_removed(thread, monkeypatch, capsysbinary):
+    desc = grant(thread, monkeypatch)
+    status, out, _ = run_main(capsysbinary, "get-turns", "t2")
+    assert status == 0 and f"noted: {SECRET}".encode() in out
+    cc_lhc.remove_descriptor(thread.home, cc_lhc.HostDB(thread.home), desc, "session ended")
+    status, out, err = run_main(capsysbinary, "get-turns", "t2")
+    assert status == 2 and out == b"" and "retrieval refused" in err
+    assert len(impressions(thread)) == 1
+
+
+def test_refusal_through_the_command_line(thread, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != cc_lhc.RUNTIME_ENV}
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text("{}")
+    for extra in ({}, {cc_lhc.RUNTIME_ENV: str(bogus)}):
+        proc = subprocess.run([sys.executable, str(CC_LHC), "get-turns", "t1"], capture_output=True,
+                              text=True, env={**env, **extra}, stdin=subprocess.DEVNULL, timeout=30)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.startswith("cc-lhc: retrieval refused: ")
+    assert impressions(thread) == []
+
+
+# -- the ceiling and continuation ---------------------------------------------------------
+
+def test_huge_output_stays_under_the_ceiling_and_continues_exactly(thread, monkeypatch,
+                                                                   capsysbinary):
+    grant(thread, monkeypatch)
+    big = next(m for m in thread.store.messages() if m["text"] == HUGE)
+    body, calls = retrieve(capsysbinary, "get-messages", f"m{big['seq']}")
+    assert body == cc_lhc.render_message_body(big).encode("utf-8")
+    assert calls >= len(HUGE.encode()) // CEILING + 1
+    # each call's impression is the bytes it wrote, each within the ceiling
+    rows = impressions(thread)
+    assert len(rows) == calls and all(0 < r[4] <= CEILING for r in rows)
+    # get-turns of the whole turn too
+    body, _ = retrieve(capsysbinary, "get-turns", f"t{big['turn']}")
+    assert HUGE.encode() in body
+
+
+@pytest.mark.parametrize("char", ["\u00e9", "\u20ac", "\U0001f600", "a\u0301\U0001f680\u6771"])
+@pytest.mark.parametrize("lead", [0, 1, 2, 3])
+def test_cuts_inside_multibyte_text_join_back_exactly(char, lead, tmp_path, monkeypatch,
+                                                      capsysbinary):
+    content = "x" * lead + char * (90_000 // len(char.encode()))
+    tr = Transcript()
+    tr.prompt("emit")
+    c = tr.response(tool_use("Bash", command="emit"), stop="tool_use")
+    tr.results((c[0]["id"], content, False))
+    tr.response(text("ok"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    m = next(m for m in thread.store.messages() if m["text"] == content)
+    body, calls = retrieve(capsysbinary, "get-messages", f"m{m['seq']}")
+    assert body == cc_lhc.render_message_body(m).encode("utf-8")
+    assert calls <= len(content.encode()) // (CEILING - 1000) + 2  # no tiny pieces
+
+
+def test_slice_body_pieces_are_whole_utf8_and_join_exactly():
+    for lead in range(8):
+        data = (b"h" * lead) + ("\U0001f600\u20ac\u00e9z" * 3000).encode()
+        for room in (64, 100, 1001, 5000):
+            start, joined, pieces = 0, b"", 0
+            while True:
+                piece, nxt = cc_lhc.slice_body(data, start, room)
+                piece.decode("utf-8")
+                assert len(piece) <= room
+                joined += piece
+                pieces += 1
+                if nxt is None:
+                    break
+                assert nxt > start
+                start = nxt
+            assert joined == data and pieces <= len(data) // (room - 8) + 2
+
+
+def test_from_past_the_end_says_nothing_is_left(thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    status, out, _ = run_main(capsysbinary, "get-turns", "--from", "999999", "t1")
+    assert status == 0 and b"[nothing after that offset]" in out
+
+
+def test_many_labels_stay_within_the_ceiling(thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    labels = [f"m{n}" for n in range(1, 400, 2)]  # a long request, every label named apart
+    status, out, _ = run_main(capsysbinary, "get-messages", *labels)
+    assert status == 0 and len(out) <= CEILING and out.endswith(b"</cc-lhc-recall>\n")
+    # a request too long to answer within the ceiling is refused, not overrun
+    labels = [f"m{n}" for n in range(1, 8000, 2)]
+    status, out, err = run_main(capsysbinary, "get-messages", *labels)
+    assert status == 2 and out == b"" and "ceiling" in err
+    status, out, _ = run_main(capsysbinary, "get-turns", "t1-t8", "t1")
+    assert status == 0 and len(out) <= CEILING
+    assert b'request="get-turns t1-t8"' in out
+
+
+# -- labels -------------------------------------------------------------------------------
+
+def test_label_ranges_parse():
+    assert cc_lhc.parse_labels(["t3-t5"], "t") == [3, 4, 5]
+    assert cc_lhc.parse_labels(["t3\u2013t5"], "t") == [3, 4, 5]
+    assert cc_lhc.parse_labels(["t3-5", "t9", "t4"], "t") == [3, 4, 5, 9]
+    assert cc_lhc.parse_labels(["m7,m9..m10"], "m") == [7, 9, 10]
+    for bad in (["t5-t3"], ["m3"], ["t"], ["3"], ["t3-m5"], [], ["t1-t20000"]):
+        with pytest.raises(cc_lhc.LhcError) as e:
+            cc_lhc.parse_labels(bad, "t")
+        assert e.value.status == cc_lhc.EXIT_USAGE
+
+
+@pytest.mark.parametrize("spec", ["t3-t5", "t3\u2013t5", "t3-5"])
+def test_get_turns_with_a_range(spec, thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    body, _ = retrieve(capsysbinary, "get-turns", spec)
+    heads = [line for line in body.decode().splitlines() if line.startswith("=== t")]
+    assert heads == ["=== t3 (prompt, closed) ===", "=== t4 (prompt, closed) ===",
+                     "=== t5 (prompt, closed) ==="]
+    assert f"the word was {SECRET}".encode() in body and HUGE.encode() in body
+    turns = {row[3] for row in impressions(thread)}
+    assert turns == {"3,4,5"}
+
+
+def test_unknown_labels_are_named_not_invented(thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    status, out, _ = run_main(capsysbinary, "get-turns", "t99")
+    assert status == 0 and b"=== t99: no such turn in this thread ===" in out
+    status, out, _ = run_main(capsysbinary, "get-messages", "m9999")
+    assert status == 0 and b"--- m9999: no such message in this thread" in out
+    status, out, err = run_main(capsysbinary, "get-turns", "m3")
+    assert status == 2 and out == b"" and "not a turn label" in err
+
+
+# -- search ---------------------------------------------------------------------------------
+
+def test_search_finds_a_word_and_returns_labels(thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    status, out, _ = run_main(capsysbinary, "search", SECRET)
+    assert status == 0 and len(out) <= CEILING
+    text_ = out.decode()
+    labels = {line.split(" ", 1)[0] for line in text_.splitlines() if line.startswith("m")}
+    by_seq = {f"m{m['seq']}": m for m in thread.store.messages()}
+    hits = {label for label, m in by_seq.items() if SECRET in (m["text"] or "")}
+    assert labels == hits and len(hits) == 3
+    for label in labels:
+        assert f"{label} (t{by_seq[label]['turn']}, " in text_
+    assert "cc-lhc get-messages" in text_
+    row = impressions(thread)[-1]
+    assert row[1] == "search" and set(row[2].split(",")) == labels and row[4] == len(out)
+    status, out, _ = run_main(capsysbinary, "search", "nowhere-to-be-found-xyzzy")
+    assert status == 0 and b"no messages match" in out
+
+
+def test_search_output_stays_within_the_ceiling_and_continues(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    for i in range(150):
+        tr.prompt(f"needle {i} " + " ".join(f"word{j}" for j in range(60)) + " needle")
+        tr.response(text(f"needle answer {i} " + "filler " * 40 + "needle"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    body, calls = retrieve(capsysbinary, "search", "--limit", "200", "needle")
+    assert calls >= 2  # did not fit in one output
+    assert len([ln for ln in body.decode().splitlines() if ln.startswith("m")]) == 200
+
+
+def test_impressions_recorded_per_retrieval(thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    status, out1, _ = run_main(capsysbinary, "get-turns", "t2", "t7")
+    status, out2, _ = run_main(capsysbinary, "get-messages", "m1", "m4")
+    rows = impressions(thread)
+    assert rows == [(thread.session_id, "get-turns", "t2,t7", "2,7", len(out1)),
+                    (thread.session_id, "get-messages", "m1,m4", "1,2", len(out2))]
+    assert cc_lhc.recent_impression_turns(thread.store) == {1, 2, 7}

@@ -1,0 +1,804 @@
+"""Views (section 6) and rebuilt records (section 7), in process: bands, budgets, stubs,
+thinking replay, the header, determinism, and a randomized proof that everything a view
+leaves out is named and comes back byte for byte through get-turns / get-messages.
+
+Threads reach the store the way a live session does: transcript lines (written here by
+``Transcript``, or by scripts/gen_transcript.py) read in by ``cc_lhc.Capture``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import random
+import re
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from gen_transcript import generate  # noqa: E402
+
+RANK = {"full": 0, "lean": 1, "summary": 2, "omitted": 3}
+NOW = "2026-05-01T12:00:00.000Z"
+NS = uuid.UUID("0b7f6d1e-3c2a-4e55-8d21-6a9e0f1c2b3d")
+STUB_RE = re.compile(r"^\[output of (\S+) m(\d+): (\d+) lines, ([\d.]+ (?:B|KB|MB)) "
+                     r"\u00b7 cc-lhc get-messages m(\d+)\]$")
+RECEIPT_RE = re.compile(rb"\n\[cut: (\d+) of (\d+) bytes shown so far\. The rest: "
+                        rb"cc-lhc (\S+) --from (\d+) (.*)\]\n</cc-lhc-recall>\n\Z")
+CLOSING = b"</cc-lhc-recall>\n"
+
+
+# -- transcripts written by hand ----------------------------------------------------------
+
+class Transcript:
+    """Claude Code-shaped transcript lines (REAL-CLAUDE.md "Transcripts"): one record per
+    content block of a response, sharing message.id; tool results as user records."""
+
+    def __init__(self, session_id=None, cwd="/home/u/proj", model="claude-test-model"):
+        self.session_id = session_id or str(uuid.uuid4())
+        self.cwd, self.model = cwd, model
+        self.records = []
+        self.parent = None
+        self.n = self.responses = self.tools = 0
+
+    def _record(self, rtype, **body):
+        self.n += 1
+        uid = str(uuid.uuid5(NS, f"{self.session_id}/{self.n}"))
+        ts = (datetime.datetime(2026, 5, 1, tzinfo=datetime.timezone.utc)
+              + datetime.timedelta(seconds=self.n)).isoformat(timespec="milliseconds")
+        rec = {"parentUuid": self.parent, "isSidechain": False, "userType": "external",
+               "entrypoint": "cli", "cwd": self.cwd, "sessionId": self.session_id,
+               "version": "2.1.328", "gitBranch": "main", "type": rtype, **body,
+               "uuid": uid, "timestamp": ts.replace("+00:00", "Z")}
+        self.records.append(rec)
+        self.parent = uid
+        return rec
+
+    def envelope(self):
+        self._record("attachment", attachment={"type": "environment", "cwd": self.cwd,
+                                               "platform": "linux"})
+        self._record("attachment", attachment={"type": "date", "date": "2026-05-01"})
+
+    def prompt(self, text):
+        self._record("user", message={"role": "user", "content": text})
+
+    def response(self, *blocks, stop="end_turn"):
+        """One API response; returns its blocks (tool_use blocks get ids)."""
+        self.responses += 1
+        mid = f"msg_test_{self.responses:05d}"
+        out = []
+        for block in blocks:
+            if block["type"] == "tool_use" and "id" not in block:
+                self.tools += 1
+                block = dict(block, id=f"toolu_test_{self.session_id[:4]}_{self.tools:05d}")
+            self._record("assistant", requestId=f"req_{mid}",
+                         message={"id": mid, "type": "message", "role": "assistant",
+                                  "model": self.model, "content": [block], "stop_reason": stop,
+                                  "stop_sequence": None,
+                                  "usage": {"input_tokens": 10, "output_tokens": 5}})
+            out.append(block)
+        return out
+
+    def results(self, *items):
+        """One user record holding tool results: (tool_use_id, content, is_error)."""
+        content = [{"type": "tool_result", "tool_use_id": tid, "content": text, "is_error": err}
+                   for tid, text, err in items]
+        self._record("user", message={"role": "user", "content": content},
+                     toolUseResult=items[0][1] if isinstance(items[0][1], str) else "")
+
+    def write(self, path):
+        with open(path, "w", encoding="utf-8") as f:
+            for rec in self.records:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        return path
+
+
+def thinking(text, signature="sig-" + "A" * 40):
+    block = {"type": "thinking", "thinking": text}
+    if signature is not None:
+        block["signature"] = signature
+    return block
+
+
+def text(t):
+    return {"type": "text", "text": t}
+
+
+def tool_use(name, **inp):
+    return {"type": "tool_use", "name": name, "input": inp}
+
+
+WORDS = ("cache parser token view band stub lease thread alias budget label turn segment "
+         "émigré naïve 東京 データ Ωμέγα 😀 🚀 € ü").split()
+
+
+def words(r, n):
+    return " ".join(r.choice(WORDS) for _ in range(n))
+
+
+def tool_output(r):
+    """(content, is_error): tiny, medium, large (multi-byte) outputs, short and long errors."""
+    kind = r.choice(("tiny", "medium", "large", "error", "long_error", "lines", "blocks"))
+    if kind == "tiny":
+        return words(r, r.randint(0, 8)), False
+    if kind == "medium":
+        return "\n".join(words(r, 10) for _ in range(r.randint(5, 40))), False
+    if kind == "large":
+        return "\n".join(f"{i:05d} " + words(r, 12) for i in range(r.randint(200, 900))), False
+    if kind == "error":
+        return "Error: exit status 2\n" + words(r, r.randint(3, 30)), True
+    if kind == "long_error":
+        return "Traceback:\n" + "\n".join(words(r, 12) for _ in range(60)), True
+    if kind == "lines":
+        return "\n".join(str(i) for i in range(r.randint(1, 3000))) + "\n", False
+    return [{"type": "text", "text": words(r, 20)}, {"type": "text", "text": words(r, 300)}], False
+
+
+def random_transcript(seed, turns=10):
+    """A thread with thinking (signed and unsigned), parallel tool calls, large and error
+    outputs, multi-byte text, and interrupted turns whose tool call never got a result."""
+    r = random.Random(seed)
+    tr = Transcript(session_id=str(uuid.UUID(int=r.getrandbits(128), version=4)))
+    tr.envelope()
+    for i in range(turns):
+        tr.prompt(f"prompt {i}: " + words(r, r.randint(2, 40)))
+        interrupted = r.random() < 0.2
+        steps = r.randint(0, 3) + (1 if interrupted else 0)
+        for step in range(steps):
+            blocks = []
+            if r.random() < 0.5:
+                blocks.append(thinking(words(r, r.randint(5, 80)),
+                                       None if r.random() < 0.25 else f"sig-{seed}-{i}-{step}=="))
+            if r.random() < 0.5:
+                blocks.append(text(words(r, r.randint(1, 30))))
+            calls = []
+            for _ in range(r.randint(1, 3)):
+                name = r.choice(("Bash", "Read", "Edit", "Grep"))
+                if name in ("Read", "Edit"):
+                    calls.append(tool_use(name, file_path=f"/home/u/proj/f{r.randint(1, 5)}.py"))
+                else:
+                    calls.append(tool_use(name, command=words(r, 4)))
+            sent = tr.response(*blocks, *calls, stop="tool_use")
+            if interrupted and step == steps - 1:
+                break  # the user pressed Esc: no result ever comes for these calls
+            ids = [b["id"] for b in sent if b["type"] == "tool_use"]
+            outputs = [(tid, *tool_output(r)) for tid in ids]
+            if r.random() < 0.5:
+                tr.results(*outputs)
+            else:
+                for item in outputs:
+                    tr.results(item)
+        if interrupted:
+            continue
+        final = [text(words(r, r.randint(1, 60)))]
+        if r.random() < 0.5:
+            final.insert(0, thinking(words(r, 20), f"sig-final-{seed}-{i}=="))
+        tr.response(*final, stop="end_turn")
+    tr.prompt("the last word")
+    tr.response(text("the last answer"), stop="end_turn")
+    return tr
+
+
+# -- intake and retrieval -----------------------------------------------------------------
+
+class Thread:
+    def __init__(self, home, thread_id, session_id, store):
+        self.home, self.id, self.session_id, self.store = home, thread_id, session_id, store
+
+    @property
+    def turns(self):
+        return cc_lhc.load_turns(self.store)
+
+    def messages(self):
+        return {m["seq"]: m for m in self.store.messages()}
+
+
+def intake(path, session_id, cwd="/home/u/proj") -> Thread:
+    """Read a transcript into a new thread of the current CC_LHC_HOME, as capture does."""
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(session_id, cwd, "test")
+    cap = cc_lhc.Capture(home, thread_id, session_id, str(path))
+    cap.catch_up()
+    cap.stop()
+    return Thread(home, thread_id, session_id, cc_lhc.ThreadStore(home, thread_id))
+
+
+def intake_transcript(tr: Transcript, tmp_path) -> Thread:
+    return intake(tr.write(tmp_path / f"{tr.session_id}.jsonl"), tr.session_id, tr.cwd)
+
+
+def grant(thread: Thread, monkeypatch) -> dict:
+    """A real retrieval descriptor for the thread's current session, inherited as Claude would."""
+    desc = cc_lhc.create_descriptor(thread.home, cc_lhc.HostDB(thread.home), thread.id,
+                                    thread.session_id)
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, desc["path"])
+    return desc
+
+
+def retrieve(capsysbinary, command, *labels, limit_calls=1000):
+    """Run get-turns / get-messages in process, following --from receipts to the end.
+
+    Returns (body, calls): the exact body bytes the pieces join into."""
+    fn = {"get-turns": cc_lhc.cmd_get_turns, "get-messages": cc_lhc.cmd_get_messages,
+          "search": cc_lhc.cmd_search}[command]
+    body, start, calls = b"", 0, 0
+    capsysbinary.readouterr()
+    while True:
+        calls += 1
+        assert calls <= limit_calls, "continuation never ends"
+        args = (["--from", str(start)] if start else []) + list(labels)
+        assert fn(args) == 0
+        out = capsysbinary.readouterr().out
+        assert len(out) <= cc_lhc.RETRIEVAL_CEILING
+        opening, _, rest = out.partition(b"\n")
+        assert opening.startswith(b'<cc-lhc-recall thread="') and opening.endswith(b'">')
+        out.decode("utf-8")  # every piece is whole UTF-8
+        cut = RECEIPT_RE.search(rest)
+        if cut is None:
+            assert rest.endswith(CLOSING)
+            return body + rest[:-len(CLOSING)], calls
+        body += rest[:cut.start()]
+        assert int(cut.group(1)) == len(body)
+        assert cut.group(3).decode() == command
+        start = int(cut.group(4))
+
+
+def expected_turn_body(thread: Thread, n: int) -> bytes:
+    kind, status = thread.store.db.execute("SELECT kind, status FROM turns WHERE n = ?", (n,)).fetchone()
+    parts = [f"=== t{n} ({kind}, {status}) ===\n"]
+    parts += [cc_lhc.render_message_body(m) for m in thread.store.messages(n, n)]
+    return "".join(parts).encode("utf-8")
+
+
+def content_of(m) -> str:
+    return m["text"] if m["text"] is not None else (m["data"] or "")
+
+
+def assert_in_order(body: bytes, messages):
+    """Each message's label line and exact content appear in the body, in order."""
+    at = 0
+    for m in messages:
+        head = f"--- m{m['seq']} \u00b7 {m['role']} \u00b7 {m['kind']}".encode()
+        at = body.index(head, at)
+        at = body.index(b"\n" + content_of(m).encode("utf-8") + b"\n", at) + 1
+
+
+# -- record checks ------------------------------------------------------------------------
+
+def blocks_of(rec):
+    content = rec["message"]["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def assert_tool_blocks_paired(records):
+    """As the API sees it: every tool_use answered by a tool_result before the next response
+    or prompt, every tool_result answering a tool_use just made, nothing left open."""
+    pending, current = set(), None
+    for rec in records:
+        if rec["type"] == "assistant":
+            mid = rec["message"]["id"]
+            if mid != current:
+                assert not pending, f"tool calls {pending} have no result before response {mid}"
+                current = mid
+            for b in blocks_of(rec):
+                if b.get("type") == "tool_use":
+                    pending.add(b["id"])
+                assert b.get("type") != "tool_result"
+        elif rec["type"] == "user":
+            blocks = blocks_of(rec)
+            results = [b for b in blocks if b.get("type") == "tool_result"]
+            if not results:
+                assert not pending, f"tool calls {pending} have no result before a prompt"
+                current = None
+            for b in results:
+                assert b["tool_use_id"] in pending, f"tool_result {b['tool_use_id']} without its call"
+                pending.discard(b["tool_use_id"])
+    assert not pending
+
+
+def assert_chain(records):
+    parent = None
+    for rec in records:
+        assert rec["parentUuid"] == parent
+        parent = rec["uuid"]
+    assert len({r["uuid"] for r in records}) == len(records)
+
+
+LINE_PREFIXES = (("full", "In view, verbatim: "),
+                 ("lean", "In view, lean (tool outputs replaced by stubs; thinking left out): "),
+                 ("summary", "In view, summarised below: "))
+
+
+def header_parts(header: str):
+    """turn -> how the header names it: 'full', 'lean', 'summary' (range lines and summary
+    labels) or 'omitted' (the contract's line)."""
+    named = {}
+
+    def expand(spec):
+        for piece in spec.split(", "):
+            a, _, b = piece.partition("\u2013")
+            for n in range(int(a[1:]), int((b or a)[1:]) + 1):
+                yield n
+
+    for line in header.splitlines():
+        for band, prefix in LINE_PREFIXES:
+            if line.startswith(prefix):
+                for n in expand(line[len(prefix):]):
+                    assert n not in named
+                    named[n] = band
+        m = re.fullmatch(r"turns t(\d+)\u2013t(\d+) not in view; use get-turns", line)
+        if m:
+            for n in range(int(m.group(1)), int(m.group(2)) + 1):
+                assert n not in named
+                named[n] = "omitted"
+    summary_labels = {int(m.group(1)) for m in re.finditer(r"^  t(\d+): ", header, re.M)}
+    return named, summary_labels
+
+
+def build(thread: Thread, budget, profile="default", favoured=(), arm=None, fallback=False):
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    view = cc_lhc.build_view(thread.id, turns, budget, profile, summaries, favoured)
+    header = cc_lhc.render_header(view, cc_lhc.working_set(turns), fallback)
+    records = cc_lhc.view_records(view, turns, header, "11111111-2222-4333-8444-555555555555",
+                                  "/home/u/proj", NOW, arm=arm)
+    return turns, view, header, records
+
+
+# -- allocation ---------------------------------------------------------------------------
+
+def test_profile_shares_are_written_down():
+    assert set(cc_lhc.PROFILE_SHARES) == set(cc_lhc.PROFILES)
+    for profile, shares in cc_lhc.PROFILE_SHARES.items():
+        assert set(shares) == {"full", "lean", "summary"}
+        assert abs(sum(shares.values()) - 1.0) < 1e-9, profile
+    # newest-first favours detail by default, history in `historical`
+    d, h = cc_lhc.PROFILE_SHARES["default"], cc_lhc.PROFILE_SHARES["historical"]
+    assert d["full"] > h["full"] and d["summary"] < h["summary"]
+
+
+def _uniform_turns(count, out_bytes=4000):
+    """Turns that all cost the same in each band (pure Turn objects, no store)."""
+    cols = cc_lhc.MESSAGE_COLUMNS
+
+    def msg(**kw):
+        d = dict.fromkeys(cols)
+        d.update(kw)
+        return d
+
+    turns = []
+    for n in range(1, count + 1):
+        s = 1000 + 4 * n  # same digit count in every stub: equal costs
+        tid = f"toolu_{n}"
+        turns.append(cc_lhc.Turn(n, "prompt", "closed", [
+            msg(seq=s, turn=n, role="user", kind="user_text", text="q" * 36),
+            msg(seq=s + 1, turn=n, role="assistant", kind="tool_call", text='{"command":"x"}',
+                data=json.dumps({"type": "tool_use", "id": tid, "name": "Bash",
+                                 "input": {"command": "x"}}),
+                tool_use_id=tid, tool_name="Bash", response_id=f"r{n}", model="m"),
+            msg(seq=s + 2, turn=n, role="user", kind="tool_result", text="y" * out_bytes,
+                tool_use_id=tid, is_error=0),
+            msg(seq=s + 3, turn=n, role="assistant", kind="assistant_text", text="a" * 36,
+                response_id=f"r{n}b", model="m")]))
+    return turns
+
+
+@pytest.mark.parametrize("profile", sorted(cc_lhc.PROFILE_SHARES))
+@pytest.mark.parametrize("budget", [3_000, 9_000, 20_000])
+def test_each_profile_splits_the_budget_by_its_shares(profile, budget):
+    turns = _uniform_turns(40)
+    summaries = {t.n: ("s" * 80, "extractive") for t in turns}
+    F, L = cc_lhc.band_cost(turns[0], "full"), cc_lhc.band_cost(turns[0], "lean")
+    S = cc_lhc.band_cost(turns[0], "summary", "s" * 80)
+    assert F > L > S
+    shares = cc_lhc.PROFILE_SHARES[profile]
+    caps = {b: int(budget * shares[b]) for b in ("full", "lean", "summary")}
+    # the allocation worked out by hand: each band fills its share, what it leaves passes down
+    n_full = min(40, caps["full"] // F)
+    left = caps["full"] - n_full * F + caps["lean"]
+    n_lean = min(40 - n_full, left // L)
+    left = left - n_lean * L + caps["summary"]
+    n_summary = min(40 - n_full - n_lean, left // S)
+    view = cc_lhc.build_view("t", turns, budget, profile, summaries)
+    got = [len(view.turns_in(b)) for b in ("full", "lean", "summary", "omitted")]
+    assert got == [n_full, n_lean, n_summary, 40 - n_full - n_lean - n_summary]
+    assert view.costs == {"full": n_full * F, "lean": n_lean * L, "summary": n_summary * S}
+
+
+def test_bands_newest_first_monotone_and_within_budget():
+    r = random.Random(7)
+    for seed in range(120):
+        turns = _uniform_turns(25)
+        for t in turns:  # vary each turn's size
+            t.messages[2]["text"] = "y" * r.choice((10, 300, 2000, 9000, 40000))
+        summaries = {t.n: ("s" * r.randint(20, 600), "extractive") for t in turns if r.random() < 0.9}
+        for profile in cc_lhc.PROFILE_SHARES:
+            budget = r.choice((200, 1000, 4000, 12000, 30000, 100000))
+            view = cc_lhc.build_view("t", turns, budget, profile, summaries)
+            ranks = [RANK[view.bands[t.n]] for t in reversed(turns)]
+            assert ranks == sorted(ranks), (seed, profile, budget)
+            assert sum(view.costs.values()) <= budget, (seed, profile, budget, view.costs)
+            for band in ("full", "lean", "summary"):
+                assert view.costs[band] == sum(
+                    cc_lhc.band_cost(t, band, summaries.get(t.n, ("", ""))[0])
+                    for t in turns if view.bands[t.n] == band)
+            # cumulatively no band takes more than its share plus what better bands left
+            shares = cc_lhc.PROFILE_SHARES[profile]
+            cap = used = 0
+            for band in ("full", "lean", "summary"):
+                cap += int(budget * shares[band])
+                used += view.costs[band]
+                assert used <= cap
+
+
+def test_turns_retrieved_recently_are_favoured():
+    turns = _uniform_turns(30)
+    for t in turns:
+        t.messages[3]["text"] = "a" * 800  # a lean turn costs more than its summary
+    summaries = {t.n: ("s" * 200, "extractive") for t in turns}
+    plain = cc_lhc.build_view("t", turns, 5000, "default", summaries)
+    omitted, summarised = plain.turns_in("omitted"), plain.turns_in("summary")
+    assert omitted and summarised
+    favoured = {omitted[0], summarised[0], 30}
+    lifted = cc_lhc.build_view("t", turns, 5000, "default", summaries, favoured=favoured)
+    assert lifted.bands[omitted[0]] == lifted.bands[summarised[0]] == "lean"
+    assert lifted.bands[30] == plain.bands[30] == "full"  # already in view: left alone
+    assert sum(lifted.costs.values()) <= 5000
+    rest = [lifted.bands[t.n] for t in reversed(turns) if t.n not in favoured]
+    assert [RANK[b] for b in rest] == sorted(RANK[b] for b in rest)
+    # favour is bounded by the lean share: a turn too big for it is not lifted
+    big = _uniform_turns(30)
+    big[0].messages[3]["text"] = "a" * 60_000  # too big for lean even with stubs
+    view = cc_lhc.build_view("t", big, 5000, "default", summaries, favoured={1})
+    assert view.bands[1] in ("summary", "omitted")
+
+
+# -- over real threads ----------------------------------------------------------------------
+
+@pytest.fixture
+def random_threads(tmp_path):
+    return [intake_transcript(random_transcript(seed, turns=8 + seed % 5), tmp_path)
+            for seed in range(6)]
+
+
+def test_tool_pairs_kept_or_stubbed_together_and_records_are_valid(random_threads):
+    for thread in random_threads:
+        messages = thread.messages()
+        unpaired_calls = {m["tool_use_id"] for m in messages.values() if m["kind"] == "tool_call"} - \
+            {m["tool_use_id"] for m in messages.values() if m["kind"] == "tool_result"}
+        assert unpaired_calls, "the generator makes interrupted turns"
+        for budget in (300, 2_000, 6_000, 15_000, 60_000, 10**6):
+            for profile in cc_lhc.PROFILE_SHARES:
+                turns, view, header, records = build(thread, budget, profile)
+                assert_chain(records)
+                assert_tool_blocks_paired(records)
+                seen_calls, seen_results = set(), set()
+                for rec in records:
+                    for b in blocks_of(rec):
+                        if b.get("type") == "tool_use":
+                            seen_calls.add(b["id"])
+                        if b.get("type") == "tool_result":
+                            seen_results.add(b["tool_use_id"])
+                assert seen_calls == seen_results
+                assert not seen_calls & unpaired_calls
+                for t in turns:
+                    ids = {m["tool_use_id"] for m in t.messages if m["kind"] == "tool_call"}
+                    ids -= unpaired_calls
+                    if view.bands[t.n] in ("full", "lean"):
+                        assert ids <= seen_calls
+                    else:
+                        assert not ids & seen_calls
+                assert records[-1]["type"] == "assistant"  # never ends on the header alone
+
+
+def test_lean_stubs_state_lines_size_and_the_way_back(random_threads):
+    checked = verbatim_errors = 0
+    for thread in random_threads:
+        messages = thread.messages()
+        for t in thread.turns:
+            names = {m["tool_use_id"]: m["tool_name"] for m in t.messages if m["kind"] == "tool_call"}
+            for m, stub in cc_lhc.visible_messages(t, "lean"):
+                assert m["kind"] != "thinking"
+                if m["kind"] != "tool_result":
+                    continue
+                size = len((m["text"] or "").encode("utf-8"))
+                if stub is None:
+                    assert size <= cc_lhc.STUB_KEEP_BYTES or (
+                        m["is_error"] and size <= cc_lhc.ERROR_KEEP_BYTES)
+                    verbatim_errors += bool(m["is_error"] and size > cc_lhc.STUB_KEEP_BYTES)
+                    continue
+                match = STUB_RE.match(stub)
+                assert match, stub
+                name, seq, lines, human, back = match.groups()
+                assert int(seq) == int(back) == m["seq"] and name == names[m["tool_use_id"]]
+                text_ = messages[m["seq"]]["text"]
+                assert int(lines) == len(text_.splitlines())
+                assert human == cc_lhc._human_size(size)
+                checked += 1
+    assert checked > 10 and verbatim_errors > 0
+
+
+def test_short_error_output_stays_verbatim_in_lean(tmp_path):
+    tr = Transcript()
+    tr.prompt("run it")
+    calls = tr.response(tool_use("Bash", command="make"), tool_use("Bash", command="make all"),
+                        stop="tool_use")
+    short_error = "make: *** No rule to make target 'x'.  Stop.\n" + "détail " * 40
+    long_error = "E" * (cc_lhc.ERROR_KEEP_BYTES + 1)
+    tr.results((calls[0]["id"], short_error, True), (calls[1]["id"], long_error, True))
+    tr.response(text("it failed"))
+    thread = intake_transcript(tr, tmp_path)
+    (turn,) = thread.turns
+    lean = {m["tool_use_id"]: stub for m, stub in cc_lhc.visible_messages(turn, "lean")
+            if m["kind"] == "tool_result"}
+    assert lean[calls[0]["id"]] is None  # verbatim
+    assert STUB_RE.match(lean[calls[1]["id"]])
+    view = cc_lhc.View(thread.id, {1: "lean"}, {}, 0, "default", {})
+    records = cc_lhc.view_records(view, [turn], "h", "s", "/", NOW)
+    results = [b for r in records for b in blocks_of(r) if b.get("type") == "tool_result"]
+    assert results[0]["content"] == short_error and results[0]["is_error"] is True
+    assert results[1]["content"].startswith("[output of Bash m")
+
+
+# -- thinking -------------------------------------------------------------------------------
+
+SIGNATURE = "EqQBCkgIARABGAIiQL+/9x1y2z==\u00e9\\/\"quoted\"" + "Zm9v" * 50
+
+
+@pytest.fixture
+def thinking_thread(tmp_path):
+    tr = Transcript()
+    tr.prompt("think please")
+    tr.response(thinking("signed thought", SIGNATURE), thinking("unsigned thought", None),
+                text("answer one"))
+    tr.prompt("and a redacted one")
+    tr.response({"type": "redacted_thinking", "data": "ENCRYPTED-BLOB=="}, text("answer two"))
+    return intake_transcript(tr, tmp_path)
+
+
+def _thinking_blocks(records):
+    return [b for r in records if r["type"] == "assistant" for b in blocks_of(r)
+            if b.get("type") in ("thinking", "redacted_thinking")]
+
+
+def test_signed_thinking_replayed_verbatim_in_full_turns(thinking_thread):
+    turns, view, header, records = build(thinking_thread, 10**6)
+    assert set(view.bands.values()) == {"full"}
+    got = _thinking_blocks(records)
+    assert got == [{"type": "thinking", "thinking": "signed thought", "signature": SIGNATURE},
+                   {"type": "redacted_thinking", "data": "ENCRYPTED-BLOB=="}]
+    data = cc_lhc.records_bytes(records)
+    assert json.dumps(SIGNATURE, ensure_ascii=False).encode() in data  # byte-identical
+    assert b"unsigned thought" not in data  # never given a signature, never replayed
+    for r in records:
+        if r["type"] == "assistant":
+            assert r["message"]["model"] == "claude-test-model"  # the CLI drops thinking without it
+
+
+def test_unsigned_thinking_never_gets_a_signature(thinking_thread):
+    for band in ("full", "lean"):
+        for t in thinking_thread.turns:
+            for m, _ in cc_lhc.visible_messages(t, band, "signed_verbatim"):
+                assert "unsigned thought" not in (m["text"] or "")
+
+
+def test_thinking_arm_omit_drops_it(thinking_thread, monkeypatch):
+    _, _, _, records = build(thinking_thread, 10**6, arm="omit")
+    assert _thinking_blocks(records) == []
+    # flipping the constant takes effect without passing an arm
+    monkeypatch.setattr(cc_lhc, "THINKING_REBUILD_ARM", "omit")
+    _, _, _, records = build(thinking_thread, 10**6)
+    assert _thinking_blocks(records) == []
+    assert [b["text"] for r in records for b in blocks_of(r) if r["type"] == "assistant"
+            and b.get("type") == "text"] == ["answer one", "answer two"]
+
+
+def test_lean_turns_drop_all_thinking(thinking_thread):
+    turns = thinking_thread.turns
+    view = cc_lhc.View(thinking_thread.id, {t.n: "lean" for t in turns}, {}, 0, "default", {})
+    records = cc_lhc.view_records(view, turns, "h", "s", "/", NOW)
+    assert _thinking_blocks(records) == []
+
+
+def test_plan_rebuild_passes_the_arm(thinking_thread, tmp_path):
+    policy = cc_lhc.resolve_policy([])
+    kw = dict(projects_root=str(tmp_path / "p"), now=NOW)
+    signed = cc_lhc.plan_rebuild(thinking_thread.home, thinking_thread.store, thinking_thread.id,
+                                 policy, str(uuid.uuid4()), "/home/u/proj", **kw)
+    omitted = cc_lhc.plan_rebuild(thinking_thread.home, thinking_thread.store, thinking_thread.id,
+                                  policy, str(uuid.uuid4()), "/home/u/proj", arm="omit", **kw)
+    assert b"signed thought" in signed.data and b"signed thought" not in omitted.data
+
+
+# -- the header -------------------------------------------------------------------------------
+
+def test_omitted_ranges_named_with_the_contracts_line(tmp_path):
+    tr = Transcript()
+    for i in range(1, 16):
+        tr.prompt(f"question {i} " + "x" * 400)
+        tr.response(text(f"answer {i} " + "y" * 400))
+    thread = intake_transcript(tr, tmp_path)
+    turns = thread.turns
+    summaries = {t.n: ("short summary", "model") for t in turns}
+    first = cc_lhc.build_view(thread.id, turns, 2000, "default", summaries)
+    k = max(first.turns_in("summary"))
+    del summaries[k]  # a turn with no summary: it and everything older can only be omitted
+    view = cc_lhc.build_view(thread.id, turns, 2000, "default", summaries)
+    assert view.turns_in("omitted") == list(range(1, k + 1))
+    header = cc_lhc.render_header(view, [], False)
+    assert f"turns t1\u2013t{k} not in view; use get-turns" in header.splitlines()
+    assert cc_lhc.omitted_line(3, 5) == "turns t3\u2013t5 not in view; use get-turns"
+    # a retrieved turn in the middle splits the omitted range in two
+    lifted = cc_lhc.build_view(thread.id, turns, 2000, "default", summaries, favoured={3})
+    assert lifted.bands[3] == "lean"
+    lines = cc_lhc.render_header(lifted, [], False).splitlines()
+    assert "turns t1\u2013t2 not in view; use get-turns" in lines
+    assert any(re.fullmatch(r"turns t4\u2013t\d+ not in view; use get-turns", ln) for ln in lines)
+    for text_ in ("cc-lhc get-turns", "cc-lhc get-messages", "cc-lhc search"):
+        assert text_ in header
+
+
+def test_working_set_lists_edited_files_first_with_the_label_that_last_showed_each(tmp_path):
+    tr = Transcript()
+    tr.prompt("work")
+    c = tr.response(tool_use("Read", file_path="/p/a.py"), tool_use("Read", file_path="/p/b.py"),
+                    stop="tool_use")
+    tr.results((c[0]["id"], "a", False), (c[1]["id"], "b", False))
+    c2 = tr.response(tool_use("Edit", file_path="/p/b.py", old_string="b", new_string="B"),
+                     stop="tool_use")
+    tr.results((c2[0]["id"], "edited b", False))
+    tr.response(text("done"))
+    tr.prompt("more")
+    c3 = tr.response(tool_use("Read", file_path="/p/c.py"), tool_use("Write", file_path="/p/d.py",
+                                                                      content="d"),
+                     stop="tool_use")
+    tr.results((c3[0]["id"], "c", False), (c3[1]["id"], "wrote d", False))
+    c4 = tr.response(tool_use("Read", file_path="/p/b.py"), stop="tool_use")
+    tr.results((c4[0]["id"], "B", False))
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    by_text = {(m["kind"], m["text"]): m["seq"] for m in thread.messages().values()}
+    result = lambda t: by_text[("tool_result", t)]  # noqa: E731
+    files = cc_lhc.working_set(thread.turns)
+    assert files == [("/p/b.py", "edited", result("B")), ("/p/d.py", "edited", result("wrote d")),
+                     ("/p/c.py", "read", result("c")), ("/p/a.py", "read", result("a"))]
+    _, view, header, _ = build(thread, 10**6)
+    lines = header.splitlines()
+    at = lines.index("Working set (edited first; the label last showed the file):")
+    assert lines[at + 1] == f"  edited /p/b.py  (m{result('B')})"
+    assert lines[at + 4] == f"  read   /p/a.py  (m{result('a')})"
+
+
+def test_fallback_sentence_in_the_header_when_policy_fell_back(tmp_path, random_threads):
+    thread = random_threads[0]
+    _, _, header, _ = build(thread, 5000, fallback=True)
+    assert cc_lhc.MSG_CONFIG_FALLBACK in header.splitlines()
+    _, _, header, _ = build(thread, 5000, fallback=False)
+    assert cc_lhc.MSG_CONFIG_FALLBACK not in header
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / ".cc-lhc.json").write_text('{"lowerBoundTokens": "lots"}')
+    policy = cc_lhc.load_policy(str(work), {})
+    assert policy.fell_back
+    rb = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, str(uuid.uuid4()),
+                             str(work), projects_root=str(tmp_path / "p"), now=NOW)
+    first = json.loads(rb.data.splitlines()[0])
+    assert first["message"]["content"].startswith("[cc-lhc] ")
+    assert cc_lhc.MSG_CONFIG_FALLBACK in first["message"]["content"]
+
+
+def test_same_history_and_settings_give_identical_bytes(random_threads, tmp_path):
+    for thread in random_threads[:3]:
+        for budget in (1500, 8000, 10**6):
+            a = cc_lhc.records_bytes(build(thread, budget)[3])
+            b = cc_lhc.records_bytes(build(thread, budget)[3])
+            assert a == b
+        policy = cc_lhc.resolve_policy([])
+        sid = str(uuid.uuid4())
+        one = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, sid, "/w",
+                                  projects_root=str(tmp_path), now=NOW)
+        two = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, sid, "/w",
+                                  projects_root=str(tmp_path), now=NOW)
+        assert one.data == two.data and one.path == two.path
+
+
+def test_retrieved_turns_are_favoured_by_the_next_view(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    for i in range(1, 16):
+        tr.prompt(f"question {i}")
+        c = tr.response(tool_use("Bash", command=f"cat log{i}"), stop="tool_use")
+        tr.results((c[0]["id"], "\n".join(f"log line {j}" for j in range(300)), False))
+        tr.response(text(f"answer {i} " + "z" * 2000))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    policy = cc_lhc.resolve_policy([("test", {"lowerBoundTokens": 4000, "upperBoundTokens": 100_000,
+                                              "minRunwayTokens": 1000})])
+    before = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, str(uuid.uuid4()),
+                                 "/w", projects_root=str(tmp_path), now=NOW).view
+    old = min(n for n, b in before.bands.items() if b in ("summary", "omitted"))
+    retrieve(capsysbinary, "get-turns", f"t{old}")
+    assert old in cc_lhc.recent_impression_turns(thread.store)
+    after = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, str(uuid.uuid4()),
+                                "/w", projects_root=str(tmp_path), now=NOW).view
+    assert after.bands[old] == "lean"
+    assert sum(after.costs.values()) <= policy.effective_target
+
+
+# -- the randomized proof ---------------------------------------------------------------------
+
+def _named_and_retrievable(thread, budget, profile, capsysbinary):
+    turns, view, header, records = build(thread, budget, profile)
+    assert_tool_blocks_paired(records)
+    named, summary_labels = header_parts(header)
+    # every turn is named by the header: a band's range, a summary label, or an omitted range
+    assert set(named) == {t.n for t in turns}
+    assert {n for n, b in named.items() if b != "omitted"} == \
+        {n for n, b in view.bands.items() if b != "omitted"}
+    assert summary_labels == set(view.turns_in("summary"))
+    assert all(view.bands[n] == b for n, b in named.items())
+    data = cc_lhc.records_bytes(records).decode("utf-8")
+    stubs = set()
+    for rec in records[1:]:
+        for b in blocks_of(rec):
+            content = b.get("content") if b.get("type") == "tool_result" else b.get("text")
+            if isinstance(content, str):
+                stubs.update(int(s) for s in re.findall(r"\u00b7 cc-lhc get-messages m(\d+)\]$", content))
+    # what a lean turn replaced is named by its stub
+    for t in turns:
+        if view.bands[t.n] not in ("full", "lean"):
+            continue
+        for m, stub in cc_lhc.visible_messages(t, view.bands[t.n]):
+            if stub is not None:
+                assert m["seq"] in stubs
+            elif m["kind"] in ("user_text", "assistant_text") and m["text"]:
+                assert json.dumps(m["text"], ensure_ascii=False)[1:-1] in data
+    # retrieve what the header and stubs name, exactly as named
+    for line in header.splitlines():
+        m = re.fullmatch(r"turns (t\d+)\u2013(t\d+) not in view; use get-turns", line)
+        if m:
+            a, b = int(m.group(1)[1:]), int(m.group(2)[1:])
+            body, _ = retrieve(capsysbinary, "get-turns", f"{m.group(1)}\u2013{m.group(2)}")
+            assert body == b"".join(expected_turn_body(thread, n) for n in range(a, b + 1))
+    by_seq = thread.messages()
+    for seq in sorted(stubs):
+        body, _ = retrieve(capsysbinary, "get-messages", f"m{seq}")
+        assert body == cc_lhc.render_message_body(by_seq[seq]).encode("utf-8")
+        assert_in_order(body, [by_seq[seq]])
+    for n in [n for n, b in named.items() if b in ("summary", "lean", "full")]:
+        body, _ = retrieve(capsysbinary, "get-turns", f"t{n}")
+        assert body == expected_turn_body(thread, n)
+        assert_in_order(body, list(thread.store.messages(n, n)))
+    return view
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_randomized_everything_left_out_is_named_and_comes_back_exactly(
+        seed, tmp_path, monkeypatch, capsysbinary):
+    """Generated sessions (scripts/gen_transcript.py) and hand-made ones with interruptions:
+    every turn not in view is named by a range or a summary label, every replaced output by
+    its stub, and retrieving each named label gives back the record byte for byte."""
+    r = random.Random(seed)
+    path = tmp_path / "gen.jsonl"
+    stats = generate(str(path), size_mb=r.choice((0.15, 0.3, 0.5)), seed=100 + seed,
+                     thinking=bool(seed % 2), compact_every=3 if seed == 3 else None)
+    threads = [intake(path, stats["session_id"], stats["cwd"]),
+               intake_transcript(random_transcript(1000 + seed, turns=10), tmp_path)]
+    bands_seen = set()
+    for thread in threads:
+        grant(thread, monkeypatch)
+        total = sum(cc_lhc.band_cost(t, "full") for t in thread.turns)
+        for fraction in (0.03, 0.15, 0.5):
+            profile = r.choice(sorted(cc_lhc.PROFILE_SHARES))
+            view = _named_and_retrievable(thread, max(200, int(total * fraction)), profile,
+                                          capsysbinary)
+            bands_seen.update(view.bands.values())
+        # a tiny budget leaves most of the thread omitted
+        view = _named_and_retrievable(thread, 60, "default", capsysbinary)
+        bands_seen.update(view.bands.values())
+    assert bands_seen >= {"full", "lean", "summary", "omitted"}
