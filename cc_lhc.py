@@ -151,7 +151,13 @@ def _read_tokenizer_bytes():
     """
     candidates = []
     if os.environ.get("CC_LHC_TOKENIZER_FILE"):
-        candidates.append(os.environ["CC_LHC_TOKENIZER_FILE"])
+        # Named explicitly: that file or nothing, never a silent fall-through elsewhere.
+        path = os.environ["CC_LHC_TOKENIZER_FILE"]
+        try:
+            with open(path, "rb") as f:
+                return f.read(), path
+        except OSError:
+            return None, None
     if getattr(sys, "_MEIPASS", None):
         candidates.append(os.path.join(sys._MEIPASS, "cc_lhc_data", TOKENIZER_FILE_NAME))
     candidates.append(os.path.join(_program_dir(), ".cache", "tokenizer", TOKENIZER_FILE_NAME))
@@ -1404,6 +1410,19 @@ def working_set(turns):
     return [(path, "edited" if edited else "read", label) for path, (edited, label) in rows[:WORKING_SET_LIMIT]]
 
 
+def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False):
+    """The view Claude will be served and its header, both inside ``budget``.
+
+    The header is part of what Claude receives: its fixed part (instructions, working
+    set, omitted-range lines) comes out of the budget before the bands share the rest.
+    """
+    files = working_set(turns)
+    everything_omitted = View(thread_id, {t.n: "omitted" for t in turns}, {}, 0, profile, {})
+    reserve = estimate_tokens(render_header(everything_omitted, files, fell_back))
+    view = build_view(thread_id, turns, max(0, budget - reserve), profile, summaries, favoured)
+    return view, render_header(view, files, fell_back)
+
+
 def render_header(view: View, files, fallback_note: bool) -> str:
     """The opening message of a rebuilt session: what is in view and how to get the rest."""
     lines = [
@@ -1640,8 +1659,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     turns = load_turns(store)
     summaries = thread_summaries(store, turns)
     favoured = recent_impression_turns(store)
-    view = build_view(thread_id, turns, policy.effective_target, policy["profile"], summaries, favoured)
-    header = render_header(view, working_set(turns), policy.fell_back)
+    view, header = serve_view(thread_id, turns, policy.effective_target, policy["profile"],
+                              summaries, favoured, policy.fell_back)
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
@@ -4751,13 +4770,12 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     counts = _count_many(texts)
     totals = {band: sum(counts[i] for row in per_turn for i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
-    view = build_view(thread_id, turns, profile=profile, budget=target, summaries=summaries)
+    view, header = serve_view(thread_id, turns, target, profile, summaries)
     in_view = 0
     for t, row in zip(turns, per_turn):
         band = view.bands.get(t.n)
         if band in row:
             in_view += sum(counts[i] for i in row[band])
-    header = render_header(view, working_set(turns), False)
     in_view += _count_many([header])[0]
     original = totals["full"]
 

@@ -121,7 +121,7 @@ def choose_budget(home, thread_id):
         turns = cc_lhc.load_turns(store)
         summaries = cc_lhc.thread_summaries(store, turns)
         for budget in range(500, 40_000, 100):
-            view = cc_lhc.build_view(thread_id, turns, budget, "default", summaries)
+            view, _header = cc_lhc.serve_view(thread_id, turns, budget, "default", summaries)
             bands = set(view.bands.values())
             if not {"full", "lean", "summary", "omitted"} <= bands:
                 continue

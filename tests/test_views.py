@@ -802,3 +802,15 @@ def test_randomized_everything_left_out_is_named_and_comes_back_exactly(
         view = _named_and_retrievable(thread, 60, "default", capsysbinary)
         bands_seen.update(view.bands.values())
     assert bands_seen >= {"full", "lean", "summary", "omitted"}
+
+
+def test_the_header_counts_against_the_budget(random_threads):
+    # What Claude receives is the header plus the bands: together they stay inside the budget.
+    for thread in random_threads:
+        turns = thread.turns
+        summaries = cc_lhc.thread_summaries(thread.store, turns)
+        for budget in (800, 3000, 12000):
+            view, header = cc_lhc.serve_view(thread.id, turns, budget, "default", summaries)
+            # summaries are written inside the header, so they are counted there
+            sent = view.costs["full"] + view.costs["lean"] + cc_lhc.estimate_tokens(header)
+            assert sent <= budget + 64, (budget, sent)

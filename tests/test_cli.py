@@ -1,0 +1,486 @@
+"""The command line as a user meets it: cc-lhc's own flags, what reaches Claude unchanged,
+session selectors, one-shot detection, exit statuses and a clean stdout.
+
+Claude is played by tests/fake_claude.py (CC_LHC_CLAUDE_BIN), which records the argv and
+environment it was started with, so every test can see exactly what the wrapper launched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import cc_lhc
+from conftest import CC_LHC, FAKE_CLAUDE, REPO
+
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+SID_A = "11111111-2222-4333-8444-555555555555"
+SID_B = "66666666-7777-4888-9999-000000000000"
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def lhc(fake, *args, script=None, env=None, cwd=None, input=None, timeout=30):
+    """Run `python3 cc_lhc.py args...` with fake_claude as Claude; output as bytes."""
+    full_env = {**fake.env, **(env or {})}
+    if script is not None:
+        full_env["FAKE_CLAUDE_SCRIPT"] = json.dumps(script)
+    return subprocess.run([sys.executable, str(CC_LHC), *args], env=full_env,
+                          cwd=cwd or fake.cwd, input=input, capture_output=True, timeout=timeout,
+                          stdin=None if input is not None else subprocess.DEVNULL)
+
+
+def err(p) -> str:
+    return p.stderr.decode("utf-8", "replace")
+
+
+def out(p) -> str:
+    return p.stdout.decode("utf-8", "replace")
+
+
+def only_launch(fake) -> dict:
+    launches = fake.launches()
+    assert len(launches) == 1, f"expected one Claude launch, got {len(launches)}"
+    return launches[0]
+
+
+def log_events(iso_env, event=None) -> list[dict]:
+    path = iso_env.lhc / "wrapper.log"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [r for r in rows if event is None or r["event"] == event]
+
+
+def burst_bytes(n: int) -> bytes:
+    """What fake_claude's {"burst": n} step writes."""
+    data, i = bytearray(), 0
+    while len(data) < n:
+        data += b"burst line %08d ..........................................\n" % i
+        i += 1
+    return bytes(data[:n])
+
+
+def env_vars_read_by_source() -> set[str]:
+    """Every environment variable cc_lhc.py reads, found by reading its source."""
+    text = CC_LHC.read_text()
+    patterns = (
+        r"os\.environ\.get\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']",
+        r"os\.getenv\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']",
+        r"os\.environ\[\s*[\"']([A-Z][A-Z0-9_]*)[\"']\s*\](?!\s*=[^=])",
+        r"\benv(?:iron)?\.get\(\s*[\"']([A-Z][A-Z0-9_]*)[\"']",
+        r"[\"'](CC_LHC_[A-Z0-9_]+)[\"']",  # a name kept in a constant is read somewhere too
+    )
+    names = set()
+    for pattern in patterns:
+        names.update(re.findall(pattern, text))
+    return names
+
+
+# -- cc-lhc's own flags -------------------------------------------------------------------
+
+def test_lhc_version_names_version_and_git_identity(fake_claude):
+    p = lhc(fake_claude, "--lhc-version")
+    assert p.returncode == 0, err(p)
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    line = out(p).strip()
+    assert cc_lhc.VERSION in line
+    assert head[:12] in line
+    assert ("modified" if dirty else "clean") in line
+    assert fake_claude.launches() == []  # never launches Claude
+    assert err(p) == ""
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                    *args], check=True, capture_output=True)
+
+
+def test_lhc_version_tells_clean_from_modified_and_unknown(tmp_path, fake_claude):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    shutil.copy(CC_LHC, repo / "cc_lhc.py")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "cc_lhc.py")
+    _git(repo, "commit", "-q", "-m", "x")
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+
+    def version(path):
+        p = subprocess.run([sys.executable, str(path), "--lhc-version"], env=fake_claude.env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+
+    clean = version(repo / "cc_lhc.py")
+    assert commit[:12] in clean and "clean" in clean and "modified" not in clean
+    with open(repo / "cc_lhc.py", "a") as f:
+        f.write("\n# a local edit\n")
+    modified = version(repo / "cc_lhc.py")
+    assert commit[:12] in modified and "modified" in modified
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    shutil.copy(CC_LHC, loose / "cc_lhc.py")
+    unknown = version(loose / "cc_lhc.py")
+    assert cc_lhc.VERSION in unknown and "unknown" in unknown
+    assert fake_claude.launches() == []
+
+
+def test_lhc_help_lists_every_flag_and_every_environment_variable(fake_claude):
+    p = lhc(fake_claude, "--lhc-help")
+    assert p.returncode == 0, err(p)
+    text = out(p)
+    for flag in cc_lhc.LHC_FLAGS:
+        assert flag in text, f"--lhc-help does not list {flag}"
+    names = env_vars_read_by_source()
+    # The grep itself must keep working, or this test would pass on an empty list.
+    assert {"CC_LHC_HOME", "CC_LHC_CLAUDE_BIN", "CLAUDE_CONFIG_DIR", "XDG_CONFIG_HOME"} <= names
+    missing = sorted(n for n in names if not re.search(rf"\b{n}\b", text))
+    assert not missing, f"--lhc-help does not document environment variables {missing}"
+    for field in cc_lhc.BUILTIN_POLICY:
+        assert field in text, f"--lhc-help does not name config field {field}"
+    assert fake_claude.launches() == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["--lhc-bogus"],
+    ["--lhc-bogus=3"],
+    ["-p", "hello", "--lhc-bogus"],
+    ["--model", "x", "--lhc-bogus", "--", "--lhc-help"],
+])
+def test_unknown_lhc_flag_exits_2_with_one_line_naming_it(fake_claude, argv):
+    p = lhc(fake_claude, *argv)
+    assert p.returncode == 2
+    lines = err(p).strip().splitlines()
+    assert len(lines) == 1 and "--lhc-bogus" in lines[0], err(p)
+    assert "Traceback" not in err(p)
+    assert p.stdout == b""
+    assert fake_claude.launches() == []
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["--lhc-target"], "--lhc-target"),
+    (["--lhc-help=yes"], "--lhc-help"),
+    (["--lhc-version=1"], "--lhc-version"),
+])
+def test_malformed_lhc_flag_exits_2_before_spawn(fake_claude, argv, word):
+    p = lhc(fake_claude, *argv)
+    assert p.returncode == 2
+    assert word in err(p) and len(err(p).strip().splitlines()) == 1
+    assert fake_claude.launches() == []
+
+
+@pytest.mark.parametrize("mode", [[], ["-p"]])
+def test_lhc_lookalikes_after_double_dash_reach_claude(fake_claude, mode):
+    p = lhc(fake_claude, *mode, "--", "--lhc-bogus", "--lhc-help", "--", "x")
+    assert p.returncode == 0, err(p)
+    argv = only_launch(fake_claude)["argv"]
+    assert argv[-4:] == ["--lhc-bogus", "--lhc-help", "--", "x"]
+    assert "cc-lhc" not in out(p)  # no help text: the flag was Claude's
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["-h"], ["-v"],
+                                  ["mcp", "list"], ["--model", "x", "--help"]])
+def test_claude_help_version_and_subcommands_reach_claude_unchanged(fake_claude, args):
+    p = lhc(fake_claude, *args, script=[{"print": "claude says hi"}])
+    assert p.returncode == 0, err(p)
+    assert only_launch(fake_claude)["argv"] == args  # no --session-id injected
+    assert out(p) == "claude says hi\n"
+
+
+def test_reserved_subcommands_are_never_forwarded(fake_claude):
+    for name in cc_lhc.LHC_SUBCOMMANDS:
+        args = [name, "write"] if name == "rollout" else [name]
+        seen = len(fake_claude.launches())
+        p = lhc(fake_claude, *args)
+        text = err(p)
+        assert "Traceback" not in text, f"{name}: {text}"
+        started = fake_claude.launches()[seen:]
+        if name not in cc_lhc.COMMANDS:
+            assert p.returncode == 2, f"{name}: {p.returncode} {text}"
+            assert "not available" in text and name in text, f"{name}: {text}"
+            assert len(text.strip().splitlines()) == 1
+            assert started == [], f"{name} reached Claude"
+        else:
+            # An implemented command may consult Claude (doctor asks for its version),
+            # but never hands Claude the command or starts a session.
+            assert p.returncode in (0, 2), f"{name}: {p.returncode} {text}"
+            for launch in started:
+                assert name not in launch["argv"] and "--session-id" not in launch["argv"], launch
+
+
+def test_threads_and_export_work(fake_claude):
+    p = lhc(fake_claude, "threads")
+    assert (p.returncode, out(p).strip()) == (0, "no threads yet")
+    assert lhc(fake_claude, "-p", "hello").returncode == 0
+    session = only_launch(fake_claude)["argv"][1]
+    p = lhc(fake_claude, "threads", "--json")
+    assert p.returncode == 0, err(p)
+    threads = json.loads(p.stdout)
+    assert [t["current_session"] for t in threads] == [session]
+    p = lhc(fake_claude, "export", threads[0]["id"][:8])
+    assert p.returncode == 0, err(p)
+    assert json.loads(p.stdout) == []  # the stand-in wrote no transcript
+    assert len(fake_claude.launches()) == 1
+
+
+def test_double_dash_sends_a_reserved_word_to_claude(fake_claude):
+    p = lhc(fake_claude, "-p", "--", "doctor")
+    assert p.returncode == 0, err(p)
+    # The first `--` is cc-lhc's separator; what follows reaches Claude as written.
+    assert only_launch(fake_claude)["argv"][-2:] == ["-p", "doctor"]
+
+
+# -- finding Claude -----------------------------------------------------------------------
+
+def test_claude_bin_override_pointing_nowhere_exits_127(fake_claude, tmp_path):
+    missing = tmp_path / "no-such-claude"
+    p = lhc(fake_claude, "-p", "hi", env={"CC_LHC_CLAUDE_BIN": str(missing)})
+    assert p.returncode == 127
+    assert str(missing) in err(p) and "CC_LHC_CLAUDE_BIN" in err(p)
+    assert "Traceback" not in err(p)
+    assert len(err(p).strip().splitlines()) == 1
+
+
+def test_claude_bin_override_not_executable_exits_127(fake_claude, tmp_path):
+    plain = tmp_path / "claude.txt"
+    plain.write_text("not a program\n")
+    plain.chmod(0o644)
+    p = lhc(fake_claude, "--version", env={"CC_LHC_CLAUDE_BIN": str(plain)})
+    assert p.returncode == 127, err(p)
+    assert str(plain) in err(p) and "Traceback" not in err(p)
+
+
+def _path_with(tmp_path, with_claude: bool) -> str:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    os.symlink(sys.executable, bindir / "python3")  # fake_claude's #! looks python3 up on PATH
+    if with_claude:
+        os.symlink(FAKE_CLAUDE, bindir / "claude")
+    return str(bindir)
+
+
+@pytest.mark.parametrize("args", [["-p", "hi"], ["--version"], []])
+def test_claude_missing_from_path_exits_127(fake_claude, tmp_path, args):
+    env = {k: v for k, v in fake_claude.env.items() if k != "CC_LHC_CLAUDE_BIN"}
+    env["PATH"] = _path_with(tmp_path, with_claude=False)
+    p = subprocess.run([sys.executable, str(CC_LHC), *args], env=env, cwd=fake_claude.cwd,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+    assert p.returncode == 127
+    assert "claude" in p.stderr and "PATH" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_claude_found_on_path_by_default(fake_claude, tmp_path):
+    env = {k: v for k, v in fake_claude.env.items() if k != "CC_LHC_CLAUDE_BIN"}
+    env["PATH"] = _path_with(tmp_path, with_claude=True)
+    env["FAKE_CLAUDE_SCRIPT"] = json.dumps([{"print": "from PATH"}])
+    p = subprocess.run([sys.executable, str(CC_LHC), "-p", "hi"], env=env, cwd=fake_claude.cwd,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+    assert (p.returncode, p.stdout) == (0, "from PATH\n"), p.stderr
+
+
+# -- session selectors --------------------------------------------------------------------
+
+def test_fresh_launch_gets_a_new_session_id_prepended(fake_claude):
+    for _ in range(2):
+        p = lhc(fake_claude, "-p", "hello", "--model", "opus")
+        assert p.returncode == 0, err(p)
+    first, second = (launch["argv"] for launch in fake_claude.launches())
+    assert first[0] == "--session-id" and UUID.match(first[1])
+    assert first[2:] == ["-p", "hello", "--model", "opus"]
+    assert second[1] != first[1], "two fresh launches got the same session"
+
+
+def test_fresh_interactive_launch_gets_a_session_id_too(fake_claude):
+    p = lhc(fake_claude)
+    assert p.returncode == 0, err(p)
+    argv = only_launch(fake_claude)["argv"]
+    assert argv[0] == "--session-id" and UUID.match(argv[1]) and len(argv) == 2
+
+
+@pytest.mark.parametrize("args", [
+    ["--resume", SID_A, "-p", "hi"],
+    ["-r", SID_A, "-p", "hi"],
+    [f"--resume={SID_A}", "-p", "hi"],
+    ["--session-id", SID_A, "-p", "hi"],
+    ["-p", "hi", "--session-id", SID_A],
+])
+def test_user_session_selectors_pass_unchanged(fake_claude, args):
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    assert only_launch(fake_claude)["argv"] == args
+
+
+def test_continue_gets_no_session_id(fake_claude):
+    p = lhc(fake_claude, "-c", "-p", "hi")
+    assert p.returncode == 0, err(p)
+    argv = only_launch(fake_claude)["argv"]
+    assert "--session-id" not in argv and "-c" in argv
+
+
+@pytest.mark.parametrize("args", [
+    ["--resume", SID_A, "--session-id", SID_B],
+    ["--session-id", SID_B, "--resume", SID_A],
+    ["-c", "--resume", SID_A],
+    ["--continue", "-r", SID_A],
+    ["-c", "--session-id", SID_B],
+    ["--resume", SID_A, "--resume", SID_B],
+    ["--session-id", "not-a-uuid"],
+    ["--session-id"],
+    ["-p", "hi", "--resume", SID_A, "--session-id", SID_B],
+    ["-p", "hi", "-c", "--resume", SID_A],
+])
+def test_conflicting_selectors_exit_2_before_spawn(fake_claude, iso_env, args):
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 2, err(p)
+    assert "Traceback" not in err(p) and len(err(p).strip().splitlines()) == 1
+    assert fake_claude.launches() == [], "Claude was started despite the conflict"
+    assert log_events(iso_env, "launch") == []
+
+
+# -- one-shot and interactive -------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["-p", "hi"], ["--print", "hi"], ["-p=hi"], ["--print=hi"],
+                                  ["--model", "x", "-p"], ["--", "-p", "hi"]])
+def test_every_print_form_is_a_one_shot(fake_claude, iso_env, args):
+    p = lhc(fake_claude, *args, script=[{"print": "answer"}])
+    assert (p.returncode, out(p)) == (0, "answer\n"), err(p)
+    launch = only_launch(fake_claude)
+    # One-shot: Claude inherits our (piped) stdio instead of getting a terminal.
+    assert launch["tty"] == {"stdin": False, "stdout": False, "stderr": False}
+    assert [e["mode"] for e in log_events(iso_env, "launch")] == ["oneshot"]
+
+
+def test_without_print_claude_gets_a_terminal(fake_claude, iso_env):
+    p = lhc(fake_claude, "hello", script=[{"print": "answer"}])
+    assert p.returncode == 0, err(p)
+    assert only_launch(fake_claude)["tty"]["stdout"] is True
+    assert b"answer" in p.stdout
+    assert [e["mode"] for e in log_events(iso_env, "launch")] == ["interactive"]
+
+
+def test_one_shot_passes_piped_stdin_to_claude(fake_claude):
+    p = lhc(fake_claude, "-p", script=[{"echo": True}], input=b"first\nsecond\n")
+    assert (p.returncode, out(p)) == (0, "ECHO first\nECHO second\n"), err(p)
+
+
+@pytest.mark.parametrize("args, disabled", [
+    (["-p", "hi"], "1"),
+    ([], "1"),
+    (["--autocompact", "auto", "-p", "hi"], None),
+    (["--autocompact=200000", "-p", "hi"], None),
+    (["--autocompact", "auto"], None),
+])
+def test_auto_compact_disabled_unless_user_asks(fake_claude, args, disabled):
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    launch = only_launch(fake_claude)
+    assert launch["env"].get("DISABLE_AUTO_COMPACT") == disabled
+    if disabled is None:
+        assert "--autocompact" in " ".join(launch["argv"])  # passed through unchanged
+
+
+# -- exit statuses ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("code", [0, 1, 3, 42])
+@pytest.mark.parametrize("mode", [["-p", "hi"], []])
+def test_claude_exit_status_is_cc_lhc_exit_status(fake_claude, code, mode):
+    p = lhc(fake_claude, *mode, script=[{"exit": code}])
+    assert p.returncode == code, err(p)
+    assert "Traceback" not in err(p)
+
+
+@pytest.mark.parametrize("sig", ["TERM", "HUP", "USR1"])
+@pytest.mark.parametrize("mode", [["-p", "hi"], []])
+def test_claude_killed_by_signal_gives_128_plus_n(fake_claude, sig, mode):
+    p = lhc(fake_claude, *mode, script=[{"signal": sig}])
+    assert p.returncode == 128 + getattr(signal, "SIG" + sig), err(p)
+
+
+def test_sigterm_to_one_shot_wrapper_reaches_claude(fake_claude):
+    fake_claude.script([{"print": "READY"}, {"sleep": None}])
+    proc = subprocess.Popen([sys.executable, str(CC_LHC), "-p", "hi"], env=fake_claude.env,
+                            cwd=fake_claude.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"READY\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+GRACEFUL_CLAUDE = """\
+import signal, sys, time
+def stop(*_):
+    time.sleep(0.3)  # finishing up takes a moment; the wrapper must wait for it
+    print("saved and stopped", flush=True)
+    sys.exit(5)
+signal.signal(signal.SIGINT, stop)
+print("READY", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_ctrl_c_during_one_shot_is_claudes_to_handle(fake_claude, tmp_path):
+    # ctrl-c in a shell signals the whole foreground process group: Claude and cc-lhc.
+    # Claude decides what it means; cc-lhc waits for it and reports Claude's status.
+    graceful = tmp_path / "graceful-claude"
+    graceful.write_text(f"#!{sys.executable}\n{GRACEFUL_CLAUDE}")
+    graceful.chmod(0o755)
+    env = {**fake_claude.env, "CC_LHC_CLAUDE_BIN": str(graceful)}
+    proc = subprocess.Popen([sys.executable, str(CC_LHC), "-p", "hi"], env=env,
+                            cwd=fake_claude.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == b"READY\n"
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.stdout.readline() == b"saved and stopped\n"
+        assert proc.wait(timeout=10) == 5
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+# -- stdout belongs to Claude -------------------------------------------------------------
+
+def test_cc_lhc_lines_go_to_stderr_only(fake_claude, iso_env):
+    # A bad config makes cc-lhc talk; none of it may land in Claude's stdout.
+    (iso_env.work / ".cc-lhc.json").write_text('{"lowerBoundTokens": "lots"}')
+    p = lhc(fake_claude, "-p", "hi", "--output-format", "json",
+            script=[{"print": '{"type":"result","result":"ok"}'}, {"stderr": "claude's own"}])
+    assert p.returncode == 0
+    assert p.stdout == b'{"type":"result","result":"ok"}\n'
+    assert cc_lhc.MSG_CONFIG_FALLBACK in err(p) and "claude's own" in err(p)
+
+
+def test_large_burst_through_a_pipe_arrives_byte_for_byte(fake_claude):
+    size = 6_000_000
+    started = time.monotonic()
+    p = lhc(fake_claude, "-p", "hi", script=[{"burst": size}], timeout=60)
+    assert p.returncode == 0, err(p)
+    assert len(p.stdout) == size
+    assert p.stdout == burst_bytes(size)
+    assert err(p) == ""
+    assert time.monotonic() - started < 20

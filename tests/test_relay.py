@@ -1,0 +1,385 @@
+"""The terminal relay and the interactive host, with real children on real PTYs.
+
+The first half drives ``cc_lhc.Relay`` directly (its descriptors and size functions are
+passed in); Relay.run installs signal handlers, so it runs in the main thread while a
+helper thread plays the user. The second half runs the whole of cc-lhc in tmux with
+tests/fake_claude.py as Claude, and kills wrappers to prove their children go with them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import cc_lhc
+from conftest import CC_LHC, FAKE_CLAUDE
+
+ptyprocess = pytest.importorskip("ptyprocess")
+pytestmark = [pytest.mark.skipif(os.name != "posix", reason="POSIX PTYs"),
+              pytest.mark.timeout(60)]
+
+Relay = cc_lhc.Relay
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def burst_bytes(n: int) -> bytes:
+    """What fake_claude's {"burst": n} step writes."""
+    data, i = bytearray(), 0
+    while len(data) < n:
+        data += b"burst line %08d ..........................................\n" % i
+        i += 1
+    return bytes(data[:n])
+
+
+def spawn(script, dims=(24, 80), echo=True, argv=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_CLAUDE_")}
+    env["FAKE_CLAUDE_SCRIPT"] = json.dumps(script)
+    return ptyprocess.PtyProcess.spawn(argv or [sys.executable, str(FAKE_CLAUDE)], env=env,
+                                       dimensions=dims, echo=echo)
+
+
+class Sink:
+    """The user's screen: a pipe the relay writes to, read by a thread."""
+
+    def __init__(self, nonblocking=False, hold=None, piece=1 << 16):
+        self.r, self.w = os.pipe()
+        if nonblocking:
+            os.set_blocking(self.w, False)
+        self.data = bytearray()
+        self.cond = threading.Condition()
+        self.hold = hold      # an Event the reader waits for before reading anything
+        self.piece = piece
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        if self.hold is not None:
+            self.hold.wait(20)
+        while True:
+            chunk = os.read(self.r, self.piece)
+            if not chunk:
+                break
+            with self.cond:
+                self.data += chunk
+                self.cond.notify_all()
+        os.close(self.r)
+
+    def wait_for(self, needle: bytes, timeout=10) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: needle in self.data, timeout)
+
+    def close(self) -> bytes:
+        os.close(self.w)
+        self.thread.join(20)
+        return bytes(self.data)
+
+
+class TrackedBuffer(bytearray):
+    """A relay buffer that remembers how large it ever got."""
+
+    def __init__(self):
+        super().__init__()
+        self.peak = 0
+        self.reached_high_water = threading.Event()
+
+    def __iadd__(self, other):
+        bytearray.__iadd__(self, other)
+        self.peak = max(self.peak, len(self))
+        if len(self) >= Relay.HIGH_WATER:
+            self.reached_high_water.set()
+        return self
+
+
+def child_status(child) -> int:
+    child.wait()
+    return 128 + child.signalstatus if child.signalstatus is not None else child.exitstatus
+
+
+def gone(pid: int) -> bool:
+    """The process is dead (absent, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def wait_until(predicate, timeout=10, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_for_exit(child, timeout) -> bool:
+    deadline = time.monotonic() + timeout
+    while child.isalive():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def wait_launch(fake, count=1, timeout=10) -> dict:
+    wait_until(lambda: len(fake.launches()) >= count, timeout, "Claude to start")
+    return fake.launches()[count - 1]
+
+
+# -- Relay with real children -------------------------------------------------------------
+
+def test_burst_arrives_complete_through_a_slow_reader_with_bounded_memory():
+    size = 5_000_000
+    child = spawn([{"burst": size}])
+    tracked = TrackedBuffer()
+    # The screen reads nothing until the relay's buffer is full, then reads in small pieces.
+    sink = Sink(nonblocking=True, hold=tracked.reached_high_water, piece=4096)
+    relay = Relay(child.fd, None, sink.w)
+    relay.to_user = tracked
+    try:
+        relay.run()
+    finally:
+        child.kill(signal.SIGKILL) if child.isalive() else None
+    got = sink.close()
+    assert child_status(child) == 0
+    assert tracked.reached_high_water.is_set(), "the reader was never slower than the child"
+    assert tracked.peak <= Relay.HIGH_WATER + Relay.CHUNK, tracked.peak
+    # The child's terminal turns \n into \r\n (ONLCR); everything else is byte for byte.
+    assert got.replace(b"\r\n", b"\n") == burst_bytes(size)
+
+
+def test_input_reaches_the_child_in_order_with_partial_writes():
+    lines = [b"line %05d %s" % (i, b"x" * (i % 90)) for i in range(6000)]  # ~330 KB
+    payload = b"".join(line + b"\n" for line in lines) + b"\x04"  # ^D: end of input
+    child = spawn([{"echo": True}, {"exit": 3}], echo=False)
+    in_r, in_w = os.pipe()
+    sink = Sink()
+
+    def type_everything():
+        with os.fdopen(in_w, "wb") as f:
+            f.write(payload)
+
+    typist = threading.Thread(target=type_everything, daemon=True)
+    typist.start()
+    try:
+        Relay(child.fd, in_r, sink.w).run()
+    finally:
+        child.kill(signal.SIGKILL) if child.isalive() else None
+        os.close(in_r)
+    got = sink.close().replace(b"\r\n", b"\n")
+    assert child_status(child) == 3
+    assert got == b"".join(b"ECHO " + line + b"\n" for line in lines)
+
+
+def test_child_exit_ends_the_relay_while_input_stays_open():
+    child = spawn([{"print": "goodbye screen"}, {"exit": 7}])
+    in_r, in_w = os.pipe()  # the user never types and never closes the terminal
+    sink = Sink()
+    watched = (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+    before = [signal.getsignal(s) for s in watched]
+    try:
+        Relay(child.fd, in_r, sink.w).run()  # returns on EIO from the master
+    finally:
+        child.kill(signal.SIGKILL) if child.isalive() else None
+        os.close(in_r)
+        os.close(in_w)
+    assert b"goodbye screen" in sink.close()
+    assert child_status(child) == 7
+    assert [signal.getsignal(s) for s in watched] == before, "signal handlers not restored"
+
+
+def test_regular_files_as_terminal_input_and_output(tmp_path):
+    # `cc-lhc < file > log`: epoll refuses regular files; the relay must still work.
+    (tmp_path / "in").write_bytes(b"from a file\n\x04")
+    child = spawn([{"echo": True}, {"exit": 0}], echo=False)
+    with open(tmp_path / "in", "rb") as fin, open(tmp_path / "out", "wb") as fout:
+        try:
+            Relay(child.fd, fin.fileno(), fout.fileno()).run()
+        finally:
+            child.kill(signal.SIGKILL) if child.isalive() else None
+    assert child_status(child) == 0
+    assert b"ECHO from a file" in (tmp_path / "out").read_bytes()
+
+
+def test_sigwinch_pushes_the_new_size_and_sigterm_reaches_on_signal():
+    child = spawn([{"winch": True}, {"print": "READY"}, {"sleep": None}], dims=(24, 80))
+    sink = Sink()
+    size = [(24, 80)]
+    pushed, signals = [], []
+
+    def set_child_size(rows, cols):
+        pushed.append((rows, cols))
+        child.setwinsize(rows, cols)
+
+    def on_signal(signum, relay):
+        signals.append(signum)
+        if signum == signal.SIGTERM:
+            child.kill(signal.SIGTERM)
+
+    problems = []
+
+    def user():
+        try:
+            # READY only arrives through the relay, so its handlers are installed by now.
+            if not sink.wait_for(b"READY", 20):
+                problems.append("the child's READY never came through")
+                return
+            size[0] = (40, 120)
+            os.kill(os.getpid(), signal.SIGWINCH)
+            if not sink.wait_for(b"WINCH 120x40", 20):
+                problems.append("the child never saw the new size")
+                return
+            os.kill(os.getpid(), signal.SIGTERM)
+            if not wait_for_exit(child, 20):
+                problems.append("SIGTERM did not reach on_signal")
+        finally:
+            if child.isalive():  # never leave the relay (in the main thread) hanging
+                child.kill(signal.SIGKILL)
+
+    helper = threading.Thread(target=user, daemon=True)
+    helper.start()
+    try:
+        Relay(child.fd, None, sink.w, get_size=lambda: size[0], set_child_size=set_child_size,
+              on_signal=on_signal).run()
+    finally:
+        helper.join(30)  # before touching the child here: only one thread may reap it
+        child.kill(signal.SIGKILL) if child.isalive() else None
+    got = sink.close()
+    assert problems == [], got
+    assert pushed == [(40, 120)]
+    assert b"WINCH 120x40" in got
+    # SIGCHLD also reaches on_signal when the child ends; the relay itself never exits on it.
+    assert [s for s in signals if s != signal.SIGCHLD] == [signal.SIGTERM]
+    assert child_status(child) == 128 + signal.SIGTERM
+
+
+# -- the interactive host in tmux ---------------------------------------------------------
+
+def lhc_cmd():
+    return [sys.executable, str(CC_LHC)]
+
+
+def test_interactive_size_resize_input_exit_status_and_terminal_restored(tmux, fake_claude):
+    fake_claude.script([{"size": True}, {"winch": True}, {"print": "READY"}, {"echo": True},
+                        {"exit": 42}])
+    t = tmux(lhc_cmd(), cols=90, rows=25, env=fake_claude.env, cwd=fake_claude.cwd)
+    screen = t.wait_for("READY")
+    assert "SIZE 90x25" in screen
+    t.resize(70, 20)
+    t.wait_for("WINCH 70x20")
+    t.resize(120, 40)
+    t.wait_for("WINCH 120x40")
+    t.send_text("typed line")
+    t.send_keys("Enter")
+    t.wait_for("ECHO typed line")
+    t.send_keys("C-d")
+    assert t.wait_exit() == 42
+    assert t.stty_before == t.stty_after, t.stty_after_all
+    launch = fake_claude.launches()[0]
+    assert launch["tty"] == {"stdin": True, "stdout": True, "stderr": True}
+    assert launch["env"]["DISABLE_AUTO_COMPACT"] == "1"
+    assert launch["argv"][0] == "--session-id"
+
+
+def test_ctrl_c_goes_to_claude_not_the_wrapper(tmux, fake_claude):
+    fake_claude.script([{"print": "READY"}, {"sleep": None}])
+    t = tmux(lhc_cmd(), env=fake_claude.env, cwd=fake_claude.cwd)
+    t.wait_for("READY")
+    t.send_keys("C-c")  # raw mode: a byte for Claude's terminal, which signals Claude
+    assert t.wait_exit() == 128 + signal.SIGINT
+    assert t.stty_before == t.stty_after, t.stty_after_all
+
+
+def test_terminal_restored_when_claude_is_killed(tmux, fake_claude):
+    fake_claude.script([{"print": "READY"}, {"sleep": None}])
+    t = tmux(lhc_cmd(), env=fake_claude.env, cwd=fake_claude.cwd)
+    t.wait_for("READY")
+    os.kill(wait_launch(fake_claude)["pid"], signal.SIGKILL)
+    assert t.wait_exit() == 128 + signal.SIGKILL
+    assert t.stty_before == t.stty_after, t.stty_after_all
+
+
+def test_sigterm_to_the_wrapper_ends_claude_and_restores_the_terminal(tmux, fake_claude):
+    fake_claude.script([{"print": "READY"}, {"sleep": None}])
+    t = tmux(lhc_cmd(), env=fake_claude.env, cwd=fake_claude.cwd)
+    t.wait_for("READY")
+    launch = wait_launch(fake_claude)
+    os.kill(launch["ppid"], signal.SIGTERM)  # Claude's parent is cc-lhc itself
+    assert t.wait_exit() == 128 + signal.SIGTERM
+    assert t.stty_before == t.stty_after, t.stty_after_all
+    wait_until(lambda: gone(launch["pid"]), 5, "Claude to exit")
+
+
+# -- children die with the wrapper --------------------------------------------------------
+
+STUBBORN = """\
+import os, signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_IGN)   # survives its terminal going away
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+with open(os.environ["STUBBORN_PID_FILE"], "w") as f:
+    f.write(str(os.getpid()))
+print("READY", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("mode", [["-p", "hi"], []])
+def test_claude_dies_when_the_wrapper_is_killed(fake_claude, tmp_path, mode):
+    stubborn = tmp_path / "stubborn-claude"
+    stubborn.write_text(f"#!{sys.executable}\n{STUBBORN}")
+    stubborn.chmod(0o755)
+    pid_file = tmp_path / "pid"
+    env = {**fake_claude.env, "CC_LHC_CLAUDE_BIN": str(stubborn), "STUBBORN_PID_FILE": str(pid_file)}
+    wrapper = subprocess.Popen([*lhc_cmd(), *mode], env=env, cwd=fake_claude.cwd,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        assert b"READY" in wrapper.stdout.readline()
+        child = int(pid_file.read_text())
+        assert not gone(child)
+        wrapper.kill()  # SIGKILL: no cleanup code in the wrapper runs
+        wrapper.wait(10)
+        wait_until(lambda: gone(child), 5, f"Claude (pid {child}) to die with its wrapper")
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+        if child and not gone(child):
+            os.kill(child, signal.SIGKILL)
+        wrapper.stdout.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_one_shot_burst_through_a_slow_pipe_reader(fake_claude):
+    size = 4_000_000
+    fake_claude.script([{"burst": size}])
+    wrapper = subprocess.Popen([*lhc_cmd(), "-p", "hi"], env=fake_claude.env, cwd=fake_claude.cwd,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    digest, total = hashlib.sha256(), 0
+    try:
+        while chunk := wrapper.stdout.read(4096):  # small reads: the writer has to wait
+            digest.update(chunk)
+            total += len(chunk)
+        assert wrapper.wait(20) == 0
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+        wrapper.stdout.close()
+        wrapper.stderr.close()
+    assert total == size
+    assert digest.hexdigest() == hashlib.sha256(burst_bytes(size)).hexdigest()
