@@ -1522,7 +1522,9 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         rec.update({"parentUuid": parent[0], "sessionId": session_id, "cwd": cwd,
                     "uuid": next_uuid(), "isSidechain": False})
         emit(rec)
-    ack_needed = True
+    model = next((m["model"] for t in reversed(turns) for m in reversed(t.messages)
+                  if m["role"] == "assistant" and m["model"] and m["model"] != "<synthetic>"),
+                 "<synthetic>")
     for turn in turns:
         band = view.bands.get(turn.n)
         if band not in ("full", "lean"):
@@ -1563,15 +1565,14 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                 flush()
                 group_key, group_role = key, role
             group.append((m, stub))
-            if role == "assistant":
-                ack_needed = False
         flush()
-    if ack_needed or records[-1]["type"] != "assistant" and records[-1]["message"].get("role") == "user" \
-            and isinstance(records[-1]["message"].get("content"), str):
-        # A session must not end on the header alone: Claude would answer it as a prompt.
+    if records[-1]["type"] != "assistant":
+        # A session must end on Claude's side: otherwise the header, or a prompt left
+        # unanswered, would be answered as if the user had just sent it. The model named
+        # is the thread's, because --resume adopts the model of the last response.
         rec = common("assistant", now)
         rec.update({"message": {"id": f"msg_cc_lhc_{session_id.replace('-', '')[:24]}",
-                                "type": "message", "role": "assistant", "model": "<synthetic>",
+                                "type": "message", "role": "assistant", "model": model,
                                 "content": [{"type": "text", "text": "Understood. Continuing from the rebuilt view."}],
                                 "stop_reason": "end_turn", "stop_sequence": None,
                                 "usage": dict(ZERO_USAGE)},
