@@ -3661,6 +3661,29 @@ def continue_target(spec, registry, hostdb):
     return os.path.basename(max(candidates, key=os.path.getmtime))[:-6]
 
 
+def ask_terminal(question: str):
+    """Ask the user at their terminal (even when stdin/stdout are redirected); None if there is none."""
+    if os.name != "posix":
+        if not sys.stdin.isatty():
+            return None
+        sys.stderr.write(question)
+        sys.stderr.flush()
+        return sys.stdin.readline().strip()
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return None
+    with os.fdopen(fd, "r+b", buffering=0) as tty:
+        tty.write(question.encode("utf-8"))
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = tty.read(1)
+            if not chunk:
+                break
+            line += chunk
+    return line.decode("utf-8", "replace").strip()
+
+
 def pick_thread_session(spec, registry, hostdb):
     """Bare --resume: let the user choose one of this folder's threads."""
     rows = _cwd_threads(registry, hostdb, spec.cwd)
@@ -3685,20 +3708,13 @@ def pick_thread_session(spec, registry, hostdb):
         listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  {prompt[:60]}"))
     if not listed:
         raise usage_error(f"no thread in this folder matches {term!r}")
-    try:
-        tty = open("/dev/tty", "r+") if os.name == "posix" else None
-    except OSError:
-        tty = None
-    if tty is None:
+    answer = ask_terminal("Threads in this folder (newest first):\n"
+                          + "".join(f"  {i:>2}. {line}\n" for i, (_s, line) in enumerate(listed, 1))
+                          + "Resume which? [1] ")
+    if answer is None:
         raise usage_error("choosing a thread needs a terminal; pass --resume <session-id> "
                           "(cc-lhc threads lists them)")
-    with tty:
-        tty.write("Threads in this folder (newest first):\n")
-        for i, (_s, line) in enumerate(listed, 1):
-            tty.write(f"  {i:>2}. {line}\n")
-        tty.write("Resume which? [1] ")
-        tty.flush()
-        answer = tty.readline().strip() or "1"
+    answer = answer or "1"
     if not answer.isdigit() or not 1 <= int(answer) <= len(listed):
         raise usage_error(f"no thread numbered {answer!r}")
     return listed[int(answer) - 1][0]
@@ -4379,23 +4395,27 @@ def cmd_threads(args) -> int:
             store = ThreadStore(home, thread_id)
             try:
                 info = store.summary()
+                cost = derivation_cost(store)
             finally:
                 store.close()
             rows.append({"id": thread_id, "cwd": cwd, "current_session": session, "origin": origin,
                          "created": created, **info, "degraded": bool(info["degraded"]),
-                         "degraded_reason": info["degraded"]})
+                         "degraded_reason": info["degraded"], "summariser": cost})
     if as_json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return EXIT_OK
     if not rows:
         print("no threads yet")
         return EXIT_OK
-    print(f"{'thread':<10} {'turns':>6} {'msgs':>7} {'captured':>10}  {'last activity':<20} "
-          f"{'current session':<37} cwd")
+    print(f"{'thread':<10} {'turns':>6} {'msgs':>7} {'captured':>10}  {'summaries':>18}  "
+          f"{'last activity':<20} {'current session':<37} cwd")
     for r in rows:
         flag = "  DEGRADED: " + r["degraded_reason"] if r["degraded"] else ""
+        s = r["summariser"]
+        spent = f"{s['calls']} calls/{s['input_tokens'] + s['output_tokens']} tok"
         print(f"{r['id'][:8]:<10} {r['turns']:>6} {r['messages']:>7} {r['captured_bytes']:>10}  "
-              f"{(r['last_activity'] or '-')[:19]:<20} {r['current_session'] or '-':<37} {r['cwd']}{flag}")
+              f"{spent:>18}  {(r['last_activity'] or '-')[:19]:<20} {r['current_session'] or '-':<37} "
+              f"{r['cwd']}{flag}")
     return EXIT_OK
 
 

@@ -99,8 +99,11 @@ class IsoEnv:
     @property
     def settings(self) -> dict[str, str]:
         """Only the variables this fixture sets (what the autouse fixture puts in os.environ)."""
+        # Background turn summaries would take the fake API's scripted replies; the tests
+        # that exercise them turn them back on.
         return {"HOME": str(self.home), "CLAUDE_CONFIG_DIR": str(self.config),
-                "CC_LHC_HOME": str(self.lhc), "XDG_CONFIG_HOME": str(self.xdg), **QUIET_ENV}
+                "CC_LHC_HOME": str(self.lhc), "XDG_CONFIG_HOME": str(self.xdg),
+                "CC_LHC_SUMMARIES": "off", **QUIET_ENV}
 
 
 @pytest.fixture

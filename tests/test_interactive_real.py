@@ -1,0 +1,82 @@
+"""Interactive sessions as a person uses them, in tmux, with the real Claude Code CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import cc_lhc
+
+CC_LHC = str(Path(__file__).resolve().parents[1] / "cc_lhc.py")
+PROMPT = re.compile(r"^❯", re.M)
+
+
+def oneshot(rc, prompt: str, reply: str) -> str:
+    rc.api.script([reply])
+    p = rc.run([sys.executable, CC_LHC, "-p", prompt, "--output-format", "json"])
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["session_id"]
+
+
+def test_bare_resume_offers_this_folders_threads(real_claude, tmux):
+    first = oneshot(real_claude, "the first topic", "noted, first")
+    second = oneshot(real_claude, "the second topic", "noted, second")
+    n_before = len(real_claude.api.message_requests)
+    real_claude.api.script(["back in the first thread"])
+    t = tmux([sys.executable, CC_LHC, "--resume"], cols=120, rows=30, env=real_claude.env,
+             cwd=real_claude.cwd)
+    screen = t.wait_for("Resume which?")
+    # newest first: the second thread is 1, the first is 2, each with its last prompt
+    assert screen.index("the second topic") < screen.index("the first topic")
+    t.send_text("2")
+    t.send_keys("Enter")
+    t.wait_for(PROMPT)
+    t.send_text("where were we")
+    t.send_keys("Enter")
+    t.wait_for("back in the first thread")
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    assert t.stty_before == t.stty_after
+    (request,) = real_claude.api.message_requests[n_before:]
+    assert request["session_id"] == first != second
+
+
+def test_interactive_session_is_summarised_in_the_background(real_claude, tmux):
+    env = dict(real_claude.env, CC_LHC_SUMMARIES="on")
+
+    def answer(body):
+        if body.get("tools") == []:  # the isolated summariser asks with no tools
+            return "SUMMARY: the user asked about the build; Claude said it passes."
+        return "The build passes."
+
+    real_claude.api.responder = answer
+    t = tmux([sys.executable, CC_LHC], cols=100, rows=30, env=env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("does the build pass?")
+    t.send_keys("Enter")
+    t.wait_for("The build passes.")
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    registry = cc_lhc.Registry(home)
+    ((thread_id, *_),) = registry.threads()
+    deadline = time.monotonic() + 60
+    while True:
+        store = cc_lhc.ThreadStore(home, thread_id)
+        try:
+            text, source = cc_lhc.turn_summary(store, 1)
+            cost = cc_lhc.derivation_cost(store)
+        finally:
+            store.close()
+        if source == "model" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    assert source == "model" and text.startswith("SUMMARY:")
+    assert cost["calls"] == 1 and cost["input_tokens"] > 0
+    # the summariser's own session never became a thread
+    assert len(registry.threads()) == 1
