@@ -4098,7 +4098,7 @@ LHC_FLAGS = {
     "--lhc-trigger": ("upperBoundTokens", True, "context size that triggers Smart Compact (default 360000)"),
     "--lhc-min-runway": ("minRunwayTokens", True, "tokens kept free between the view and the trigger (default 50000)"),
     "--lhc-profile": ("profile", True, "allocation profile: default, balanced or historical"),
-    "--lhc-no-notifier": (None, False, "do not warn about typed /resume, /clear or /compact"),
+    "--lhc-no-notifier": (None, False, "turn off lifecycle-command warnings (none are shown yet)"),
 }
 
 
