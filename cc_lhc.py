@@ -2602,6 +2602,54 @@ def start_watchdog(child_pid: int):
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def tie_to_wrapper_windows(child_pid: int):  # pragma: no cover - Windows only
+    """Windows: put the child in a Job Object that the OS kills when our handle closes.
+
+    The handle closes however cc-lhc ends (exit, crash, taskkill), so Claude and every
+    process it started go with it. Returns the job handle, to keep for our lifetime.
+    """
+    import ctypes
+    from ctypes import wintypes
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.CreateJobObjectW.restype = wintypes.HANDLE
+    kernel32.OpenProcess.restype = wintypes.HANDLE
+
+    class Basic(ctypes.Structure):
+        _fields_ = [("PerProcessUserTimeLimit", ctypes.c_longlong),
+                    ("PerJobUserTimeLimit", ctypes.c_longlong), ("LimitFlags", wintypes.DWORD),
+                    ("MinimumWorkingSetSize", ctypes.c_size_t),
+                    ("MaximumWorkingSetSize", ctypes.c_size_t), ("ActiveProcessLimit", wintypes.DWORD),
+                    ("Affinity", ctypes.c_size_t), ("PriorityClass", wintypes.DWORD),
+                    ("SchedulingClass", wintypes.DWORD)]
+
+    class Extended(ctypes.Structure):
+        _fields_ = [("BasicLimitInformation", Basic), ("IoInfo", ctypes.c_ulonglong * 6),
+                    ("ProcessMemoryLimit", ctypes.c_size_t), ("JobMemoryLimit", ctypes.c_size_t),
+                    ("PeakProcessMemoryUsed", ctypes.c_size_t), ("PeakJobMemoryUsed", ctypes.c_size_t)]
+
+    JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, EXTENDED_LIMIT_INFORMATION = 0x2000, 9
+    PROCESS_SET_QUOTA, PROCESS_TERMINATE = 0x0100, 0x0001
+    job = kernel32.CreateJobObjectW(None, None)
+    if not job:
+        return None
+    info = Extended()
+    info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+    kernel32.SetInformationJobObject(job, EXTENDED_LIMIT_INFORMATION, ctypes.byref(info),
+                                     ctypes.sizeof(info))
+    process = kernel32.OpenProcess(PROCESS_SET_QUOTA | PROCESS_TERMINATE, False, child_pid)
+    if process:
+        kernel32.AssignProcessToJobObject(job, process)
+        kernel32.CloseHandle(process)
+    return job
+
+
+def close_tree_windows(child_pid: int) -> None:  # pragma: no cover - Windows only
+    """taskkill /T /F: end Claude and everything it started."""
+    import subprocess
+    subprocess.run(["taskkill", "/T", "/F", "/PID", str(child_pid)], capture_output=True,
+                   env=outside_environment())
+
+
 def run_watchdog(wrapper_pid: int, child_pid: int) -> int:
     import time
     while True:
@@ -3337,6 +3385,7 @@ def run_interactive_windows(spec, home: StateHome) -> int:  # pragma: no cover -
     cols, rows = shutil.get_terminal_size((80, 24))
     child = PtyProcess.spawn(spec.child_argv, cwd=spec.cwd, env=child_environment(spec),
                              dimensions=(rows, cols))
+    job = tie_to_wrapper_windows(child.pid)  # noqa: F841 - held for our lifetime
     home.log("child_started", mode="interactive", child_pid=child.pid, session=spec.session_id)
 
     def pump_input():
@@ -3377,8 +3426,12 @@ def run_oneshot(spec, home: StateHome) -> int:
     if spec.after_spawn:
         spec.after_spawn()
     watchdog = start_watchdog(child.pid)
+    job = tie_to_wrapper_windows(child.pid) if os.name == "nt" else None
 
     def forward(signum, _frame):
+        if os.name == "nt":
+            close_tree_windows(child.pid)
+            return
         try:
             child.send_signal(signum)
         except OSError:
@@ -3386,8 +3439,9 @@ def run_oneshot(spec, home: StateHome) -> int:
 
     # ctrl-c reaches Claude through the shared process group; the wrapper only waits.
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        previous[s] = signal.signal(s, forward)
+    for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), getattr(signal, "SIGBREAK", None)):
+        if s is not None:
+            previous[s] = signal.signal(s, forward)
     try:
         returncode = child.wait()
     finally:
@@ -3395,6 +3449,7 @@ def run_oneshot(spec, home: StateHome) -> int:
             signal.signal(s, handler)
         if watchdog:
             watchdog.kill()
+    del job  # the job handle lived as long as we waited; Claude has exited by now
     status = 128 - returncode if returncode < 0 else returncode
     home.log("child_exited", mode="oneshot", child_pid=child.pid, status=status)
     return status

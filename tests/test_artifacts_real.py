@@ -77,3 +77,22 @@ def test_artifact_counts_exactly_with_no_network(artifacts, flavour, tmp_path):
     report = json.loads(proc.stdout)
     assert report["sessions"][0]["exact"] is True
     assert report["sessions"][0]["counting"] == "exact o200k_base"
+
+
+@pytest.mark.parametrize("flavour", _flavours())
+def test_plain_cc_lhc_in_claudes_bash_is_the_artifact_itself(artifacts, flavour, real_claude):
+    # The view tells the model to run `cc-lhc get-messages`; whichever way cc-lhc was
+    # installed, that command must reach this same program and its descriptor.
+    from fakeapi import tool_results, tool_use_reply
+    real_claude.api.script(["the secret is 4242"])
+    first = real_claude.run(artifacts[flavour] + ["-p", "remember this", "--output-format", "json"])
+    assert first.returncode == 0, first.stderr
+    session = json.loads(first.stdout)["session_id"]
+    real_claude.api.script([tool_use_reply("Bash", {"command": "cc-lhc get-messages m2 && cc-lhc --lhc-version",
+                                                    "description": "read back"}), "done"])
+    proc = real_claude.run(artifacts[flavour] + ["--resume", session, "-p", "what was it?",
+                                                 "--allowedTools", "Bash"])
+    assert proc.returncode == 0, proc.stderr
+    (result,) = tool_results(real_claude.api.message_requests[-1]["body"])
+    text = result["content"] if isinstance(result["content"], str) else json.dumps(result["content"])
+    assert "the secret is 4242" in text and "stamped" in text
