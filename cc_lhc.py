@@ -430,13 +430,11 @@ class ParseState:
         self.next_seq = next_seq
         self.next_turn = next_turn
         self.open_turn = None        # the turn number still running, or None
-        self.turn_kind = None
         self.segment = 0             # current segment index within the open turn
         self.segment_first = None    # first seq of the current segment
         self.segment_bytes = 0       # size of the current segment's text so far
         self.outstanding = {}        # tool_use_id -> seq of the call, thread-wide
         self.known_uuids = set()     # uuids seen in the session being read
-        self.compact_pending = False # a compact_boundary waits for its summary
         # The response whose record closed the last turn, and where that turn stood: Claude
         # Code copies the final stop_reason onto every record of a response, so the first
         # block already looks terminal and the response's later blocks must rejoin the turn.
@@ -497,6 +495,12 @@ class RolloutParser:
             self.out.problems.append((self.session, line_no, offset, "malformed_line",
                                       "a line that is not a JSON object"))
             return
+        if b"\\ud" in raw or b"\\uD" in raw:
+            # Half of a surrogate pair (a string cut mid-emoji) is valid JSON but not
+            # storable text; it becomes U+FFFD and the repair is counted.
+            rec, repaired = _without_lone_surrogates(rec)
+            if repaired:
+                self._count("text_repaired", len(raw))
         try:
             self._record(rec, len(raw), line_no, offset)
         except (TypeError, AttributeError, RecursionError) as e:
@@ -531,9 +535,6 @@ class RolloutParser:
             self._user(rec, line_no, offset)
         elif rtype == "assistant":
             self._assistant(rec, line_no)
-        elif rtype == "system" and rec.get("subtype") == "compact_boundary":
-            self.s.compact_pending = True
-            self._count("system/compact_boundary", size)
         else:
             label = rtype if rtype != "system" else f"system/{rec.get('subtype')}"
             if rtype == "attachment":
@@ -552,7 +553,7 @@ class RolloutParser:
             self._close_turn(seq - 1, "interrupted", None, created)
         n = self.s.next_turn
         self.s.next_turn += 1
-        self.s.open_turn, self.s.turn_kind = n, kind
+        self.s.open_turn = n
         self.s.segment, self.s.segment_first, self.s.segment_bytes = 0, seq, 0
         self.out.turns_opened.append((n, kind, seq, self.session, created))
         return n
@@ -601,7 +602,6 @@ class RolloutParser:
             text = content if isinstance(content, str) else flatten_tool_output(content)
             self._message("user", "compact_summary", text, _dump(content), rec, 0, line_no)
             self._close_turn(seq, "closed", "compact_summary", created)
-            self.s.compact_pending = False
             self.out.events.append(("native_compact", self.s.next_turn - 1))
             return
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
@@ -683,6 +683,26 @@ class RolloutParser:
             self._close_turn(last, "closed", stop or "api_error", created)
 
 
+def _without_lone_surrogates(value):
+    """(value, changed) with every unpaired UTF-16 surrogate replaced by U+FFFD."""
+    if isinstance(value, str):
+        if not any("\ud800" <= c <= "\udfff" for c in value):
+            return value, False
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
+    if isinstance(value, list):
+        pairs = [_without_lone_surrogates(v) for v in value]
+        return [v for v, _ in pairs], any(c for _, c in pairs)
+    if isinstance(value, dict):
+        changed = False
+        out = {}
+        for k, v in value.items():
+            v, c = _without_lone_surrogates(v)
+            out[k] = v
+            changed = changed or c
+        return out, changed
+    return value, False
+
+
 def _int_or_none(value):
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -762,6 +782,9 @@ def open_db(path: str, migrations, *, synchronous="NORMAL"):
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+    except sqlite3.DatabaseError as e:
+        db.close()
+        raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is")
     except BaseException:
         db.close()
         raise
@@ -976,11 +999,6 @@ class HostDB:
                 "replayed_prefix_bytes", "replayed_prefix_sha256")
         return dict(zip(keys, row))
 
-    def mirror_offset(self, session_id, offset):
-        with Tx(self.db):
-            self.db.execute("UPDATE sessions SET captured_offset = ?, updated = ? WHERE session_id = ?",
-                            (offset, utc_now_iso(), session_id))
-
 
 class ThreadStore:
     """threads/<id>.sqlite: one thread's append-only canonical record.
@@ -1028,7 +1046,7 @@ class ThreadStore:
         state.next_turn = (db.execute("SELECT max(n) FROM turns").fetchone()[0] or 0) + 1
         row = db.execute("SELECT n, kind FROM turns WHERE status = 'open' ORDER BY n DESC LIMIT 1").fetchone()
         if row:
-            state.open_turn, state.turn_kind = row
+            state.open_turn = row[0]
             seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ?", (row[0],)).fetchone()[0]
             state.segment = seg or 0
             closed = db.execute("SELECT 1 FROM segments WHERE turn = ? AND idx = ?",
@@ -2142,13 +2160,6 @@ def _owner_key(owner) -> str:
     return json.dumps(owner, sort_keys=True, separators=(",", ":"))
 
 
-def _owner_alive(stored: str) -> bool:
-    try:
-        return identity_alive(json.loads(stored))
-    except (TypeError, ValueError):
-        return False
-
-
 def _iso_after(now_iso: str, seconds: float) -> str:
     moment = datetime.datetime.fromisoformat(now_iso.replace("Z", "+00:00"))
     later = moment + datetime.timedelta(seconds=seconds)
@@ -2196,7 +2207,7 @@ def claim_work(store, owner_identity, now=None, home=None):
         for wid, turn, kind, status, attempts, expiries, holder, not_before in rows:
             error = None
             if status == "claimed":
-                if holder == owner or _owner_alive(holder):
+                if holder == owner or owner_alive(holder):
                     continue
                 expiries += 1
                 if expiries >= CLAIM_EXPIRY_LIMIT:
@@ -2526,29 +2537,72 @@ def boot_id() -> str:
 
 def process_start_time(pid: int):
     """The OS's start time of a process (opaque, comparable), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        # Field 22 (starttime) counted after the ")" that ends the command name,
-        # which itself may contain spaces or parentheses.
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, IndexError):
-        pass
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            # Field 22 (starttime) counted after the ")" that ends the command name,
+            # which itself may contain spaces or parentheses.
+            return int(stat[stat.rindex(b")") + 2:].split()[19])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, IndexError):
+            pass
     try:
         import psutil
-        return int(psutil.Process(pid).create_time() * 1000)
     except ImportError:
-        return None
+        return _start_time_without_psutil(pid)
+    try:
+        return int(psutil.Process(pid).create_time() * 1000)
     except Exception:  # psutil.NoSuchProcess and friends
         return None
+
+
+def _start_time_without_psutil(pid: int):
+    """Start time from the OS itself where there is no /proc and no psutil."""
+    if os.name == "nt":  # pragma: no cover - Windows only
+        import ctypes
+        from ctypes import wintypes
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        kernel32.OpenProcess.restype = wintypes.HANDLE
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return None
+        try:
+            times = [wintypes.FILETIME() for _ in range(4)]
+            if not kernel32.GetProcessTimes(handle, *[ctypes.byref(t) for t in times]):
+                return None
+            code = wintypes.DWORD()
+            if kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) and code.value != 259:
+                return None  # exited (259 is STILL_ACTIVE)
+            return (times[0].dwHighDateTime << 32) | times[0].dwLowDateTime
+        finally:
+            kernel32.CloseHandle(handle)
+    import subprocess
+    try:  # POSIX ps: the start time as the OS prints it is opaque but stable
+        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True,
+                             timeout=10, env=outside_environment())
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = out.stdout.strip()
+    if out.returncode != 0 or not text:
+        return None
+    import hashlib
+    return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
 
 
 def process_identity(pid: int = None) -> dict:
     """(pid, start time, boot id): names one process for the life of the machine."""
     pid = os.getpid() if pid is None else pid
     return {"pid": pid, "start": process_start_time(pid), "boot": boot_id()}
+
+
+def owner_alive(owner_json) -> bool:
+    """identity_alive() for an identity stored as JSON; unreadable means gone."""
+    try:
+        return identity_alive(json.loads(owner_json))
+    except (TypeError, ValueError):
+        return False
 
 
 def identity_alive(ident) -> bool:
@@ -2680,7 +2734,9 @@ def self_command() -> list:
         return [sys.executable, here]
     # Imported rather than run as a script, so Python reuses its cached bytecode: the
     # model runs retrieval often, and compiling this file costs more than the work.
-    return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    # sys.path[0] is replaced, not pushed down: for -c it is the current folder, the
+    # user's project, whose own json.py or uuid.py must never shadow the standard library.
+    return [sys.executable, "-c", "import sys; sys.path[0] = sys.argv.pop(1); "
             "import cc_lhc; cc_lhc.cli()", here]
 
 
@@ -2714,15 +2770,6 @@ def child_environment(spec) -> dict:
         # back; Smart Compact does this job losslessly instead.
         env["DISABLE_AUTO_COMPACT"] = "1"
     return env
-
-
-def exit_status_from_wait(status: int) -> int:
-    """A waitpid status as a shell would report it (128+N for a signal)."""
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status)
-    return EXIT_ERROR
 
 
 FAILPOINT_ENV = "CC_LHC_FAILPOINT"
@@ -2810,6 +2857,12 @@ def _try_lock(fd) -> bool:
 RUNTIME_ENV = "CC_LHC_RUNTIME_DESCRIPTOR"
 
 
+def descriptor_paths(runtime: str, token: str):
+    """(descriptor file, shim folder) of one token under runtime/."""
+    name = token[:16]
+    return os.path.join(runtime, f"{name}.json"), os.path.join(runtime, f"bin-{name}")
+
+
 def create_descriptor(home, hostdb, thread_id: str, session_id: str) -> dict:
     """Write the retrieval capability for one live child, and a `cc-lhc` shim for it.
 
@@ -2821,13 +2874,10 @@ def create_descriptor(home, hostdb, thread_id: str, session_id: str) -> dict:
     import secrets
     import shlex
     token = secrets.token_hex(16)
-    runtime = home.ensure("runtime")
-    name = token[:16]
-    path = os.path.join(runtime, f"{name}.json")
+    path, shim_dir = descriptor_paths(home.ensure("runtime"), token)
     body = {"version": 1, "token": token, "thread_id": thread_id, "session_id": session_id,
             "owner": process_identity(), "created": utc_now_iso()}
     write_atomic(path, json.dumps(body).encode("utf-8"))
-    shim_dir = os.path.join(runtime, f"bin-{name}")
     os.makedirs(shim_dir, mode=0o700, exist_ok=True)
     if os.name == "nt":  # pragma: no cover - Windows only
         shim = os.path.join(shim_dir, "cc-lhc.cmd")
@@ -2862,14 +2912,9 @@ def remove_stale_descriptors(home, hostdb) -> int:
     removed = 0
     for token, path, owner in hostdb.db.execute(
             "SELECT token, path, owner FROM descriptors WHERE revoked IS NULL").fetchall():
-        try:
-            alive = identity_alive(json.loads(owner))
-        except ValueError:
-            alive = False
-        if not alive:
+        if not owner_alive(owner):
             remove_descriptor(home, hostdb, {"token": token, "path": path,
-                                             "shim_dir": os.path.join(os.path.dirname(path),
-                                                                      f"bin-{token[:16]}")},
+                                             "shim_dir": descriptor_paths(os.path.dirname(path), token)[1]},
                               "owner gone")
             removed += 1
     return removed
@@ -3075,8 +3120,8 @@ class Capture:
                 st = os.stat(self.path)
                 key = (st.st_size, st.st_mtime_ns, st.st_ino)
                 if key != last:
-                    last = key
                     self.catch_up()
+                    last = key  # only once read: a failed read is tried again next poll
             except FileNotFoundError:
                 pass  # Claude writes the file with the first prompt
             except Exception as e:  # capture must never take the session down
@@ -3126,7 +3171,6 @@ class Relay:
         self.to_child = bytearray()
         self.to_user = bytearray()
         self.input_open = in_fd is not None
-        self.stop_requested = None
         self.always_ready = {}  # tag -> wanted events, for fds the selector refuses
 
     def run(self) -> None:
@@ -3172,7 +3216,7 @@ class Relay:
     def _loop(self, sel, wake_r):
         import selectors
         master_open = True
-        while master_open and not self.stop_requested:
+        while master_open:
             m_events = 0
             if len(self.to_user) < self.HIGH_WATER:
                 m_events |= selectors.EVENT_READ
@@ -3471,10 +3515,15 @@ def _session_rollout(hostdb, session_id, cwd):
 
 
 def _resume_session(spec, session_id):
+    """Point the launch at session_id; a fork keeps writing its own new session."""
     spec.resume = session_id
+    spec.continue_ = spec.resume_picker = False
+    if spec.fork:
+        spec.child_argv = ([spec.child_argv[0], "--session-id", spec.session_id]
+                           + with_resume(spec.claude_args, spec.found, session_id))
+        return
     spec.session_id = session_id
     spec.assigned_session = False
-    spec.continue_ = spec.resume_picker = False
     spec.child_argv = [spec.child_argv[0]] + with_resume(spec.claude_args, spec.found, session_id)
 
 
@@ -3500,6 +3549,14 @@ def attach_thread(spec, home, policy):
         _resume_session(spec, pick_thread_session(spec, registry, hostdb))
     origin = "fresh"
     lease = None
+    if spec.fork and spec.resume:
+        # A fork starts a new session as a copy of the source: a thread of its own, whose
+        # capture adopts the copied history. The source's thread is only read, never owned.
+        source = registry.thread_for_session(spec.resume)
+        current = registry.current_session(source) if source else None
+        if current and current != spec.resume:
+            _resume_session(spec, current)
+        spec.resume = None
     if spec.resume:
         thread = registry.thread_for_session(spec.resume)
         if thread is None:
@@ -3532,8 +3589,12 @@ def attach_thread(spec, home, policy):
             lease.release()
             raise
     else:
+        if registry.thread_for_session(spec.session_id):
+            raise usage_error(f"session {spec.session_id} already exists; continue it with "
+                              f"--resume {spec.session_id}")
         path = rollout_path(spec.session_id, spec.cwd)
-        thread = registry.create_thread(spec.session_id, spec.cwd, "fork" if spec.fork else "fresh")
+        origin = "fork" if spec.fork else "fresh"
+        thread = registry.create_thread(spec.session_id, spec.cwd, origin)
         lease = Lease(home, thread)
         lease.acquire()
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
@@ -3664,12 +3725,7 @@ def settle_acceptance(home, capture, pending) -> bool:
         return False
     failpoint("after-acceptance-before-alias")
     try:
-        with Tx(registry.db) as db:
-            db.execute("UPDATE aliases SET is_current = 0 WHERE thread_id = ?", (capture.thread_id,))
-            db.execute("UPDATE aliases SET is_current = 1 WHERE alias = ?",
-                       (session_alias(pending["session_id"]),))
-            db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ?",
-                       (utc_now_iso(), pending["session_id"]))
+        advance_current(registry, capture.thread_id, pending["session_id"])
     except Exception as e:
         # The swap happened; remember the pointer we meant to write and repair it at the
         # next launch, touching only that exact predecessor.
@@ -3781,6 +3837,28 @@ def pick_thread_session(spec, registry, hostdb):
 REBUILT_MARKER = "[cc-lhc] This conversation was rebuilt by Smart Compact"
 
 
+def advance_current(registry, thread_id, session_id) -> None:
+    """Make an accepted rebuild the thread's current session, in one transaction."""
+    with Tx(registry.db) as db:
+        db.execute("UPDATE aliases SET is_current = 0 WHERE thread_id = ?", (thread_id,))
+        db.execute("UPDATE aliases SET is_current = 1 WHERE alias = ? AND thread_id = ?",
+                   (session_alias(session_id), thread_id))
+        db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ? "
+                   "AND status = 'pending'", (utc_now_iso(), session_id))
+
+
+def move_file(src: str, dst: str) -> None:
+    """Rename when we can; copy and remove when the two folders are on different devices."""
+    import shutil
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        import errno
+        if e.errno != errno.EXDEV:
+            raise
+        shutil.move(src, dst)
+
+
 def abandon_rebuild(home, registry, session_id, reason):
     """Move an unused rebuilt transcript out of Claude's projects folder; returns where to."""
     row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
@@ -3792,7 +3870,7 @@ def abandon_rebuild(home, registry, session_id, reason):
     if os.path.exists(path):
         folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
         moved = os.path.join(folder, os.path.basename(path))
-        os.replace(path, moved)
+        move_file(path, moved)
     with Tx(registry.db) as db:
         db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
                    (utc_now_iso(), session_id))
@@ -3808,24 +3886,16 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
             "SELECT id, from_session, to_session FROM pointer_repairs WHERE thread_id = ? "
             "AND repaired IS NULL ORDER BY id", (thread_id,)).fetchall():
         if registry.current_session(thread_id) == from_s:
-            with Tx(registry.db) as db:
-                db.execute("UPDATE aliases SET is_current = 0 WHERE thread_id = ?", (thread_id,))
-                db.execute("UPDATE aliases SET is_current = 1 WHERE alias = ? AND thread_id = ?",
-                           (session_alias(to_s), thread_id))
-                db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ? "
-                           "AND status = 'pending'", (utc_now_iso(), to_s))
+            advance_current(registry, thread_id, to_s)
             home.log("pointer_repaired", thread=thread_id, from_session=from_s, to_session=to_s)
         with Tx(hostdb.db) as db:
             db.execute("UPDATE pointer_repairs SET repaired = ? WHERE id = ?", (utc_now_iso(), rid))
-    for session_id, owner in registry.db.execute(
-            "SELECT session_id, owner FROM rebuilds WHERE thread_id = ? AND status = 'pending'",
+    for session_id, owner, path in registry.db.execute(
+            "SELECT session_id, owner, path FROM rebuilds WHERE thread_id = ? AND status = 'pending'",
             (thread_id,)).fetchall():
-        try:
-            alive = identity_alive(json.loads(owner))
-        except ValueError:
-            alive = False
-        if alive:
+        if owner_alive(owner):
             continue
+        keep_what_it_holds(home, hostdb, thread_id, session_id, path)
         moved = abandon_rebuild(home, registry, session_id, "its Smart Compact was interrupted")
         say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
             "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else ""))
@@ -3837,6 +3907,23 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
                 shutil.rmtree(target, ignore_errors=True)
             else:
                 os.unlink(target)
+
+
+def keep_what_it_holds(home, hostdb, thread_id, session_id, path) -> None:
+    """Capture anything Claude wrote into an interrupted rebuild before it is moved away.
+
+    The wrapper may have died after Claude answered in the rebuilt session but before
+    that answer reached the thread; moving the file first would lose it.
+    """
+    known = hostdb.session(session_id)
+    if not known or not os.path.exists(path) or os.path.getsize(path) <= known["replayed_prefix_bytes"]:
+        return
+    capture = Capture(home, thread_id, session_id, path, start_offset=known["replayed_prefix_bytes"])
+    try:
+        lines = capture.catch_up()
+    finally:
+        capture.stop()
+    home.log("rebuild_content_kept", thread=thread_id, session=session_id, lines=lines)
 
 
 def looks_rebuilt(path) -> bool:
@@ -4051,7 +4138,10 @@ class LaunchSpec:
         self.fork = False
         self.autocompact = False
         self.positionals = []
-        self.cwd = os.getcwd()
+        try:
+            self.cwd = os.getcwd()
+        except FileNotFoundError:
+            raise usage_error("the current folder no longer exists; cd to a folder first")
         self.flags = {}               # lhc launch flags: name -> value
         self.found = {}               # what scan_claude_args saw
         self.extra_env = {}           # added to the child's environment
@@ -4251,7 +4341,8 @@ then the flags above. Fields: lowerBoundTokens, upperBoundTokens, profile,
 pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens.
 
 Exit status: Claude's own status when Claude ran; 2 for a usage error or a
-refusal; 127 when claude cannot be found; 1 for an internal error.
+refusal; 127 when claude cannot be found; 1 for an internal error, an unusable
+state folder, or when `doctor` finds something broken.
 """
 
 
@@ -4378,7 +4469,12 @@ def cmd_launch(argv) -> int:
             if capture:
                 finish_capture(capture, spec, home)
                 if pending:
-                    settle_acceptance(home, capture, pending)
+                    try:
+                        settle_acceptance(home, capture, pending)
+                    except Exception as e:  # Claude's own status must still come back
+                        say(f"could not settle the rebuilt session ({e}); it stays pending and "
+                            "the next launch of this thread settles it")
+                        home.log("settle_failed", thread=capture.thread_id, error=repr(e))
                 remove_descriptor(home, hostdb, descriptor, "session ended")
     finally:
         if capture and capture.lease:
@@ -4556,7 +4652,7 @@ LABEL_RANGE_RE = re.compile(r"^([tm])(\d+)(?:(?:-|\.\.|\u2013)\1?(\d+))?$")
 
 def parse_labels(args, letter: str):
     """['t3', 't5-t7'] -> [3, 5, 6, 7] (order kept, duplicates dropped)."""
-    out = []
+    out, seen = [], set()
     for a in args:
         for piece in a.replace(",", " ").split():
             m = LABEL_RANGE_RE.match(piece.strip())
@@ -4566,7 +4662,10 @@ def parse_labels(args, letter: str):
             a_n, b_n = int(m.group(2)), int(m.group(3) or m.group(2))
             if b_n < a_n or b_n - a_n > 10_000:
                 raise usage_error(f"{piece!r} is not a usable range")
-            out.extend(n for n in range(a_n, b_n + 1) if n not in out)
+            for n in range(a_n, b_n + 1):
+                if n not in seen:
+                    seen.add(n)
+                    out.append(n)
     if not out:
         raise usage_error(f"name at least one label, like {letter}12")
     return out
@@ -4754,25 +4853,9 @@ def cmd_search(args) -> int:
     return EXIT_OK
 
 
-def cmd_rollout(args) -> int:
-    """`rollout write`: write a thread's served view as a new Claude session (the fork entry)."""
-    if not args or args[0] != "write":
-        raise usage_error("usage: cc-lhc rollout write --thread-id ID --session-id UUID "
-                          "[--cwd DIR] [--projects-root DIR] [--envelope-from ROLLOUT]")
-    args = args[1:]
-    thread_arg = _take_option(args, "--thread-id")
-    session_id = _take_option(args, "--session-id")
-    cwd = _take_option(args, "--cwd")
-    projects_root = _take_option(args, "--projects-root")
-    envelope_from = _take_option(args, "--envelope-from")
-    _no_more(args, "rollout write")
-    if not thread_arg or not session_id:
-        raise usage_error("rollout write needs --thread-id and --session-id")
-    if not is_uuid(session_id):
-        raise usage_error(f"--session-id {session_id!r} is not a UUID")
-    home = StateHome()
-    registry, hostdb = Registry(home), HostDB(home)
-    thread_id = registry.resolve_prefix(thread_arg)
+def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, projects_root,
+                        envelope_from):
+    """rollout write, under the thread's lease: the view as a new current session."""
     bound = registry.thread_for_session(session_id)
     if bound is not None:
         raise usage_error(f"session {session_id} is already bound to thread {bound}")
@@ -4793,6 +4876,38 @@ def cmd_rollout(args) -> int:
     registry.add_alias(session_id, thread_id, current=True)
     home.log("rollout_written", thread=thread_id, session=session_id, path=rebuild.path,
              bytes=len(rebuild.data))
+    return rebuild
+
+
+def cmd_rollout(args) -> int:
+    """`rollout write`: write a thread's served view as a new Claude session (the fork entry)."""
+    if not args or args[0] != "write":
+        raise usage_error("usage: cc-lhc rollout write --thread-id ID --session-id UUID "
+                          "[--cwd DIR] [--projects-root DIR] [--envelope-from ROLLOUT]")
+    args = args[1:]
+    thread_arg = _take_option(args, "--thread-id")
+    session_id = _take_option(args, "--session-id")
+    cwd = _take_option(args, "--cwd")
+    projects_root = _take_option(args, "--projects-root")
+    envelope_from = _take_option(args, "--envelope-from")
+    _no_more(args, "rollout write")
+    if not thread_arg or not session_id:
+        raise usage_error("rollout write needs --thread-id and --session-id")
+    if not is_uuid(session_id):
+        raise usage_error(f"--session-id {session_id!r} is not a UUID")
+    home = StateHome()
+    if not os.path.exists(home.path("registry.sqlite")):
+        raise usage_error("no threads yet")
+    registry, hostdb = Registry(home), HostDB(home)
+    thread_id = registry.resolve_prefix(thread_arg)
+    # The thread's current session changes here, so nobody else may be driving it.
+    lease = Lease(home, thread_id)
+    lease.acquire()
+    try:
+        rebuild = _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd,
+                                      projects_root, envelope_from)
+    finally:
+        lease.release()
     print(rebuild.path)
     return EXIT_OK
 
@@ -4896,7 +5011,8 @@ def cmd_measure(args) -> int:
     where = args[0]
     if os.path.isdir(where):
         files = sorted(os.path.join(d, f) for d, _s, names in os.walk(where) for f in names
-                       if f.endswith(".jsonl") and "subagents" not in d)
+                       if f.endswith(".jsonl")
+                       and "subagents" not in os.path.relpath(d, where).split(os.sep))
     elif os.path.isfile(where):
         files = [where]
     else:
@@ -4999,13 +5115,19 @@ def cmd_doctor(args) -> int:
     if not os.path.isdir(home.root):
         check("ok", "state home", f"{home.root} (not created yet)")
         return EXIT_OK
+    def readable_by_others(path):
+        try:
+            return bool(os.stat(path).st_mode & 0o077)
+        except OSError:  # a WAL or temporary file that went away while we looked
+            return False
+
     loose = []
-    for d, dirs, files in os.walk(home.root):
+    for d, _dirs, files in os.walk(home.root):
         if os.name == "posix":
-            if os.stat(d).st_mode & 0o077 and d != home.root:
+            if d != home.root and readable_by_others(d):
                 loose.append(d)
             loose += [os.path.join(d, f) for f in files
-                      if os.stat(os.path.join(d, f)).st_mode & 0o077 and not f.endswith(("-wal", "-shm"))]
+                      if not f.endswith(("-wal", "-shm")) and readable_by_others(os.path.join(d, f))]
     mode_ok = os.name != "posix" or not (os.stat(home.root).st_mode & 0o077)
     check("ok" if mode_ok and not loose else "warn", "state home permissions",
           home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"))
@@ -5032,7 +5154,7 @@ def cmd_doctor(args) -> int:
     if os.path.exists(home.path("cc-lhc.sqlite")):
         hostdb = HostDB(home)
         dead = sum(1 for (owner,) in hostdb.db.execute(
-            "SELECT owner FROM descriptors WHERE revoked IS NULL") if not identity_alive(json.loads(owner)))
+            "SELECT owner FROM descriptors WHERE revoked IS NULL") if not owner_alive(owner))
         check("ok" if not dead else "warn", "runtime descriptors",
               f"{dead} stale (removed at the next launch)" if dead else "none stale")
     return EXIT_ERROR if "fail" in results else EXIT_OK
@@ -5058,6 +5180,16 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_ERROR
+    except (OSError, sqlite3_errors()) as e:
+        # The state folder or a file in it could not be used: say which, not a traceback.
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        say(f"{e.__class__.__name__}: {e}{where}")
+        return EXIT_ERROR
+
+
+def sqlite3_errors():
+    import sqlite3
+    return sqlite3.Error
 
 
 def cli() -> None:

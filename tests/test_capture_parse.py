@@ -844,3 +844,18 @@ def test_final_response_rejoins_its_turn_across_a_restart(tmp_path):
     again.stop()
     assert turns == [(1, "closed", 3)]
     assert segments == [(1, 0, 1, 3)]
+
+
+def test_half_a_surrogate_pair_is_repaired_not_a_stalled_capture(tmp_path, capture):
+    # A string cut in the middle of an emoji is valid JSON but not storable text.
+    t = Transcript()
+    t.raw(json.dumps({"type": "user", "uuid": "lone-1", "parentUuid": None,
+                      "timestamp": "2026-11-30T10:00:00.000Z",
+                      "message": {"role": "user", "content": "cut \ud83d here, whole \U0001F600"}},
+                     ensure_ascii=True).encode())
+    t.parent = "lone-1"
+    t.assistant(text("still captured after it"))
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    texts = [m["text"] for m in c.messages()]
+    assert texts == ["cut \ufffd here, whole \U0001F600", "still captured after it"]
+    assert c.telemetry().get("text_repaired") == 1

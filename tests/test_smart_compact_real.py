@@ -483,3 +483,27 @@ def test_unavailable_receipt_store_does_not_stop_smart_compact(real_claude):
     [sent] = rc.api.message_requests[n:]
     assert sent["session_id"] != old
     assert threads(rc)[0]["current_session"] == sent["session_id"]
+
+
+def test_an_interrupted_rebuild_claude_answered_in_is_kept_before_it_is_moved(real_claude):
+    # cc-lhc dies after writing the rebuild; Claude is then run on it by hand (as a user
+    # might with the id from the log). The next launch must take that exchange into the
+    # thread before moving the unused rebuild away: nothing Claude wrote is ever lost.
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    crashed = lhc(rc, "--resume", old, "-p", "next", env={"CC_LHC_FAILPOINT": "after-rollout-write"})
+    assert crashed.returncode == -9 or crashed.returncode == 137
+    registry = cc_lhc.Registry(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]))
+    ((rebuilt, path),) = registry.db.execute("SELECT session_id, path FROM rebuilds "
+                                             "WHERE status = 'pending'").fetchall()
+    rc.api.responder = lambda body: text_reply("answered inside the orphaned rebuild", usage=SMALL)
+    direct = rc.run_claude("--resume", rebuilt, "-p", "typed while cc-lhc was gone")
+    assert direct.returncode == 0, direct.stderr
+    ok(lhc(rc, "--resume", old, "-p", "again"))
+    (thread,) = threads(rc)
+    texts = [m.get("text") for m in export(rc, thread["id"])]
+    assert "typed while cc-lhc was gone" in texts
+    assert "answered inside the orphaned rebuild" in texts
+    assert not os.path.exists(path)
+    # the relaunch was still over the trigger, so it made (and accepted) a rebuild of its own
+    assert thread["current_session"] not in (rebuilt, old)
