@@ -3061,6 +3061,7 @@ class Capture:
             if not src["degraded"]:
                 store.mark_degraded(self.session_id, "transcript_shrank",
                                     f"{self.path} is {size} bytes, {offset} were already captured")
+            self.caught_up = True  # nothing more can be read; the thread says why
             return 0
         if size == offset:
             self.caught_up = True
