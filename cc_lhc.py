@@ -32,6 +32,7 @@ only inside the sections that need them.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import re
@@ -1543,17 +1544,20 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     model = next((m["model"] for t in reversed(turns) for m in reversed(t.messages)
                   if m["role"] == "assistant" and m["model"] and m["model"] != "<synthetic>"),
                  "<synthetic>")
+    def source_record(item):
+        """Messages that came from one transcript record go back into one record."""
+        m = item[0]
+        role = "assistant" if m["role"] == "assistant" else "user"
+        return role, m["response_id"] if role == "assistant" else m["source_uuid"]
+
     for turn in turns:
         band = view.bands.get(turn.n)
         if band not in ("full", "lean"):
             continue
-        group, group_key, group_role = [], None, None
-
-        def flush():
-            if not group:
-                return
+        for (role, _), items in itertools.groupby(visible_messages(turn, band, arm), key=source_record):
+            group = list(items)
             first = group[0][0]
-            if group_role == "user":
+            if role == "user":
                 blocks = [_block_of(m, stub) for m, stub in group]
                 content = (blocks[0]["text"] if len(blocks) == 1 and blocks[0].get("type") == "text"
                            and first["kind"] != "tool_result" else blocks)
@@ -1563,27 +1567,17 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                 if first["kind"] == "user_meta":
                     rec["isMeta"] = True
                 emit(rec)
-            else:
-                has_tool = any(m["kind"] == "tool_call" for m, _ in group)
-                for m, stub in group:
-                    rec = common("assistant", m["created"] or now)
-                    rec.update({"message": {"id": m["response_id"], "type": "message", "role": "assistant",
-                                            "model": m["model"] or "<synthetic>",
-                                            "content": [_block_of(m, stub)],
-                                            "stop_reason": "tool_use" if has_tool else "end_turn",
-                                            "stop_sequence": None, "usage": dict(ZERO_USAGE)},
-                                "uuid": next_uuid(), "timestamp": m["created"] or now})
-                    emit(rec)
-            group.clear()
-
-        for m, stub in visible_messages(turn, band, arm):
-            role = "assistant" if m["role"] == "assistant" else "user"
-            key = (role, m["response_id"] if role == "assistant" else m["source_uuid"])
-            if key != group_key:
-                flush()
-                group_key, group_role = key, role
-            group.append((m, stub))
-        flush()
+                continue
+            has_tool = any(m["kind"] == "tool_call" for m, _ in group)
+            for m, stub in group:  # one record per block, sharing the response's id
+                rec = common("assistant", m["created"] or now)
+                rec.update({"message": {"id": m["response_id"], "type": "message", "role": "assistant",
+                                        "model": m["model"] or "<synthetic>",
+                                        "content": [_block_of(m, stub)],
+                                        "stop_reason": "tool_use" if has_tool else "end_turn",
+                                        "stop_sequence": None, "usage": dict(ZERO_USAGE)},
+                            "uuid": next_uuid(), "timestamp": m["created"] or now})
+                emit(rec)
     if records[-1]["type"] != "assistant":
         # A session must end on Claude's side: otherwise the header, or a prompt left
         # unanswered, would be answered as if the user had just sent it. The model named

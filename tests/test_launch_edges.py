@@ -4,7 +4,6 @@ state, a vanished working folder, and a project that shadows the standard librar
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import ast
 import json
-import sqlite3
 import subprocess
 import sys
 import types
 import uuid
 from pathlib import Path
 
-import pytest
 
 import cc_lhc
 from conftest import REPO, project_slug

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import cc_lhc
-from conftest import CC_LHC, REPO
+from conftest import REPO
 from fakeapi import text_reply, tool_use_reply
 
 ROLLBACK = REPO / "scripts" / "rollback-unaccepted.py"
