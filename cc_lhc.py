@@ -3640,11 +3640,13 @@ def prompt_estimate(spec) -> int:
     return estimate_tokens(" ".join(spec.positionals))
 
 
-def oneshot_smart_compact(spec, home, policy, capture):
-    """Smart Compact before a one-shot launches, when the thread is over the trigger.
+def smart_compact_before_launch(spec, home, policy, capture):
+    """Smart Compact before Claude starts on a resumed session over the trigger.
 
-    Returns the Capture for the session Claude will run on (a new one after a rebuild)
-    and the pending rebuild, if any.
+    A one-shot seat always works this way. An interactive --resume does too: with no
+    child running yet there is nothing to hand off, so the rebuilt session is simply
+    the one Claude opens. Returns the Capture for the session Claude will run on (a new
+    one after a rebuild) and the pending rebuild, if any.
     """
     import time
     registry, hostdb = Registry(home), HostDB(home)
@@ -3661,7 +3663,7 @@ def oneshot_smart_compact(spec, home, policy, capture):
     latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? ORDER BY seq DESC "
                               "LIMIT 1", (spec.session_id,)).fetchone()
     receipt = receipts.record(capture.thread_id, spec.session_id, c,
-                              f"oneshot:{spec.session_id}:{latest[0] if latest else '-'}:{c['state']}")
+                              f"launch:{spec.session_id}:{latest[0] if latest else '-'}:{c['state']}")
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **c)
     if c["state"] == STATE_OVER_OPEN:
         say(f"over the trigger but not at a settled seam ({not_settled}); "
@@ -4440,8 +4442,8 @@ def cmd_launch(argv) -> int:
     try:
         if capture:
             hostdb = HostDB(home)
-            if spec.print_mode and spec.resume:
-                capture, pending = oneshot_smart_compact(spec, home, policy, capture)
+            if spec.resume:
+                capture, pending = smart_compact_before_launch(spec, home, policy, capture)
             remove_stale_descriptors(home, hostdb)
             descriptor = create_descriptor(home, hostdb, capture.thread_id, spec.session_id)
             spec.extra_env[RUNTIME_ENV] = descriptor["path"]

@@ -24,7 +24,7 @@ Raise NotAvailable("why") when what it measures does not exist yet: the runner p
 an unknown benchmark name.
 
 Benchmarks that time cc_lhc import it from the repository (``ctx.need_cc()``) and drive its
-own functions (``Capture``, ``plan_rebuild``, ``oneshot_smart_compact``, ...) or run
+own functions (``Capture``, ``plan_rebuild``, ``smart_compact_before_launch``, ...) or run
 ``python3 cc_lhc.py ...`` as a child. All state lives in temp folders: the whole run is
 sandboxed (HOME, CC_LHC_HOME, CLAUDE_CONFIG_DIR and XDG_CONFIG_HOME point into a temp
 folder while benchmarks run), so the real home is never touched. Generated transcripts,
@@ -1015,7 +1015,7 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
                 capture = cc.attach_thread(spec, home, policy)
                 t1 = time.perf_counter()
                 hostdb = cc.HostDB(home)
-                capture, pending = cc.oneshot_smart_compact(spec, home, policy, capture)
+                capture, pending = cc.smart_compact_before_launch(spec, home, policy, capture)
                 t2 = time.perf_counter()
                 cc.remove_stale_descriptors(home, hostdb)
                 cc.create_descriptor(home, hostdb, capture.thread_id, spec.session_id)
@@ -1042,7 +1042,7 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
         med = {k: statistics.median(v) for k, v in stages.items()}
         out["pre-launch, in process (median)"] = ms(med["total"], 300, spread(stages["total"]))
         out["  build_launch + policy + attach_thread"] = ms(med["attach"])
-        out["  oneshot_smart_compact"] = ms(med["smart compact"], note="catch-up, governor, rebuild, write")
+        out["  smart_compact_before_launch"] = ms(med["smart compact"], note="catch-up, governor, rebuild, write")
         out["  stale sweep + create_descriptor"] = ms(med["descriptor"])
 
         # 2. The brief's components, one by one, on the same state.

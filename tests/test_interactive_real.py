@@ -80,3 +80,56 @@ def test_interactive_session_is_summarised_in_the_background(real_claude, tmux):
     assert cost["calls"] == 1 and cost["input_tokens"] > 0
     # the summariser's own session never became a thread
     assert len(registry.threads()) == 1
+
+
+def _over_trigger_thread(rc) -> str:
+    from fakeapi import text_reply
+    rc.api.script([text_reply("an answer that filled the context", usage={
+        "input_tokens": 370_000, "cache_creation_input_tokens": 500, "cache_read_input_tokens": 500,
+        "output_tokens": 5})])
+    p = rc.run([sys.executable, CC_LHC, "-p", "fill it up", "--output-format", "json"])
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["session_id"]
+
+
+def test_interactive_resume_over_the_trigger_opens_the_rebuilt_session(real_claude, tmux):
+    old = _over_trigger_thread(real_claude)
+    n_before = len(real_claude.api.message_requests)
+    real_claude.api.script(["answered on the rebuilt session"])
+    t = tmux([sys.executable, CC_LHC, "--resume", old], cols=120, rows=30, env=real_claude.env,
+             cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("carry on")
+    t.send_keys("Enter")
+    t.wait_for("answered on the rebuilt session")
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    assert t.stty_before == t.stty_after
+    (request,) = real_claude.api.message_requests[n_before:]
+    new = request["session_id"]
+    assert new != old
+    first = request["body"]["messages"][0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith("[cc-lhc] This conversation was rebuilt by Smart Compact")
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    assert cc_lhc.Registry(home).current_session(thread_id) == new
+
+
+def test_interactive_resume_is_accepted_once_claude_opens_the_rebuild(real_claude, tmux):
+    # Claude 2.1.328 writes its own records as soon as it opens a resumed session, so the
+    # rebuild is observed accepting even if the user leaves without typing: the thread
+    # moves on to it, and nothing is left pending.
+    old = _over_trigger_thread(real_claude)
+    t = tmux([sys.executable, CC_LHC, "--resume", old], cols=120, rows=30, env=real_claude.env,
+             cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    registry = cc_lhc.Registry(home)
+    ((thread_id, *_),) = registry.threads()
+    ((session, status),) = registry.db.execute("SELECT session_id, status FROM rebuilds").fetchall()
+    assert status == "accepted" and registry.current_session(thread_id) == session != old
