@@ -288,3 +288,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "claude_bin" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_cli)
+
+
+def load_module(name: str, path: Path):
+    """Import a script that is not a package module (build/*.py) under its own name."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

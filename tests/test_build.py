@@ -15,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_module
+
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "cc_lhc.py"
 WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
-
-
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 BUILD = load_module("cc_lhc_build_for_build_tests", REPO / "build" / "build.py")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import importlib.util
 import os
 import shutil
 import signal
@@ -24,18 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_module
+
 REPO = Path(__file__).resolve().parent.parent
 INSTALL_SH = REPO / "install.sh"
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="install.sh is for Linux and macOS")
-
-
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 BUILD = load_module("cc_lhc_build_for_tests", REPO / "build" / "build.py")
