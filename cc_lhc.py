@@ -4465,6 +4465,8 @@ def cmd_launch(argv) -> int:
                 worker.stop()
             if capture:
                 finish_capture(capture, spec, home)
+                if not spec.print_mode:
+                    report_pressure_at_exit(capture, spec, home, policy)
                 if pending:
                     try:
                         settle_acceptance(home, capture, pending)
@@ -4487,6 +4489,33 @@ def finish_capture(capture, spec, home):
         home.log("capture_error", thread=capture.thread_id, error=repr(e))
         return
     home.log("capture_done", thread=capture.thread_id, session=spec.session_id, lines=capture.lines)
+
+
+def report_pressure_at_exit(capture, spec, home, policy) -> None:
+    """After an interactive session: receipt its pressure, and say if it ended over the trigger.
+
+    A running interactive session is not yet swapped onto a rebuild, so the user should
+    know that the next resume will run Smart Compact before Claude starts.
+    """
+    try:
+        store = ThreadStore(home, capture.thread_id)
+        try:
+            reading = governor_reading(store, spec.session_id)
+            c = classify(reading, policy["upperBoundTokens"], not thread_settled(store))
+            latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? "
+                                      "ORDER BY seq DESC LIMIT 1", (spec.session_id,)).fetchone()
+        finally:
+            store.close()
+        receipts = Receipts(HostDB(home), home)
+        receipt = receipts.record(capture.thread_id, spec.session_id, c,
+                                  f"exit:{spec.session_id}:{latest[0] if latest else '-'}:{c['state']}")
+        receipts.outcome(receipt, "reported_at_exit")
+    except LhcError as e:
+        home.log("exit_reading_failed", thread=capture.thread_id, error=str(e))
+        return
+    if c["pressure"] is not None and c["pressure"] >= c["trigger"]:
+        say(f"this session ended over the Smart Compact trigger ({describe_reading(c)}); "
+            f"`cc-lhc --resume {spec.session_id}` rebuilds it before Claude starts")
 
 
 def _take_option(args, name, default=None, cast=str):

@@ -133,3 +133,23 @@ def test_interactive_resume_is_accepted_once_claude_opens_the_rebuild(real_claud
     ((thread_id, *_),) = registry.threads()
     ((session, status),) = registry.db.execute("SELECT session_id, status FROM rebuilds").fetchall()
     assert status == "accepted" and registry.current_session(thread_id) == session != old
+
+
+def test_an_interactive_session_that_ends_over_the_trigger_says_what_happens_next(real_claude, tmux):
+    from fakeapi import text_reply
+    real_claude.api.script([text_reply("a very long answer", usage={
+        "input_tokens": 365_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+        "output_tokens": 5})])
+    t = tmux([sys.executable, CC_LHC], cols=160, rows=30, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("go long")
+    t.send_keys("Enter")
+    t.wait_for("a very long answer")
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    screen = t.capture(history=True).replace("\n", "")  # the pane wraps long lines
+    assert "ended over the Smart Compact trigger" in screen and "cc-lhc --resume" in screen
+    hostdb = cc_lhc.HostDB(cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"]))
+    states = [r[0] for r in hostdb.db.execute("SELECT state FROM cc_governor_receipts")]
+    assert states == ["over_trigger_settled"]
