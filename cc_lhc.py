@@ -4438,46 +4438,74 @@ def cmd_launch(argv) -> int:
              thread=capture.thread_id if capture else None,
              policy={k: policy.values[k] for k in ("lowerBoundTokens", "upperBoundTokens",
                                                    "minRunwayTokens", "profile")})
-    descriptor, pending = None, None
-    try:
-        if capture:
-            hostdb = HostDB(home)
-            if spec.resume:
-                capture, pending = smart_compact_before_launch(spec, home, policy, capture)
-            remove_stale_descriptors(home, hostdb)
-            descriptor = create_descriptor(home, hostdb, capture.thread_id, spec.session_id)
-            spec.extra_env[RUNTIME_ENV] = descriptor["path"]
-            spec.extra_env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
-            capture.start()
-        if pending:
-            spec.after_spawn = lambda: failpoint("after-spawn")
-        worker = None
-        if capture and not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off":
-            # Turn summaries are written in the background while a person works; a one-shot
-            # exits too soon for them and keeps its single prompt's cost predictable.
-            worker = DerivationWorker(home, capture.thread_id).start()
+    if capture is None:
+        return run_host(spec, home)
+    with ManagedSession(spec, home, policy, capture):
+        return run_host(spec, home)
+
+
+def run_host(spec, home) -> int:
+    return run_oneshot(spec, home) if spec.print_mode else run_interactive(spec, home)
+
+
+class ManagedSession:
+    """Everything around one Claude child on a thread, set up before it and settled after.
+
+    Before: Smart Compact when a resumed session is over the trigger, the retrieval
+    descriptor and shim, live capture, background summaries. After, whatever happened
+    to the child: the last lines captured, the pressure it ended at, the rebuild's
+    acceptance settled, the descriptor removed, and the thread's lease handed back last.
+    """
+
+    def __init__(self, spec, home, policy, capture):
+        self.spec, self.home, self.policy, self.capture = spec, home, policy, capture
+        self.hostdb = HostDB(home)
+        self.pending = self.descriptor = self.worker = None
+
+    def __enter__(self):
+        spec, home = self.spec, self.home
         try:
-            if spec.print_mode:
-                return run_oneshot(spec, home)
-            return run_interactive(spec, home)
+            if spec.resume:
+                self.capture, self.pending = smart_compact_before_launch(spec, home, self.policy,
+                                                                         self.capture)
+            remove_stale_descriptors(home, self.hostdb)
+            self.descriptor = create_descriptor(home, self.hostdb, self.capture.thread_id,
+                                                spec.session_id)
+            spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
+            spec.extra_env["PATH"] = self.descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+            self.capture.start()
+            if self.pending:
+                spec.after_spawn = lambda: failpoint("after-spawn")
+            if not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off":
+                # Turn summaries are written in the background while a person works; a
+                # one-shot exits too soon for them and keeps its one prompt's cost predictable.
+                self.worker = DerivationWorker(home, self.capture.thread_id).start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc):
+        spec, home, capture = self.spec, self.home, self.capture
+        try:
+            if self.worker:
+                self.worker.stop()
+            finish_capture(capture, spec, home)
+            if not spec.print_mode:
+                report_pressure_at_exit(capture, spec, home, self.policy)
+            if self.pending:
+                try:
+                    settle_acceptance(home, capture, self.pending)
+                except Exception as e:  # Claude's own status must still come back
+                    say(f"could not settle the rebuilt session ({e}); it stays pending and "
+                        "the next launch of this thread settles it")
+                    home.log("settle_failed", thread=capture.thread_id, error=repr(e))
+            if self.descriptor:
+                remove_descriptor(home, self.hostdb, self.descriptor, "session ended")
         finally:
-            if worker:
-                worker.stop()
-            if capture:
-                finish_capture(capture, spec, home)
-                if not spec.print_mode:
-                    report_pressure_at_exit(capture, spec, home, policy)
-                if pending:
-                    try:
-                        settle_acceptance(home, capture, pending)
-                    except Exception as e:  # Claude's own status must still come back
-                        say(f"could not settle the rebuilt session ({e}); it stays pending and "
-                            "the next launch of this thread settles it")
-                        home.log("settle_failed", thread=capture.thread_id, error=repr(e))
-                remove_descriptor(home, hostdb, descriptor, "session ended")
-    finally:
-        if capture and capture.lease:
-            capture.lease.release()
+            if capture.lease:
+                capture.lease.release()
+        return False
 
 
 def finish_capture(capture, spec, home):
