@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import cc_lhc
+from tmuxdrive import TmuxTimeout
 
 CC_LHC = str(Path(__file__).resolve().parents[1] / "cc_lhc.py")
 PROMPT = re.compile(r"^❯", re.M)
@@ -153,3 +154,38 @@ def test_an_interactive_session_that_ends_over_the_trigger_says_what_happens_nex
     hostdb = cc_lhc.HostDB(cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"]))
     states = [r[0] for r in hostdb.db.execute("SELECT state FROM cc_governor_receipts")]
     assert states == ["over_trigger_settled"]
+
+
+def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmux):
+    # As a person would: Claude asks to run `cc-lhc search`, the person approves it at
+    # Claude's own permission prompt, and the model gets the matching labels back.
+    from fakeapi import tool_results, tool_use_reply
+    real_claude.api.script(["The number is 31337.",
+                            tool_use_reply("Bash", {"command": "cc-lhc search 31337",
+                                                    "description": "look it up"}),
+                            "Found it in m2."])
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"], cols=110, rows=34,
+             env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("pick a number")
+    t.send_keys("Enter")
+    t.wait_for("31337")
+    t.send_text("what was it? search for it")
+    t.send_keys("Enter")
+    t.wait_for("Do you want to proceed?")
+    # The dialog is drawn a moment before it takes keys: press Enter (1. Yes) until the
+    # answer shows, a few times at most.
+    for attempt in range(5):
+        t.send_keys("Enter")
+        try:
+            t.wait_for("Found it in m2.", timeout=3)
+            break
+        except TmuxTimeout:
+            if attempt == 4:
+                raise
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    (result,) = tool_results(real_claude.api.message_requests[-1]["body"])
+    content = result["content"] if isinstance(result["content"], str) else json.dumps(result["content"])
+    assert "m2 (t1, assistant_text)" in content and "31337" in content
