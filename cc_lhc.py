@@ -1820,6 +1820,18 @@ class Receipts:
             self.home.log("receipt_store_unavailable", error=repr(e), receipt=rid)
             return rid
 
+    def classified(self, store, thread_id, session_id, c: dict):
+        """Receipt one classification of a session's newest response (idempotent).
+
+        The replay key names the observation (session, newest response, state), so the
+        live capture, the exit report and the next launch all land on the same receipt,
+        and a deferral recorded earlier is taken up again when Smart Compact runs.
+        """
+        latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? "
+                                  "ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
+        return self.record(thread_id, session_id, c,
+                           f"{session_id}:{latest[0] if latest else '-'}:{c['state']}")
+
     def outcome(self, receipt_id, outcome: str):
         if isinstance(receipt_id, str):
             return
@@ -3008,6 +3020,7 @@ class Capture:
         self.lines = 0
         self.lease = None
         self.caught_up = False
+        self.hostdb = None  # opened on the capture thread when live classification needs it
 
     def _open(self):
         if self.store is None:
@@ -3098,6 +3111,8 @@ class Capture:
     def _report(self, out: ParseOutput):
         for event in out.events:
             self.on_event(event, self)
+        if out.usage:  # Claude answered: a new provider reading to classify
+            self.on_event(("responses", len(out.usage)), self)
         for problem in out.problems:
             self.home.log("capture_problem", thread=self.thread_id, session=problem[0],
                           line=problem[1], kind=problem[3], detail=problem[4])
@@ -3610,6 +3625,8 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
             home.log("native_compact", thread=capture.thread_id, turn=turn, note=note)
             if spec.print_mode:
                 say(note)
+        elif kind == "responses" and not spec.print_mode:
+            classify_live(capture, home, policy)
 
     return Capture(home, thread, session_id, path, policy,
                    start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event)
@@ -3660,10 +3677,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
     reading = governor_reading(store, spec.session_id, prompt_estimate(spec))
     c = classify(reading, policy["upperBoundTokens"], not not_settled)
     receipts = Receipts(hostdb, home)
-    latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? ORDER BY seq DESC "
-                              "LIMIT 1", (spec.session_id,)).fetchone()
-    receipt = receipts.record(capture.thread_id, spec.session_id, c,
-                              f"launch:{spec.session_id}:{latest[0] if latest else '-'}:{c['state']}")
+    receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **c)
     if c["state"] == STATE_OVER_OPEN:
         say(f"over the trigger but not at a settled seam ({not_settled}); "
@@ -4519,6 +4533,26 @@ def finish_capture(capture, spec, home):
     home.log("capture_done", thread=capture.thread_id, session=spec.session_id, lines=capture.lines)
 
 
+def classify_live(capture, home, policy) -> dict:
+    """Classify a running session after each new response, and receipt it once.
+
+    Runs on the capture thread, on its own connections. A running interactive child is
+    not swapped onto a rebuild yet, so an over-trigger reading is observed and recorded
+    (deferred to the next resume), never acted on here.
+    """
+    store = capture.store
+    reading = governor_reading(store, capture.session_id)
+    c = classify(reading, policy["upperBoundTokens"], not thread_settled(store))
+    if capture.hostdb is None:
+        capture.hostdb = HostDB(home)
+    receipts = Receipts(capture.hostdb, home)
+    receipt = receipts.classified(store, capture.thread_id, capture.session_id, c)
+    if c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
+        receipts.outcome(receipt, "deferred: runs before the next resume")
+        home.log("governor", thread=capture.thread_id, session=capture.session_id, **c)
+    return c
+
+
 def report_pressure_at_exit(capture, spec, home, policy) -> None:
     """After an interactive session: receipt its pressure, and say if it ended over the trigger.
 
@@ -4530,18 +4564,15 @@ def report_pressure_at_exit(capture, spec, home, policy) -> None:
         try:
             reading = governor_reading(store, spec.session_id)
             c = classify(reading, policy["upperBoundTokens"], not thread_settled(store))
-            latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? "
-                                      "ORDER BY seq DESC LIMIT 1", (spec.session_id,)).fetchone()
+            receipts = Receipts(HostDB(home), home)
+            receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
         finally:
             store.close()
-        receipts = Receipts(HostDB(home), home)
-        receipt = receipts.record(capture.thread_id, spec.session_id, c,
-                                  f"exit:{spec.session_id}:{latest[0] if latest else '-'}:{c['state']}")
-        receipts.outcome(receipt, "reported_at_exit")
     except LhcError as e:
         home.log("exit_reading_failed", thread=capture.thread_id, error=str(e))
         return
     if c["pressure"] is not None and c["pressure"] >= c["trigger"]:
+        receipts.outcome(receipt, "deferred: runs before the next resume")
         say(f"this session ended over the Smart Compact trigger ({describe_reading(c)}); "
             f"`cc-lhc --resume {spec.session_id}` rebuilds it before Claude starts")
 

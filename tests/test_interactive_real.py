@@ -152,8 +152,19 @@ def test_an_interactive_session_that_ends_over_the_trigger_says_what_happens_nex
     screen = t.capture(history=True).replace("\n", "")  # the pane wraps long lines
     assert "ended over the Smart Compact trigger" in screen and "cc-lhc --resume" in screen
     hostdb = cc_lhc.HostDB(cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"]))
-    states = [r[0] for r in hostdb.db.execute("SELECT state FROM cc_governor_receipts")]
-    assert states == ["over_trigger_settled"]
+    rows = hostdb.db.execute("SELECT state, outcome FROM cc_governor_receipts").fetchall()
+    # observed live and again at exit: one observation, one receipt, deferred
+    assert rows == [("over_trigger_settled", "deferred: runs before the next resume")]
+    # the next resume takes the deferral up on that same receipt
+    registry = cc_lhc.Registry(cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"]))
+    ((thread_id, *_),) = registry.threads()
+    session = registry.current_session(thread_id)
+    assert f"cc-lhc --resume {session}" in screen
+    real_claude.api.script(["answered after the rebuild"])
+    p = real_claude.run([sys.executable, CC_LHC, "--resume", session, "-p", "go on"])
+    assert p.returncode == 0 and "answered after the rebuild" in p.stdout, p.stderr
+    rows = hostdb.db.execute("SELECT state, outcome FROM cc_governor_receipts").fetchall()
+    assert len(rows) == 1 and rows[0][1].startswith("rebuilt:")
 
 
 def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmux):
