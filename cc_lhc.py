@@ -3005,7 +3005,7 @@ class Capture:
     POLL_SECONDS = 0.05
 
     def __init__(self, home, thread_id, session_id, path, policy=None, start_offset=0,
-                 on_event=None):
+                 on_event=None, on_responses=None):
         self.home = home
         self.thread_id = thread_id
         self.session_id = session_id
@@ -3013,6 +3013,7 @@ class Capture:
         self.policy = policy
         self.start_offset = start_offset
         self.on_event = on_event or (lambda *_: None)
+        self.on_responses = on_responses
         self.store = None
         self._thread = None
         self._stop = None
@@ -3111,8 +3112,8 @@ class Capture:
     def _report(self, out: ParseOutput):
         for event in out.events:
             self.on_event(event, self)
-        if out.usage:  # Claude answered: a new provider reading to classify
-            self.on_event(("responses", len(out.usage)), self)
+        if out.usage and self.on_responses:  # Claude answered: a new provider reading
+            self.on_responses(self)
         for problem in out.problems:
             self.home.log("capture_problem", thread=self.thread_id, session=problem[0],
                           line=problem[1], kind=problem[3], detail=problem[4])
@@ -3625,11 +3626,11 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
             home.log("native_compact", thread=capture.thread_id, turn=turn, note=note)
             if spec.print_mode:
                 say(note)
-        elif kind == "responses" and not spec.print_mode:
-            classify_live(capture, home, policy)
 
+    live = None if spec.print_mode else (lambda capture: classify_live(capture, home, policy))
     return Capture(home, thread, session_id, path, policy,
-                   start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event)
+                   start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event,
+                   on_responses=live)
 
 
 CATCHUP_SECONDS = 10.0
