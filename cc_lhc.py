@@ -3022,6 +3022,7 @@ class Capture:
         self.lease = None
         self.caught_up = False
         self.hostdb = None  # opened on the capture thread when live classification needs it
+        self.request_handoff = None  # set by an interactive host that can swap children
 
     def _open(self):
         if self.store is None:
@@ -3183,6 +3184,14 @@ class Relay:
         self.to_user = bytearray()
         self.input_open = in_fd is not None
         self.always_ready = {}  # tag -> wanted events, for fds the selector refuses
+        # Hooks for a live handoff: extra descriptors to read, a periodic tick, and input
+        # that is dropped (and counted) rather than delivered while a swap is under way.
+        self.readers = {}       # tag -> (fd, callback(relay))
+        self.timeout = None
+        self.on_tick = None
+        self.drop_input = False
+        self.dropped = 0
+        self._sel = None
 
     def run(self) -> None:
         import selectors
@@ -3193,7 +3202,7 @@ class Relay:
         watched = (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
         previous = {s: signal.signal(s, lambda *_: None) for s in watched}
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
         try:
             sel.register(wake_r, selectors.EVENT_READ, "wake")
             self._loop(sel, wake_r)
@@ -3242,9 +3251,13 @@ class Relay:
                 except PermissionError:  # /dev/null or a regular file: nothing will ever arrive
                     self.input_open = False
             self._interest(sel, self.out_fd, selectors.EVENT_WRITE if self.to_user else 0, "out")
+            for tag, (fd, _cb) in self.readers.items():
+                self._interest(sel, fd, selectors.EVENT_READ, tag)
             ready = [(tag, events) for tag, events in self.always_ready.items() if events]
-            for tag, mask in [(k.data, m) for k, m in sel.select(0 if ready else None)] + ready:
-                if tag == "wake":
+            for tag, mask in [(k.data, m) for k, m in sel.select(0 if ready else self.timeout)] + ready:
+                if tag in self.readers:
+                    self.readers[tag][1](self)
+                elif tag == "wake":
                     self._drain_signals(wake_r)
                 elif tag == "master":
                     if mask & selectors.EVENT_READ:
@@ -3271,11 +3284,35 @@ class Relay:
                     if not data:
                         self.input_open = False
                         self._interest(sel, self.in_fd, 0, "in")
+                    elif self.drop_input:
+                        self.dropped += len(data)
                     else:
                         self.to_child += data
                 elif tag == "out":
                     self._write_some(self.out_fd, self.to_user)
+            if self.on_tick:
+                self.on_tick(self)
         self._flush_user()
+
+    def remove_reader(self, tag) -> None:
+        fd, _cb = self.readers.pop(tag, (None, None))
+        if fd is not None and self._sel is not None:
+            try:
+                self._sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+
+    def switch_master(self, fd) -> None:
+        """Route to another child from now on; what the old one still had to say is dropped."""
+        if self._sel is not None:
+            try:
+                self._sel.unregister(self.master_fd)
+            except (KeyError, ValueError):
+                pass
+        self.master_fd = fd
+        os.set_blocking(fd, False)
+        self.to_child.clear()
+        self.to_user.clear()
 
     @staticmethod
     def _write_some(fd, buf: bytearray) -> None:
@@ -3359,47 +3396,75 @@ def run_interactive(spec, home: StateHome) -> int:
     """Run Claude in a PTY on the user's terminal until it exits."""
     if os.name != "posix":
         return run_interactive_windows(spec, home)
-    try:
-        import ptyprocess
-    except ImportError:
-        raise LhcError("interactive sessions need the ptyprocess package "
-                       "(pip install ptyprocess==0.7.0)")
-    in_fd, out_fd = sys.stdin.fileno(), sys.stdout.fileno()
-    size = terminal_size(out_fd) or terminal_size(in_fd) or (24, 80)
-    try:
-        child = ptyprocess.PtyProcess.spawn(
-            spec.child_argv, cwd=spec.cwd, env=child_environment(spec), dimensions=size,
-            preexec_fn=_death_link_preexec(os.getpid()))
-    except (OSError, FileNotFoundError) as e:
-        raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
-    home.log("child_started", mode="interactive", child_pid=child.pid,
-             session=spec.session_id, argv=spec.child_argv[1:])
-    if spec.after_spawn:
-        spec.after_spawn()
-    watchdog = start_watchdog(child.pid)
+    return InteractiveHost(spec, home).run()
 
-    def on_signal(signum, relay):
-        if signum in (signal.SIGTERM, signal.SIGHUP):
-            # The user's terminal is going away or we were asked to stop: pass it on
-            # and keep relaying until the child has said its last words.
-            try:
-                child.kill(signum)
-            except OSError:
-                pass
 
-    relay = Relay(child.fd, in_fd if _readable(in_fd) else None, out_fd,
-                  get_size=lambda: terminal_size(out_fd),
-                  set_child_size=lambda rows, cols: child.setwinsize(rows, cols),
-                  on_signal=on_signal)
-    try:
-        with RawTerminal(in_fd):
-            relay.run()
-    finally:
-        status = _reap(child)
-        if watchdog:
-            watchdog.kill()
-    home.log("child_exited", mode="interactive", child_pid=child.pid, status=status)
-    return status
+class InteractiveHost:
+    """The user's terminal, relayed to whichever Claude child currently owns it."""
+
+    def __init__(self, spec, home):
+        self.spec, self.home = spec, home
+        self.in_fd, self.out_fd = sys.stdin.fileno(), sys.stdout.fileno()
+        self.child = None
+        self.watchdogs = []
+
+    def size(self):
+        return terminal_size(self.out_fd) or terminal_size(self.in_fd) or (24, 80)
+
+    def watch(self, pid):
+        dog = start_watchdog(pid)
+        if dog:
+            self.watchdogs.append(dog)
+
+    def run(self) -> int:
+        try:
+            import ptyprocess
+        except ImportError:
+            raise LhcError("interactive sessions need the ptyprocess package "
+                           "(pip install ptyprocess==0.7.0)")
+        spec, home = self.spec, self.home
+        try:
+            self.child = ptyprocess.PtyProcess.spawn(
+                spec.child_argv, cwd=spec.cwd, env=child_environment(spec), dimensions=self.size(),
+                preexec_fn=_death_link_preexec(os.getpid()))
+        except (OSError, FileNotFoundError) as e:
+            raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
+        home.log("child_started", mode="interactive", child_pid=self.child.pid,
+                 session=spec.session_id, argv=spec.child_argv[1:])
+        if spec.after_spawn:
+            spec.after_spawn()
+        self.watch(self.child.pid)
+
+        def on_signal(signum, relay):
+            if signum in (signal.SIGTERM, signal.SIGHUP):
+                # The user's terminal is going away or we were asked to stop: pass it on
+                # and keep relaying until the child has said its last words.
+                try:
+                    self.child.kill(signum)
+                except OSError:
+                    pass
+
+        relay = Relay(self.child.fd, self.in_fd if _readable(self.in_fd) else None, self.out_fd,
+                      get_size=lambda: terminal_size(self.out_fd),
+                      set_child_size=lambda rows, cols: self.child.setwinsize(rows, cols),
+                      on_signal=on_signal)
+        session = getattr(spec, "session", None)
+        handoff = None
+        if session is not None and session.control_r is not None:
+            handoff = LiveHandoff(session, self)
+            relay.readers["control"] = (session.control_r, handoff.on_request)
+            relay.on_tick = handoff.on_tick
+        try:
+            with RawTerminal(self.in_fd):
+                relay.run()
+        finally:
+            if handoff is not None and handoff.candidate is not None:
+                handoff._fail(relay, "the session ended during the handoff")
+            status = _reap(self.child)
+            for dog in self.watchdogs:
+                dog.kill()
+        home.log("child_exited", mode="interactive", child_pid=self.child.pid, status=status)
+        return status
 
 
 def _readable(fd) -> bool:
@@ -3464,6 +3529,274 @@ def run_interactive_windows(spec, home: StateHome) -> int:  # pragma: no cover -
     status = child.exitstatus if child.exitstatus is not None else EXIT_ERROR
     home.log("child_exited", mode="interactive", child_pid=child.pid, status=status)
     return status
+
+
+# Claude options that take no value: they carry into a replacement child as they are.
+CLAUDE_FLAG_OPTIONS = frozenset((
+    "--allow-dangerously-skip-permissions", "--ax-screen-reader", "--bare", "--brief", "--chrome",
+    "--dangerously-skip-permissions", "--disable-slash-commands",
+    "--exclude-dynamic-system-prompt-sections", "--forward-subagent-text", "--ide",
+    "--include-hook-events", "--include-partial-messages", "--no-chrome", "--replay-user-messages",
+    "--restricted", "--safe-mode", "--strict-mcp-config", "--verbose",
+))
+# What a replacement child never inherits: it continues the conversation, it does not
+# start, choose or fork one, and it is not a one-shot.
+_NOT_INHERITED = frozenset(("-p", "--print", "-c", "--continue", "-r", "--resume", "--session-id",
+                            "--fork-session", "--no-session-persistence", "--bg", "--background"))
+
+
+def replacement_args(args):
+    """Claude's argv for a wrapper-owned replacement child, and what was left out (pure).
+
+    The launch's options carry over; its prompt, session selectors and print flags never
+    do (a prompt would run again; a print child would exit at once). An option whose
+    value boundary the argv does not establish (optional-value, variadic, or unknown, in
+    its space form) is left out and named, since guessing could swallow or split a value;
+    the `--opt=value` form of the same option carries through.
+    """
+    kept, left_out = [], []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            break  # after it only positionals: the launch's prompt
+        if not a.startswith("-") or a == "-":
+            i += 1
+            continue
+        name, eq, _value = a.partition("=")
+        kind = CLAUDE_VALUE_OPTIONS.get(name)
+        if name in _NOT_INHERITED:
+            i += 1
+            if not eq and kind in ("value", "optional") and i < len(args) and not args[i].startswith("-"):
+                i += 1
+            continue
+        if eq:
+            kept.append(a)
+            i += 1
+        elif kind == "value" and i + 1 < len(args):
+            kept += [a, args[i + 1]]
+            i += 2
+        elif name in CLAUDE_FLAG_OPTIONS:
+            kept.append(a)
+            i += 1
+        else:
+            left_out.append(a)
+            i += 1
+            if kind in ("optional", "variadic"):
+                while i < len(args) and not args[i].startswith("-"):
+                    left_out.append(args[i])
+                    i += 1
+                    if kind == "optional":
+                        break
+    return kept, left_out
+
+
+def _close_child(child) -> None:
+    """End a ptyprocess child and close its terminal, without waiting more than needed."""
+    import ptyprocess
+    child.delayafterclose = 0
+    try:
+        child.close(force=True)
+    except (OSError, ptyprocess.PtyProcessError):
+        pass
+
+
+class LiveHandoff:
+    """Spawn-first Smart Compact for a running interactive session.
+
+    Asked for by the capture thread when a settled seam is over the trigger, it runs on
+    the relay's thread: rebuild the session, spawn `claude --resume <new>` off-route (its
+    own PTY, nothing routed to it), and only once it has rendered and survived a
+    stabilisation window switch input, output, descriptor and capture over together.
+    The old child is ended last. A replacement that does not come up costs nothing: the
+    old child keeps running, the rebuild is moved aside, and the next seam tries again.
+    """
+
+    STABILISE_SECONDS = 1.0
+    REPLAY_LIMIT = 1 << 20
+    GIVE_UP_SECONDS = 30.0
+    MAX_FAILURES = 3
+    NOTICE = "input typed during compaction was not delivered \u2014 please resend"
+    ALARM = ("cc-lhc rebuilt sessions are not loading \u2014 likely a compatibility problem with "
+             "the installed Claude version")
+
+    def __init__(self, session, host):
+        self.session = session      # the ManagedSession around the child
+        self.host = host            # the running InteractiveHost
+        self.pending = None
+        self.candidate = None
+        self.started = None
+        self.first_output = None
+        self.failures = 0
+        self.alarmed = False
+
+    # -- asked for ---------------------------------------------------------------
+
+    def on_request(self, relay) -> None:
+        try:
+            os.read(self.session.control_r, 512)
+        except BlockingIOError:
+            pass
+        if self.candidate is not None or self.failures >= self.MAX_FAILURES:
+            return
+        try:
+            self._begin(relay)
+        except Exception as e:  # a failed attempt must never take the session down
+            self.session.home.log("handoff_error", error=repr(e))
+            self._fail(relay, f"could not prepare the rebuild: {e}")
+
+    def _begin(self, relay) -> None:
+        import time
+        session, spec, home = self.session, self.session.spec, self.session.home
+        capture = session.capture
+        store = ThreadStore(home, capture.thread_id)
+        try:
+            reading = governor_reading(store, spec.session_id)
+            c = classify(reading, session.policy["upperBoundTokens"], not thread_settled(store))
+            if not c["would_mutate"]:
+                return  # the seam moved on before we got here; the next one decides
+            receipts = Receipts(session.hostdb, home)
+            receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
+            new_sid = new_session_id()
+            rebuild = plan_rebuild(home, store, capture.thread_id, session.policy, new_sid, spec.cwd,
+                                   envelope_from=capture.path)
+        finally:
+            store.close()
+        relay.drop_input = True
+        relay.to_child.clear()
+        record_pending(Registry(home), capture.thread_id, spec.session_id, rebuild, spec.cwd)
+        write_atomic(rebuild.path, rebuild.data)
+        record_lineage(session.hostdb, new_sid, capture.thread_id, rebuild.path, spec.cwd, rebuild.data)
+        receipts.outcome(receipt, f"rebuilt:{new_sid}")
+        descriptor = create_descriptor(home, session.hostdb, capture.thread_id, new_sid)
+        kept, left_out = replacement_args(spec.claude_args)
+        if left_out:
+            home.log("replacement_args_left_out", args=left_out)
+        argv = [spec.child_argv[0], "--resume", new_sid] + kept
+        env = child_environment(spec)
+        env[RUNTIME_ENV] = descriptor["path"]
+        env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+        import ptyprocess
+        self.candidate = ptyprocess.PtyProcess.spawn(
+            argv, cwd=spec.cwd, env=env, dimensions=self.host.size(),
+            preexec_fn=_death_link_preexec(os.getpid()))
+        self.pending = {"session_id": new_sid, "from_session": spec.session_id, "path": rebuild.path,
+                        "prefix": len(rebuild.data), "descriptor": descriptor}
+        self.started, self.first_output = time.monotonic(), None
+        self.replay, self.replay_overflow = bytearray(), False
+        home.log("handoff_spawned", thread=capture.thread_id, old_session=spec.session_id,
+                 new_session=new_sid, candidate_pid=self.candidate.pid, **c)
+        relay.readers["candidate"] = (self.candidate.fd, self._candidate_output)
+        relay.timeout = 0.1
+
+    # -- waiting for the replacement ---------------------------------------------------
+
+    def _candidate_output(self, relay) -> None:
+        import time
+        try:
+            data = os.read(self.candidate.fd, Relay.CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            relay.remove_reader("candidate")  # it closed its terminal: the tick will see it
+            return
+        if self.first_output is None:
+            self.first_output = time.monotonic()
+        # What the replacement drew on its own blank terminal is replayed onto the user's at
+        # the switch, so the screen and Claude's idea of it agree from the first byte.
+        if len(self.replay) + len(data) <= self.REPLAY_LIMIT:
+            self.replay += data
+        else:
+            self.replay_overflow = True
+
+    def on_tick(self, relay) -> None:
+        import time
+        if self.candidate is None:
+            return
+        now = time.monotonic()
+        if not self.candidate.isalive():
+            self._fail(relay, "the replacement exited before it was shown")
+        elif self.first_output is not None and now - self.first_output >= self.STABILISE_SECONDS:
+            self._switch(relay)
+        elif now - self.started > self.GIVE_UP_SECONDS:
+            self._fail(relay, "the replacement did not render in time")
+
+    # -- the switch, in one step ---------------------------------------------------------
+
+    def _switch(self, relay) -> None:
+        session, spec, home = self.session, self.session.spec, self.session.home
+        new, pending = self.candidate, self.pending
+        old_child, old_capture, old_descriptor = self.host.child, session.capture, session.descriptor
+        relay.remove_reader("candidate")
+        relay.timeout = None
+        relay.switch_master(new.fd)
+        self.host.child = new
+        rows, cols = self.host.size()
+        # The old screen (and the notice, when input was dropped) scrolls up into the
+        # terminal's history; the replacement's own first frame is drawn on a clean screen.
+        notice = f"\r\n{PROG}: {self.NOTICE}" if relay.dropped else ""
+        if relay.dropped:
+            session.notices.append(self.NOTICE)
+        relay.to_user += (notice + "\r\n" * rows + "\x1b[H\x1b[2J").encode() + bytes(self.replay)
+        relay.dropped = 0
+        relay.drop_input = False
+        if self.replay_overflow:  # too much to replay: a size change makes Claude redraw
+            new.setwinsize(rows, max(1, cols - 1))
+            new.setwinsize(rows, cols)
+        # capture generation and descriptor move with the routing
+        lease = old_capture.lease
+        old_capture.lease = None
+        spec.session_id = pending["session_id"]
+        spec.resume = pending["session_id"]
+        fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,
+                            pending["session_id"], pending["path"])
+        fresh.lease = lease
+        fresh.request_handoff = old_capture.request_handoff
+        session.capture, session.descriptor = fresh, pending["descriptor"]
+        self.candidate, self.pending = None, None
+        finish_capture(old_capture, spec, home)
+        fresh.start()
+        remove_descriptor(home, session.hostdb, old_descriptor, "handed off")
+        home.log("handoff_switched", thread=fresh.thread_id, new_session=spec.session_id,
+                 old_pid=old_child.pid, new_pid=new.pid)
+        self._end_old(old_child)
+        self.host.watch(new.pid)
+        for waiting in [p for p in (session.pending, pending) if p]:
+            if os.path.getsize(waiting["path"]) > waiting["prefix"]:
+                settle_acceptance(home, fresh, waiting)
+                if waiting is session.pending:
+                    session.pending = None
+            else:
+                session.pending = waiting  # settled when the session ends
+
+    def _end_old(self, old_child) -> None:
+        _close_child(old_child)
+        if old_child.isalive():
+            self.session.home.log("old_child_survived", pid=old_child.pid)
+            self.session.survivors.append(old_child.pid)
+
+    def _fail(self, relay, why: str) -> None:
+        home = self.session.home
+        relay.remove_reader("candidate")
+        relay.timeout = None
+        relay.drop_input = False
+        if relay.dropped:
+            relay.to_user += f"\r\n{PROG}: {self.NOTICE}\r\n".encode()
+            relay.dropped = 0
+        if self.candidate is not None:
+            _close_child(self.candidate)
+        if self.pending:
+            remove_descriptor(home, self.session.hostdb, self.pending["descriptor"], "nonviable")
+            abandon_rebuild(home, Registry(home), self.pending["session_id"], why)
+        self.candidate, self.pending = None, None
+        self.failures += 1
+        home.log("handoff_failed", why=why, failures=self.failures)
+        if self.failures >= self.MAX_FAILURES and not self.alarmed:
+            self.alarmed = True
+            home.log("handoff_alarm", message=self.ALARM)
+            self.session.alarms.append(self.ALARM)
 
 
 def run_oneshot(spec, home: StateHome) -> int:
@@ -4476,6 +4809,9 @@ class ManagedSession:
         self.spec, self.home, self.policy, self.capture = spec, home, policy, capture
         self.hostdb = HostDB(home)
         self.pending = self.descriptor = self.worker = None
+        self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
+        self.survivors, self.alarms, self.notices = [], [], []
+        spec.session = self
 
     def __enter__(self):
         spec, home = self.spec, self.home
@@ -4488,6 +4824,11 @@ class ManagedSession:
                                                 spec.session_id)
             spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
             spec.extra_env["PATH"] = self.descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+            if not spec.print_mode:
+                self.control_r, self.control_w = os.pipe()
+                os.set_blocking(self.control_r, False)
+                os.set_blocking(self.control_w, False)
+                self.capture.request_handoff = self.request_handoff
             self.capture.start()
             if self.pending:
                 spec.after_spawn = lambda: failpoint("after-spawn")
@@ -4517,10 +4858,25 @@ class ManagedSession:
                     home.log("settle_failed", thread=capture.thread_id, error=repr(e))
             if self.descriptor:
                 remove_descriptor(home, self.hostdb, self.descriptor, "session ended")
+            for line in self.notices + self.alarms:
+                say(line)
+            for pid in self.survivors:
+                say(f"an earlier Claude process (pid {pid}) did not exit when it was replaced; "
+                    "it is still running")
         finally:
+            for fd in (self.control_r, self.control_w):
+                if fd is not None:
+                    os.close(fd)
             if capture.lease:
                 capture.lease.release()
         return False
+
+    def request_handoff(self) -> None:
+        """Called on the capture thread: wake the relay to run a live handoff."""
+        try:
+            os.write(self.control_w, b"h")
+        except (BlockingIOError, OSError, TypeError):
+            pass  # already asked, or the session is closing
 
 
 def finish_capture(capture, spec, home):
@@ -4548,8 +4904,12 @@ def classify_live(capture, home, policy) -> dict:
         capture.hostdb = HostDB(home)
     receipts = Receipts(capture.hostdb, home)
     receipt = receipts.classified(store, capture.thread_id, capture.session_id, c)
-    if c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
-        receipts.outcome(receipt, "deferred: runs before the next resume")
+    if c["would_mutate"] and capture.request_handoff is not None:
+        receipts.outcome(receipt, "live handoff requested")
+        home.log("governor", thread=capture.thread_id, session=capture.session_id, **c)
+        capture.request_handoff()
+    elif c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
+        receipts.outcome(receipt, "deferred: waits for a settled seam")
         home.log("governor", thread=capture.thread_id, session=capture.session_id, **c)
     return c
 

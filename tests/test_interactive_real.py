@@ -136,35 +136,100 @@ def test_interactive_resume_is_accepted_once_claude_opens_the_rebuild(real_claud
     assert status == "accepted" and registry.current_session(thread_id) == session != old
 
 
-def test_an_interactive_session_that_ends_over_the_trigger_says_what_happens_next(real_claude, tmux):
+OVER_USAGE = {"input_tokens": 365_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+              "output_tokens": 5}
+
+
+def _wait_for_log(rc, event: str, count: int = 1, timeout: float = 30) -> None:
+    log = Path(rc.env["CC_LHC_HOME"]) / "wrapper.log"
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = log.read_text().count(f'"event": "{event}"') if log.exists() else 0
+        if seen >= count:
+            return
+        assert time.monotonic() < deadline, f"no {event!r} in wrapper.log after {timeout}s"
+        time.sleep(0.05)
+
+
+def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_claude, tmux):
     from fakeapi import text_reply
-    real_claude.api.script([text_reply("a very long answer", usage={
-        "input_tokens": 365_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-        "output_tokens": 5})])
-    t = tmux([sys.executable, CC_LHC], cols=160, rows=30, env=real_claude.env, cwd=real_claude.cwd)
+    real_claude.api.script([text_reply("a very long answer", usage=OVER_USAGE), "after the swap"])
+    t = tmux([sys.executable, CC_LHC], cols=100, rows=30, env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
     t.send_text("go long")
     t.send_keys("Enter")
     t.wait_for("a very long answer")
+    _wait_for_log(real_claude, "handoff_spawned")
+    t.send_text("typed while it swaps")  # dropped, and said so: it is never delivered late
+    _wait_for_log(real_claude, "handoff_switched")
+    # the replacement's own first frame is on screen: the rebuilt conversation
+    t.wait_for("This conversation was rebuilt by Smart Compact")
+    t.wait_for(PROMPT)
+    t.send_text("next one")
+    t.send_keys("Enter")
+    t.wait_for("after the swap")
     t.send_text("/exit")
     t.send_keys("Enter")
     assert t.wait_exit() == 0
-    screen = t.capture(history=True).replace("\n", "")  # the pane wraps long lines
-    assert "ended over the Smart Compact trigger" in screen and "cc-lhc --resume" in screen
-    hostdb = cc_lhc.HostDB(cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"]))
-    rows = hostdb.db.execute("SELECT state, outcome FROM cc_governor_receipts").fetchall()
-    # observed live and again at exit: one observation, one receipt, deferred
-    assert rows == [("over_trigger_settled", "deferred: runs before the next resume")]
-    # the next resume takes the deferral up on that same receipt
-    registry = cc_lhc.Registry(cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"]))
+    assert t.stty_before == t.stty_after
+    screen = t.capture(history=True).replace("\n", "")
+    assert "input typed during compaction was not delivered \u2014 please resend" in screen
+    first, second = real_claude.api.message_requests
+    assert first["session_id"] != second["session_id"]
+    opening = second["body"]["messages"][0]["content"]
+    opening = opening if isinstance(opening, str) else opening[0]["text"]
+    assert opening.startswith("[cc-lhc] This conversation was rebuilt by Smart Compact")
+    sent = json.dumps(second["body"]["messages"])
+    assert "typed while it swaps" not in sent and "go long" in sent and "next one" in sent
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    registry = cc_lhc.Registry(home)
     ((thread_id, *_),) = registry.threads()
-    session = registry.current_session(thread_id)
-    assert f"cc-lhc --resume {session}" in screen
-    real_claude.api.script(["answered after the rebuild"])
-    p = real_claude.run([sys.executable, CC_LHC, "--resume", session, "-p", "go on"])
-    assert p.returncode == 0 and "answered after the rebuild" in p.stdout, p.stderr
-    rows = hostdb.db.execute("SELECT state, outcome FROM cc_governor_receipts").fetchall()
-    assert len(rows) == 1 and rows[0][1].startswith("rebuilt:")
+    assert registry.current_session(thread_id) == second["session_id"]
+    assert [r[0] for r in registry.db.execute("SELECT status FROM rebuilds")] == ["accepted"]
+    export = json.loads(real_claude.run([sys.executable, CC_LHC, "export", thread_id]).stdout)
+    assert [m.get("text") for m in export] == ["go long", "a very long answer", "next one",
+                                               "after the swap"]
+
+
+def test_replacements_that_will_not_load_leave_the_session_running_and_raise_the_alarm(
+        real_claude, tmux, tmp_path):
+    from fakeapi import text_reply
+    # A claude that refuses to resume while the block file exists: every replacement dies.
+    block = tmp_path / "block-resume"
+    block.touch()
+    shim = tmp_path / "claude"
+    shim.write_text(f"""#!/bin/sh
+if [ "$1" = --resume ] && [ -e {block} ]; then echo 'refusing to load' >&2; exit 3; fi
+exec {real_claude.claude} "$@"
+""")
+    shim.chmod(0o755)
+    env = dict(real_claude.env, CC_LHC_CLAUDE_BIN=str(shim))
+    real_claude.api.responder = lambda body: text_reply("still the original child", usage=OVER_USAGE)
+    t = tmux([sys.executable, CC_LHC], cols=140, rows=30, env=env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    for n in range(1, 4):  # each settled seam over the trigger tries once more
+        t.send_text(f"prompt {n}")
+        t.send_keys("Enter")
+        _wait_for_log(real_claude, "handoff_failed", count=n)
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    screen = t.capture(history=True).replace("\n", "")
+    assert ("cc-lhc rebuilt sessions are not loading \u2014 likely a compatibility problem with "
+            "the installed Claude version") in screen
+    assert "ended over the Smart Compact trigger" in screen
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    registry = cc_lhc.Registry(home)
+    ((thread_id, *_),) = registry.threads()
+    sessions = {r["session_id"] for r in real_claude.api.message_requests}
+    assert len(sessions) == 1 and registry.current_session(thread_id) in sessions
+    assert [r[0] for r in registry.db.execute("SELECT status FROM rebuilds")] == ["abandoned"] * 3
+    # once Claude loads rebuilds again, the next resume runs Smart Compact before it starts
+    block.unlink()
+    old = registry.current_session(thread_id)
+    p = real_claude.run([sys.executable, CC_LHC, "--resume", old, "-p", "go on"], env=env)
+    assert p.returncode == 0, p.stderr
+    assert real_claude.api.message_requests[-1]["session_id"] != old
 
 
 def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmux):
