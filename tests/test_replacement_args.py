@@ -1,0 +1,42 @@
+"""What a wrapper-owned replacement child inherits from the launch's argv (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+import cc_lhc
+
+
+@pytest.mark.parametrize("argv, kept, left_out", [
+    # the launch's prompt never runs again, whatever form it took
+    (["fix the bug"], [], []),
+    (["--model", "opus", "fix the bug"], ["--model", "opus"], []),
+    (["--model", "opus", "--", "--looks-like-a-flag"], ["--model", "opus"], []),
+    # no form of print mode is inherited: a print child would exit at once
+    (["-p", "hi"], [], []),
+    (["--print", "hi"], [], []),
+    (["-p=yes", "hi"], [], []),
+    (["--print=yes", "--model", "m"], ["--model", "m"], []),
+    # session selectors belong to the launch, not the replacement
+    (["--resume", "6f3c1a8e-1111-4222-8333-444455556666", "--effort", "high"], ["--effort", "high"], []),
+    (["-r", "search term"], [], []),
+    (["--resume"], [], []),
+    (["-c", "--verbose"], ["--verbose"], []),
+    (["--session-id", "6f3c1a8e-1111-4222-8333-444455556666"], [], []),
+    (["--fork-session", "--verbose"], ["--verbose"], []),
+    # value options keep their value; flags carry as they are
+    (["--permission-mode", "plan", "--dangerously-skip-permissions"],
+     ["--permission-mode", "plan", "--dangerously-skip-permissions"], []),
+    (["--autocompact", "auto"], ["--autocompact", "auto"], []),
+    # optional-value and variadic options in space form: the value boundary is unknown
+    (["--debug", "api"], [], ["--debug", "api"]),
+    (["--debug", "--verbose"], ["--verbose"], ["--debug"]),
+    (["--allowedTools", "Bash", "Edit", "--verbose"], ["--verbose"], ["--allowedTools", "Bash", "Edit"]),
+    # ... while their =value form carries through
+    (["--debug=api", "--allowedTools=Bash,Edit"], ["--debug=api", "--allowedTools=Bash,Edit"], []),
+    # an option this table does not know is left out in space form, kept with =
+    (["--brand-new-option", "x"], [], ["--brand-new-option"]),
+    (["--brand-new-option=x"], ["--brand-new-option=x"], []),
+])
+def test_replacement_args(argv, kept, left_out):
+    assert cc_lhc.replacement_args(argv) == (kept, left_out)
