@@ -878,6 +878,10 @@ CREATE TABLE rebuilds (
     path TEXT NOT NULL, cwd TEXT, owner TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
     created TEXT, settled TEXT)
 """),
+    ("003_thread_alarms", """
+CREATE TABLE thread_alarms (
+    thread_id TEXT PRIMARY KEY, message TEXT NOT NULL, since TEXT NOT NULL)
+"""),
 ]
 
 HOST_MIGRATIONS = [
@@ -3629,6 +3633,7 @@ class LiveHandoff:
         self.first_output = None
         self.failures = 0
         self.alarmed = False
+        self.survival = False       # the candidate is a survival relaunch, not a rebuild
 
     # -- asked for ---------------------------------------------------------------
 
@@ -3637,8 +3642,8 @@ class LiveHandoff:
             os.read(self.session.control_r, 512)
         except BlockingIOError:
             pass
-        if self.candidate is not None or self.failures >= self.MAX_FAILURES:
-            return
+        if self.candidate is not None or self.alarmed:
+            return  # after the alarm only manual Smart Compact runs; the automatic swap stops
         try:
             self._begin(relay)
         except Exception as e:  # a failed attempt must never take the session down
@@ -3669,25 +3674,43 @@ class LiveHandoff:
         record_lineage(session.hostdb, new_sid, capture.thread_id, rebuild.path, spec.cwd, rebuild.data)
         receipts.outcome(receipt, f"rebuilt:{new_sid}")
         descriptor = create_descriptor(home, session.hostdb, capture.thread_id, new_sid)
+        self.pending = {"session_id": new_sid, "from_session": spec.session_id, "path": rebuild.path,
+                        "prefix": len(rebuild.data), "descriptor": descriptor}
+        self._spawn(relay, new_sid, descriptor, child_environment(spec))
+        home.log("handoff_spawned", thread=capture.thread_id, old_session=spec.session_id,
+                 new_session=new_sid, candidate_pid=self.candidate.pid, **c)
+
+    def _spawn(self, relay, session_id, descriptor, env) -> None:
+        """Start `claude --resume <session_id>` off-route: its own PTY, nothing routed to it."""
+        import time
+        import ptyprocess
+        spec, home = self.session.spec, self.session.home
         kept, left_out = replacement_args(spec.claude_args)
         if left_out:
             home.log("replacement_args_left_out", args=left_out)
-        argv = [spec.child_argv[0], "--resume", new_sid] + kept
-        env = child_environment(spec)
         env[RUNTIME_ENV] = descriptor["path"]
         env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
-        import ptyprocess
         self.candidate = ptyprocess.PtyProcess.spawn(
-            argv, cwd=spec.cwd, env=env, dimensions=self.host.size(),
-            preexec_fn=_death_link_preexec(os.getpid()))
-        self.pending = {"session_id": new_sid, "from_session": spec.session_id, "path": rebuild.path,
-                        "prefix": len(rebuild.data), "descriptor": descriptor}
+            [spec.child_argv[0], "--resume", session_id] + kept, cwd=spec.cwd, env=env,
+            dimensions=self.host.size(), preexec_fn=_death_link_preexec(os.getpid()))
         self.started, self.first_output = time.monotonic(), None
         self.replay, self.replay_overflow = bytearray(), False
-        home.log("handoff_spawned", thread=capture.thread_id, old_session=spec.session_id,
-                 new_session=new_sid, candidate_pid=self.candidate.pid, **c)
         relay.readers["candidate"] = (self.candidate.fd, self._candidate_output)
         relay.timeout = 0.1
+
+    def _survive(self, relay) -> None:
+        """After repeated nonviable swaps: relaunch the same session with Claude native
+        Compact allowed, so it can keep itself alive in degraded form. Persists per thread."""
+        session, spec, home = self.session, self.session.spec, self.session.home
+        self.survival = True
+        with Tx(Registry(home).db) as db:
+            db.execute("INSERT OR REPLACE INTO thread_alarms VALUES (?, ?, ?)",
+                       (session.capture.thread_id, self.ALARM, utc_now_iso()))
+        spec.autocompact = True  # from now on no child of this thread gets the disable
+        env = child_environment(spec)
+        env.pop("DISABLE_AUTO_COMPACT", None)
+        self._spawn(relay, spec.session_id, session.descriptor, env)
+        home.log("survival_relaunch_spawned", session=spec.session_id, candidate_pid=self.candidate.pid)
 
     # -- waiting for the replacement ---------------------------------------------------
 
@@ -3745,6 +3768,13 @@ class LiveHandoff:
         if self.replay_overflow:  # too much to replay: a size change makes Claude redraw
             new.setwinsize(rows, max(1, cols - 1))
             new.setwinsize(rows, cols)
+        if self.survival:  # same session, same transcript: capture and descriptor stay
+            self.candidate, self.survival = None, False
+            home.log("survival_relaunched", session=spec.session_id, old_pid=old_child.pid,
+                     new_pid=new.pid)
+            self._end_old(old_child)
+            self.host.watch(new.pid)
+            return
         # capture generation and descriptor move with the routing
         lease = old_capture.lease
         old_capture.lease = None
@@ -3791,12 +3821,21 @@ class LiveHandoff:
             remove_descriptor(home, self.session.hostdb, self.pending["descriptor"], "nonviable")
             abandon_rebuild(home, Registry(home), self.pending["session_id"], why)
         self.candidate, self.pending = None, None
+        if self.survival:
+            self.survival = False
+            home.log("survival_relaunch_failed", why=why)  # the old child simply keeps running
+            return
         self.failures += 1
         home.log("handoff_failed", why=why, failures=self.failures)
         if self.failures >= self.MAX_FAILURES and not self.alarmed:
             self.alarmed = True
             home.log("handoff_alarm", message=self.ALARM)
             self.session.alarms.append(self.ALARM)
+            try:
+                self._survive(relay)
+            except Exception as e:  # the old child keeps running either way
+                self.survival = False
+                home.log("survival_relaunch_failed", why=repr(e))
 
 
 def run_oneshot(spec, home: StateHome) -> int:
@@ -3943,6 +3982,13 @@ def attach_thread(spec, home, policy):
         lease.acquire()
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
     home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
+    alarm = registry.db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
+                                (thread,)).fetchone()
+    if alarm:
+        # Standing since rebuilt sessions stopped loading: Claude native Compact stays
+        # allowed for this thread until a rebuild is accepted again.
+        say(alarm[0])
+        spec.autocompact = True
     capture = new_capture(spec, home, policy, hostdb, thread, spec.session_id, path)
     capture.lease = lease
     return capture
@@ -4190,6 +4236,8 @@ def advance_current(registry, thread_id, session_id) -> None:
                    (session_alias(session_id), thread_id))
         db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ? "
                    "AND status = 'pending'", (utc_now_iso(), session_id))
+        # a rebuild loaded after all: the standing alarm and the survival mode end
+        db.execute("DELETE FROM thread_alarms WHERE thread_id = ?", (thread_id,))
 
 
 def move_file(src: str, dst: str) -> None:

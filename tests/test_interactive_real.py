@@ -194,12 +194,16 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
 def test_replacements_that_will_not_load_leave_the_session_running_and_raise_the_alarm(
         real_claude, tmux, tmp_path):
     from fakeapi import text_reply
-    # A claude that refuses to resume while the block file exists: every replacement dies.
+    # A claude that will not load a rebuilt session while the block file exists: every
+    # replacement dies, while resuming an ordinary session still works.
     block = tmp_path / "block-resume"
     block.touch()
     shim = tmp_path / "claude"
     shim.write_text(f"""#!/bin/sh
-if [ "$1" = --resume ] && [ -e {block} ]; then echo 'refusing to load' >&2; exit 3; fi
+if [ "$1" = --resume ] && [ -e {block} ] && \\
+   grep -qs 'This conversation was rebuilt' "$CLAUDE_CONFIG_DIR"/projects/*/"$2".jsonl; then
+    echo 'refusing to load' >&2; exit 3
+fi
 exec {real_claude.claude} "$@"
 """)
     shim.chmod(0o755)
@@ -211,6 +215,17 @@ exec {real_claude.claude} "$@"
         t.send_text(f"prompt {n}")
         t.send_keys("Enter")
         _wait_for_log(real_claude, "handoff_failed", count=n)
+    # then the same session is relaunched with Claude native Compact allowed
+    _wait_for_log(real_claude, "survival_relaunched")
+    log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
+    relaunched = next(json.loads(line) for line in log.splitlines() if "survival_relaunched" in line)
+    environ = Path(f"/proc/{relaunched['new_pid']}/environ").read_bytes().split(b"\0")
+    assert not any(v.startswith(b"DISABLE_AUTO_COMPACT=") for v in environ)
+    t.wait_for(PROMPT)
+    t.send_text("prompt 4")
+    t.send_keys("Enter")
+    t.wait_for("prompt 4")
+    real_claude.api.wait_for_requests(4)
     t.send_text("/exit")
     t.send_keys("Enter")
     assert t.wait_exit() == 0
@@ -224,12 +239,19 @@ exec {real_claude.claude} "$@"
     sessions = {r["session_id"] for r in real_claude.api.message_requests}
     assert len(sessions) == 1 and registry.current_session(thread_id) in sessions
     assert [r[0] for r in registry.db.execute("SELECT status FROM rebuilds")] == ["abandoned"] * 3
+    # the relaunched child runs without DISABLE_AUTO_COMPACT, and the alarm stands
+    log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
+    assert '"event": "survival_relaunched"' in log
+    assert registry.db.execute("SELECT count(*) FROM thread_alarms").fetchone()[0] == 1
     # once Claude loads rebuilds again, the next resume runs Smart Compact before it starts
     block.unlink()
     old = registry.current_session(thread_id)
     p = real_claude.run([sys.executable, CC_LHC, "--resume", old, "-p", "go on"], env=env)
     assert p.returncode == 0, p.stderr
+    assert "rebuilt sessions are not loading" in p.stderr  # the standing alarm, until...
     assert real_claude.api.message_requests[-1]["session_id"] != old
+    # ...a rebuild is accepted again, which ends it
+    assert registry.db.execute("SELECT count(*) FROM thread_alarms").fetchone()[0] == 0
 
 
 def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmux):
