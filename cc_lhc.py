@@ -3662,6 +3662,13 @@ class LiveHandoff:
                 return  # the seam moved on before we got here; the next one decides
             receipts = Receipts(session.hostdb, home)
             receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
+            busy = open_background_work(store)
+            if busy:
+                # Nothing that could not be carried is ever killed by a swap: keep the
+                # current session and decide again at the next seam.
+                receipts.outcome(receipt, "skipped: background work open: " + ", ".join(busy))
+                home.log("handoff_skipped", reason="background work open", items=busy)
+                return
             new_sid = new_session_id()
             rebuild = plan_rebuild(home, store, capture.thread_id, session.policy, new_sid, spec.cwd,
                                    envelope_from=capture.path)
@@ -4030,6 +4037,51 @@ def thread_settled(store) -> str:
         return (f"the transcript was left mid-turn: t{row[0]} has {outstanding} tool call(s) "
                 "still waiting for results")
     return f"the transcript was left mid-turn (t{row[0]} is still open)"
+
+
+TERMINAL_TASK_STATUS = re.compile(r"<status>(completed|failed|killed|stopped)</status>")
+
+
+def open_background_work(store) -> list:
+    """Background items a swap would lose: launched, with no terminal evidence yet.
+
+    Background shell jobs, monitors, workflows and agents run inside (or are owned by)
+    the Claude process a swap replaces, and a pending ScheduleWakeup lives only in its
+    memory. Until cc-lhc carries them across, a seam with any of them open is skipped.
+    A launch opens an item; only a <task-notification> for that tool call with a
+    terminal status (or, for a wake-up, the wake-up firing) closes it.
+    """
+    db = store.db
+    calls = db.execute("SELECT c.seq, c.tool_name, c.tool_use_id, c.text FROM messages c "
+                       "WHERE c.kind = 'tool_call' AND c.tool_name IN "
+                       "('Bash', 'Agent', 'Task', 'Monitor', 'Workflow', 'ScheduleWakeup') "
+                       "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.kind = 'tool_result' "
+                       "AND r.tool_use_id = c.tool_use_id AND r.is_error = 1)").fetchall()
+    if not calls:
+        return []
+    notes = [(seq, text) for seq, text in db.execute(
+        "SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
+        "AND text LIKE '%<task-notification>%'")]
+    metas = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE kind = 'user_meta'")]
+    items = []
+    for seq, name, tool_use_id, text in calls:
+        try:
+            args = json.loads(text or "{}")
+        except ValueError:
+            args = {}
+        args = args if isinstance(args, dict) else {}
+        if name == "Bash" and not args.get("run_in_background"):
+            continue
+        if name in ("Agent", "Task") and args.get("run_in_background") is False:
+            continue
+        if name == "ScheduleWakeup":
+            if args.get("stop") or any(m > seq for m in metas):
+                continue
+        elif any(n > seq and f"<tool-use-id>{tool_use_id}</tool-use-id>" in note
+                 and TERMINAL_TASK_STATUS.search(note) for n, note in notes):
+            continue
+        items.append(f"{name} m{seq}")
+    return items
 
 
 def prompt_estimate(spec) -> int:
