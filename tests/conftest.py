@@ -101,8 +101,13 @@ class IsoEnv:
         """Only the variables this fixture sets (what the autouse fixture puts in os.environ)."""
         # Background turn summaries would take the fake API's scripted replies; the tests
         # that exercise them turn them back on.
+        # The real CLI also writes under XDG_DATA_HOME (a URL-handler .desktop file), so
+        # every XDG base folder points inside the test's root too.
         return {"HOME": str(self.home), "CLAUDE_CONFIG_DIR": str(self.config),
                 "CC_LHC_HOME": str(self.lhc), "XDG_CONFIG_HOME": str(self.xdg),
+                "XDG_DATA_HOME": str(self.root / "xdg-data"),
+                "XDG_CACHE_HOME": str(self.root / "xdg-cache"),
+                "XDG_STATE_HOME": str(self.root / "xdg-state"),
                 "CC_LHC_SUMMARIES": "off", **QUIET_ENV}
 
 

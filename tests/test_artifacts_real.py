@@ -30,8 +30,14 @@ def artifacts(tmp_path_factory):
         pytest.skip("npm is needed for the tokenizer data")
     dist = tmp_path_factory.mktemp("dist")
     sums = tmp_path_factory.mktemp("checksums")
+    home = tmp_path_factory.mktemp("build-home")
+    # A module fixture runs outside the per-test isolation: give the build its own home,
+    # so PyInstaller's cache and npm's never touch the developer's.
+    env = dict(os.environ, HOME=str(home), PYINSTALLER_CONFIG_DIR=str(home / "pyinstaller"),
+               XDG_CACHE_HOME=str(home / "cache"))
     proc = subprocess.run([sys.executable, str(REPO / "build" / "build.py"), "--dist", str(dist),
-                           "--checksums-dir", str(sums)], capture_output=True, text=True, timeout=900)
+                           "--checksums-dir", str(sums)], capture_output=True, text=True, timeout=900,
+                          env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     os_name, arch = BUILD.host_target()
     exe = next(dist.glob(f"cc-lhc-*-{os_name}-{arch}/cc-lhc"))

@@ -86,8 +86,11 @@ def zipapp(tmp_path_factory):
     if not SOURCE.is_file():
         pytest.skip("cc_lhc.py does not exist yet")
     out = tmp_path_factory.mktemp("zipapp")
+    # a module fixture runs outside the per-test isolation: the build gets its own home
     proc = run(sys.executable, REPO / "build" / "build.py", "--zipapp-only", "--dist", out / "dist",
-               "--checksums-dir", out / "checksums", env=dict(os.environ, SOURCE_DATE_EPOCH="1767225600"))
+               "--checksums-dir", out / "checksums",
+               env=dict(os.environ, SOURCE_DATE_EPOCH="1767225600", HOME=str(out / "home"),
+                        XDG_CACHE_HOME=str(out / "home" / "cache")))
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -154,8 +157,6 @@ def test_zipapp_counts_tokens_exactly_with_its_own_data(zipapp, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CC_LHC_TOKENIZER_FILE"}
     env["TIKTOKEN_CACHE_DIR"] = str(tmp_path / "no-cache")  # nothing to find there
     proc = run(sys.executable, "-c", code, pyz, env=env, cwd=tmp_path)
-    if proc.returncode != 0 and "TOKENS" in proc.stderr:
-        pytest.skip("cc_lhc has no TOKENS counter")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[:2] == ["2", "True"]
     assert str(pyz) in proc.stdout
@@ -325,16 +326,8 @@ def test_release_refuses_unsafe_inputs(tmp_path):
 # == Release workflow =========================================================
 
 def load_workflow() -> dict:
-    try:
-        import yaml
-    except ImportError:
-        yaml = None
+    import yaml  # pinned in requirements-dev.txt: the workflow is always parsed for real
     text = WORKFLOW.read_text()
-    if yaml is None:
-        # Structural fallback: top-level keys and the three jobs are there.
-        for needle in ("\non:", "\njobs:", "\n  prepare:", "\n  bundle:", "\n  publish:"):
-            assert needle in text
-        pytest.skip("PyYAML not installed: structural check only")
     data = yaml.safe_load(text)
     data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads a bare `on` as true
     return data

@@ -405,7 +405,9 @@ def test_live_capture_stores_an_appended_line_within_a_fraction_of_a_second(tmp_
     finally:
         cap.stop()
     assert cap.error is None
-    print(f"live capture delays: {[round(d * 1000) for d in delays]} ms")
+    # The figure belongs to scripts/bench.py (median ~30 ms); this only catches capture
+    # that has stopped being live (a poll of a second or more would fail it).
+    assert max(delays) < 1.0, f"live capture delays: {[round(d * 1000) for d in delays]} ms"
 
 
 # -- 4. the incomplete last line ----------------------------------------------------------

@@ -4,7 +4,6 @@ configuration that falls back field by field, says so once, and never stops a se
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -186,15 +185,6 @@ def test_unreadable_file_falls_back_naming_it(iso_env, where):
     assert p.fell_back and len(p.problems) == 1
     assert str(path) in p.problems[0] and "cannot read" in p.problems[0], p.problems
     assert p.values == BUILTIN
-
-
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads mode-000 files")
-def test_mode_000_file_falls_back_naming_it(iso_env):
-    source = write_user(iso_env, {"lowerBoundTokens": 100_000})
-    os.chmod(source, 0)
-    p = policy(iso_env.work)
-    assert len(p.problems) == 1 and source in p.problems[0] and "cannot read" in p.problems[0]
-    assert p["lowerBoundTokens"] == BUILTIN["lowerBoundTokens"]
 
 
 def test_utf8_bom_is_accepted(iso_env):
