@@ -3605,6 +3605,75 @@ def _close_child(child) -> None:
         pass
 
 
+EFFORT_LEVELS = frozenset(("low", "medium", "high", "xhigh", "max"))
+PERMISSION_MODES = frozenset(("default", "acceptEdits", "plan", "auto", "dontAsk", "bypassPermissions"))
+DANGEROUS_FLAGS = frozenset(("--dangerously-skip-permissions", "--allow-dangerously-skip-permissions"))
+
+
+def confirmed_runtime(path: str, window: int = 4 << 20) -> dict:
+    """The newest effort and permission mode Claude itself recorded in a transcript.
+
+    Only values Claude wrote (an assistant record's ``effort``, a user record's
+    ``permissionMode``) and that cc-lhc knows are returned; anything else is left
+    unknown rather than inferred.
+    """
+    found = {}
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - window))
+            lines = f.read().split(b"\n")
+    except OSError:
+        return found
+    for raw in reversed(lines):
+        if b'"effort"' not in raw and b'"permissionMode"' not in raw:
+            continue
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if "effort" not in found and rec.get("type") == "assistant" and rec.get("effort") in EFFORT_LEVELS:
+            found["effort"] = rec["effort"]
+        if "permission_mode" not in found and rec.get("type") == "user" \
+                and rec.get("permissionMode") in PERMISSION_MODES:
+            found["permission_mode"] = rec["permissionMode"]
+        if len(found) == 2:
+            break
+    return found
+
+
+def with_runtime(kept, runtime: dict):
+    """A replacement's argv carrying the confirmed effort and permission mode.
+
+    The confirmed values replace the launch's own (the user may have changed them in the
+    session); bypassing permissions is carried only where the launch allowed it.
+    """
+    out, i = [], 0
+    drop = set()
+    if "effort" in runtime:
+        drop.add("--effort")
+    mode = runtime.get("permission_mode")
+    if mode == "bypassPermissions" and not DANGEROUS_FLAGS & set(kept):
+        mode = None  # never broaden permissions beyond what the launch allowed
+    if mode:
+        drop.add("--permission-mode")
+    while i < len(kept):
+        name = kept[i].partition("=")[0]
+        if name in drop:
+            i += 1 if "=" in kept[i] else 2
+            continue
+        out.append(kept[i])
+        i += 1
+    if "effort" in runtime:
+        out += ["--effort", runtime["effort"]]
+    if mode:
+        out += ["--permission-mode", mode]
+    return out
+
+
 class LiveHandoff:
     """Spawn-first Smart Compact for a running interactive session.
 
@@ -3685,7 +3754,7 @@ class LiveHandoff:
                         "prefix": len(rebuild.data), "descriptor": descriptor}
         self._spawn(relay, new_sid, descriptor, child_environment(spec))
         home.log("handoff_spawned", thread=capture.thread_id, old_session=spec.session_id,
-                 new_session=new_sid, candidate_pid=self.candidate.pid, **c)
+                 new_session=new_sid, candidate_pid=self.candidate.pid, argv=self.candidate_argv, **c)
 
     def _spawn(self, relay, session_id, descriptor, env) -> None:
         """Start `claude --resume <session_id>` off-route: its own PTY, nothing routed to it."""
@@ -3695,11 +3764,14 @@ class LiveHandoff:
         kept, left_out = replacement_args(spec.claude_args)
         if left_out:
             home.log("replacement_args_left_out", args=left_out)
+        kept = with_runtime(kept, confirmed_runtime(self.session.capture.path))
         env[RUNTIME_ENV] = descriptor["path"]
         env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+        argv = [spec.child_argv[0], "--resume", session_id] + kept
         self.candidate = ptyprocess.PtyProcess.spawn(
-            [spec.child_argv[0], "--resume", session_id] + kept, cwd=spec.cwd, env=env,
-            dimensions=self.host.size(), preexec_fn=_death_link_preexec(os.getpid()))
+            argv, cwd=spec.cwd, env=env, dimensions=self.host.size(),
+            preexec_fn=_death_link_preexec(os.getpid()))
+        self.candidate_argv = argv[1:]
         self.started, self.first_output = time.monotonic(), None
         self.replay, self.replay_overflow = bytearray(), False
         relay.readers["candidate"] = (self.candidate.fd, self._candidate_output)

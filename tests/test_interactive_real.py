@@ -161,6 +161,10 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     t.wait_for("a very long answer")
     _wait_for_log(real_claude, "handoff_spawned")
     t.send_text("typed while it swaps")  # dropped, and said so: it is never delivered late
+    log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
+    spawned = next(json.loads(line) for line in log.splitlines() if "handoff_spawned" in line)
+    # the replacement continues with the effort and permission mode Claude last recorded
+    assert "--effort" in spawned["argv"] and "--permission-mode" in spawned["argv"]
     _wait_for_log(real_claude, "handoff_switched")
     # the replacement's own first frame is on screen: the rebuilt conversation
     t.wait_for("This conversation was rebuilt by Smart Compact")

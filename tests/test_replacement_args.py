@@ -40,3 +40,32 @@ import cc_lhc
 ])
 def test_replacement_args(argv, kept, left_out):
     assert cc_lhc.replacement_args(argv) == (kept, left_out)
+
+
+@pytest.mark.parametrize("kept, runtime, expected", [
+    # what Claude confirmed in the session wins over what the launch said
+    (["--permission-mode", "plan", "--effort=low"], {"effort": "high", "permission_mode": "acceptEdits"},
+     ["--effort", "high", "--permission-mode", "acceptEdits"]),
+    # nothing confirmed: the launch's own values stay
+    (["--effort", "low"], {}, ["--effort", "low"]),
+    # bypass is carried only where the launch allowed it, never broadened
+    (["--verbose"], {"permission_mode": "bypassPermissions"}, ["--verbose"]),
+    (["--dangerously-skip-permissions"], {"permission_mode": "bypassPermissions"},
+     ["--dangerously-skip-permissions", "--permission-mode", "bypassPermissions"]),
+])
+def test_confirmed_runtime_carries_into_the_replacement(kept, runtime, expected):
+    assert cc_lhc.with_runtime(kept, runtime) == expected
+
+
+def test_confirmed_runtime_reads_only_what_claude_wrote(tmp_path):
+    import json
+    lines = [
+        {"type": "user", "permissionMode": "plan", "message": {"content": "a"}},
+        {"type": "assistant", "effort": "high", "message": {"content": []}},
+        {"type": "user", "permissionMode": "someFutureMode", "message": {"content": "b"}},
+        {"type": "assistant", "effort": "ludicrous", "message": {"content": []}},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    # unknown newer values are not inferred: the newest known ones are used
+    assert cc_lhc.confirmed_runtime(str(path)) == {"effort": "high", "permission_mode": "plan"}
