@@ -44,8 +44,9 @@ The bundle's SHA-256 must match the release's SHA256SUMS and, in a published ins
 the checksums embedded in this script; otherwise nothing is installed. A SHA-256 tool
 (sha256sum, shasum or openssl) is required.
 
-Re-running upgrades in place. Sessions already running keep their version until they
-exit; old versions are removed on a later run once nothing runs from them.
+Re-running upgrades in place. The version you upgraded from is kept for a rollback;
+sessions already running keep their version until they exit, and older versions are
+removed on a later run once nothing runs from them.
 Uninstall: rm -rf ~/.local/share/cc-lhc ~/.local/bin/cc-lhc (cc-lhc's records in
 ~/.cc-lhc are yours to keep or remove).
 EOF
@@ -280,6 +281,10 @@ running_version_dirs() {
 # Remove version folders other than the current one ($1) and the previous one ($2),
 # skipping any that a running cc-lhc still uses.
 prune_versions() {
+    if [ -z "$2" ] && [ "$3" = unknown ]; then
+        say "keeping the old versions: which one you upgraded from is not recorded here yet"
+        return 0
+    fi
     if ! _busy=$(running_version_dirs); then
         say "cannot tell which versions are in use here; keeping the old ones"
         return 0
@@ -296,6 +301,60 @@ prune_versions() {
         fi
         rm -rf "$_dir" && say "removed old version $_name"
     done
+}
+
+# The version that was current before the last change of version, from
+# $INSTALL_DIR/previous (empty when none is recorded).
+read_previous() {
+    _prev=""
+    if [ -f "$INSTALL_DIR/previous" ]; then
+        IFS= read -r _prev <"$INSTALL_DIR/previous" || true
+    fi
+    case "$_prev" in
+        '' | . | .. | .* | */*) _prev="" ;;
+    esac
+    printf '%s\n' "$_prev"
+}
+
+# Record $1 as the version to roll back to, in one rename.
+write_previous() {
+    printf '%s\n' "$1" >"$INSTALL_DIR/.previous.new" &&
+        mv -f "$INSTALL_DIR/.previous.new" "$INSTALL_DIR/previous"
+}
+
+# True when symlink $1 points into the install folder (made by this installer).
+link_is_ours() {
+    _t=$(readlink "$1" 2>/dev/null) || return 1
+    [ -n "$_t" ] || return 1
+    case "$_t" in
+        */../* | */.. | ../* | ..) ;;
+        "$INSTALL_DIR"/*) return 0 ;;
+    esac
+    case "$_t" in
+        /*) ;;
+        *) _t="${1%/*}/$_t" ;;
+    esac
+    [ -d "$INSTALL_DIR" ] || return 1
+    _tdir=$(cd "${_t%/*}" 2>/dev/null && pwd -P) || return 1
+    _idir=$(cd "$INSTALL_DIR" 2>/dev/null && pwd -P) || return 1
+    case "$_tdir/" in
+        "$_idir"/*) return 0 ;;
+    esac
+    return 1
+}
+
+# Refuse to replace a cc-lhc command that another install put at $BIN_DIR/cc-lhc.
+check_command_path() {
+    _cmd="$BIN_DIR/cc-lhc"
+    if [ -L "$_cmd" ]; then
+        link_is_ours "$_cmd" && return 0
+        _to=$(readlink "$_cmd" 2>/dev/null || true)
+        err "$_cmd is a link to $_to, which is not part of this installation ($INSTALL_DIR): another cc-lhc (from npm, pip or another install folder?) seems to be there, and cc-lhc was not installed. Remove that link (rm \"$_cmd\") to replace it with this one, or set CC_LHC_BIN_DIR to put this installer's command in another folder"
+    fi
+    if [ -e "$_cmd" ]; then
+        err "$_cmd exists and was not made by this installer, so cc-lhc was not installed; remove it or set CC_LHC_BIN_DIR"
+    fi
+    return 0
 }
 
 take_lock() {
@@ -398,6 +457,9 @@ main() {
         _base="https://github.com/$_repo/releases/download/cc-lhc-v$_version"
     fi
 
+    # Before anything is downloaded or changed.
+    check_command_path
+
     trap cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
@@ -471,34 +533,51 @@ $_check"
         mv "$_top" "$_dest" || err "could not move the new version into $_dest"
     fi
 
-    _previous=""
+    ensure mkdir -p "$BIN_DIR"
+    BIN_DIR=$(cd "$BIN_DIR" && pwd) || err "cannot use $BIN_DIR"
+    _link="$BIN_DIR/cc-lhc"
+    check_command_path  # again, before switching: it may have appeared meanwhile
+
+    # `previous` names the version to roll back to. It changes only when the current
+    # version does, so re-running the same version keeps it (and never prunes it).
+    _was=""
     if [ -L "$INSTALL_DIR/current" ]; then
-        _previous=$(readlink "$INSTALL_DIR/current" 2>/dev/null || true)
-        _previous=${_previous##*/}
+        _was=$(readlink "$INSTALL_DIR/current" 2>/dev/null || true)
+        _was=${_was##*/}
     fi
-    if [ "$_previous" != "$_name" ]; then
+    _previous=$(read_previous)
+    _known=known
+    if [ -n "$_was" ] && [ "$_was" != "$_name" ]; then
+        # Recorded before the switch: a run cut short in between leaves `previous`
+        # naming a version that is still kept, never a stale one.
+        write_previous "$_was" || err "cannot write $INSTALL_DIR/previous"
+        _previous=$_was
+    elif [ -n "$_was" ] && [ ! -f "$INSTALL_DIR/previous" ]; then
+        _known=unknown  # installed by an older installer that did not record it
+    fi
+    if [ "$_previous" = "$_name" ]; then
+        _previous=""
+    fi
+    if [ "$_was" != "$_name" ]; then
         rm -f "$INSTALL_DIR/.current.new"
         ln -s "versions/$_name" "$INSTALL_DIR/.current.new" || err "cannot create a link in $INSTALL_DIR"
         replace_link "$INSTALL_DIR/.current.new" "$INSTALL_DIR/current" ||
             err "could not switch $INSTALL_DIR/current to $_name"
     fi
 
-    ensure mkdir -p "$BIN_DIR"
-    BIN_DIR=$(cd "$BIN_DIR" && pwd) || err "cannot use $BIN_DIR"
-    _link="$BIN_DIR/cc-lhc"
-    if [ -e "$_link" ] && [ ! -L "$_link" ]; then
-        err "$_link exists and was not made by this installer; remove it or set CC_LHC_BIN_DIR"
-    fi
     if [ "$(readlink "$_link" 2>/dev/null || true)" != "$INSTALL_DIR/current/cc-lhc" ]; then
         rm -f "$BIN_DIR/.cc-lhc.new"
         ln -s "$INSTALL_DIR/current/cc-lhc" "$BIN_DIR/.cc-lhc.new" || err "cannot create a link in $BIN_DIR"
         replace_link "$BIN_DIR/.cc-lhc.new" "$_link" || err "could not link $_link"
     fi
 
-    prune_versions "$_name" "$_previous"
+    prune_versions "$_name" "$_previous" "$_known"
 
-    if [ -n "$_previous" ] && [ "$_previous" != "$_name" ]; then
-        say "upgraded ${_previous%-*} -> $_version; sessions already running keep their version until they exit"
+    if [ -n "$_was" ] && [ "$_was" != "$_name" ]; then
+        say "upgraded ${_was%-*} -> $_version; sessions already running keep their version until they exit"
+    fi
+    if [ -n "$_previous" ] && [ -d "$INSTALL_DIR/versions/$_previous" ]; then
+        say "kept ${_previous%-*} for a rollback: $INSTALL_DIR/versions/$_previous/cc-lhc"
     fi
     say "installed cc-lhc $_version in $_dest"
     say "$_link -> $INSTALL_DIR/current/cc-lhc"

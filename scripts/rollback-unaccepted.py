@@ -17,8 +17,13 @@ script does the same for every thread at once, without launching anything:
   made current.
 
 Skipped: rebuilds whose cc-lhc process is still running, threads another cc-lhc currently
-owns, and rebuilds that were accepted but whose pointer is still waiting to be repaired
-(the next cc-lhc launch of that thread finishes them).
+owns, rebuilds that were accepted but whose pointer is still waiting to be repaired (the
+next cc-lhc launch of that thread finishes them), and rebuilds whose transcript grew past
+the prefix cc-lhc wrote into it. Those hold records Claude wrote after cc-lhc stopped
+(it accepted the prompt); cc-lhc's own recovery captures them into the thread before it
+moves the file, so launch cc-lhc on that thread once instead, or pass
+``--discard-unsaved`` to move them anyway (the file is kept, its new records stay out of
+the thread).
 
 Honours ``CC_LHC_HOME`` (default ``~/.cc-lhc``) and ``CLAUDE_CONFIG_DIR`` (default
 ``~/.claude``). Stdlib only, Python 3.8+; it reads the state files directly and does not
@@ -225,6 +230,39 @@ def awaiting_repair(home):
         db.close()
 
 
+def replayed_prefixes(home):
+    """session id -> bytes cc-lhc wrote into that session's transcript (cc-lhc.sqlite)."""
+    path = os.path.join(home, "cc-lhc.sqlite")
+    if not os.path.exists(path):
+        return {}
+    db = connect(path)
+    try:
+        if not has_table(db, "sessions"):
+            return {}
+        return {r[0]: r[1] for r in db.execute(
+            "SELECT session_id, replayed_prefix_bytes FROM sessions")}
+    finally:
+        db.close()
+
+
+def grown_past_prefix(row, prefixes):
+    """(size, prefix) when the rebuilt transcript holds more than cc-lhc wrote, else None.
+
+    Only a session cc-lhc recorded a prefix for is judged, as cc-lhc's own recovery does.
+    """
+    prefix = prefixes.get(row["session_id"])
+    if prefix is None:
+        return None
+    source = find_transcript(row)
+    if not source:
+        return None
+    try:
+        size = os.path.getsize(source)
+    except OSError:
+        return None
+    return (size, int(prefix or 0)) if size > int(prefix or 0) else None
+
+
 def find_transcript(row):
     """The rebuilt transcript: the stored path, else where it sits under CLAUDE_CONFIG_DIR."""
     stored = row["path"]
@@ -289,7 +327,21 @@ def roll_back(home, db, row, apply):
     return lines
 
 
-def run(apply, out):
+class GrownRebuild(Exception):
+    pass
+
+
+# Why a rebuild was skipped: the key counts it in the summary.
+RUNNING = "still running"
+AWAITING_REPAIR = "accepted, awaiting their pointer repair"
+GROWN = "holding records Claude wrote after cc-lhc stopped"
+
+
+def summary_of(skips):
+    return ", ".join("%d %s" % (n, reason) for reason, n in skips.items() if n)
+
+
+def run(apply, out, discard_unsaved=False):
     home = state_home()
     registry = os.path.join(home, "registry.sqlite")
     if not os.path.exists(registry):
@@ -308,41 +360,63 @@ def run(apply, out):
             out.write("nothing to do: no unaccepted rebuilds\n")
             return EXIT_OK
         repairs = awaiting_repair(home)
-        done = skipped = 0
+        prefixes = replayed_prefixes(home)
+        done = 0
+        skips = {RUNNING: 0, AWAITING_REPAIR: 0, GROWN: 0}
         for row in rows:
             head = "rebuild %s of thread %s (from session %s, created %s)" % (
                 row["session_id"], row["thread_id"], row["from_session"], row["created"])
             if owner_alive(row["owner"]):
                 out.write("skipped %s: session still running\n" % head)
-                skipped += 1
+                skips[RUNNING] += 1
                 continue
             if row["session_id"] in repairs:
                 out.write("skipped %s: it was accepted; the next cc-lhc launch of the thread "
                           "finishes writing its pointer\n" % head)
-                skipped += 1
+                skips[AWAITING_REPAIR] += 1
                 continue
             try:
                 with ThreadLock(home, row["thread_id"]) if apply else _NoLock():
                     if not apply and thread_in_use(home, row["thread_id"]):
                         raise ThreadBusy()
+                    grown = grown_past_prefix(row, prefixes)
+                    if grown and not discard_unsaved:
+                        raise GrownRebuild()
                     lines = roll_back(home, db, row, apply)
             except ThreadBusy:
                 out.write("skipped %s: session still running (another cc-lhc owns the thread)\n"
                           % head)
-                skipped += 1
+                skips[RUNNING] += 1
                 continue
+            except GrownRebuild:
+                out.write(
+                    "skipped %s: Claude wrote into it after cc-lhc stopped (its transcript is %d "
+                    "bytes, cc-lhc wrote %d), so moving it would drop those records from the "
+                    "thread. Launch the newer cc-lhc on that thread once (e.g. cc-lhc --resume "
+                    "%s; it keeps that content), then run this again, or pass --discard-unsaved "
+                    "to move it anyway\n" % (head, grown[0], grown[1], row["from_session"]))
+                skips[GROWN] += 1
+                continue
+            if grown:
+                lines.insert(0, "  its transcript holds %d bytes Claude wrote after cc-lhc "
+                                "stopped; %s (--discard-unsaved)"
+                             % (grown[0] - grown[1], "not kept in the thread" if apply
+                                else "they would not be kept in the thread"))
             out.write(("rolled back " if apply else "would roll back ") + head + "\n")
             for line in lines:
                 out.write(line + "\n")
             done += 1
+        skipped = sum(skips.values())
+        why = " (%s)" % summary_of(skips) if skipped else ""
         if done == 0:
-            out.write("nothing to do: %d unaccepted rebuild(s), all still running\n" % skipped)
+            out.write("nothing to do: %d unaccepted rebuild(s), all skipped: %s\n"
+                      % (skipped, summary_of(skips)))
         elif apply:
-            out.write("done: %d rolled back, %d skipped; the threads stay on their accepted "
-                      "sessions\n" % (done, skipped))
+            out.write("done: %d rolled back, %d skipped%s; the threads stay on their accepted "
+                      "sessions\n" % (done, skipped, why))
         else:
-            out.write("dry run: %d to roll back, %d skipped; run again with --apply to do it\n"
-                      % (done, skipped))
+            out.write("dry run: %d to roll back, %d skipped%s; run again with --apply to do it\n"
+                      % (done, skipped, why))
         return EXIT_OK
     finally:
         db.close()
@@ -370,9 +444,13 @@ def main(argv=None):
     parser.add_argument("--apply", action="store_true",
                         help="move the unused transcripts and remove the records "
                              "(default: only say what would be done)")
+    parser.add_argument("--discard-unsaved", action="store_true",
+                        help="also move rebuilds Claude wrote into after cc-lhc stopped; what "
+                             "it wrote stays in the moved file but not in the thread (default: "
+                             "skip them; launching cc-lhc on the thread keeps that content)")
     args = parser.parse_args(argv)
     try:
-        return run(args.apply, sys.stdout)
+        return run(args.apply, sys.stdout, discard_unsaved=args.discard_unsaved)
     except (sqlite3.Error, OSError) as e:
         sys.stderr.write("%s: cannot finish: %s\n" % (PROG, e))
         return EXIT_ERROR

@@ -278,6 +278,58 @@ def test_rerun_upgrades_and_keeps_state(box, server, tmp_path):
     assert box.installed_version() == "0.3.0"
 
 
+def test_rerunning_the_same_version_keeps_the_rollback_version(box, server, tmp_path):
+    for version in ("0.1.0", "0.2.0"):
+        server.serve(make_release(tmp_path, version))
+        proc = box.install("--version", version)
+        assert proc.returncode == 0, stderr(proc)
+    old = next(d for d in box.version_dirs() if d.startswith("0.1.0-"))
+    assert (box.install_dir / "previous").read_text().strip() == old
+
+    for _ in range(2):  # the same version again, twice: the previous one stays
+        proc = box.install("--version", "0.2.0")
+        assert proc.returncode == 0, stderr(proc)
+        assert "removed old version" not in stderr(proc)
+        assert f"kept 0.1.0 for a rollback: {box.install_dir / 'versions' / old / 'cc-lhc'}" in stderr(proc)
+        assert [d.split("-")[0] for d in box.version_dirs()] == ["0.1.0", "0.2.0"]
+        assert (box.install_dir / "previous").read_text().strip() == old
+        assert box.installed_version() == "0.2.0"
+    rollback = subprocess.run([str(box.install_dir / "versions" / old / "cc-lhc"), "--lhc-version"],
+                              capture_output=True, text=True, timeout=60, env=box.env())
+    assert rollback.returncode == 0 and rollback.stdout.startswith("cc-lhc 0.1.0 "), rollback
+
+    # Going back to 0.1.0 makes 0.2.0 the previous one; a new version then prunes 0.1.0.
+    server.serve(tmp_path / "release-0.1.0")
+    proc = box.install("--version", "0.1.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.1.0"
+    assert (box.install_dir / "previous").read_text().strip().startswith("0.2.0-")
+    server.serve(make_release(tmp_path, "0.3.0"))
+    proc = box.install("--version", "0.3.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert [d.split("-")[0] for d in box.version_dirs()] == ["0.1.0", "0.3.0"]
+
+
+def test_install_from_an_older_installer_keeps_versions_until_an_upgrade(box, server, tmp_path):
+    """No `previous` file yet (written by an installer that did not record it): re-running
+    the same version cannot tell which old version is the rollback one, so none is pruned."""
+    for version in ("0.1.0", "0.2.0", "0.3.0"):
+        server.serve(make_release(tmp_path, version))
+        assert box.install("--version", version).returncode == 0
+    old = next(d for d in box.version_dirs() if d.startswith("0.2.0-"))
+    # What an older installer leaves: 0.1.0 not pruned (in use then), no `previous`.
+    shutil.copytree(box.install_dir / "versions" / old, box.install_dir / "versions" / old.replace("0.2.0", "0.1.0"))
+    (box.install_dir / "previous").unlink()
+    proc = box.install("--version", "0.3.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert "not recorded" in stderr(proc) and "removed old version" not in stderr(proc)
+    assert [d.split("-")[0] for d in box.version_dirs()] == ["0.1.0", "0.2.0", "0.3.0"]
+    server.serve(make_release(tmp_path, "0.4.0"))
+    proc = box.install("--version", "0.4.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert [d.split("-")[0] for d in box.version_dirs()] == ["0.3.0", "0.4.0"]
+
+
 @pytest.mark.skipif(not Path("/proc/self/exe").exists(), reason="needs /proc")
 def test_version_in_use_is_kept_until_it_exits(box, server, tmp_path):
     server.serve(make_release(tmp_path, "0.1.0"))
@@ -503,6 +555,63 @@ def test_foreign_file_at_the_command_path_is_not_overwritten(box, server, tmp_pa
     assert proc.returncode != 0
     assert "was not made by this installer" in stderr(proc)
     assert "someone else" in box.bin.read_text()
+    assert not any(r.endswith(".tar.gz") for r in server.requests)  # refused before downloading
+    assert not box.install_dir.exists()
+
+
+@pytest.mark.parametrize("target", ["npm", "dangling", "relative", "dotdot"])
+def test_foreign_link_at_the_command_path_is_not_repointed(box, server, tmp_path, target):
+    """A cc-lhc from elsewhere (e.g. npm's global bin) linked at the command path."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    npm = box.home / ".npm-global" / "lib" / "node_modules" / "cc-lhc" / "cli.js"
+    npm.parent.mkdir(parents=True)
+    npm.write_text("#!/bin/sh\necho npm cc-lhc\n")
+    npm.chmod(0o755)
+    link_to = {"npm": str(npm), "dangling": str(box.home / "gone" / "cc-lhc"),
+               "relative": "../../.npm-global/lib/node_modules/cc-lhc/cli.js",
+               "dotdot": f"{box.install_dir}/../../../.npm-global/lib/node_modules/cc-lhc/cli.js"}[target]
+    box.bin.parent.mkdir(parents=True)
+    box.bin.symlink_to(link_to)
+
+    proc = box.install("--version", "0.1.0")
+    assert proc.returncode != 0
+    err = stderr(proc)
+    assert f"{box.bin} is a link to {link_to}" in err
+    assert "not part of this installation" in err
+    assert f'rm "{box.bin}"' in err and "CC_LHC_BIN_DIR" in err
+    assert os.readlink(box.bin) == link_to
+    assert not any(r.endswith(".tar.gz") for r in server.requests)  # refused before downloading
+    assert not box.install_dir.exists()
+
+    # Elsewhere, as the message says: installs, and leaves the foreign link alone.
+    other_bin = box.tmp / "other-bin"
+    proc = box.install("--version", "0.1.0", CC_LHC_BIN_DIR=str(other_bin))
+    assert proc.returncode == 0, stderr(proc)
+    assert os.readlink(other_bin / "cc-lhc") == str(box.install_dir / "current" / "cc-lhc")
+    assert os.readlink(box.bin) == link_to
+    # Removed, as the message says: the installer's link takes its place.
+    box.bin.unlink()
+    proc = box.install("--version", "0.1.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.1.0"
+
+
+def test_own_links_at_the_command_path_are_repointed(box, server, tmp_path):
+    """Links into the install folder are this installer's: spelled through a symlinked
+    folder, relative, or straight at a version folder, they are replaced."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    version = box.version_dirs()[0]
+    alias = box.tmp / "alias-of-share"
+    alias.symlink_to(box.install_dir.parent)
+    for link_to in (f"{alias}/cc-lhc/versions/{version}/cc-lhc",
+                    f"../share/cc-lhc/versions/{version}/cc-lhc",
+                    str(box.install_dir / "versions" / version / "cc-lhc")):
+        box.bin.unlink()
+        box.bin.symlink_to(link_to)
+        proc = box.install("--version", "0.1.0")
+        assert proc.returncode == 0, (link_to, stderr(proc))
+        assert os.readlink(box.bin) == str(box.install_dir / "current" / "cc-lhc")
 
 
 # == The real bundle ==========================================================

@@ -191,3 +191,105 @@ def test_recovery_moves_the_same_rebuild_the_script_would(iso_env):
     assert s.rows()[0] == [(s.new, "abandoned")]
     assert s.registry.current_session(s.thread) == s.old
     assert "nothing to do" in run_script(iso_env).stdout
+
+
+def grow_rebuild(s: State) -> tuple[int, int]:
+    """Record the rebuild's replayed prefix in cc-lhc.sqlite (as record_lineage does), then
+    append what Claude wrote after accepting the prompt: the transcript outgrows its prefix."""
+    prefix = s.transcript.stat().st_size
+    hostdb = cc_lhc.HostDB(s.home)
+    with cc_lhc.Tx(hostdb.db) as db:
+        db.execute("INSERT INTO sessions (session_id, thread_id, rollout_path, cwd, captured_offset, "
+                   "replayed_prefix_bytes, created, updated) VALUES (?, ?, ?, ?, ?, ?, 'now', 'now')",
+                   (s.new, s.thread, str(s.transcript), s.cwd, prefix, prefix))
+    hostdb.db.close()
+    with s.transcript.open("a") as f:
+        f.write(json.dumps({"type": "user", "uuid": str(uuid.uuid4()), "sessionId": s.new,
+                            "message": {"role": "user", "content": "typed after the rebuild"}}) + "\n")
+    return prefix, s.transcript.stat().st_size
+
+
+def test_rebuild_grown_past_its_prefix_is_skipped_unless_discard_unsaved(iso_env):
+    s = State(iso_env, dead_identity())
+    _prefix, size = grow_rebuild(s)
+    content, before = s.transcript.read_bytes(), s.rows()
+    for args in ((), ("--apply",)):
+        p = run_script(iso_env, *args)
+        assert p.returncode == 0, p.stderr
+        assert "skipped" in p.stdout and s.new in p.stdout
+        assert "Claude wrote into it after cc-lhc stopped" in p.stdout
+        assert "launch the newer cc-lhc on that thread once" in p.stdout.lower()
+        assert "--discard-unsaved" in p.stdout
+        assert "nothing to do" in p.stdout and "1 holding records Claude wrote" in p.stdout
+        assert "still running" not in p.stdout
+        assert s.transcript.read_bytes() == content and not s.moved_to.exists()
+        assert s.rows() == before
+
+    dry = run_script(iso_env, "--discard-unsaved")
+    assert dry.returncode == 0 and "would roll back" in dry.stdout, dry.stdout
+    assert s.transcript.read_bytes() == content and s.rows() == before
+
+    done = run_script(iso_env, "--apply", "--discard-unsaved")
+    assert done.returncode == 0, done.stderr
+    assert "rolled back" in done.stdout and "not kept in the thread" in done.stdout
+    assert not s.transcript.exists() and s.moved_to.read_bytes() == content
+    assert s.moved_to.stat().st_size == size
+    assert s.rows() == ([], [(f"claude-code:{s.old}", 1)])
+    assert s.registry.current_session(s.thread) == s.old
+
+
+def test_rebuild_not_grown_past_its_prefix_is_rolled_back(iso_env):
+    s = State(iso_env, dead_identity())
+    hostdb = cc_lhc.HostDB(s.home)
+    with cc_lhc.Tx(hostdb.db) as db:
+        db.execute("INSERT INTO sessions (session_id, thread_id, replayed_prefix_bytes) VALUES (?, ?, ?)",
+                   (s.new, s.thread, s.transcript.stat().st_size))
+    hostdb.db.close()
+    p = run_script(iso_env, "--apply")
+    assert p.returncode == 0 and "rolled back" in p.stdout, p.stdout
+    assert s.moved_to.exists() and not s.transcript.exists()
+
+
+def test_grown_rebuild_is_settled_by_cc_lhc_recovery_then_nothing_to_do(iso_env):
+    """The advice the script gives works: cc-lhc's recovery keeps the content, moves the file."""
+    s = State(iso_env, dead_identity())
+    grow_rebuild(s)
+    assert "Claude wrote into it" in run_script(iso_env, "--apply").stdout
+    hostdb = cc_lhc.HostDB(s.home)
+    cc_lhc.recover_thread(s.home, s.registry, hostdb, s.thread)
+    assert s.moved_to.exists() and not s.transcript.exists()
+    assert s.rows()[0] == [(s.new, "abandoned")]
+    store = cc_lhc.ThreadStore(s.home, s.thread)
+    try:
+        assert store.db.execute("SELECT 1 FROM messages WHERE text = 'typed after the rebuild'").fetchone()
+    finally:
+        store.close()
+    assert "nothing to do" in run_script(iso_env).stdout
+
+
+def test_summary_counts_each_skip_reason(iso_env):
+    repair = State(iso_env, dead_identity())
+    hostdb = cc_lhc.HostDB(repair.home)
+    with cc_lhc.Tx(hostdb.db) as db:
+        db.execute("INSERT INTO pointer_repairs (thread_id, from_session, to_session, created) "
+                   "VALUES (?, ?, ?, 'now')", (repair.thread, repair.old, repair.new))
+    hostdb.db.close()
+    p = run_script(iso_env)
+    assert p.returncode == 0
+    assert "nothing to do: 1 unaccepted rebuild(s), all skipped: 1 accepted, awaiting their pointer repair" \
+        in p.stdout
+    assert "still running" not in p.stdout
+
+    State(iso_env, cc_lhc.process_identity())   # alive
+    grow_rebuild(State(iso_env, dead_identity()))
+    p = run_script(iso_env, "--apply")
+    assert p.returncode == 0
+    assert ("all skipped: 1 still running, 1 accepted, awaiting their pointer repair, "
+            "1 holding records Claude wrote after cc-lhc stopped") in p.stdout, p.stdout
+
+    rollable = State(iso_env, dead_identity())
+    p = run_script(iso_env)
+    assert "dry run: 1 to roll back, 3 skipped (1 still running, 1 accepted" in p.stdout, p.stdout
+    p = run_script(iso_env, "--apply")
+    assert "done: 1 rolled back, 3 skipped (1 still running" in p.stdout, p.stdout
+    assert rollable.moved_to.exists()
