@@ -58,7 +58,8 @@ Environment:
 
 The bundle's SHA-256 must match the release's SHA256SUMS and, in a published
 installer, the checksums embedded in this script; otherwise nothing is installed.
-Re-running upgrades in place; running sessions keep their version until they exit.
+Re-running upgrades in place; the version you upgraded from is kept for a rollback,
+and running sessions keep their version until they exit.
 Uninstall: delete the install folder and remove its bin folder from your user PATH.
 "@
     }
@@ -145,12 +146,16 @@ public static extern IntPtr SendMessageTimeout(IntPtr hWnd, uint Msg, UIntPtr wP
 
     # Remove version folders other than the current and previous ones. A folder that a
     # running cc-lhc uses cannot be renamed on Windows, so a failed rename means "in use".
-    function Remove-OldVersions([string]$VersionsDir, [string]$Keep, [string]$Previous) {
+    function Remove-OldVersions([string]$VersionsDir, [string]$Keep, [string]$Previous, [bool]$PreviousKnown) {
         # Leftovers of interrupted runs (we hold the install lock, so none is live).
         foreach ($dir in @(Get-ChildItem -LiteralPath $VersionsDir -Directory)) {
             if ($dir.Name.StartsWith('.staging-') -or $dir.Name.StartsWith('.prune-')) {
                 Remove-Item -LiteralPath $dir.FullName -Recurse -Force -ErrorAction SilentlyContinue
             }
+        }
+        if (-not $Previous -and -not $PreviousKnown) {
+            Write-Step 'keeping the old versions: which one you upgraded from is not recorded here yet'
+            return
         }
         foreach ($dir in @(Get-ChildItem -LiteralPath $VersionsDir -Directory)) {
             if ($dir.Name -eq $Keep -or $dir.Name -eq $Previous -or $dir.Name.StartsWith('.')) { continue }
@@ -166,6 +171,51 @@ public static extern IntPtr SendMessageTimeout(IntPtr hWnd, uint Msg, UIntPtr wP
         }
     }
 
+    # An absolute, normalized path (relative ones are taken from PowerShell's location).
+    function Get-FullPath([string]$Path) {
+        return [System.IO.Path]::GetFullPath($ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath($Path))
+    }
+
+    # The program a cc-lhc.cmd shim in this installer's format runs, as a full path; ''
+    # when the file is not such a shim.
+    function Get-ShimTarget([string]$Shim) {
+        try {
+            $text = [System.IO.File]::ReadAllText($Shim)
+        } catch {
+            return ''
+        }
+        if ($text -match '\A@echo off\r?\n"([^"\r\n]+)" %\*\r?\nexit /b %ERRORLEVEL%\r?\n?\z') {
+            $target = $Matches[1]
+        } else {
+            return ''
+        }
+        if ($target.StartsWith('%~dp0')) {
+            $target = Join-Path (Split-Path -Parent $Shim) $target.Substring(5)
+        }
+        if ($target.Contains('%')) { return '' }
+        try {
+            return Get-FullPath $target
+        } catch {
+            return ''
+        }
+    }
+
+    # Refuse to replace a cc-lhc.cmd that this installer did not write for the install
+    # folder (e.g. npm's, when CC_LHC_BIN_DIR names npm's folder). $InstallDirs: the
+    # folder's spellings (as given, resolved).
+    function Assert-OwnShim([string]$Shim, [string[]]$InstallDirs) {
+        if (-not (Test-Path -LiteralPath $Shim)) { return }
+        $target = ''
+        if (Test-Path -LiteralPath $Shim -PathType Leaf) { $target = Get-ShimTarget (Get-FullPath $Shim) }
+        $root = ''
+        foreach ($dir in $InstallDirs) {
+            $root = (Get-FullPath $dir).TrimEnd('\') + '\'
+            if ($target -and $target.StartsWith($root, [System.StringComparison]::OrdinalIgnoreCase)) { return }
+        }
+        $what = if ($target) { "runs $target, which is not part of this installation ($root)" } else { 'was not written by this installer' }
+        throw "$Shim $what`: another cc-lhc (from npm, pip or another install folder?) seems to be there, and cc-lhc was not installed. Remove it (Remove-Item -LiteralPath '$Shim') to replace it with this one, or set `$env:CC_LHC_BIN_DIR to put this installer's command in another folder"
+    }
+
     function Install-CcLhc {
         if ($env:OS -ne 'Windows_NT') { throw 'on Linux and macOS, use install.sh instead' }
         $want = if ($Version) { $Version } elseif ($env:CC_LHC_VERSION) { $env:CC_LHC_VERSION } else { $ReleaseVersion }
@@ -175,6 +225,8 @@ public static extern IntPtr SendMessageTimeout(IntPtr hWnd, uint Msg, UIntPtr wP
         $installDir = if ($env:CC_LHC_INSTALL_DIR) { $env:CC_LHC_INSTALL_DIR } else { Join-Path $env:LOCALAPPDATA 'cc-lhc' }
         $binDir = if ($env:CC_LHC_BIN_DIR) { $env:CC_LHC_BIN_DIR } else { Join-Path $installDir 'bin' }
         $arch = Get-TargetArch
+        # Before anything is downloaded or changed.
+        Assert-OwnShim (Join-Path $binDir 'cc-lhc.cmd') @($installDir)
         $repo = if ($env:CC_LHC_REPO) { $env:CC_LHC_REPO } else { $ReleaseRepo }
         if ($env:CC_LHC_DOWNLOAD_BASE) {
             $base = $env:CC_LHC_DOWNLOAD_BASE.TrimEnd('/')
@@ -272,23 +324,45 @@ public static extern IntPtr SendMessageTimeout(IntPtr hWnd, uint Msg, UIntPtr wP
         # The switch: `current` names the version, and the cc-lhc.cmd shim runs it. A
         # running cc-lhc keeps its own folder (Windows would not let us remove it anyway).
         $currentFile = Join-Path $installDir 'current'
-        $previous = ''
-        if (Test-Path -LiteralPath $currentFile) { $previous = ([System.IO.File]::ReadAllText($currentFile)).Trim() }
+        $was = ''
+        if (Test-Path -LiteralPath $currentFile) { $was = ([System.IO.File]::ReadAllText($currentFile)).Trim() }
         New-Item -ItemType Directory -Force -Path $binDir | Out-Null
         $binFull = (Resolve-Path -LiteralPath $binDir).ProviderPath
         $installFull = (Resolve-Path -LiteralPath $installDir).ProviderPath
+        $shim = Join-Path $binFull 'cc-lhc.cmd'
+        Assert-OwnShim $shim @($installDir, $installFull)  # again, before switching: it may have appeared meanwhile
+
+        # `previous` names the version to roll back to. It changes only when the current
+        # version does, so re-running the same version keeps it (and never prunes it). It
+        # is written before `current`: a run cut short in between never leaves it stale.
+        $previousFile = Join-Path $installDir 'previous'
+        $hadPrevious = Test-Path -LiteralPath $previousFile
+        $previous = ''
+        if ($hadPrevious) { $previous = ([System.IO.File]::ReadAllText($previousFile)).Trim() }
+        if ($previous -match '[\\/]' -or $previous.StartsWith('.')) { $previous = '' }
+        $previousKnown = $true
+        if ($was -and $was -ne $name) {
+            Set-FileAtomically $previousFile "$was`r`n"
+            $previous = $was
+        } elseif ($was -and -not $hadPrevious) {
+            $previousKnown = $false  # installed by an older installer that did not record it
+        }
+        if ($previous -eq $name) { $previous = '' }
         if ($binFull.TrimEnd('\') -eq (Join-Path $installFull 'bin')) {
             $target = "%~dp0..\versions\$name\cc-lhc.exe"  # keeps the shim ASCII whatever the profile path
         } else {
             $target = Join-Path $dest 'cc-lhc.exe'
         }
-        Set-FileAtomically (Join-Path $binFull 'cc-lhc.cmd') "@echo off`r`n`"$target`" %*`r`nexit /b %ERRORLEVEL%`r`n"
+        Set-FileAtomically $shim "@echo off`r`n`"$target`" %*`r`nexit /b %ERRORLEVEL%`r`n"
         Set-FileAtomically $currentFile "$name`r`n"
 
-        Remove-OldVersions $versionsDir $name $previous
+        Remove-OldVersions $versionsDir $name $previous $previousKnown
 
-        if ($previous -and $previous -ne $name) {
-            Write-Step "upgraded $($previous -replace '-[0-9a-f]{12}$', '') -> $want; sessions already running keep their version until they exit"
+        if ($was -and $was -ne $name) {
+            Write-Step "upgraded $($was -replace '-[0-9a-f]{12}$', '') -> $want; sessions already running keep their version until they exit"
+        }
+        if ($previous -and (Test-Path -LiteralPath (Join-Path $versionsDir $previous))) {
+            Write-Step "kept $($previous -replace '-[0-9a-f]{12}$', '') for a rollback: $(Join-Path (Join-Path $versionsDir $previous) 'cc-lhc.exe')"
         }
         Write-Step "installed cc-lhc $want in $dest"
         if (Update-UserPath $binFull) {
