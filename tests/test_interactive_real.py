@@ -228,8 +228,7 @@ exec {real_claude.claude} "$@"
     t.wait_for(PROMPT)
     t.send_text("prompt 4")
     t.send_keys("Enter")
-    t.wait_for("prompt 4")
-    real_claude.api.wait_for_requests(4)
+    t.wait_for(re.compile(r"prompt 4\s+● still the original child"))  # answered and drawn
     t.send_text("/exit")
     t.send_keys("Enter")
     assert t.wait_exit() == 0

@@ -304,8 +304,15 @@ def test_crash_matrix(real_claude, point):
 
     # The rollback script sees what a crash left (dry run changes nothing).
     dry = rollback_dry_run(rc).stdout
+    prefix = cc_lhc.HostDB(cc_lhc.StateHome(rc.env["CC_LHC_HOME"])).session(new)
+    written = (prefix is not None and (rc.project_dir / f"{new}.jsonl").exists()
+               and (rc.project_dir / f"{new}.jsonl").stat().st_size > prefix["replayed_prefix_bytes"])
     if advanced:
         assert "nothing to do" in dry
+    elif written:
+        # Claude wrote into the rebuild before the kill: the script leaves it for cc-lhc,
+        # whose recovery keeps what it holds (checked below)
+        assert "holding records Claude wrote" in dry and new in dry
     else:
         assert "would roll back" in dry and new in dry
 
