@@ -3196,6 +3196,12 @@ class Relay:
         self.drop_input = False
         self.dropped = 0
         self._sel = None
+        # The control panel: input passes through on_input first, and while the panel
+        # is open the child's output is held back and shown when it closes.
+        self.on_input = None
+        self.hold_output = False
+        self.held = bytearray()
+        self.child_alt_screen = False  # whether the child itself drew on the alternate screen
 
     def run(self) -> None:
         import selectors
@@ -3242,7 +3248,7 @@ class Relay:
         master_open = True
         while master_open:
             m_events = 0
-            if len(self.to_user) < self.HIGH_WATER:
+            if len(self.to_user) < self.HIGH_WATER and len(self.held) < self.HIGH_WATER:
                 m_events |= selectors.EVENT_READ
             if self.to_child:
                 m_events |= selectors.EVENT_WRITE
@@ -3275,7 +3281,12 @@ class Relay:
                             master_open = False
                             break
                         if data:
-                            self.to_user += data
+                            if b"\x1b[?10" in data:
+                                self._note_alt_screen(data)
+                            if self.hold_output:
+                                self.held += data
+                            else:
+                                self.to_user += data
                     if mask & selectors.EVENT_WRITE and self.to_child:
                         self._write_some(self.master_fd, self.to_child)
                 elif tag == "in":
@@ -3291,12 +3302,18 @@ class Relay:
                     elif self.drop_input:
                         self.dropped += len(data)
                     else:
-                        self.to_child += data
+                        self.to_child += self.on_input(data) if self.on_input else data
                 elif tag == "out":
                     self._write_some(self.out_fd, self.to_user)
             if self.on_tick:
                 self.on_tick(self)
         self._flush_user()
+
+    def _note_alt_screen(self, data: bytes) -> None:
+        on = max(data.rfind(b"\x1b[?1049h"), data.rfind(b"\x1b[?1047h"))
+        off = max(data.rfind(b"\x1b[?1049l"), data.rfind(b"\x1b[?1047l"))
+        if on != off:
+            self.child_alt_screen = on > off
 
     def remove_reader(self, tag) -> None:
         fd, _cb = self.readers.pop(tag, (None, None))
@@ -3331,6 +3348,8 @@ class Relay:
 
     def _flush_user(self):
         """Deliver what the child wrote before it exited (its goodbye screen)."""
+        self.to_user += self.held
+        self.held.clear()
         try:
             while True:
                 data = os.read(self.master_fd, self.CHUNK)
@@ -3359,6 +3378,301 @@ class Relay:
                     self.set_child_size(*size)
             elif self.on_signal:
                 self.on_signal(signum, self)
+
+
+# The keys that open the control panel: ctrl-] as a raw byte, and as the kitty
+# (CSI-u) and xterm modifyOtherKeys encodings some terminals send for it.
+LEADER_SEQUENCES = (b"\x1d", b"\x1b[93;5u", b"\x1b[27;5;93~")
+LEADER_NAMES = {"ctrl-]": b"\x1d"}
+
+PANEL_COMMANDS = {
+    "/status": "capture, retrieval and context-policy status",
+    "/stats": "what the thread holds and what summaries cost",
+    "/smart-compact": "run Smart Compact now and hand Claude over to the rebuilt session",
+    "/bounds": "/bounds <target> <trigger>: change them for this session",
+    "/allocation": "/allocation [default|balanced|historical]: change the profile for this session",
+    "/details": "configuration sources, Claude native Compact, the running operation, the last action",
+    "/help": "this list",
+    "/introduction": "what cc-lhc does, in a few lines",
+}
+INTRODUCTION = """\
+cc-lhc keeps every line of this Claude session in a thread (labels tN for turns, mN for
+messages) and never deletes any of it. When the context Claude's provider reports passes
+the trigger, Smart Compact rebuilds the session from the thread: the newest turns word for
+word (full), older ones with tool outputs replaced by stubs (lean), older still as short
+summaries, the rest named by range. Claude continues on the rebuilt session and can read
+anything back exactly with `cc-lhc get-turns`, `get-messages` or `search`."""
+
+
+def leader_key():
+    """The byte sequence that opens the panel: $CC_LHC_LEADER (e.g. ctrl-] or ^]), or ctrl-]."""
+    name = os.environ.get("CC_LHC_LEADER", "ctrl-]").strip().lower()
+    if name in LEADER_NAMES:
+        return LEADER_NAMES[name]
+    m = re.fullmatch(r"(?:ctrl-|\^)([a-z@\[\\\]^_])", name)
+    if m:
+        return bytes([ord(m.group(1).upper()) & 0x1F])
+    return LEADER_NAMES["ctrl-]"]
+
+
+class ControlPanel:
+    """The panel on ctrl-]: an alternate screen over Claude's, so nothing lands in its input.
+
+    While it is open, keys go to the panel's own line and Claude's output is held back;
+    closing it (Esc, ctrl-] or /close) restores Claude's screen and delivers what was held.
+    """
+
+    def __init__(self, session, host, handoff):
+        self.session, self.host, self.handoff = session, host, handoff
+        self.relay = None
+        self.open = False
+        self.over_alt = False
+        self.restore_at = None
+        self.line = ""
+        self.output = []
+        self.last_action = "none yet"
+        leader = leader_key()
+        self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
+            if leader == b"\x1d" else (leader,)
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def on_input(self, data: bytes) -> bytes:
+        """Bytes for Claude; the leader and everything typed into the open panel stay here."""
+        if not self.open:
+            cut = min(((data.find(s), s) for s in self.leaders if s in data), default=None)
+            if cut is None:
+                return data
+            at, seq = cut
+            self._show()
+            rest = data[at + len(seq):]
+            self._keys(rest)
+            return data[:at]
+        self._keys(data)
+        return b""
+
+    def _keys(self, data: bytes) -> None:
+        i = 0
+        while i < len(data) and self.open:
+            if any(data.startswith(s, i) for s in self.leaders):
+                self._hide()
+                return
+            c = data[i]
+            if c == 0x1B:
+                m = re.match(rb"\x1b(\[[0-9;?]*[ -/]*[@-~]|O.)", data[i:])
+                if not m:  # a lone Esc closes the panel
+                    self._hide()
+                    return
+                i += len(m.group(0))  # arrows and the like: not for the panel's line
+                continue
+            if c in (0x0D, 0x0A):
+                self._run(self.line.strip())
+                if not self.open:
+                    return
+            elif c in (0x7F, 0x08):
+                self.line = self.line[:-1]
+            elif c == 0x09:
+                self.line = self._complete(self.line)
+            elif c == 0x03:  # ctrl-c clears the line
+                self.line = ""
+            elif c >= 0x20:
+                j = i
+                while j < len(data) and data[j] >= 0x20 and data[j] != 0x7F:
+                    j += 1
+                self.line += data[i:j].decode("utf-8", "replace")
+                i = j
+                continue
+            i += 1
+        if self.open:
+            self._render()
+
+    @staticmethod
+    def _complete(line: str) -> str:
+        """Tab (or Enter on a partial name) completes a command without running it."""
+        matches = [c for c in PANEL_COMMANDS if c.startswith(line.split(" ")[0] or "/")]
+        return matches[0] + " " if len(matches) == 1 else line
+
+    # -- screen -------------------------------------------------------------------------
+
+    def _show(self) -> None:
+        relay = self.relay
+        self.open = True
+        relay.hold_output = True
+        self.output = ["Type a command (/help lists them); Esc or ctrl-] returns to Claude."]
+        # Claude drawing inline: the panel goes on the alternate screen, keeping Claude's
+        # as it is. Claude already on the alternate screen (its full-screen mode): the
+        # panel draws over it, and Claude repaints when the panel closes.
+        self.over_alt = relay.child_alt_screen
+        if not self.over_alt:
+            relay.to_user += b"\x1b[?1049h"
+        self._render()
+
+    def _hide(self) -> None:
+        import time
+        relay = self.relay
+        self.open = False
+        self.line = ""
+        relay.hold_output = False
+        if not self.over_alt:
+            relay.to_user += b"\x1b[?1049l" + bytes(relay.held)  # Claude's screen, then what it said meanwhile
+        else:
+            # Claude's updates are differences against a screen the panel covered: drop
+            # them and have Claude repaint it all, through a size change and back.
+            relay.to_user += b"\x1b[H\x1b[2J"
+            rows, cols = self.host.size()
+            self.host.child.setwinsize(rows, max(1, cols - 1))
+            self.restore_at = time.monotonic() + 0.15
+            relay.timeout = 0.05
+        relay.held.clear()
+
+    def on_tick(self, relay) -> None:
+        import time
+        if self.restore_at is not None and time.monotonic() >= self.restore_at:
+            self.restore_at = None
+            self.host.child.setwinsize(*self.host.size())
+
+    @property
+    def wants_tick(self) -> bool:
+        return self.restore_at is not None
+
+    def _render(self) -> None:
+        rows, cols = self.host.size()
+        width = max(20, cols - 2)
+        lines = [f"cc-lhc control panel \u00b7 thread {self.session.capture.thread_id[:8]} \u00b7 "
+                 f"session {self.session.spec.session_id[:8]}", ""]
+        for text in self.output:
+            for part in text.split("\n"):
+                lines += [part[k:k + width] for k in range(0, max(len(part), 1), width)]
+        lines = lines[:max(3, rows - 2)]
+        hint = ""
+        typed = self.line.split(" ")[0]
+        if typed.startswith("/") and typed not in PANEL_COMMANDS:
+            hint = "   " + " ".join(c for c in PANEL_COMMANDS if c.startswith(typed))
+        screen = "\x1b[H\x1b[2J" + "\r\n".join(lines) + f"\x1b[{rows};1H> {self.line}{hint}\x1b[{rows};{3 + len(self.line)}H"
+        self.relay.to_user += screen.encode("utf-8", "replace")
+
+    # -- commands -----------------------------------------------------------------------
+
+    def _run(self, line: str) -> None:
+        if not line:
+            return
+        name, _, rest = line.partition(" ")
+        if name not in PANEL_COMMANDS:
+            matches = [c for c in PANEL_COMMANDS if c.startswith(name)]
+            if len(matches) == 1:
+                self.line = matches[0] + " "  # a partial name completes; Enter again runs it
+                return
+            self.line = ""
+            self.output = [f"{name}: could be {', '.join(matches)}" if matches
+                           else f"unknown command {name}; /help lists them"]
+            return
+        self.line = ""
+        try:
+            self.output = [getattr(self, "cmd_" + name[1:].replace("-", "_"))(rest.split())]
+        except LhcError as e:
+            self.output = [str(e)]
+        except Exception as e:  # the panel must never take the session down
+            self.output = [f"{name} failed: {e}"]
+            self.session.home.log("panel_error", command=name, error=repr(e))
+        self.last_action = f"{line} at {utc_now_iso()[11:19]}"
+
+    def _store(self):
+        return ThreadStore(self.session.home, self.session.capture.thread_id)
+
+    def cmd_help(self, _args) -> str:
+        return "\n".join(f"{name:<15} {text}" for name, text in PANEL_COMMANDS.items()) + \
+            "\nChanges made here last for this session only; config files are for lasting ones."
+
+    def cmd_introduction(self, _args) -> str:
+        return INTRODUCTION
+
+    def cmd_status(self, _args) -> str:
+        session, capture = self.session, self.session.capture
+        store = self._store()
+        try:
+            reading = governor_reading(store, session.spec.session_id)
+            c = classify(reading, session.policy["upperBoundTokens"], not thread_settled(store))
+            degraded = store.source(capture.session_id) or {}
+        finally:
+            store.close()
+        p = session.policy
+        return "\n".join([
+            f"capture: {capture.lines} lines read live, "
+            + (f"DEGRADED ({degraded.get('degraded')})" if degraded.get("degraded") else "healthy"),
+            f"retrieval: {'ready' if session.descriptor else 'not available'} "
+            f"(cc-lhc get-turns / get-messages / search)",
+            f"context: {describe_reading(c)}; state {c['state']}",
+            f"policy: target {p['lowerBoundTokens']:,}, trigger {p['upperBoundTokens']:,}, "
+            f"runway {p['minRunwayTokens']:,}, profile {p['profile']}",
+        ] + [f"alarm: {a}" for a in session.alarms])
+
+    def cmd_stats(self, _args) -> str:
+        store = self._store()
+        try:
+            info, cost = store.summary(), derivation_cost(store)
+            kinds = store.db.execute("SELECT kind, count(*) FROM messages GROUP BY kind "
+                                     "ORDER BY count(*) DESC").fetchall()
+        finally:
+            store.close()
+        return "\n".join([
+            f"turns {info['turns']}, messages {info['messages']}, "
+            f"{info['captured_bytes']:,} bytes of transcript captured",
+            "by kind: " + ", ".join(f"{k} {n}" for k, n in kinds),
+            f"summaries: {cost['calls']} calls, {cost['input_tokens']:,} tokens in, "
+            f"{cost['output_tokens']:,} out",
+        ])
+
+    def cmd_smart_compact(self, _args) -> str:
+        if self.handoff is None:
+            return "Smart Compact is not available in this session"
+        why_not = self.handoff.start(self.relay, manual=True)
+        if why_not:
+            return f"Smart Compact did not start: {why_not}"
+        self._hide()  # back to Claude's screen; the switch follows once the replacement is up
+        return "Smart Compact started"
+
+    def cmd_bounds(self, args) -> str:
+        if len(args) != 2:
+            raise usage_error("usage: /bounds <target> <trigger>, e.g. /bounds 150000 300000")
+        try:
+            target, trigger = (int(a.replace("_", "").replace(",", "")) for a in args)
+        except ValueError:
+            raise usage_error("both bounds are whole numbers of tokens")
+        p = self.session.policy
+        if not 0 < target < trigger or p["minRunwayTokens"] >= trigger:
+            raise usage_error("the target must be above 0 and below the trigger, and the trigger "
+                              f"above the runway ({p['minRunwayTokens']:,}); nothing changed")
+        p.values.update(lowerBoundTokens=target, upperBoundTokens=trigger)
+        p.sources.update(lowerBoundTokens="panel", upperBoundTokens="panel")
+        self.session.home.log("panel_bounds", target=target, trigger=trigger)
+        return f"target {target:,}, trigger {trigger:,} for the rest of this session"
+
+    def cmd_allocation(self, args) -> str:
+        p = self.session.policy
+        if not args:
+            return (f"profile {p['profile']}; choose with /allocation <name>:\n" + "\n".join(
+                f"  {name:<11} full {s['full']:.0%}, lean {s['lean']:.0%}, summary {s['summary']:.0%}"
+                for name, s in PROFILE_SHARES.items()))
+        if args[0] not in PROFILES:
+            raise usage_error(f"profiles: {', '.join(PROFILES)}")
+        p.values["profile"], p.sources["profile"] = args[0], "panel"
+        return f"profile {args[0]} for the rest of this session"
+
+    def cmd_details(self, _args) -> str:
+        p, spec = self.session.policy, self.session.spec
+        native = ("allowed (--autocompact given, or the thread's standing alarm): Claude native "
+                  "Compact may run before Smart Compact; relaunch without --autocompact to go back"
+                  if spec.autocompact else "off for this session (DISABLE_AUTO_COMPACT=1)")
+        running = ("Smart Compact handoff under way" if self.handoff and self.handoff.candidate
+                   else "none")
+        return "\n".join(
+            ["configuration (value, source):"]
+            + [f"  {k:<21} {p.values[k]!s:<10} {p.sources[k]}" for k in BUILTIN_POLICY]
+            + ([f"  fallback: {MSG_CONFIG_FALLBACK}"] + [f"    {x}" for x in p.problems] if p.fell_back else [])
+            + [f"retrieval descriptor: {self.session.descriptor['path'] if self.session.descriptor else 'none'}",
+               f"Claude native Compact: {native}",
+               f"running operation: {running}",
+               f"last action: {self.last_action}"])
 
 
 def terminal_size(fd):
@@ -3458,6 +3772,16 @@ class InteractiveHost:
             handoff = LiveHandoff(session, self)
             relay.readers["control"] = (session.control_r, handoff.on_request)
             relay.on_tick = handoff.on_tick
+            panel = ControlPanel(session, self, handoff)
+            panel.relay = relay
+            relay.on_input = panel.on_input
+
+            def tick(relay):
+                handoff.on_tick(relay)
+                panel.on_tick(relay)
+                relay.timeout = 0.05 if panel.wants_tick else (0.1 if handoff.candidate else None)
+
+            relay.on_tick = tick
         try:
             with RawTerminal(self.in_fd):
                 relay.run()
@@ -3711,24 +4035,34 @@ class LiveHandoff:
             os.read(self.session.control_r, 512)
         except BlockingIOError:
             pass
-        if self.candidate is not None or self.alarmed:
+        if self.alarmed:
             return  # after the alarm only manual Smart Compact runs; the automatic swap stops
+        self.start(relay)
+
+    def start(self, relay, manual=False) -> str:
+        """Begin a handoff if the seam allows; returns why not, or ''."""
+        if self.candidate is not None:
+            return "a Smart Compact is already under way"
         try:
-            self._begin(relay)
+            return self._begin(relay, manual) or ""
         except Exception as e:  # a failed attempt must never take the session down
             self.session.home.log("handoff_error", error=repr(e))
             self._fail(relay, f"could not prepare the rebuild: {e}")
+            return f"it could not start: {e}"
 
-    def _begin(self, relay) -> None:
+    def _begin(self, relay, manual=False):
         import time
         session, spec, home = self.session, self.session.spec, self.session.home
         capture = session.capture
         store = ThreadStore(home, capture.thread_id)
         try:
             reading = governor_reading(store, spec.session_id)
-            c = classify(reading, session.policy["upperBoundTokens"], not thread_settled(store))
-            if not c["would_mutate"]:
-                return  # the seam moved on before we got here; the next one decides
+            not_settled = thread_settled(store)
+            c = classify(reading, session.policy["upperBoundTokens"], not not_settled)
+            if manual and not_settled:
+                return f"not at a settled seam ({not_settled}); try again when Claude is idle"
+            if not c["would_mutate"] and not manual:
+                return "under the trigger"  # the seam moved on before we got here
             receipts = Receipts(session.hostdb, home)
             receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
             busy = open_background_work(store)
@@ -3737,7 +4071,7 @@ class LiveHandoff:
                 # current session and decide again at the next seam.
                 receipts.outcome(receipt, "skipped: background work open: " + ", ".join(busy))
                 home.log("handoff_skipped", reason="background work open", items=busy)
-                return
+                return "background work is still running: " + ", ".join(busy)
             new_sid = new_session_id()
             rebuild = plan_rebuild(home, store, capture.thread_id, session.policy, new_sid, spec.cwd,
                                    envelope_from=capture.path)
@@ -4848,6 +5182,7 @@ Environment:
   CC_LHC_CLAUDE_BIN    the claude program to run (default: claude on PATH)
   CC_LHC_TOKENIZER_FILE  o200k_base rank file for exact token counts
   CC_LHC_SUMMARIES     "off" stops background turn summaries (extractive ones are used)
+  CC_LHC_LEADER        the key that opens the control panel (default ctrl-])
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
   CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval; do not set it

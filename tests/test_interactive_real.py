@@ -318,3 +318,73 @@ def test_a_seam_with_background_work_open_is_skipped_not_swapped(real_claude, tm
     assert '"event": "handoff_spawned"' not in log
     skipped = next(json.loads(line) for line in log.splitlines() if "handoff_skipped" in line)
     assert skipped["items"] and skipped["items"][0].startswith("Bash m")
+
+
+def test_the_control_panel_shows_status_and_gives_claude_its_screen_back(real_claude, tmux):
+    real_claude.api.script(["first answer", "second answer"])
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("hello")
+    t.send_keys("Enter")
+    t.wait_for("first answer")
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    for attempt in range(20):  # Claude writes its record a moment after it draws the answer
+        t.send_text("/status")
+        t.send_keys("Enter")
+        try:
+            screen = t.wait_for("context: provider-reported context 100", timeout=1)
+            break
+        except TmuxTimeout:
+            if attempt == 19:
+                raise
+    assert "policy: target 180,000, trigger 360,000" in screen and "retrieval: ready" in screen
+    assert "first answer" not in screen  # an alternate screen: Claude's is out of sight
+    t.send_text("/bounds 1000 500")
+    t.send_keys("Enter")
+    t.wait_for("nothing changed")
+    t.send_text("/allo")
+    t.send_keys("Tab")
+    t.send_text("balanced")
+    t.send_keys("Enter")
+    t.wait_for("profile balanced for the rest of this session")
+    t.send_text("/details")
+    t.send_keys("Enter")
+    t.wait_for(re.compile(r"profile\s+balanced\s+panel"))
+    t.send_keys("Escape")
+    screen = t.wait_for("first answer")  # Claude's screen is back as it was
+    assert "cc-lhc control panel" not in screen
+    t.send_text("and again")
+    t.send_keys("Enter")
+    t.wait_for("second answer")
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    assert t.stty_before == t.stty_after
+    # nothing typed into the panel reached Claude
+    sent = json.dumps([r["body"]["messages"] for r in real_claude.api.message_requests])
+    assert "/status" not in sent and "/bounds" not in sent and "and again" in sent
+
+
+def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, tmux):
+    real_claude.api.script(["a small answer", "answered on the rebuilt session"])
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("hello")
+    t.send_keys("Enter")
+    t.wait_for("a small answer")
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    t.send_text("/smart-compact")
+    t.send_keys("Enter")
+    _wait_for_log(real_claude, "handoff_switched")
+    t.wait_for("This conversation was rebuilt by Smart Compact")
+    t.wait_for(PROMPT)
+    t.send_text("carry on")
+    t.send_keys("Enter")
+    t.wait_for("answered on the rebuilt session")
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    first, second = real_claude.api.message_requests
+    assert first["session_id"] != second["session_id"]
