@@ -3117,7 +3117,8 @@ class Capture:
     def _report(self, out: ParseOutput):
         for event in out.events:
             self.on_event(event, self)
-        if out.usage and self.on_responses:  # Claude answered: a new provider reading
+        answered = out.usage or any(m[4] == "api_error" for m in out.messages)
+        if answered and self.on_responses:  # Claude answered, or the API refused to
             self.on_responses(self)
         for problem in out.problems:
             self.home.log("capture_problem", thread=self.thread_id, session=problem[0],
@@ -3779,7 +3780,7 @@ class InteractiveHost:
             def tick(relay):
                 handoff.on_tick(relay)
                 panel.on_tick(relay)
-                relay.timeout = 0.05 if panel.wants_tick else (0.1 if handoff.candidate else None)
+                relay.timeout = 0.05 if panel.wants_tick else (0.1 if handoff.wants_tick else None)
 
             relay.on_tick = tick
         try:
@@ -4014,6 +4015,12 @@ class LiveHandoff:
     GIVE_UP_SECONDS = 30.0
     MAX_FAILURES = 3
     NOTICE = "input typed during compaction was not delivered \u2014 please resend"
+    RUNTIME_NOTE = ("[runtime note] The API rejected your last request as too long, so cc-lhc rebuilt "
+                    "this session (Smart Compact); nothing was lost. Tool calls that had already run "
+                    "for it: {ran}. Please continue the task from where it stopped; read back "
+                    "anything you need with cc-lhc get-messages or get-turns.")
+    SPLIT_NOTE = ("the API rejected a request as too long again after a rebuild; split the task "
+                  "into smaller steps")
     ALARM = ("cc-lhc rebuilt sessions are not loading \u2014 likely a compatibility problem with "
              "the installed Claude version")
 
@@ -4027,14 +4034,30 @@ class LiveHandoff:
         self.failures = 0
         self.alarmed = False
         self.survival = False       # the candidate is a survival relaunch, not a rebuild
+        self.continue_note = None   # sent to the replacement once it owns the terminal
+        self.submit_at = None       # when to press Enter on it
 
     # -- asked for ---------------------------------------------------------------
 
     def on_request(self, relay) -> None:
         try:
-            os.read(self.session.control_r, 512)
+            asked = os.read(self.session.control_r, 512)
         except BlockingIOError:
-            pass
+            asked = b""
+        session = self.session
+        if b"t" in asked and session.too_long and session.too_long[0] not in session.too_long_handled:
+            turn, ran = session.too_long
+            session.too_long_handled.add(turn)
+            if session.continued:
+                # One automatic continuation per session: a second rejection means the
+                # task itself is too big for one request.
+                session.notices.append(self.SPLIT_NOTE)
+                session.home.log("too_long_again", turn=turn)
+                return
+            self.continue_note = self.RUNTIME_NOTE.format(ran=", ".join(ran) or "none")
+            if self.start(relay, manual=True):
+                self.continue_note = None
+            return
         if self.alarmed:
             return  # after the alarm only manual Smart Compact runs; the automatic swap stops
         self.start(relay)
@@ -4147,11 +4170,18 @@ class LiveHandoff:
         else:
             self.replay_overflow = True
 
+    @property
+    def wants_tick(self) -> bool:
+        return self.candidate is not None or self.submit_at is not None
+
     def on_tick(self, relay) -> None:
         import time
+        now = time.monotonic()
+        if self.submit_at is not None and now >= self.submit_at:
+            self.submit_at = None
+            relay.to_child += b"\r"
         if self.candidate is None:
             return
-        now = time.monotonic()
         if not self.candidate.isalive():
             self._fail(relay, "the replacement exited before it was shown")
         elif self.first_output is not None and now - self.first_output >= self.STABILISE_SECONDS:
@@ -4206,6 +4236,15 @@ class LiveHandoff:
                  old_pid=old_child.pid, new_pid=new.pid)
         self._end_old(old_child)
         self.host.watch(new.pid)
+        if self.continue_note:
+            # The one automatic continuation after a too-long rejection, marked as such.
+            # Enter follows a moment later: arriving with the text, Claude reads it as part
+            # of a paste instead of a submit.
+            import time
+            relay.to_child += self.continue_note.encode()
+            self.submit_at = time.monotonic() + 0.3
+            session.continued, self.continue_note = True, None
+            home.log("too_long_continued", session=spec.session_id)
         for waiting in [p for p in (session.pending, pending) if p]:
             if os.path.getsize(waiting["path"]) > waiting["prefix"]:
                 settle_acceptance(home, fresh, waiting)
@@ -4234,6 +4273,7 @@ class LiveHandoff:
             remove_descriptor(home, self.session.hostdb, self.pending["descriptor"], "nonviable")
             abandon_rebuild(home, Registry(home), self.pending["session_id"], why)
         self.candidate, self.pending = None, None
+        self.continue_note = None
         if self.survival:
             self.survival = False
             home.log("survival_relaunch_failed", why=why)  # the old child simply keeps running
@@ -5318,6 +5358,9 @@ class ManagedSession:
         self.pending = self.descriptor = self.worker = None
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
+        self.too_long = None              # (turn, tool calls that ran) of the newest rejection
+        self.too_long_handled = set()
+        self.continued = False            # the one automatic continuation has been used
         spec.session = self
 
     def __enter__(self):
@@ -5378,10 +5421,12 @@ class ManagedSession:
                 capture.lease.release()
         return False
 
-    def request_handoff(self) -> None:
+    def request_handoff(self, too_long=None) -> None:
         """Called on the capture thread: wake the relay to run a live handoff."""
+        if too_long is not None:
+            self.too_long = too_long
         try:
-            os.write(self.control_w, b"h")
+            os.write(self.control_w, b"t" if too_long is not None else b"h")
         except (BlockingIOError, OSError, TypeError):
             pass  # already asked, or the session is closing
 
@@ -5397,12 +5442,31 @@ def finish_capture(capture, spec, home):
     home.log("capture_done", thread=capture.thread_id, session=spec.session_id, lines=capture.lines)
 
 
+TOO_LONG = re.compile(r"too long", re.I)
+
+
+def rejected_too_long(store):
+    """The newest turn, when the API rejected it as too long: (turn, tool calls that ran)."""
+    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    if not row or row[1] == "open":
+        return None
+    last = store.db.execute("SELECT kind, text FROM messages WHERE turn = ? ORDER BY seq DESC LIMIT 1",
+                            (row[0],)).fetchone()
+    if not last or last[0] != "api_error" or not TOO_LONG.search(last[1] or ""):
+        return None
+    ran = [f"{name} m{seq}" for seq, name in store.db.execute(
+        "SELECT c.seq, c.tool_name FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND EXISTS "
+        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id) "
+        "ORDER BY c.seq", (row[0],))]
+    return row[0], ran
+
+
 def classify_live(capture, home, policy) -> dict:
     """Classify a running session after each new response, and receipt it once.
 
-    Runs on the capture thread, on its own connections. A running interactive child is
-    not swapped onto a rebuild yet, so an over-trigger reading is observed and recorded
-    (deferred to the next resume), never acted on here.
+    Runs on the capture thread, on its own connections. At a settled seam over the
+    trigger, or after the API rejected a turn as too long, it asks the host for a live
+    handoff; the host decides on its own thread.
     """
     store = capture.store
     reading = governor_reading(store, capture.session_id)
@@ -5411,7 +5475,12 @@ def classify_live(capture, home, policy) -> dict:
         capture.hostdb = HostDB(home)
     receipts = Receipts(capture.hostdb, home)
     receipt = receipts.classified(store, capture.thread_id, capture.session_id, c)
-    if c["would_mutate"] and capture.request_handoff is not None:
+    rejected = rejected_too_long(store)
+    if rejected is not None and capture.request_handoff is not None:
+        receipts.outcome(receipt, "too-long rejection: live handoff requested")
+        home.log("too_long_rejection", thread=capture.thread_id, turn=rejected[0], ran=rejected[1])
+        capture.request_handoff(too_long=rejected)
+    elif c["would_mutate"] and capture.request_handoff is not None:
         receipts.outcome(receipt, "live handoff requested")
         home.log("governor", thread=capture.thread_id, session=capture.session_id, **c)
         capture.request_handoff()

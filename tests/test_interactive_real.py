@@ -388,3 +388,42 @@ def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, 
     assert t.wait_exit() == 0
     first, second = real_claude.api.message_requests
     assert first["session_id"] != second["session_id"]
+
+
+def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux):
+    from fakeapi import error_reply, text_reply, tool_use_reply
+    too_long = error_reply(400, "prompt is too long: 1050000 tokens > 1000000 maximum")
+    real_claude.api.script([
+        "ready",
+        tool_use_reply("Bash", {"command": "echo read-the-first-pdf", "description": "read"}),
+        too_long,                          # the request after that tool call is too big
+        "continuing from the note",        # the one automatic continuation is answered
+    ])
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
+             cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_text("hello")
+    t.send_keys("Enter")
+    t.wait_for("ready")
+    t.send_text("now read every pdf")
+    t.send_keys("Enter")
+    _wait_for_log(real_claude, "too_long_continued")
+    t.wait_for("continuing from the note")
+    requests = real_claude.api.message_requests
+    last = requests[-1]
+    assert last["session_id"] != requests[0]["session_id"]  # it ran on the rebuilt session
+    users = [m for m in last["body"]["messages"] if m["role"] == "user"]
+    note = json.dumps(users[-1])
+    assert "[runtime note]" in note and "Bash m4" in note  # the call that ran before the refusal
+    # a second rejection stops with a note instead of continuing again
+    real_claude.api.script([too_long])
+    t.send_text("and the rest")
+    t.send_keys("Enter")
+    _wait_for_log(real_claude, "too_long_again")
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    assert t.wait_exit() == 0
+    screen = t.capture(history=True).replace("\n", "")
+    assert "split the task into smaller steps" in screen
+    log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
+    assert log.count('"event": "too_long_continued"') == 1
