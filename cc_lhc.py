@@ -5493,8 +5493,9 @@ def classify_live(capture, home, policy) -> dict:
 def report_pressure_at_exit(capture, spec, home, policy) -> None:
     """After an interactive session: receipt its pressure, and say if it ended over the trigger.
 
-    A running interactive session is not yet swapped onto a rebuild, so the user should
-    know that the next resume will run Smart Compact before Claude starts.
+    A session can end over the trigger without a swap (its last seam came with background
+    work open, replacements would not load, or the seam was never settled); the user
+    should know the next resume runs Smart Compact before Claude starts.
     """
     try:
         store = ThreadStore(home, capture.thread_id)
