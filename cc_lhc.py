@@ -5787,54 +5787,60 @@ def _record_impression(store, session, command, labels, turns, size):
                           size, utc_now_iso()))
 
 
-def cmd_get_turns(args) -> int:
-    """Give back whole turns exactly as recorded (run by Claude through Bash)."""
-    start = _take_option(args, "--from", 0, int)
-    numbers = parse_labels(args, "t")
-    home = StateHome()
-    desc, store = _retrieval_store(home)
-    try:
-        parts = []
-        for n in numbers:
-            row = store.db.execute("SELECT kind, status FROM turns WHERE n = ?", (n,)).fetchone()
-            if row is None:
-                parts.append(f"=== t{n}: no such turn in this thread ===\n")
-                continue
-            parts.append(f"=== t{n} ({row[0]}, {row[1]}) ===\n")
-            parts.extend(render_message_body(m) for m in store.messages(n, n))
-        request = _request_text("t", numbers)
-        size = emit_retrieval("get-turns", store.thread_id, request, "".join(parts), max(0, start))
-        _record_impression(store, desc["session_id"], "get-turns", [f"t{n}" for n in numbers],
-                           numbers, size)
-    finally:
-        store.close()
-    return EXIT_OK
+def _retrieve(args, letter: str, command: str, render) -> int:
+    """The shared shell of get-turns and get-messages: labels in, one envelope out.
 
-
-def cmd_get_messages(args) -> int:
-    """Give back single messages exactly as recorded (run by Claude through Bash)."""
+    ``render(store, numbers)`` returns (body parts, turns they came from); the descriptor
+    is checked before the store is opened, and the impression recorded after the output.
+    """
     start = _take_option(args, "--from", 0, int)
-    numbers = parse_labels(args, "m")
-    home = StateHome()
-    desc, store = _retrieval_store(home)
+    numbers = parse_labels(args, letter)
+    desc, store = _retrieval_store(StateHome())
     try:
-        parts, turns = [], set()
-        cols = ", ".join(MESSAGE_COLUMNS)
-        for n in numbers:
-            row = store.db.execute(f"SELECT {cols} FROM messages WHERE seq = ?", (n,)).fetchone()
-            if row is None:
-                parts.append(f"--- m{n}: no such message in this thread\n")
-                continue
-            m = dict(zip(MESSAGE_COLUMNS, row))
-            turns.add(m["turn"])
-            parts.append(render_message_body(m))
-        request = _request_text("m", numbers)
-        size = emit_retrieval("get-messages", store.thread_id, request, "".join(parts), max(0, start))
-        _record_impression(store, desc["session_id"], "get-messages", [f"m{n}" for n in numbers],
+        parts, turns = render(store, numbers)
+        size = emit_retrieval(command, store.thread_id, _request_text(letter, numbers), "".join(parts),
+                              max(0, start))
+        _record_impression(store, desc["session_id"], command, [f"{letter}{n}" for n in numbers],
                            turns, size)
     finally:
         store.close()
     return EXIT_OK
+
+
+def _render_turns(store, numbers):
+    parts = []
+    for n in numbers:
+        row = store.db.execute("SELECT kind, status FROM turns WHERE n = ?", (n,)).fetchone()
+        if row is None:
+            parts.append(f"=== t{n}: no such turn in this thread ===\n")
+            continue
+        parts.append(f"=== t{n} ({row[0]}, {row[1]}) ===\n")
+        parts.extend(render_message_body(m) for m in store.messages(n, n))
+    return parts, numbers
+
+
+def _render_messages(store, numbers):
+    parts, turns = [], set()
+    cols = ", ".join(MESSAGE_COLUMNS)
+    for n in numbers:
+        row = store.db.execute(f"SELECT {cols} FROM messages WHERE seq = ?", (n,)).fetchone()
+        if row is None:
+            parts.append(f"--- m{n}: no such message in this thread\n")
+            continue
+        m = dict(zip(MESSAGE_COLUMNS, row))
+        turns.add(m["turn"])
+        parts.append(render_message_body(m))
+    return parts, turns
+
+
+def cmd_get_turns(args) -> int:
+    """Give back whole turns exactly as recorded (run by Claude through Bash)."""
+    return _retrieve(args, "t", "get-turns", _render_turns)
+
+
+def cmd_get_messages(args) -> int:
+    """Give back single messages exactly as recorded (run by Claude through Bash)."""
+    return _retrieve(args, "m", "get-messages", _render_messages)
 
 
 def fts_query(text: str) -> str:
