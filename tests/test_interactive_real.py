@@ -15,6 +15,19 @@ CC_LHC = str(Path(__file__).resolve().parents[1] / "cc_lhc.py")
 PROMPT = re.compile(r"^❯", re.M)
 
 
+def type_line(t, text: str) -> None:
+    """Type a line into the pane and press Enter, as a person would."""
+    t.send_text(text)
+    t.send_keys("Enter")
+
+
+def exit_cleanly(t) -> None:
+    """/exit ends Claude, cc-lhc exits 0, and the terminal is as it was before."""
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert t.stty_before == t.stty_after
+
+
 def oneshot(rc, prompt: str, reply: str) -> str:
     rc.api.script([reply])
     p = rc.run([sys.executable, CC_LHC, "-p", prompt, "--output-format", "json"])
@@ -32,16 +45,11 @@ def test_bare_resume_offers_this_folders_threads(real_claude, tmux):
     screen = t.wait_for("Resume which?")
     # newest first: the second thread is 1, the first is 2, each with its last prompt
     assert screen.index("the second topic") < screen.index("the first topic")
-    t.send_text("2")
-    t.send_keys("Enter")
+    type_line(t, "2")
     t.wait_for(PROMPT)
-    t.send_text("where were we")
-    t.send_keys("Enter")
+    type_line(t, "where were we")
     t.wait_for("back in the first thread")
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
-    assert t.stty_before == t.stty_after
+    exit_cleanly(t)
     (request,) = real_claude.api.message_requests[n_before:]
     assert request["session_id"] == first != second
 
@@ -57,8 +65,7 @@ def test_interactive_session_is_summarised_in_the_background(real_claude, tmux):
     real_claude.api.responder = answer
     t = tmux([sys.executable, CC_LHC], cols=100, rows=30, env=env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("does the build pass?")
-    t.send_keys("Enter")
+    type_line(t, "does the build pass?")
     t.wait_for("The build passes.")
     home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
     registry = cc_lhc.Registry(home)
@@ -74,9 +81,7 @@ def test_interactive_session_is_summarised_in_the_background(real_claude, tmux):
         if source == "model" or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
+    exit_cleanly(t)
     assert source == "model" and text.startswith("SUMMARY:")
     assert cost["calls"] == 1 and cost["input_tokens"] > 0
     # the summariser's own session never became a thread
@@ -100,13 +105,9 @@ def test_interactive_resume_over_the_trigger_opens_the_rebuilt_session(real_clau
     t = tmux([sys.executable, CC_LHC, "--resume", old], cols=120, rows=30, env=real_claude.env,
              cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("carry on")
-    t.send_keys("Enter")
+    type_line(t, "carry on")
     t.wait_for("answered on the rebuilt session")
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
-    assert t.stty_before == t.stty_after
+    exit_cleanly(t)
     (request,) = real_claude.api.message_requests[n_before:]
     new = request["session_id"]
     assert new != old
@@ -126,9 +127,7 @@ def test_interactive_resume_is_accepted_once_claude_opens_the_rebuild(real_claud
     t = tmux([sys.executable, CC_LHC, "--resume", old], cols=120, rows=30, env=real_claude.env,
              cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
+    exit_cleanly(t)
     home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
     registry = cc_lhc.Registry(home)
     ((thread_id, *_),) = registry.threads()
@@ -156,8 +155,7 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     real_claude.api.script([text_reply("a very long answer", usage=OVER_USAGE), "after the swap"])
     t = tmux([sys.executable, CC_LHC], cols=100, rows=30, env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("go long")
-    t.send_keys("Enter")
+    type_line(t, "go long")
     t.wait_for("a very long answer")
     _wait_for_log(real_claude, "handoff_spawned")
     t.send_text("typed while it swaps")  # dropped, and said so: it is never delivered late
@@ -169,13 +167,9 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     # the replacement's own first frame is on screen: the rebuilt conversation
     t.wait_for("This conversation was rebuilt by Smart Compact")
     t.wait_for(PROMPT)
-    t.send_text("next one")
-    t.send_keys("Enter")
+    type_line(t, "next one")
     t.wait_for("after the swap")
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
-    assert t.stty_before == t.stty_after
+    exit_cleanly(t)
     screen = t.capture(history=True).replace("\n", "")
     assert "input typed during compaction was not delivered \u2014 please resend" in screen
     first, second = real_claude.api.message_requests
@@ -216,8 +210,7 @@ exec {real_claude.claude} "$@"
     t = tmux([sys.executable, CC_LHC], cols=140, rows=30, env=env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
     for n in range(1, 4):  # each settled seam over the trigger tries once more
-        t.send_text(f"prompt {n}")
-        t.send_keys("Enter")
+        type_line(t, f"prompt {n}")
         _wait_for_log(real_claude, "handoff_failed", count=n)
     # then the same session is relaunched with Claude native Compact allowed
     _wait_for_log(real_claude, "survival_relaunched")
@@ -226,12 +219,9 @@ exec {real_claude.claude} "$@"
     environ = Path(f"/proc/{relaunched['new_pid']}/environ").read_bytes().split(b"\0")
     assert not any(v.startswith(b"DISABLE_AUTO_COMPACT=") for v in environ)
     t.wait_for(PROMPT)
-    t.send_text("prompt 4")
-    t.send_keys("Enter")
+    type_line(t, "prompt 4")
     t.wait_for(re.compile(r"prompt 4\s+● still the original child"))  # answered and drawn
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
+    exit_cleanly(t)
     screen = t.capture(history=True).replace("\n", "")
     assert ("cc-lhc rebuilt sessions are not loading \u2014 likely a compatibility problem with "
             "the installed Claude version") in screen
@@ -268,11 +258,9 @@ def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmu
     t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"], cols=110, rows=34,
              env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("pick a number")
-    t.send_keys("Enter")
+    type_line(t, "pick a number")
     t.wait_for("31337")
-    t.send_text("what was it? search for it")
-    t.send_keys("Enter")
+    type_line(t, "what was it? search for it")
     t.wait_for("Do you want to proceed?")
     # The dialog is drawn a moment before it takes keys: press Enter (1. Yes) until the
     # answer shows, a few times at most.
@@ -284,9 +272,7 @@ def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmu
         except TmuxTimeout:
             if attempt == 4:
                 raise
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
+    exit_cleanly(t)
     (result,) = tool_results(real_claude.api.message_requests[-1]["body"])
     content = result["content"] if isinstance(result["content"], str) else json.dumps(result["content"])
     assert "m2 (t1, assistant_text)" in content and "31337" in content
@@ -305,12 +291,10 @@ def test_a_seam_with_background_work_open_is_skipped_not_swapped(real_claude, tm
     t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
              cols=120, rows=30, env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("start the job")
-    t.send_keys("Enter")
+    type_line(t, "start the job")
     t.wait_for("started it")
     _wait_for_log(real_claude, "handoff_skipped")
-    t.send_text("/exit")
-    t.send_keys("Enter")
+    type_line(t, "/exit")
     t.wait_for("Exit and stop tasks")  # Claude itself asks about the job still running
     t.send_keys("Enter")
     assert t.wait_exit() == 0
@@ -324,14 +308,12 @@ def test_the_control_panel_shows_status_and_gives_claude_its_screen_back(real_cl
     real_claude.api.script(["first answer", "second answer"])
     t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("hello")
-    t.send_keys("Enter")
+    type_line(t, "hello")
     t.wait_for("first answer")
     t.send_keys("C-]")
     t.wait_for("cc-lhc control panel")
     for attempt in range(20):  # Claude writes its record a moment after it draws the answer
-        t.send_text("/status")
-        t.send_keys("Enter")
+        type_line(t, "/status")
         try:
             screen = t.wait_for("context: provider-reported context 100", timeout=1)
             break
@@ -340,27 +322,20 @@ def test_the_control_panel_shows_status_and_gives_claude_its_screen_back(real_cl
                 raise
     assert "policy: target 180,000, trigger 360,000" in screen and "retrieval: ready" in screen
     assert "first answer" not in screen  # an alternate screen: Claude's is out of sight
-    t.send_text("/bounds 1000 500")
-    t.send_keys("Enter")
+    type_line(t, "/bounds 1000 500")
     t.wait_for("nothing changed")
     t.send_text("/allo")
     t.send_keys("Tab")
-    t.send_text("balanced")
-    t.send_keys("Enter")
+    type_line(t, "balanced")
     t.wait_for("profile balanced for the rest of this session")
-    t.send_text("/details")
-    t.send_keys("Enter")
+    type_line(t, "/details")
     t.wait_for(re.compile(r"profile\s+balanced\s+panel"))
     t.send_keys("Escape")
     screen = t.wait_for("first answer")  # Claude's screen is back as it was
     assert "cc-lhc control panel" not in screen
-    t.send_text("and again")
-    t.send_keys("Enter")
+    type_line(t, "and again")
     t.wait_for("second answer")
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
-    assert t.stty_before == t.stty_after
+    exit_cleanly(t)
     # nothing typed into the panel reached Claude
     sent = json.dumps([r["body"]["messages"] for r in real_claude.api.message_requests])
     assert "/status" not in sent and "/bounds" not in sent and "and again" in sent
@@ -370,28 +345,23 @@ def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, 
     real_claude.api.script(["a small answer", "answered on the rebuilt session"])
     t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("hello")
-    t.send_keys("Enter")
+    type_line(t, "hello")
     t.wait_for("a small answer")
     t.send_keys("C-]")
     t.wait_for("cc-lhc control panel")
-    t.send_text("/smart-compact")
-    t.send_keys("Enter")
+    type_line(t, "/smart-compact")
     _wait_for_log(real_claude, "handoff_switched")
     t.wait_for("This conversation was rebuilt by Smart Compact")
     t.wait_for(PROMPT)
-    t.send_text("carry on")
-    t.send_keys("Enter")
+    type_line(t, "carry on")
     t.wait_for("answered on the rebuilt session")
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
+    exit_cleanly(t)
     first, second = real_claude.api.message_requests
     assert first["session_id"] != second["session_id"]
 
 
 def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux):
-    from fakeapi import error_reply, text_reply, tool_use_reply
+    from fakeapi import error_reply, tool_use_reply
     too_long = error_reply(400, "prompt is too long: 1050000 tokens > 1000000 maximum")
     real_claude.api.script([
         "ready",
@@ -402,11 +372,9 @@ def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux)
     t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
              cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    t.send_text("hello")
-    t.send_keys("Enter")
+    type_line(t, "hello")
     t.wait_for("ready")
-    t.send_text("now read every pdf")
-    t.send_keys("Enter")
+    type_line(t, "now read every pdf")
     _wait_for_log(real_claude, "too_long_continued")
     t.wait_for("continuing from the note")
     requests = real_claude.api.message_requests
@@ -417,12 +385,9 @@ def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux)
     assert "[runtime note]" in note and "Bash m4" in note  # the call that ran before the refusal
     # a second rejection stops with a note instead of continuing again
     real_claude.api.script([too_long])
-    t.send_text("and the rest")
-    t.send_keys("Enter")
+    type_line(t, "and the rest")
     _wait_for_log(real_claude, "too_long_again")
-    t.send_text("/exit")
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
+    exit_cleanly(t)
     screen = t.capture(history=True).replace("\n", "")
     assert "split the task into smaller steps" in screen
     log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
