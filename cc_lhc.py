@@ -15,14 +15,15 @@ The file reads top to bottom; ``grep -n '^# == ' cc_lhc.py`` prints these rooms:
  5. Thread store: SQLite files, migrations, the append-only record
  6. Views (pure): fidelity bands and the served view
  7. Rollout writing: a view -> a transcript Claude can resume
- 8. Governor (pure): pressure, states, decisions, receipts
+ 8. Governor (pure): pressure, states, decisions
  9. Derivations: the work queue and isolated summarisers
 10. Processes: identity, leases, descriptors, spawning, death-linking
 11. Capture: tailing the live transcript into the store
-12. Terminal relay
-13. Hosts: interactive and one-shot
-14. Recovery at launch
-15. Commands, argument parsing, main
+12. Smart Compact: the one mechanism (assess, rebuild, accept, abandon)
+13. Terminal relay
+14. Hosts: interactive and one-shot
+15. Recovery at launch
+16. Commands, argument parsing, main
 
 Pure sections take data and return data (no clock, no filesystem); the I/O lives in
 thin shells around them. Platform modules (pty, termios, fcntl, winpty) are imported
@@ -31,6 +32,7 @@ only inside the sections that need them.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import json
@@ -1709,7 +1711,7 @@ def record_lineage(hostdb, session_id, thread_id, path, cwd, data: bytes):
                           (len(data), hashlib.sha256(data).hexdigest(), len(data), session_id))
 
 
-# == 8. Governor (pure): pressure, states, decisions, receipts ==================
+# == 8. Governor (pure): pressure, states, decisions ============================
 
 # Named states of one classification. Only measured pressure against the trigger
 # decides; everything else is a diagnostic.
@@ -1769,82 +1771,6 @@ def describe_reading(c: dict) -> str:
     label = "provider-reported" if c["source"] == "provider" else "last known provider-reported"
     return (f"{label} context {c['provider_tokens']:,} + LHC estimate {c['estimate_tokens']:,} "
             f"= {c['pressure']:,} tokens against a trigger of {c['trigger']:,}")
-
-
-def governor_reading(store, session_id, prompt_estimate=0) -> dict:
-    """Read the newest provider usage of a session from the record and measure pressure."""
-    db = store.db
-    # Only this session's responses count: a rebuilt session's context is its view, not
-    # the oversized one it replaced, so before its first answer it is "not observed".
-    rows = db.execute("SELECT input, cache_creation, cache_read, seq FROM usage WHERE source_session = ? "
-                      "ORDER BY seq DESC", (session_id,)).fetchall()
-    latest = rows[0] if rows else None
-    last_valid = next((r for r in rows if provider_context(r) is not None), None)
-
-    def after(row):
-        seq = row[3] if row else 0
-        # Bytes, as estimate_tokens counts them (length() of text would count characters).
-        total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(text, data) AS BLOB))), 0) "
-                           "FROM messages WHERE seq > ?", (seq,)).fetchone()[0]
-        return (total + 3) // 4
-
-    return measure_pressure(latest, last_valid, after(latest), after(last_valid), prompt_estimate)
-
-
-class Receipts:
-    """Durable governor receipts (cc_governor_receipts), written behind the decision.
-
-    A receipt records a classification; it never decides one. If the store cannot be
-    written the operation goes on with an in-memory id and a loud warning.
-    """
-
-    def __init__(self, hostdb, home):
-        self.hostdb = hostdb
-        self.home = home
-
-    def record(self, thread_id, session_id, c: dict, replay_key: str):
-        try:
-            with Tx(self.hostdb.db) as db:
-                row = db.execute("SELECT id FROM cc_governor_receipts WHERE replay_key = ?",
-                                 (replay_key,)).fetchone()
-                if row:
-                    return row[0]
-                cur = db.execute(
-                    "INSERT INTO cc_governor_receipts (replay_key, thread_id, session_id, state, source, "
-                    "provider_tokens, estimate_tokens, pressure, trigger_tokens, would_mutate, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (replay_key, thread_id, session_id, c["state"], c["source"], c["provider_tokens"],
-                     c["estimate_tokens"], c["pressure"], c["trigger"], int(c["would_mutate"]),
-                     utc_now_iso()))
-                return cur.lastrowid
-        except Exception as e:  # write-behind: the receipt store must never block the work
-            rid = f"memory-{uuid.uuid4()}"
-            say(f"warning: governor receipt could not be stored ({e}); using {rid}, "
-                "restart recovery is degraded for this attempt")
-            self.home.log("receipt_store_unavailable", error=repr(e), receipt=rid)
-            return rid
-
-    def classified(self, store, thread_id, session_id, c: dict):
-        """Receipt one classification of a session's newest response (idempotent).
-
-        The replay key names the observation (session, newest response, state), so the
-        live capture, the exit report and the next launch all land on the same receipt,
-        and a deferral recorded earlier is taken up again when Smart Compact runs.
-        """
-        latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? "
-                                  "ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
-        return self.record(thread_id, session_id, c,
-                           f"{session_id}:{latest[0] if latest else '-'}:{c['state']}")
-
-    def outcome(self, receipt_id, outcome: str):
-        if isinstance(receipt_id, str):
-            return
-        try:
-            with Tx(self.hostdb.db) as db:
-                db.execute("UPDATE cc_governor_receipts SET outcome = ?, outcome_at = ? WHERE id = ?",
-                           (outcome, utc_now_iso(), receipt_id))
-        except Exception as e:
-            self.home.log("receipt_outcome_lost", receipt=receipt_id, outcome=outcome, error=repr(e))
 
 
 # == 9. Derivations: the work queue and isolated summarisers ====================
@@ -2785,6 +2711,9 @@ def child_environment(spec) -> dict:
 FAILPOINT_ENV = "CC_LHC_FAILPOINT"
 FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-spawn", "before-acceptance",
               "after-acceptance-before-alias", "after-alias-advance")
+# The live swap's steps: the rebuild's own two, then the replacement's life until accepted.
+LIVE_FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-candidate-spawn",
+                   "before-switch", "after-switch-before-accept", "after-alias-advance")
 
 
 def failpoint(name: str) -> None:
@@ -3161,7 +3090,377 @@ class Capture:
                 self.store = None
 
 
-# == 12. Terminal relay ==========================================================
+# == 12. Smart Compact: the one mechanism ========================================
+#
+# Every caller (the one-shot and interactive pre-launch paths, the live handoff, the
+# panel's /smart-compact and /smart-prune, `rollout write`) goes through these steps and
+# re-implements none of them:
+#   assess   the reading, the settled-seam check, the classification and its receipt,
+#            turned into a decision with its reason;
+#   rebuild  the view, the pending record, the transcript written under bounded retries,
+#            the replayed-prefix lineage, the receipt's outcome, with failpoints between;
+#   accept   the thread moves to the rebuild once Claude was seen writing to it;
+#   abandon  an unused rebuild is moved out of Claude's projects folder.
+# What happens to the Claude process around them (nothing yet, a swap, a one-shot launch)
+# is the caller's business.
+
+def governor_reading(store, session_id, prompt_estimate=0) -> dict:
+    """Read the newest provider usage of a session from the record and measure pressure."""
+    db = store.db
+    # Only this session's responses count: a rebuilt session's context is its view, not
+    # the oversized one it replaced, so before its first answer it is "not observed".
+    rows = db.execute("SELECT input, cache_creation, cache_read, seq FROM usage WHERE source_session = ? "
+                      "ORDER BY seq DESC", (session_id,)).fetchall()
+    latest = rows[0] if rows else None
+    last_valid = next((r for r in rows if provider_context(r) is not None), None)
+
+    def after(row):
+        seq = row[3] if row else 0
+        # Bytes, as estimate_tokens counts them (length() of text would count characters).
+        total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(text, data) AS BLOB))), 0) "
+                           "FROM messages WHERE seq > ?", (seq,)).fetchone()[0]
+        return (total + 3) // 4
+
+    return measure_pressure(latest, last_valid, after(latest), after(last_valid), prompt_estimate)
+
+
+class Receipts:
+    """Durable governor receipts (cc_governor_receipts), written behind the decision.
+
+    A receipt records a classification; it never decides one. If the store cannot be
+    written the operation goes on with an in-memory id and a loud warning.
+    """
+
+    def __init__(self, hostdb, home):
+        self.hostdb = hostdb
+        self.home = home
+
+    def record(self, thread_id, session_id, c: dict, replay_key: str):
+        try:
+            with Tx(self.hostdb.db) as db:
+                row = db.execute("SELECT id FROM cc_governor_receipts WHERE replay_key = ?",
+                                 (replay_key,)).fetchone()
+                if row:
+                    return row[0]
+                cur = db.execute(
+                    "INSERT INTO cc_governor_receipts (replay_key, thread_id, session_id, state, source, "
+                    "provider_tokens, estimate_tokens, pressure, trigger_tokens, would_mutate, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (replay_key, thread_id, session_id, c["state"], c["source"], c["provider_tokens"],
+                     c["estimate_tokens"], c["pressure"], c["trigger"], int(c["would_mutate"]),
+                     utc_now_iso()))
+                return cur.lastrowid
+        except Exception as e:  # write-behind: the receipt store must never block the work
+            rid = f"memory-{uuid.uuid4()}"
+            say(f"warning: governor receipt could not be stored ({e}); using {rid}, "
+                "restart recovery is degraded for this attempt")
+            self.home.log("receipt_store_unavailable", error=repr(e), receipt=rid)
+            return rid
+
+    def classified(self, store, thread_id, session_id, c: dict):
+        """Receipt one classification of a session's newest response (idempotent).
+
+        The replay key names the observation (session, newest response, state), so the
+        live capture, the exit report and the next launch all land on the same receipt,
+        and a deferral recorded earlier is taken up again when Smart Compact runs.
+        """
+        latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? "
+                                  "ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
+        return self.record(thread_id, session_id, c,
+                           f"{session_id}:{latest[0] if latest else '-'}:{c['state']}")
+
+    def prior_outcome(self, receipt_id):
+        """The outcome an earlier reading of the same observation left on this receipt."""
+        if isinstance(receipt_id, str):
+            return None
+        try:
+            row = self.hostdb.db.execute("SELECT outcome FROM cc_governor_receipts WHERE id = ?",
+                                         (receipt_id,)).fetchone()
+        except Exception:
+            return None
+        return row[0] if row else None
+
+    def outcome(self, receipt_id, outcome: str):
+        if isinstance(receipt_id, str):
+            return
+        try:
+            with Tx(self.hostdb.db) as db:
+                db.execute("UPDATE cc_governor_receipts SET outcome = ?, outcome_at = ? WHERE id = ?",
+                           (outcome, utc_now_iso(), receipt_id))
+        except Exception as e:
+            self.home.log("receipt_outcome_lost", receipt=receipt_id, outcome=outcome, error=repr(e))
+
+
+def unsettled_reason(store) -> str:
+    """'' when the record ends at a settled seam, else why not."""
+    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    if not row or row[1] != "open":
+        # A tool call left unanswered inside a closed turn (an interrupt) is no reason to
+        # wait: Claude drops it on resume and the view pairs calls with results.
+        return ""
+    outstanding = store.db.execute(
+        "SELECT count(*) FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND NOT EXISTS "
+        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)",
+        (row[0],)).fetchone()[0]
+    if outstanding:
+        return (f"the transcript was left mid-turn: t{row[0]} has {outstanding} tool call(s) "
+                "still waiting for results")
+    return f"the transcript was left mid-turn (t{row[0]} is still open)"
+
+
+TERMINAL_TASK_STATUS = re.compile(r"<status>(completed|failed|killed|stopped)</status>")
+
+
+def open_background_work(store) -> list:
+    """Background items a swap would lose: launched, with no terminal evidence yet.
+
+    Background shell jobs, monitors, workflows and agents run inside (or are owned by)
+    the Claude process a swap replaces, and a pending ScheduleWakeup lives only in its
+    memory. Until cc-lhc carries them across, a seam with any of them open is skipped.
+    A launch opens an item; only a <task-notification> for that tool call with a
+    terminal status (or, for a wake-up, the wake-up firing) closes it.
+    """
+    db = store.db
+    calls = db.execute("SELECT c.seq, c.tool_name, c.tool_use_id, c.text FROM messages c "
+                       "WHERE c.kind = 'tool_call' AND c.tool_name IN "
+                       "('Bash', 'Agent', 'Task', 'Monitor', 'Workflow', 'ScheduleWakeup') "
+                       "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.kind = 'tool_result' "
+                       "AND r.tool_use_id = c.tool_use_id AND r.is_error = 1)").fetchall()
+    if not calls:
+        return []
+    notes = [(seq, text) for seq, text in db.execute(
+        "SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
+        "AND text LIKE '%<task-notification>%'")]
+    metas = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE kind = 'user_meta'")]
+    items = []
+    for seq, name, tool_use_id, text in calls:
+        try:
+            args = json.loads(text or "{}")
+        except ValueError:
+            args = {}
+        args = args if isinstance(args, dict) else {}
+        if name == "Bash" and not args.get("run_in_background"):
+            continue
+        if name in ("Agent", "Task") and args.get("run_in_background") is False:
+            continue
+        if name == "ScheduleWakeup":
+            if args.get("stop") or any(m > seq for m in metas):
+                continue
+        elif any(n > seq and f"<tool-use-id>{tool_use_id}</tool-use-id>" in note
+                 and TERMINAL_TASK_STATUS.search(note) for n, note in notes):
+            continue
+        items.append(f"{name} m{seq}")
+    return items
+
+
+@dataclasses.dataclass
+class PendingRebuild:
+    """A rebuilt session written but not yet accepted by Claude."""
+    session_id: str
+    from_session: str
+    path: str
+    prefix: int                  # bytes cc-lhc wrote; Claude accepting it writes past them
+    receipt: object = None       # the governor receipt this rebuild answers
+    descriptor: dict | None = None
+
+
+class Assessment:
+    """What `assess` found: the classification, its receipt, and whether to go on."""
+
+    def __init__(self, c, receipt, receipts, unsettled, reason):
+        self.c, self.receipt, self.receipts = c, receipt, receipts
+        self.unsettled = unsettled  # '' at a settled seam
+        self.reason = reason        # '' when Smart Compact should run now
+
+    @property
+    def go(self) -> bool:
+        return not self.reason
+
+    def outcome(self, text: str) -> None:
+        """Attach an outcome to this assessment's own receipt, never to another."""
+        self.receipts.outcome(self.receipt, text)
+
+
+def _already_rebuilt(home, prior) -> str:
+    """The rebuild an earlier reading of this observation made, if it still stands."""
+    m = re.match(r"^(?:scheduled|rebuilt):(\S+)", prior or "")
+    if not m:
+        return ""
+    row = Registry(home).db.execute("SELECT status FROM rebuilds WHERE session_id = ?",
+                              (m.group(1),)).fetchone()
+    return m.group(1) if row and row[0] in ("pending", "accepted") else ""
+
+
+def current_classification(store, session_id, policy, prompt_estimate=0):
+    """The governor's classification of a session now, and why its seam is unsettled ('')."""
+    reading = governor_reading(store, session_id, prompt_estimate)
+    unsettled = unsettled_reason(store)
+    return classify(reading, policy["upperBoundTokens"], not unsettled), unsettled
+
+
+def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimate=0,
+           manual=False, swap=False) -> Assessment:
+    """Read the pressure of a session, check its seam, classify and receipt it.
+
+    ``manual`` (the panel) runs below the trigger too, but never off a settled seam;
+    ``swap`` means the Claude process would be replaced, so background work it owns and
+    that cannot be carried makes the seam skip.
+    """
+    c, unsettled = current_classification(store, session_id, policy, prompt_estimate)
+    receipts = Receipts(hostdb, home)
+    receipt = receipts.classified(store, thread_id, session_id, c)
+    a = Assessment(c, receipt, receipts, unsettled, "")
+    if unsettled and (manual or c["state"] == STATE_OVER_OPEN):
+        a.reason = f"not at a settled seam ({unsettled})"
+        a.outcome("deferred: waits for a settled seam")
+        return a
+    if not manual and not c["would_mutate"]:
+        a.reason = "under the trigger" if c["pressure"] is not None else "no provider reading yet"
+        a.outcome("no_action")
+        return a
+    prior = receipts.prior_outcome(receipt)
+    done = _already_rebuilt(home, prior)
+    if done:
+        # A reading scheduled before a restart is not run twice: its rebuild still stands.
+        a.reason = f"this reading was already rebuilt as session {done}"
+        return a
+    if swap:
+        busy = open_background_work(store)
+        if busy:
+            # Nothing a swap could not carry is ever killed: keep the current session and
+            # decide again at the next seam.
+            a.reason = "background work is still running: " + ", ".join(busy)
+            a.outcome("skipped: background work open: " + ", ".join(busy))
+            home.log("handoff_skipped", reason="background work open", items=busy)
+    return a
+
+
+REBUILD_WRITE_ATTEMPTS = 3
+
+
+def write_rebuild(path: str, data: bytes) -> None:
+    """Write a rebuilt transcript, retrying a few times over a transient failure.
+
+    The bytes are the installed view, computed once; only the write is repeated. A file
+    already at the path is never overwritten (write_atomic refuses it).
+    """
+    import time
+    for attempt in range(1, REBUILD_WRITE_ATTEMPTS + 1):
+        try:
+            write_atomic(path, data)
+            return
+        except LhcError:
+            raise
+        except OSError:
+            if attempt == REBUILD_WRITE_ATTEMPTS:
+                raise
+            time.sleep(0.05 * attempt)
+
+
+def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelope_from=None,
+            assessment=None, session_id=None, projects_root=None, pending=True,
+            plan_view=None) -> PendingRebuild:
+    """Build the view, record it as pending, write it, and record its lineage.
+
+    ``pending=False`` is `rollout write`: the caller makes the session current at once.
+    ``plan_view`` replaces the Smart Compact view (Smart Prune passes its own).
+    """
+    new_sid = session_id or new_session_id()
+    plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, new_sid, cwd,
+                                       projects_root=projects_root, envelope_from=envelope_from)
+    if not pending:
+        if plan.view.empty:
+            raise usage_error(f"thread {thread_id} has nothing to put in a view yet")
+        if os.path.exists(plan.path):
+            raise usage_error(f"{plan.path} already exists")
+    registry = Registry(home)
+    if pending:
+        record_pending(registry, thread_id, from_session, plan, cwd)
+        if assessment is not None:
+            assessment.outcome(f"scheduled:{new_sid}")
+        failpoint("after-pending-record")
+    try:
+        write_rebuild(plan.path, plan.data)
+    except (OSError, LhcError) as e:
+        if pending:
+            abandon(home, registry, new_sid, f"its transcript could not be written: {e}")
+            if assessment is not None:
+                assessment.outcome(f"failed: write: {e}")
+        raise LhcError(f"the rebuilt session could not be written: {e}")
+    record_lineage(hostdb, new_sid, thread_id, plan.path, cwd, plan.data)
+    if pending:
+        failpoint("after-rollout-write")
+        if assessment is not None:
+            assessment.outcome(f"rebuilt:{new_sid}")
+    home.log("smart_compact_rebuilt" if pending else "rollout_written", thread=thread_id,
+             old_session=from_session, new_session=new_sid, path=plan.path, bytes=len(plan.data),
+             bands={b: len(plan.view.turns_in(b)) for b in BANDS + ("omitted",)})
+    return PendingRebuild(new_sid, from_session, plan.path, len(plan.data),
+                          assessment.receipt if assessment is not None else None)
+
+
+def record_pending(registry, thread_id, from_session, plan, cwd):
+    """Record the rebuild as not yet accepted, before its transcript exists."""
+    now = utc_now_iso()
+    with Tx(registry.db) as db:
+        db.execute("INSERT INTO rebuilds (session_id, thread_id, from_session, path, cwd, owner, status, "
+                   "created) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
+                   (plan.session_id, thread_id, from_session, plan.path, cwd,
+                    json.dumps(process_identity()), now))
+        db.execute("INSERT INTO aliases VALUES (?, ?, ?, 0, ?)",
+                   (session_alias(plan.session_id), thread_id, plan.session_id, now))
+
+
+def accept(home, thread_id, pending) -> bool:
+    """Advance the thread to the rebuilt session only if Claude was seen accepting it."""
+    registry, hostdb = Registry(home), HostDB(home)
+    failpoint("before-acceptance")
+    try:
+        accepted = os.path.getsize(pending.path) > pending.prefix
+    except OSError:
+        accepted = False
+    if not accepted:
+        abandon(home, registry, pending.session_id, "the new session never accepted the prompt")
+        say("the rebuilt session was not accepted; the thread stays on its previous session "
+            "and nothing was re-sent")
+        return False
+    failpoint("after-acceptance-before-alias")
+    try:
+        advance_current(registry, thread_id, pending.session_id)
+    except Exception as e:
+        # The swap happened; remember the pointer we meant to write and repair it at the
+        # next launch, touching only that exact predecessor.
+        with Tx(hostdb.db) as db:
+            db.execute("INSERT INTO pointer_repairs (thread_id, from_session, to_session, created) "
+                       "VALUES (?, ?, ?, ?)", (thread_id, pending.from_session,
+                                               pending.session_id, utc_now_iso()))
+        home.log("pointer_write_failed", thread=thread_id, error=repr(e))
+        return True
+    failpoint("after-alias-advance")
+    home.log("smart_compact_accepted", thread=thread_id, session=pending.session_id)
+    return True
+
+
+def abandon(home, registry, session_id, reason):
+    """Move an unused rebuilt transcript out of Claude's projects folder; returns where to."""
+    row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
+                              (session_id,)).fetchone()
+    if row is None:
+        return
+    path, cwd, thread_id = row
+    moved = None
+    if os.path.exists(path):
+        folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
+        moved = os.path.join(folder, os.path.basename(path))
+        move_file(path, moved)
+    with Tx(registry.db) as db:
+        db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
+                   (utc_now_iso(), session_id))
+    home.log("rebuild_abandoned", thread=thread_id, session=session_id, reason=reason, moved_to=moved)
+    return moved
+
+
+# == 13. Terminal relay ==========================================================
 
 
 class Relay:
@@ -3591,8 +3890,7 @@ class ControlPanel:
         session, capture = self.session, self.session.capture
         store = self._store()
         try:
-            reading = governor_reading(store, session.spec.session_id)
-            c = classify(reading, session.policy["upperBoundTokens"], not thread_settled(store))
+            c, _ = current_classification(store, session.spec.session_id, session.policy)
             degraded = store.source(capture.session_id) or {}
         finally:
             store.close()
@@ -3708,7 +4006,7 @@ class RawTerminal:
         return False
 
 
-# == 13. Hosts: interactive and one-shot =========================================
+# == 14. Hosts: interactive and one-shot =========================================
 
 
 def run_interactive(spec, home: StateHome) -> int:
@@ -4074,44 +4372,30 @@ class LiveHandoff:
             return f"it could not start: {e}"
 
     def _begin(self, relay, manual=False):
-        import time
         session, spec, home = self.session, self.session.spec, self.session.home
         capture = session.capture
         store = ThreadStore(home, capture.thread_id)
         try:
-            reading = governor_reading(store, spec.session_id)
-            not_settled = thread_settled(store)
-            c = classify(reading, session.policy["upperBoundTokens"], not not_settled)
-            if manual and not_settled:
-                return f"not at a settled seam ({not_settled}); try again when Claude is idle"
-            if not c["would_mutate"] and not manual:
-                return "under the trigger"  # the seam moved on before we got here
-            receipts = Receipts(session.hostdb, home)
-            receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
-            busy = open_background_work(store)
-            if busy:
-                # Nothing that could not be carried is ever killed by a swap: keep the
-                # current session and decide again at the next seam.
-                receipts.outcome(receipt, "skipped: background work open: " + ", ".join(busy))
-                home.log("handoff_skipped", reason="background work open", items=busy)
-                return "background work is still running: " + ", ".join(busy)
-            new_sid = new_session_id()
-            rebuild = plan_rebuild(home, store, capture.thread_id, session.policy, new_sid, spec.cwd,
-                                   envelope_from=capture.path)
+            a = assess(home, session.hostdb, store, capture.thread_id, spec.session_id, session.policy,
+                       manual=manual, swap=True)
+            if not a.go:
+                return a.reason
+            # From here Smart Compact owns the settled session: bytes bound for Claude are
+            # dropped (never buffered or replayed) until the switch or the failure says so.
+            relay.drop_input = True
+            relay.to_child.clear()
+            pending = rebuild(home, session.hostdb, store, capture.thread_id, spec.session_id,
+                              session.policy, spec.cwd, envelope_from=capture.path, assessment=a)
         finally:
             store.close()
-        relay.drop_input = True
-        relay.to_child.clear()
-        record_pending(Registry(home), capture.thread_id, spec.session_id, rebuild, spec.cwd)
-        write_atomic(rebuild.path, rebuild.data)
-        record_lineage(session.hostdb, new_sid, capture.thread_id, rebuild.path, spec.cwd, rebuild.data)
-        receipts.outcome(receipt, f"rebuilt:{new_sid}")
-        descriptor = create_descriptor(home, session.hostdb, capture.thread_id, new_sid)
-        self.pending = {"session_id": new_sid, "from_session": spec.session_id, "path": rebuild.path,
-                        "prefix": len(rebuild.data), "descriptor": descriptor}
-        self._spawn(relay, new_sid, descriptor, child_environment(spec))
+        pending.descriptor = create_descriptor(home, session.hostdb, capture.thread_id,
+                                               pending.session_id)
+        self.pending = pending
+        self._spawn(relay, pending.session_id, pending.descriptor, child_environment(spec))
         home.log("handoff_spawned", thread=capture.thread_id, old_session=spec.session_id,
-                 new_session=new_sid, candidate_pid=self.candidate.pid, argv=self.candidate_argv, **c)
+                 new_session=pending.session_id, candidate_pid=self.candidate.pid,
+                 argv=self.candidate_argv, **a.c)
+        failpoint("after-candidate-spawn")
 
     def _spawn(self, relay, session_id, descriptor, env) -> None:
         """Start `claude --resume <session_id>` off-route: its own PTY, nothing routed to it."""
@@ -4195,6 +4479,8 @@ class LiveHandoff:
         session, spec, home = self.session, self.session.spec, self.session.home
         new, pending = self.candidate, self.pending
         old_child, old_capture, old_descriptor = self.host.child, session.capture, session.descriptor
+        if not self.survival:
+            failpoint("before-switch")
         relay.remove_reader("candidate")
         relay.timeout = None
         relay.switch_master(new.fd)
@@ -4221,13 +4507,12 @@ class LiveHandoff:
         # capture generation and descriptor move with the routing
         lease = old_capture.lease
         old_capture.lease = None
-        spec.session_id = pending["session_id"]
-        spec.resume = pending["session_id"]
+        spec.session_id = spec.resume = pending.session_id
         fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,
-                            pending["session_id"], pending["path"])
+                            pending.session_id, pending.path)
         fresh.lease = lease
         fresh.request_handoff = old_capture.request_handoff
-        session.capture, session.descriptor = fresh, pending["descriptor"]
+        session.capture, session.descriptor = fresh, pending.descriptor
         self.candidate, self.pending = None, None
         finish_capture(old_capture, spec, home)
         fresh.start()
@@ -4236,6 +4521,7 @@ class LiveHandoff:
                  old_pid=old_child.pid, new_pid=new.pid)
         self._end_old(old_child)
         self.host.watch(new.pid)
+        failpoint("after-switch-before-accept")
         if self.continue_note:
             # The one automatic continuation after a too-long rejection, marked as such.
             # Enter follows a moment later: arriving with the text, Claude reads it as part
@@ -4246,8 +4532,8 @@ class LiveHandoff:
             session.continued, self.continue_note = True, None
             home.log("too_long_continued", session=spec.session_id)
         for waiting in [p for p in (session.pending, pending) if p]:
-            if os.path.getsize(waiting["path"]) > waiting["prefix"]:
-                settle_acceptance(home, fresh, waiting)
+            if os.path.getsize(waiting.path) > waiting.prefix:
+                accept(home, fresh.thread_id, waiting)
                 if waiting is session.pending:
                     session.pending = None
             else:
@@ -4270,8 +4556,9 @@ class LiveHandoff:
         if self.candidate is not None:
             _close_child(self.candidate)
         if self.pending:
-            remove_descriptor(home, self.session.hostdb, self.pending["descriptor"], "nonviable")
-            abandon_rebuild(home, Registry(home), self.pending["session_id"], why)
+            remove_descriptor(home, self.session.hostdb, self.pending.descriptor, "nonviable")
+            abandon(home, Registry(home), self.pending.session_id, why)
+            Receipts(self.session.hostdb, home).outcome(self.pending.receipt, f"failed: {why}")
         self.candidate, self.pending = None, None
         self.continue_note = None
         if self.survival:
@@ -4468,68 +4755,6 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
 CATCHUP_SECONDS = 10.0
 
 
-def thread_settled(store) -> str:
-    """'' when the record ends at a settled seam, else why not."""
-    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
-    if not row or row[1] != "open":
-        # A tool call left unanswered inside a closed turn (an interrupt) is no reason to
-        # wait: Claude drops it on resume and the view pairs calls with results.
-        return ""
-    outstanding = store.db.execute(
-        "SELECT count(*) FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND NOT EXISTS "
-        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)",
-        (row[0],)).fetchone()[0]
-    if outstanding:
-        return (f"the transcript was left mid-turn: t{row[0]} has {outstanding} tool call(s) "
-                "still waiting for results")
-    return f"the transcript was left mid-turn (t{row[0]} is still open)"
-
-
-TERMINAL_TASK_STATUS = re.compile(r"<status>(completed|failed|killed|stopped)</status>")
-
-
-def open_background_work(store) -> list:
-    """Background items a swap would lose: launched, with no terminal evidence yet.
-
-    Background shell jobs, monitors, workflows and agents run inside (or are owned by)
-    the Claude process a swap replaces, and a pending ScheduleWakeup lives only in its
-    memory. Until cc-lhc carries them across, a seam with any of them open is skipped.
-    A launch opens an item; only a <task-notification> for that tool call with a
-    terminal status (or, for a wake-up, the wake-up firing) closes it.
-    """
-    db = store.db
-    calls = db.execute("SELECT c.seq, c.tool_name, c.tool_use_id, c.text FROM messages c "
-                       "WHERE c.kind = 'tool_call' AND c.tool_name IN "
-                       "('Bash', 'Agent', 'Task', 'Monitor', 'Workflow', 'ScheduleWakeup') "
-                       "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.kind = 'tool_result' "
-                       "AND r.tool_use_id = c.tool_use_id AND r.is_error = 1)").fetchall()
-    if not calls:
-        return []
-    notes = [(seq, text) for seq, text in db.execute(
-        "SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
-        "AND text LIKE '%<task-notification>%'")]
-    metas = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE kind = 'user_meta'")]
-    items = []
-    for seq, name, tool_use_id, text in calls:
-        try:
-            args = json.loads(text or "{}")
-        except ValueError:
-            args = {}
-        args = args if isinstance(args, dict) else {}
-        if name == "Bash" and not args.get("run_in_background"):
-            continue
-        if name in ("Agent", "Task") and args.get("run_in_background") is False:
-            continue
-        if name == "ScheduleWakeup":
-            if args.get("stop") or any(m > seq for m in metas):
-                continue
-        elif any(n > seq and f"<tool-use-id>{tool_use_id}</tool-use-id>" in note
-                 and TERMINAL_TASK_STATUS.search(note) for n, note in notes):
-            continue
-        items.append(f"{name} m{seq}")
-    return items
-
-
 def prompt_estimate(spec) -> int:
     """LHC estimate of the prompt a one-shot is about to send (its argv text)."""
     return estimate_tokens(" ".join(spec.positionals))
@@ -4541,92 +4766,39 @@ def smart_compact_before_launch(spec, home, policy, capture):
     A one-shot seat always works this way. An interactive --resume does too: with no
     child running yet there is nothing to hand off, so the rebuilt session is simply
     the one Claude opens. Returns the Capture for the session Claude will run on (a new
-    one after a rebuild) and the pending rebuild, if any.
+    one after a rebuild) and the PendingRebuild, if any.
     """
     import time
-    registry, hostdb = Registry(home), HostDB(home)
+    hostdb = HostDB(home)
     capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
-    store = capture.store
     if not capture.caught_up:
         say("context check skipped: capture is still catching up with the transcript; "
             "Smart Compact will run on the next invocation if needed")
         return capture, None
-    not_settled = thread_settled(store)
-    reading = governor_reading(store, spec.session_id, prompt_estimate(spec))
-    c = classify(reading, policy["upperBoundTokens"], not not_settled)
-    receipts = Receipts(hostdb, home)
-    receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
-    home.log("governor", thread=capture.thread_id, session=spec.session_id, **c)
-    if c["state"] == STATE_OVER_OPEN:
-        say(f"over the trigger but not at a settled seam ({not_settled}); "
-            "launching on the current session, Smart Compact runs on the next invocation")
-    if not c["would_mutate"]:
-        receipts.outcome(receipt, "no_action")
+    a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
+               prompt_estimate=prompt_estimate(spec))
+    home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
+    if not a.go:
+        if a.c["state"] == STATE_OVER_OPEN:
+            say(f"over the trigger but {a.reason}; launching on the current session, "
+                "Smart Compact runs on the next invocation")
         return capture, None
-    say(f"Smart Compact: {describe_reading(c)}")
-    new_sid = new_session_id()
-    rebuild = plan_rebuild(home, store, capture.thread_id, policy, new_sid, spec.cwd,
-                           envelope_from=capture.path)
-    record_pending(registry, capture.thread_id, spec.session_id, rebuild, spec.cwd)
-    failpoint("after-pending-record")
-    write_atomic(rebuild.path, rebuild.data)
-    record_lineage(hostdb, new_sid, capture.thread_id, rebuild.path, spec.cwd, rebuild.data)
-    failpoint("after-rollout-write")
-    receipts.outcome(receipt, f"rebuilt:{new_sid}")
-    home.log("smart_compact_rebuilt", thread=capture.thread_id, old_session=spec.session_id,
-             new_session=new_sid, bytes=len(rebuild.data),
-             bands={b: len(rebuild.view.turns_in(b)) for b in BANDS + ("omitted",)})
+    say(f"Smart Compact: {describe_reading(a.c)}")
+    try:
+        pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
+                          spec.cwd, envelope_from=capture.path, assessment=a)
+    except LhcError as e:
+        # The session Claude was on is still whole: launch on it rather than not at all.
+        say(f"{e}; launching on the current session")
+        return capture, None
     lease = capture.lease
     capture.lease = None
     capture.stop()
-    old_session = spec.session_id
-    _resume_session(spec, new_sid)
-    fresh = new_capture(spec, home, policy, hostdb, capture.thread_id, new_sid, rebuild.path)
+    _resume_session(spec, pending.session_id)
+    fresh = new_capture(spec, home, policy, hostdb, capture.thread_id, pending.session_id,
+                        pending.path)
     fresh.lease = lease
-    return fresh, {"session_id": new_sid, "from_session": old_session, "path": rebuild.path,
-                   "prefix": len(rebuild.data), "receipt": receipt}
-
-
-def record_pending(registry, thread_id, from_session, rebuild, cwd):
-    """Record the rebuild as not yet accepted, before its transcript exists."""
-    now = utc_now_iso()
-    with Tx(registry.db) as db:
-        db.execute("INSERT INTO rebuilds (session_id, thread_id, from_session, path, cwd, owner, status, "
-                   "created) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
-                   (rebuild.session_id, thread_id, from_session, rebuild.path, cwd,
-                    json.dumps(process_identity()), now))
-        db.execute("INSERT INTO aliases VALUES (?, ?, ?, 0, ?)",
-                   (session_alias(rebuild.session_id), thread_id, rebuild.session_id, now))
-
-
-def settle_acceptance(home, capture, pending) -> bool:
-    """Advance the thread to the rebuilt session only if Claude was seen accepting it."""
-    registry, hostdb = Registry(home), HostDB(home)
-    failpoint("before-acceptance")
-    try:
-        accepted = os.path.getsize(pending["path"]) > pending["prefix"]
-    except OSError:
-        accepted = False
-    if not accepted:
-        abandon_rebuild(home, registry, pending["session_id"], "the new session never accepted the prompt")
-        say("the rebuilt session was not accepted; the thread stays on its previous session "
-            "and nothing was re-sent")
-        return False
-    failpoint("after-acceptance-before-alias")
-    try:
-        advance_current(registry, capture.thread_id, pending["session_id"])
-    except Exception as e:
-        # The swap happened; remember the pointer we meant to write and repair it at the
-        # next launch, touching only that exact predecessor.
-        with Tx(hostdb.db) as db:
-            db.execute("INSERT INTO pointer_repairs (thread_id, from_session, to_session, created) "
-                       "VALUES (?, ?, ?, ?)", (capture.thread_id, pending["from_session"],
-                                               pending["session_id"], utc_now_iso()))
-        home.log("pointer_write_failed", thread=capture.thread_id, error=repr(e))
-        return True
-    failpoint("after-alias-advance")
-    home.log("smart_compact_accepted", thread=capture.thread_id, session=pending["session_id"])
-    return True
+    return fresh, pending
 
 
 def _cwd_threads(registry, hostdb, cwd):
@@ -4720,7 +4892,7 @@ def pick_thread_session(spec, registry, hostdb):
     return listed[int(answer) - 1][0]
 
 
-# == 14. Recovery at launch ======================================================
+# == 15. Recovery at launch ======================================================
 
 
 REBUILT_MARKER = "[cc-lhc] This conversation was rebuilt by Smart Compact"
@@ -4750,25 +4922,6 @@ def move_file(src: str, dst: str) -> None:
         shutil.move(src, dst)
 
 
-def abandon_rebuild(home, registry, session_id, reason):
-    """Move an unused rebuilt transcript out of Claude's projects folder; returns where to."""
-    row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
-                              (session_id,)).fetchone()
-    if row is None:
-        return
-    path, cwd, thread_id = row
-    moved = None
-    if os.path.exists(path):
-        folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
-        moved = os.path.join(folder, os.path.basename(path))
-        move_file(path, moved)
-    with Tx(registry.db) as db:
-        db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
-                   (utc_now_iso(), session_id))
-    home.log("rebuild_abandoned", thread=thread_id, session=session_id, reason=reason, moved_to=moved)
-    return moved
-
-
 def recover_thread(home, registry, hostdb, thread_id) -> None:
     """Under the thread's lease: settle what a crash left behind."""
     # Accepted swaps whose pointer could not be written come first: their rebuild is
@@ -4787,7 +4940,7 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
         if owner_alive(owner):
             continue
         keep_what_it_holds(home, hostdb, thread_id, session_id, path)
-        moved = abandon_rebuild(home, registry, session_id, "its Smart Compact was interrupted")
+        moved = abandon(home, registry, session_id, "its Smart Compact was interrupted")
         say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
             "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else ""))
     import shutil
@@ -4990,7 +5143,7 @@ def repair_torn_tail(path: str, home, session_id: str):
     return "trimmed"
 
 
-# == 15. Commands, argument parsing, main ========================================
+# == 16. Commands, argument parsing, main ========================================
 
 # Claude options and how their values are written, so the wrapper can find the
 # session selectors and the print flag without guessing where a value ends.
@@ -5401,7 +5554,7 @@ class ManagedSession:
                 report_pressure_at_exit(capture, spec, home, self.policy)
             if self.pending:
                 try:
-                    settle_acceptance(home, capture, self.pending)
+                    accept(home, capture.thread_id, self.pending)
                 except Exception as e:  # Claude's own status must still come back
                     say(f"could not settle the rebuilt session ({e}); it stays pending and "
                         "the next launch of this thread settles it")
@@ -5468,26 +5621,21 @@ def classify_live(capture, home, policy) -> dict:
     trigger, or after the API rejected a turn as too long, it asks the host for a live
     handoff; the host decides on its own thread.
     """
-    store = capture.store
-    reading = governor_reading(store, capture.session_id)
-    c = classify(reading, policy["upperBoundTokens"], not thread_settled(store))
     if capture.hostdb is None:
         capture.hostdb = HostDB(home)
-    receipts = Receipts(capture.hostdb, home)
-    receipt = receipts.classified(store, capture.thread_id, capture.session_id, c)
-    rejected = rejected_too_long(store)
+    a = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id, policy)
+    rejected = rejected_too_long(capture.store)
     if rejected is not None and capture.request_handoff is not None:
-        receipts.outcome(receipt, "too-long rejection: live handoff requested")
+        a.outcome("too-long rejection: live handoff requested")
         home.log("too_long_rejection", thread=capture.thread_id, turn=rejected[0], ran=rejected[1])
         capture.request_handoff(too_long=rejected)
-    elif c["would_mutate"] and capture.request_handoff is not None:
-        receipts.outcome(receipt, "live handoff requested")
-        home.log("governor", thread=capture.thread_id, session=capture.session_id, **c)
+    elif a.go and capture.request_handoff is not None:
+        a.outcome("live handoff requested")
+        home.log("governor", thread=capture.thread_id, session=capture.session_id, **a.c)
         capture.request_handoff()
-    elif c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
-        receipts.outcome(receipt, "deferred: waits for a settled seam")
-        home.log("governor", thread=capture.thread_id, session=capture.session_id, **c)
-    return c
+    elif a.c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
+        home.log("governor", thread=capture.thread_id, session=capture.session_id, **a.c)
+    return a.c
 
 
 def report_pressure_at_exit(capture, spec, home, policy) -> None:
@@ -5500,17 +5648,15 @@ def report_pressure_at_exit(capture, spec, home, policy) -> None:
     try:
         store = ThreadStore(home, capture.thread_id)
         try:
-            reading = governor_reading(store, spec.session_id)
-            c = classify(reading, policy["upperBoundTokens"], not thread_settled(store))
-            receipts = Receipts(HostDB(home), home)
-            receipt = receipts.classified(store, capture.thread_id, spec.session_id, c)
+            a = assess(home, HostDB(home), store, capture.thread_id, spec.session_id, policy)
         finally:
             store.close()
     except LhcError as e:
         home.log("exit_reading_failed", thread=capture.thread_id, error=str(e))
         return
+    c = a.c
     if c["pressure"] is not None and c["pressure"] >= c["trigger"]:
-        receipts.outcome(receipt, "deferred: runs before the next resume")
+        a.outcome("deferred: runs before the next resume")
         say(f"this session ended over the Smart Compact trigger ({describe_reading(c)}); "
             f"`cc-lhc --resume {spec.session_id}` rebuilds it before Claude starts")
 
@@ -5892,20 +6038,13 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
     policy = load_policy(cwd, {})
     store = ThreadStore(home, thread_id)
     try:
-        rebuild = plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root,
-                               envelope_from)
+        written = rebuild(home, hostdb, store, thread_id, registry.current_session(thread_id),
+                          policy, cwd, envelope_from=envelope_from, session_id=session_id,
+                          projects_root=projects_root, pending=False)
     finally:
         store.close()
-    if rebuild.view.empty:
-        raise usage_error(f"thread {thread_id} has nothing to put in a view yet")
-    if os.path.exists(rebuild.path):
-        raise usage_error(f"{rebuild.path} already exists")
-    write_atomic(rebuild.path, rebuild.data)
-    record_lineage(hostdb, session_id, thread_id, rebuild.path, cwd, rebuild.data)
     registry.add_alias(session_id, thread_id, current=True)
-    home.log("rollout_written", thread=thread_id, session=session_id, path=rebuild.path,
-             bytes=len(rebuild.data))
-    return rebuild
+    return written
 
 
 def cmd_rollout(args) -> int:
@@ -5933,11 +6072,11 @@ def cmd_rollout(args) -> int:
     lease = Lease(home, thread_id)
     lease.acquire()
     try:
-        rebuild = _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd,
+        written = _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd,
                                       projects_root, envelope_from)
     finally:
         lease.release()
-    print(rebuild.path)
+    print(written.path)
     return EXIT_OK
 
 
