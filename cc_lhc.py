@@ -61,6 +61,11 @@ MSG_CONFIG_FALLBACK = (
     "Please fix or update the configuration."
 )
 
+# --no-session-persistence leaves no transcript: the launch runs, but outside cc-lhc's care.
+MSG_UNGOVERNED = ("--no-session-persistence: Claude keeps no transcript, so cc-lhc cannot capture "
+                  "or Smart Compact this session; it runs unmanaged, with Claude's own "
+                  "compaction left on")
+
 # Claude Code subcommands: a launch naming one of these is not a session, so it is
 # passed through untouched (no session id, no capture). `doctor` is ours.
 CLAUDE_SUBCOMMANDS = frozenset(
@@ -2700,8 +2705,8 @@ def outside_environment() -> dict:
 def child_environment(spec) -> dict:
     """The environment every managed Claude child gets."""
     env = outside_environment()
-    env.update(getattr(spec, "extra_env", {}))
-    if not spec.autocompact:
+    env.update(spec.extra_env)
+    if not spec.autocompact and spec.governed:
         # Claude native Compact would replace the conversation with a summary behind our
         # back; Smart Compact does this job losslessly instead.
         env["DISABLE_AUTO_COMPACT"] = "1"
@@ -4065,7 +4070,7 @@ class InteractiveHost:
                       get_size=lambda: terminal_size(self.out_fd),
                       set_child_size=lambda rows, cols: self.child.setwinsize(rows, cols),
                       on_signal=on_signal)
-        session = getattr(spec, "session", None)
+        session = spec.session
         handoff = None
         if session is not None and session.control_r is not None:
             handoff = LiveHandoff(session, self)
@@ -4660,6 +4665,10 @@ def attach_thread(spec, home, policy):
     settled before anything else touches it.
     """
     if spec.found.get("no_persistence"):
+        # No transcript means nothing to capture or rebuild from, so cc-lhc must not also
+        # switch off Claude's own compaction: the session would then have none at all.
+        spec.governed = False
+        say(MSG_UNGOVERNED)
         home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript")
         return None
     registry, hostdb = Registry(home), HostDB(home)
@@ -5190,6 +5199,8 @@ class LaunchSpec:
         self.found = {}               # what scan_claude_args saw
         self.extra_env = {}           # added to the child's environment
         self.after_spawn = None       # called once the child exists (failpoints)
+        self.session = None           # the ManagedSession around the child, once there is one
+        self.governed = True          # False when Claude keeps no transcript to capture
 
 
 def scan_claude_args(args):

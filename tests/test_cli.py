@@ -393,6 +393,17 @@ def test_auto_compact_disabled_unless_user_asks(fake_claude, args, disabled):
         assert "--autocompact" in " ".join(launch["argv"])  # passed through unchanged
 
 
+@pytest.mark.parametrize("args", [["--no-session-persistence", "-p", "hi"], ["--no-session-persistence"]])
+def test_no_session_persistence_runs_unmanaged_with_claude_compaction_on(fake_claude, args):
+    """No transcript: nothing to capture or rebuild, so Claude's own compaction stays on."""
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    launch = only_launch(fake_claude)
+    assert "DISABLE_AUTO_COMPACT" not in launch["env"]
+    assert cc_lhc.MSG_UNGOVERNED in err(p) and err(p).count(cc_lhc.MSG_UNGOVERNED) == 1
+    assert "--no-session-persistence" in launch["argv"]
+
+
 # -- exit statuses ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("code", [0, 1, 3, 42])

@@ -67,6 +67,17 @@ def test_oneshot_json_is_what_claude_prints(real_claude):
     assert f"{ours['session_id']}.jsonl" in [p.name for p in real_claude.transcripts()]
 
 
+def test_no_session_persistence_runs_unmanaged(real_claude):
+    """The real CLI writes no transcript here: cc-lhc says so once and keeps no thread."""
+    p = real_claude.run_lhc("--no-session-persistence", "-p", "hello", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["result"] == DEFAULT_TEXT
+    assert "cannot capture" in p.stderr and "Traceback" not in p.stderr
+    assert real_claude.transcripts() == []
+    listed = real_claude.run_lhc("threads", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout or "[]") == []
+
+
 def test_oneshot_api_error_exit_status_passes_through(real_claude):
     # The CLI retries a 400 a few times, then reports it and exits 1.
     real_claude.api.responder = lambda body: error_reply(400, "invalid request from the fake API")
