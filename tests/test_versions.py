@@ -195,3 +195,72 @@ def test_live_capture_picks_up_a_subagent_file_that_appears_later(tmp_path):
         store.close()
     finally:
         cap.stop()
+
+
+# -- with the real CLI ---------------------------------------------------------------------------
+
+def _ok(p):
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    return p
+
+
+def test_real_cli_resumes_a_smart_compacted_2_1_39_session(real_claude):
+    """A 2.1.39 session over the trigger (its last response says stop_reason null, then
+    the turn's system records) is rebuilt before the one-shot, and the real CLI accepts
+    the rebuilt session."""
+    from fakeapi import text_reply
+    rc = real_claude
+    sid = SESSIONS["2.1.39"]
+    rc.project_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(VERSIONS / "2.1.39" / sid, rc.project_dir / sid)
+    lines = [json.dumps(dict(r, cwd=str(rc.cwd)) if "cwd" in r else r)
+             for r in records(VERSIONS / "2.1.39" / f"{sid}.jsonl")]
+    (rc.project_dir / f"{sid}.jsonl").write_text("\n".join(lines) + "\n")
+    rc.api.responder = lambda body: text_reply("answered after the rebuild")
+    p = _ok(rc.run_lhc("--resume", sid, "-p", "next", timeout=120))
+    assert "answered after the rebuild" in p.stdout
+    assert "Smart Compact" in p.stderr and "not at a settled seam" not in p.stderr, p.stderr
+    [sent] = rc.api.message_requests
+    assert sent["session_id"] != sid
+    first = sent["body"]["messages"][0]["content"]
+    first = first if isinstance(first, str) else first[0].get("text", "")
+    assert first.startswith(cc_lhc.REBUILT_MARKER)
+    assert "store bug is fixed" in json.dumps(sent["body"]["messages"])
+
+
+def test_real_cli_subagent_records_reach_the_thread(real_claude):
+    """The real CLI 2.1.328 runs an Agent call against the fake API; the agent writes its
+    own subagents/agent-<id>.jsonl, and every record of it is in the thread, linked to the
+    call."""
+    from fakeapi import text_reply, tool_use_reply
+    rc = real_claude
+    needle = "agent-reply-needle-328"
+
+    def reply(body):
+        first = json.dumps(body["messages"][0])
+        if "look around please" in first and "spawn" not in first:   # the agent's own requests
+            return text_reply(f"the agent saw things ({needle})")
+        if any(b.get("type") == "tool_result" for m in body["messages"] if m["role"] == "user"
+               and isinstance(m["content"], list) for b in m["content"]):
+            return text_reply("main done")
+        return tool_use_reply("Agent", {"description": "look around", "prompt": "look around please",
+                                        "subagent_type": "general-purpose",
+                                        "run_in_background": False})
+
+    rc.api.responder = reply
+    p = _ok(rc.run_lhc("-p", "spawn an agent", "--allowedTools", "Agent", "--output-format", "json",
+                       timeout=120))
+    sid = json.loads(p.stdout)["session_id"]
+    [agent_file] = list((rc.project_dir / sid / "subagents").glob("agent-*.jsonl"))
+    uuids = {r["uuid"] for r in records(agent_file) if r.get("uuid")}
+    conversational = {r["uuid"] for r in records(agent_file) if r.get("type") in ("user", "assistant")}
+    [thread] = json.loads(_ok(rc.run_lhc("threads", "--json")).stdout)
+    exported = json.loads(_ok(rc.run_lhc("export", thread["id"], "--format", "json")).stdout)
+    in_thread = {m["source_uuid"] for m in exported if m.get("agent")}
+    assert conversational <= in_thread <= uuids
+    agent_id = agent_file.stem[len("agent-"):]
+    marked = [m for m in exported if m.get("agent")]
+    assert {m["agent"]["id"] for m in marked} == {agent_id}
+    call = next(m for m in exported if m["kind"] == "tool_call" and m["tool"] == "Agent")
+    assert all(m["agent"]["tool_use_id"] == call["tool_use_id"] for m in marked)
+    assert any(needle in (m.get("text") or "") for m in marked)
