@@ -390,7 +390,7 @@ def load_policy(cwd: str, flag_values: dict) -> Policy:
 
 # Bumped whenever the mapping from transcript lines to canonical records changes;
 # every source row records the version that read it.
-PARSER_VERSION = 1
+PARSER_VERSION = 2
 
 # Record types Claude Code writes for its own bookkeeping. They are counted, never
 # parsed into the record, and never an error. Unknown types are treated the same way.
@@ -401,11 +401,17 @@ BOOKKEEPING_TYPES = frozenset((
 ))
 TERMINAL_STOP_REASONS = frozenset(("end_turn", "stop_sequence", "max_tokens", "refusal",
                                    "pause_turn", "model_context_window_exceeded"))
+# System records Claude Code writes once a turn is over. Versions that wrote a response's
+# records before its stream ended (2.1.39 and earlier) leave stop_reason null on every one
+# of them, so these are the only end-of-turn evidence they give.
+TURN_END_SUBTYPES = frozenset(("turn_duration", "stop_hook_summary"))
+# Tools whose call starts an agent that writes its own records (a sidechain).
+AGENT_TOOLS = ("Agent", "Task")
 
 # Column order of a message row; the store inserts these tuples as they come.
 MESSAGE_COLUMNS = ("seq", "turn", "segment", "role", "kind", "text", "data", "tool_use_id",
                    "tool_name", "is_error", "response_id", "model", "source_session",
-                   "source_uuid", "block", "line", "created")
+                   "source_uuid", "block", "line", "created", "agent")
 
 
 def flatten_tool_output(content) -> str:
@@ -447,6 +453,14 @@ class ParseState:
         # Code copies the final stop_reason onto every record of a response, so the first
         # block already looks terminal and the response's later blocks must rejoin the turn.
         self.closed_response = None  # (response_id, turn, segment, segment_first, segment_bytes)
+        # The newest main-chain response ended with stop_reason null and asked for no tool:
+        # in a version that writes null, a prompt after it starts a new turn, it does not
+        # interrupt one.
+        self.unasked = False
+        self.turn_first = None       # first seq of the open turn
+        self.last_seq = None         # newest main-chain message
+        self.sidechains = {}         # uuid of a sidechain record -> the agent it belongs to
+        self.agent_calls = {}        # agent -> {tool_use_id: seq} of its unanswered calls
 
 
 class ParseOutput:
@@ -462,6 +476,7 @@ class ParseOutput:
         self.problems = []       # (session, line, offset, kind, detail)
         self.telemetry = {}      # type -> [count, bytes]
         self.events = []         # ("native_compact", turn) and similar, for the host to report
+        self.agents = []         # (agent_id, source, kind, tool_use_id, prompt) seen or linked
 
 
 class RolloutParser:
@@ -470,13 +485,21 @@ class RolloutParser:
     One instance reads one session's lines in order into one thread. ``segment_soft_bytes``
     is the size at which a long open turn is closed into a segment at the next safe
     place (a tool result with no call outstanding).
+
+    With ``agent`` set it reads a subagent's own file: its records become messages tagged
+    with the agent, attached to ``agent_turn`` (the turn of the call that started it),
+    outside every turn's segments, and they never open or close a turn.
     """
 
-    def __init__(self, session_id: str, state: ParseState, segment_soft_bytes: int):
+    def __init__(self, session_id: str, state: ParseState, segment_soft_bytes: int,
+                 agent=None, agent_turn=0):
         self.session = session_id
         self.s = state
         self.soft = segment_soft_bytes
         self.out = ParseOutput()
+        self.agent = agent
+        self.agent_turn = agent_turn
+        self.usage_session = session_id
 
     def take(self) -> ParseOutput:
         out, self.out = self.out, ParseOutput()
@@ -536,10 +559,16 @@ class RolloutParser:
                                       f"record {uid} names parent {parent}, never seen in this session"))
         self.s.known_uuids.add(uid)
         self.out.chain.append((self.session, uid))
-        if rec.get("isSidechain"):
-            self._count("sidechain", size)
-        elif rtype == "user":
-            self.s.closed_response = None
+        if rec.get("isSidechain") and self.agent is None:
+            self._sidechain(rec, rtype, size, line_no, offset)
+        else:
+            self._dispatch(rec, rtype, size, line_no, offset)
+
+    def _dispatch(self, rec, rtype, size, line_no, offset):
+        if rtype == "user":
+            if self.agent is None:
+                self.s.closed_response = None
+            self._link_agents(rec)
             self._user(rec, line_no, offset)
         elif rtype == "assistant":
             self._assistant(rec, line_no)
@@ -547,7 +576,64 @@ class RolloutParser:
             label = rtype if rtype != "system" else f"system/{rec.get('subtype')}"
             if rtype == "attachment":
                 label = f"attachment/{(rec.get('attachment') or {}).get('type')}"
+            elif rtype == "progress":
+                data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+                label = f"progress/{data.get('type')}"
+                self._link(data.get("agentId"), rec.get("parentToolUseID"))
+            elif rtype == "system" and rec.get("subtype") in TURN_END_SUBTYPES and self.agent is None:
+                self._turn_ended(rec)
             self._count(label, size)
+
+    # -- agents ------------------------------------------------------------------
+
+    def _link(self, agent_id, tool_use_id):
+        """Record that the call tool_use_id started agent_id (either may be unknown)."""
+        _require_text(agent_id, tool_use_id)
+        if agent_id and tool_use_id:
+            self.out.agents.append((agent_id, None, None, tool_use_id, None))
+
+    def _link_agents(self, rec):
+        """A tool result of an agent call names the agent it started (2.x)."""
+        result = rec.get("toolUseResult")
+        if not isinstance(result, dict) or not result.get("agentId"):
+            return
+        content = (rec.get("message") or {}).get("content")
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                self._link(result.get("agentId"), block.get("tool_use_id"))
+
+    def _sidechain(self, rec, rtype, size, line_no, offset):
+        """A subagent's record written into the main transcript (the Task tool of 1.0.x).
+
+        Its chain starts at a record with no known parent; every record that descends
+        from it belongs to the same agent. The agent is linked to its call later, by
+        the prompt it was given (those versions wrote no other link).
+        """
+        s = self.s
+        uid = rec["uuid"]
+        agent = rec.get("agentId") or s.sidechains.get(rec.get("parentUuid"))
+        _require_text(agent)
+        if agent is None:
+            agent = f"sidechain-{uid}"
+            content = (rec.get("message") or {}).get("content")
+            prompt = content if isinstance(content, str) else None
+            self.out.agents.append((agent, self.session, "sidechain", None, prompt))
+        elif rec.get("agentId") and agent not in s.sidechains:
+            s.sidechains[agent] = agent  # an agent id names itself, so it is announced once
+            self.out.agents.append((agent, self.session, "sidechain", None, None))
+        s.sidechains[uid] = agent
+        self.agent, self.usage_session = agent, f"{self.session}/{agent}"
+        self.agent_turn = s.open_turn if s.open_turn is not None else max(0, s.next_turn - 1)
+        try:
+            self._dispatch(rec, rtype, size, line_no, offset)
+        finally:
+            self.agent, self.usage_session = None, self.session
+
+    def _calls(self):
+        """Unanswered tool calls of whoever is speaking: the main chain or one agent."""
+        if self.agent is None:
+            return self.s.outstanding
+        return self.s.agent_calls.setdefault(self.agent, {})
 
     def _count(self, rtype, size):
         slot = self.out.telemetry.setdefault(str(rtype), [0, 0])
@@ -557,11 +643,18 @@ class RolloutParser:
     # -- turns and segments ----------------------------------------------------
 
     def _open_turn(self, kind, seq, created):
+        if self.agent is not None:
+            return None
         if self.s.open_turn is not None:
-            self._close_turn(seq - 1, "interrupted", None, created)
+            # A response that asked for nothing, in a version that left stop_reason null,
+            # ended its turn; otherwise the prompt cut the turn short.
+            status, why = ("closed", "next_prompt") if self.s.unasked else ("interrupted", None)
+            self._close_turn(self.s.last_seq if self.s.last_seq is not None else seq - 1,
+                             status, why, created)
         n = self.s.next_turn
         self.s.next_turn += 1
         self.s.open_turn = n
+        self.s.turn_first, self.s.unasked = seq, False
         self.s.segment, self.s.segment_first, self.s.segment_bytes = 0, seq, 0
         self.out.turns_opened.append((n, kind, seq, self.session, created))
         return n
@@ -575,7 +668,7 @@ class RolloutParser:
         s.segment_first, s.segment_bytes = None, 0
 
     def _close_turn(self, last_seq, status, stop_reason, ended):
-        if self.s.open_turn is None:
+        if self.s.open_turn is None or self.agent is not None:
             return
         self._close_segment(last_seq, "terminal" if status == "closed" else status)
         self.out.turns_closed.append((self.s.open_turn, last_seq, status, stop_reason, ended))
@@ -587,6 +680,13 @@ class RolloutParser:
         s = self.s
         seq = s.next_seq
         s.next_seq += 1
+        if self.agent is not None:
+            self.out.messages.append((seq, self.agent_turn, -1, role, kind, text, data, tool_use_id,
+                                      tool_name, is_error, response_id, model, self.session,
+                                      rec.get("uuid"), block, line_no, rec.get("timestamp"),
+                                      self.agent))
+            return seq
+        s.last_seq = seq
         if s.open_turn is None:
             self._open_turn("continuation", seq, rec.get("timestamp"))
         if s.segment_first is None:
@@ -595,8 +695,19 @@ class RolloutParser:
         self.out.messages.append((seq, s.open_turn, s.segment, role, kind, text, data,
                                   tool_use_id, tool_name, is_error, response_id, model,
                                   self.session, rec.get("uuid"), block, line_no,
-                                  rec.get("timestamp")))
+                                  rec.get("timestamp"), None))
         return seq
+
+    def _turn_ended(self, rec):
+        """A system record saying the turn is over closes it, unless a call still waits."""
+        s = self.s
+        if s.open_turn is None or s.last_seq is None:
+            return
+        first = s.turn_first if s.turn_first is not None else 0
+        if any(seq >= first for seq in s.outstanding.values()):
+            return
+        s.closed_response, s.unasked = None, False
+        self._close_turn(s.last_seq, "closed", rec.get("subtype"), rec.get("timestamp"))
 
     # -- record kinds ----------------------------------------------------------
 
@@ -604,7 +715,7 @@ class RolloutParser:
         message = rec.get("message") or {}
         content = message.get("content")
         created = rec.get("timestamp")
-        if rec.get("isCompactSummary"):
+        if rec.get("isCompactSummary") and self.agent is None:
             seq = self.s.next_seq
             self._open_turn("compact_summary", seq, created)
             text = content if isinstance(content, str) else flatten_tool_output(content)
@@ -626,16 +737,17 @@ class RolloutParser:
             btype = block.get("type")
             if btype == "tool_result":
                 tid = block.get("tool_use_id")
-                if tid in self.s.outstanding:
-                    del self.s.outstanding[tid]
+                calls = self._calls()
+                if tid in calls:
+                    del calls[tid]
                 else:
                     self.out.problems.append((self.session, line_no, offset, "tool_result_without_call",
                                               f"tool result for {tid} has no tool call in this thread"))
                 seq = self._message("user", "tool_result", flatten_tool_output(block.get("content")),
                                     _dump(block), rec, i, line_no, tool_use_id=tid,
                                     is_error=1 if block.get("is_error") else 0)
-                if (not self.s.outstanding and self.s.segment_bytes >= self.soft
-                        and self.s.open_turn is not None):
+                if (self.agent is None and not self.s.outstanding
+                        and self.s.segment_bytes >= self.soft and self.s.open_turn is not None):
                     self._close_segment(seq, "soft_size")
             elif btype == "text":
                 kind = "user_meta" if rec.get("isMeta") else "user_text"
@@ -651,9 +763,11 @@ class RolloutParser:
         blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
         created = rec.get("timestamp")
         s = self.s
-        if s.open_turn is None and s.closed_response and s.closed_response[0] == response_id:
+        main = self.agent is None
+        if main and s.open_turn is None and s.closed_response and s.closed_response[0] == response_id:
             _rid, s.open_turn, s.segment, s.segment_first, s.segment_bytes = s.closed_response
-        s.closed_response = None
+        if main:
+            s.closed_response = None
         last = None
         for i, block in enumerate(blocks):
             if not isinstance(block, dict):
@@ -672,20 +786,25 @@ class RolloutParser:
                                      _dump(block), rec, i, line_no, tool_use_id=tid,
                                      tool_name=block.get("name"), response_id=response_id,
                                      model=model)
-                self.s.outstanding[tid] = last
+                self._calls()[tid] = last
             else:
                 last = self._message("assistant", f"assistant_{btype}", None, _dump(block), rec, i,
                                      line_no, response_id=response_id, model=model)
         usage = message.get("usage")
         if isinstance(usage, dict) and last is not None:
             self.out.usage[response_id] = (
-                self.session, last, _int_or_none(usage.get("input_tokens")),
+                self.usage_session, last, _int_or_none(usage.get("input_tokens")),
                 # A provider that leaves out the cache fields used no cache; only a value
                 # that is there but unusable makes the reading invalid.
                 _int_or_none(usage.get("cache_creation_input_tokens", 0)),
                 _int_or_none(usage.get("cache_read_input_tokens", 0)),
                 _int_or_none(usage.get("output_tokens")), model, created)
         stop = message.get("stop_reason")
+        if not main:
+            return
+        if last is not None:
+            s.unasked = (stop is None and not rec.get("isApiErrorMessage")
+                         and not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks))
         if last is not None and (stop in TERMINAL_STOP_REASONS or rec.get("isApiErrorMessage")):
             s.closed_response = (response_id, s.open_turn, s.segment, s.segment_first, s.segment_bytes)
             self._close_turn(last, "closed", stop or "api_error", created)
@@ -868,6 +987,13 @@ CREATE TABLE inference_cost (
 ALTER TABLE work ADD COLUMN expiries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE work ADD COLUMN not_before TEXT;
 ALTER TABLE inference_cost ADD COLUMN turn INTEGER
+"""),
+    ("004_agent_records", """
+ALTER TABLE messages ADD COLUMN agent TEXT;
+CREATE INDEX messages_agent ON messages (agent, seq) WHERE agent IS NOT NULL;
+CREATE TABLE agents (
+    agent_id TEXT PRIMARY KEY, source TEXT, kind TEXT, tool_use_id TEXT, prompt TEXT,
+    first_seen TEXT)
 """),
 ]
 
@@ -1056,10 +1182,13 @@ class ThreadStore:
         state = ParseState()
         state.next_seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
         state.next_turn = (db.execute("SELECT max(n) FROM turns").fetchone()[0] or 0) + 1
-        row = db.execute("SELECT n, kind FROM turns WHERE status = 'open' ORDER BY n DESC LIMIT 1").fetchone()
+        state.last_seq = db.execute("SELECT max(seq) FROM messages WHERE agent IS NULL").fetchone()[0]
+        row = db.execute("SELECT n, kind, first_seq FROM turns WHERE status = 'open' ORDER BY n DESC "
+                         "LIMIT 1").fetchone()
         if row:
-            state.open_turn = row[0]
-            seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ?", (row[0],)).fetchone()[0]
+            state.open_turn, state.turn_first = row[0], row[2]
+            seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ? AND agent IS NULL",
+                             (row[0],)).fetchone()[0]
             state.segment = seg or 0
             closed = db.execute("SELECT 1 FROM segments WHERE turn = ? AND idx = ?",
                                 (row[0], state.segment)).fetchone()
@@ -1075,13 +1204,42 @@ class ThreadStore:
                 state.segment_bytes = sum(segment_size(kind, text, data) for _, kind, text, data in rows)
         else:
             state.closed_response = self._closed_response()
-        state.outstanding = dict(db.execute(
-            "SELECT c.tool_use_id, c.seq FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
-            "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)"
-        ).fetchall())
+        unanswered = db.execute(
+            "SELECT c.agent, c.tool_use_id, c.seq FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
+            "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
+            "AND r.agent IS c.agent)").fetchall()
+        for agent, tool_use_id, seq in unanswered:
+            (state.agent_calls.setdefault(agent, {}) if agent else state.outstanding)[tool_use_id] = seq
         state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
                                                       (session_id,))}
+        state.sidechains = dict(db.execute("SELECT source_uuid, agent FROM messages WHERE agent IS NOT "
+                                           "NULL AND source_session = ?", (session_id,)).fetchall())
+        state.sidechains.update((a, a) for (a,) in db.execute(
+            "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
         return state
+
+    def agent_parse_state(self, source_key, agent_id) -> ParseState:
+        """The parser's memory for one subagent file: only labels and its own chain."""
+        db = self.db
+        state = ParseState()
+        state.next_seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
+        state.next_turn = (db.execute("SELECT max(n) FROM turns").fetchone()[0] or 0) + 1
+        state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
+                                                      (source_key,))}
+        state.agent_calls[agent_id] = dict(db.execute(
+            "SELECT c.tool_use_id, c.seq FROM messages c WHERE c.agent = ? AND c.kind = 'tool_call' "
+            "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.agent = c.agent AND r.kind = 'tool_result' "
+            "AND r.tool_use_id = c.tool_use_id)", (agent_id,)).fetchall())
+        return state
+
+    def agent_turn(self, agent_id) -> int:
+        """The turn of the call that started an agent (else the newest turn, else 0)."""
+        row = self.db.execute("SELECT c.turn FROM agents a JOIN messages c ON c.tool_use_id = "
+                              "a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL "
+                              "WHERE a.agent_id = ?", (agent_id,)).fetchone()
+        if row:
+            return row[0]
+        return self.db.execute("SELECT coalesce(max(n), 0) FROM turns").fetchone()[0]
 
     def _closed_response(self):
         """Where the last turn stood when its final response closed it (see ParseState)."""
@@ -1121,6 +1279,8 @@ class ThreadStore:
                                [(rid,) + row for rid, row in out.usage.items()])
             if out.chain:
                 db.executemany("INSERT OR IGNORE INTO chain VALUES (?, ?)", out.chain)
+            if out.agents:
+                self._note_agents(out.agents, now)
             if out.problems:
                 db.executemany("INSERT INTO problems (session, line, offset, kind, detail, created) "
                                "VALUES (?, ?, ?, ?, ?, ?)", [p + (now,) for p in out.problems])
@@ -1134,6 +1294,29 @@ class ThreadStore:
             db.execute("UPDATE sources SET offset = ?, lines = lines + ?, parser_version = ?, "
                        "updated = ? WHERE session_id = ?",
                        (new_offset, lines_read, PARSER_VERSION, now, session_id))
+
+    def _note_agents(self, agents, now):
+        """Upsert agents and their links; a sidechain without one is linked by its prompt."""
+        db = self.db
+        db.executemany(
+            "INSERT INTO agents (agent_id, source, kind, tool_use_id, prompt, first_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent_id) DO UPDATE SET "
+            "source = coalesce(agents.source, excluded.source), kind = coalesce(agents.kind, excluded.kind), "
+            "tool_use_id = coalesce(agents.tool_use_id, excluded.tool_use_id), "
+            "prompt = coalesce(agents.prompt, excluded.prompt)", [a + (now,) for a in agents])
+        db.execute(
+            "UPDATE agents SET tool_use_id = (SELECT c.tool_use_id FROM messages c WHERE "
+            "c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ('Agent', 'Task') AND "
+            "json_valid(c.text) AND json_extract(c.text, '$.prompt') = agents.prompt "
+            "AND NOT EXISTS (SELECT 1 FROM agents o WHERE o.tool_use_id = c.tool_use_id) "
+            "ORDER BY c.seq DESC LIMIT 1) WHERE tool_use_id IS NULL AND prompt IS NOT NULL")
+
+    def agents(self) -> dict:
+        """agent_id -> {kind, tool_use_id, call (the seq of that call), source}."""
+        rows = self.db.execute(
+            "SELECT a.agent_id, a.kind, a.tool_use_id, a.source, (SELECT c.seq FROM messages c WHERE "
+            "c.tool_use_id = a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL) FROM agents a")
+        return {r[0]: {"kind": r[1], "tool_use_id": r[2], "source": r[3], "call": r[4]} for r in rows}
 
     def mark_degraded(self, session_id, kind, detail):
         with Tx(self.db):
@@ -1167,9 +1350,10 @@ class ThreadStore:
         return {"turns": turns, "messages": messages, "captured_bytes": captured,
                 "degraded": degraded, "last_activity": last}
 
-    def messages(self, first_turn=None, last_turn=None):
+    def messages(self, first_turn=None, last_turn=None, agents=False):
+        """Messages in label order; subagents' records only when asked for (export)."""
         sql = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages"
-        args, where = [], []
+        args, where = [], [] if agents else ["agent IS NULL"]
         if first_turn is not None:
             where.append("turn >= ?")
             args.append(first_turn)
@@ -2991,8 +3175,17 @@ class Capture:
         """Read every complete line not yet in the record; returns lines read.
 
         With a ``deadline`` (time.monotonic) it stops between batches once that has
-        passed; ``caught_up`` then says whether the end of the file was reached.
+        passed; ``caught_up`` then says whether the end of the file was reached. The
+        session's subagent files are read after it, so their records find the calls
+        that started them.
         """
+        total = self._catch_up_main(deadline)
+        total += self._catch_up_agents()
+        if index and total:
+            self.store.index_search()
+        return total
+
+    def _catch_up_main(self, deadline) -> int:
         import time
         self.caught_up = False
         self._open()
@@ -3044,9 +3237,91 @@ class Capture:
                     total += n
                     offset = end
         self.lines += total
-        if index and total:
-            store.index_search()
         return total
+
+    def agent_files(self):
+        """(source key, path, agent id, kind) of each subagent transcript of this session.
+
+        Claude Code 2.x writes them beside the session, under <session>/subagents/: an
+        agent-<id>.jsonl per subagent and workflows/<run>/.../agent-<id>.jsonl per
+        workflow agent. The key names the file relative to the session's folder.
+        """
+        root = os.path.join(os.path.splitext(self.path)[0], "subagents")
+        found = []
+        for folder, dirs, names in os.walk(root):
+            dirs.sort()
+            for name in sorted(names):
+                if not (name.startswith("agent-") and name.endswith(".jsonl")):
+                    continue
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, os.path.dirname(root)).replace(os.sep, "/")
+                agent_id = name[len("agent-"):-len(".jsonl")]
+                parts = rel.split("/")
+                kind = ("workflow" if "workflows" in parts else
+                        "compaction" if agent_id.startswith("acompact") else "subagent")
+                found.append((f"{self.session_id}/{rel}", path, agent_id, kind))
+        return found
+
+    def _catch_up_agents(self) -> int:
+        """Read every subagent file's new complete lines into the record; returns lines read."""
+        total = 0
+        for key, path, agent_id, kind in self.agent_files():
+            total += self._catch_up_agent(key, path, agent_id, kind)
+        return total
+
+    def _catch_up_agent(self, key, path, agent_id, kind) -> int:
+        store = self.store
+        src = store.source(key)
+        if src is None:
+            store.add_source(key, path)
+            src = store.source(key)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return 0
+        if size < src["offset"]:
+            if not src["degraded"]:
+                store.mark_degraded(key, "transcript_shrank",
+                                    f"{path} is {size} bytes, {src['offset']} were already captured")
+            return 0
+        if size == src["offset"]:
+            return 0
+        with Tx(store.db):
+            store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
+        parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
+                               agent=agent_id, agent_turn=store.agent_turn(agent_id))
+        offset, line_no, total = src["offset"], src["lines"], 0
+        with open(path, "rb") as f:
+            f.seek(offset)
+            pending = b""
+            while True:
+                chunk = f.read(self.BATCH_BYTES)
+                if not chunk:
+                    break
+                buf = pending + chunk if pending else chunk
+                end, n = offset, 0
+                for line, at in split_complete_lines(buf, offset):
+                    n += 1
+                    parser.feed(line, line_no + n, at)
+                    end = at + len(line) + 1
+                pending = buf[end - offset:]
+                if n:
+                    out = parser.take()
+                    store.apply(key, out, end, n)
+                    self._report(out)
+                    line_no, total, offset = line_no + n, total + n, end
+        return total
+
+    @staticmethod
+    def _agent_call(path):
+        """The call that started an agent, from the agent-<id>.meta.json beside its file."""
+        try:
+            with open(path[:-len(".jsonl")] + ".meta.json", encoding="utf-8") as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            return None
+        call = meta.get("toolUseId") if isinstance(meta, dict) else None
+        return call if isinstance(call, str) else None
 
     def _report(self, out: ParseOutput):
         for event in out.events:
@@ -3064,12 +3339,23 @@ class Capture:
         self._thread = threading.Thread(target=self._run, name="cc-lhc-capture", daemon=True)
         self._thread.start()
 
+    def _watched(self):
+        """What changes when Claude writes: the transcript and each subagent file beside it."""
+        st = os.stat(self.path)
+        key = [(st.st_size, st.st_mtime_ns, st.st_ino)]
+        for _key, path, _agent, _kind in self.agent_files():
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            key.append((path, st.st_size, st.st_mtime_ns))
+        return key
+
     def _run(self):
         last = None
         while not self._stop.is_set():
             try:
-                st = os.stat(self.path)
-                key = (st.st_size, st.st_mtime_ns, st.st_ino)
+                key = self._watched()
                 if key != last:
                     self.catch_up()
                     last = key  # only once read: a failed read is tried again next poll
@@ -3123,7 +3409,7 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
         seq = row[3] if row else 0
         # Bytes, as estimate_tokens counts them (length() of text would count characters).
         total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(text, data) AS BLOB))), 0) "
-                           "FROM messages WHERE seq > ?", (seq,)).fetchone()[0]
+                           "FROM messages WHERE seq > ? AND agent IS NULL", (seq,)).fetchone()[0]
         return (total + 3) // 4
 
     return measure_pressure(latest, last_valid, after(latest), after(last_valid), prompt_estimate)
@@ -3196,20 +3482,30 @@ class Receipts:
             self.home.log("receipt_outcome_lost", receipt=receipt_id, outcome=outcome, error=repr(e))
 
 
-def unsettled_reason(store) -> str:
-    """'' when the record ends at a settled seam, else why not."""
+def unsettled_reason(store, idle=False) -> str:
+    """'' when the record ends at a settled seam, else why not.
+
+    ``idle`` says no Claude is writing the transcript (before a launch). Then a turn still
+    open whose newest response asked for no tool is over: versions that wrote stop_reason
+    null and no end-of-turn record (1.0.x) leave their last turn looking like that.
+    """
     row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
     if not row or row[1] != "open":
         # A tool call left unanswered inside a closed turn (an interrupt) is no reason to
         # wait: Claude drops it on resume and the view pairs calls with results.
         return ""
     outstanding = store.db.execute(
-        "SELECT count(*) FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND NOT EXISTS "
-        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id)",
-        (row[0],)).fetchone()[0]
+        "SELECT count(*) FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND c.agent IS NULL "
+        "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.kind = 'tool_result' "
+        "AND r.tool_use_id = c.tool_use_id)", (row[0],)).fetchone()[0]
     if outstanding:
         return (f"the transcript was left mid-turn: t{row[0]} has {outstanding} tool call(s) "
                 "still waiting for results")
+    if idle:
+        last = store.db.execute("SELECT role, kind FROM messages WHERE turn = ? AND agent IS NULL "
+                                "ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
+        if last and last[0] == "assistant" and last[1] != "tool_call":
+            return ""
     return f"the transcript was left mid-turn (t{row[0]} is still open)"
 
 
@@ -3227,16 +3523,17 @@ def open_background_work(store) -> list:
     """
     db = store.db
     calls = db.execute("SELECT c.seq, c.tool_name, c.tool_use_id, c.text FROM messages c "
-                       "WHERE c.kind = 'tool_call' AND c.tool_name IN "
+                       "WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
                        "('Bash', 'Agent', 'Task', 'Monitor', 'Workflow', 'ScheduleWakeup') "
                        "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.kind = 'tool_result' "
                        "AND r.tool_use_id = c.tool_use_id AND r.is_error = 1)").fetchall()
     if not calls:
         return []
     notes = [(seq, text) for seq, text in db.execute(
-        "SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
+        "SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') AND agent IS NULL "
         "AND text LIKE '%<task-notification>%'")]
-    metas = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE kind = 'user_meta'")]
+    metas = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE kind = 'user_meta' "
+                                          "AND agent IS NULL")]
     items = []
     for seq, name, tool_use_id, text in calls:
         try:
@@ -3296,22 +3593,23 @@ def _already_rebuilt(home, prior) -> str:
     return m.group(1) if row and row[0] in ("pending", "accepted") else ""
 
 
-def current_classification(store, session_id, policy, prompt_estimate=0):
+def current_classification(store, session_id, policy, prompt_estimate=0, idle=False):
     """The governor's classification of a session now, and why its seam is unsettled ('')."""
     reading = governor_reading(store, session_id, prompt_estimate)
-    unsettled = unsettled_reason(store)
+    unsettled = unsettled_reason(store, idle)
     return classify(reading, policy["upperBoundTokens"], not unsettled), unsettled
 
 
 def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimate=0,
-           manual=False, swap=False) -> Assessment:
+           manual=False, swap=False, idle=False) -> Assessment:
     """Read the pressure of a session, check its seam, classify and receipt it.
 
     ``manual`` (the panel) runs below the trigger too, but never off a settled seam;
     ``swap`` means the Claude process would be replaced, so background work it owns and
-    that cannot be carried makes the seam skip.
+    that cannot be carried makes the seam skip. ``idle``: no Claude is writing the
+    transcript now (before a launch), see unsettled_reason.
     """
-    c, unsettled = current_classification(store, session_id, policy, prompt_estimate)
+    c, unsettled = current_classification(store, session_id, policy, prompt_estimate, idle)
     receipts = Receipts(hostdb, home)
     receipt = receipts.classified(store, thread_id, session_id, c)
     a = Assessment(c, receipt, receipts, unsettled, "")
@@ -4785,7 +5083,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
             "Smart Compact will run on the next invocation if needed")
         return capture, None
     a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-               prompt_estimate=prompt_estimate(spec))
+               prompt_estimate=prompt_estimate(spec), idle=True)
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
     if not a.go:
         if a.c["state"] == STATE_OVER_OPEN:
@@ -4878,7 +5176,7 @@ def pick_thread_session(spec, registry, hostdb):
         store = ThreadStore(home, thread_id)
         try:
             last = store.db.execute("SELECT text FROM messages WHERE kind = 'user_text' "
-                                    "ORDER BY seq DESC LIMIT 1").fetchone()
+                                    "AND agent IS NULL ORDER BY seq DESC LIMIT 1").fetchone()
             info = store.summary()
         finally:
             store.close()
@@ -5614,12 +5912,13 @@ def rejected_too_long(store):
     row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
     if not row or row[1] == "open":
         return None
-    last = store.db.execute("SELECT kind, text FROM messages WHERE turn = ? ORDER BY seq DESC LIMIT 1",
-                            (row[0],)).fetchone()
+    last = store.db.execute("SELECT kind, text FROM messages WHERE turn = ? AND agent IS NULL "
+                            "ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
     if not last or last[0] != "api_error" or not TOO_LONG.search(last[1] or ""):
         return None
     ran = [f"{name} m{seq}" for seq, name in store.db.execute(
-        "SELECT c.seq, c.tool_name FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND EXISTS "
+        "SELECT c.seq, c.tool_name FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND "
+        "c.agent IS NULL AND EXISTS "
         "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id) "
         "ORDER BY c.seq", (row[0],))]
     return row[0], ran
@@ -5750,9 +6049,17 @@ def cmd_threads(args) -> int:
     return EXIT_OK
 
 
-def export_record(m: dict) -> dict:
-    """One message as the export format shows it: verbatim content, nothing re-worded."""
+def export_record(m: dict, agents=None) -> dict:
+    """One message as the export format shows it: verbatim content, nothing re-worded.
+
+    A subagent's record carries ``agent``: which agent wrote it and the call that started
+    it (``agents`` is ThreadStore.agents()); it is not part of the main conversation.
+    """
     out = {"label": f"m{m['seq']}", "turn": f"t{m['turn']}", "role": m["role"], "kind": m["kind"]}
+    if m.get("agent"):
+        info = (agents or {}).get(m["agent"], {})
+        out["agent"] = {"id": m["agent"], "kind": info.get("kind"), "tool_use_id": info.get("tool_use_id"),
+                        "call": f"m{info['call']}" if info.get("call") else None}
     data = json.loads(m["data"]) if m["data"] else None
     if m["kind"] == "tool_call":
         out["tool"] = m["tool_name"]
@@ -5777,7 +6084,7 @@ def export_record(m: dict) -> dict:
 
 
 def render_markdown_message(m: dict) -> str:
-    label = f"m{m['seq']}"
+    label = f"m{m['seq']}" + (f" · subagent {m['agent']}" if m.get("agent") else "")
     if m["kind"] == "tool_call":
         return f"**{label} · tool call {m['tool_name']}** (`{m['tool_use_id']}`)\n\n```json\n{m['text']}\n```\n"
     if m["kind"] == "tool_result":
@@ -5806,17 +6113,18 @@ def cmd_export(args) -> int:
     store = ThreadStore(home, thread_id)
     out = sys.stdout
     try:
+        agents = store.agents()
         if fmt == "json":
             out.write("[")
             sep = "\n"
-            for m in store.messages(first, last):
-                out.write(sep + json.dumps(export_record(m), ensure_ascii=False))
+            for m in store.messages(first, last, agents=True):
+                out.write(sep + json.dumps(export_record(m, agents), ensure_ascii=False))
                 sep = ",\n"
             out.write("\n]\n")
         else:
             out.write(f"# Thread {thread_id}\n")
             turn = None
-            for m in store.messages(first, last):
+            for m in store.messages(first, last, agents=True):
                 if m["turn"] != turn:
                     turn = m["turn"]
                     out.write(f"\n## t{turn}\n\n")
@@ -5854,6 +6162,8 @@ def parse_labels(args, letter: str):
 def render_message_body(m: dict) -> str:
     """One message as retrieval shows it: a label line, then the content exactly as recorded."""
     head = f"--- m{m['seq']} \u00b7 {m['role']} \u00b7 {m['kind']}"
+    if m.get("agent"):
+        head += f" \u00b7 subagent {m['agent']}"
     if m["tool_name"]:
         head += f" \u00b7 {m['tool_name']}"
     if m["tool_use_id"]:
@@ -6118,6 +6428,8 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         store = cap.store
         turns = load_turns(store, closed_only=False)
         problems = store.db.execute("SELECT count(*) FROM problems").fetchone()[0]
+        agent_messages, agent_count = store.db.execute(
+            "SELECT count(*), count(DISTINCT agent) FROM messages WHERE agent IS NOT NULL").fetchone()
         cap.stop()
     messages = [m for t in turns for m in t.messages]
     tool_calls = sum(1 for m in messages if m["kind"] == "tool_call")
@@ -6154,6 +6466,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
 
     return {
         "messages": len(messages), "tool_calls": tool_calls, "turns": len(turns),
+        "subagents": agent_count, "subagent_messages": agent_messages,
         "tokens": original, "lean_tokens": totals["lean"], "lean_cut_pct": cut(totals["lean"]),
         "summary_tokens": totals["summary"], "summary_cut_pct": cut(totals["summary"]),
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),

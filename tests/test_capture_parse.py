@@ -570,14 +570,20 @@ def test_api_error_message_closes_the_turn():
     assert [c[2] for c in out.turns_closed] == ["closed"]
 
 
-def test_sidechain_records_are_telemetry():
+def test_sidechain_records_are_kept_as_agent_messages():
+    """A subagent's records in the main file (1.0.x) are stored, tagged with their agent,
+    outside the main turns; they used to be only counted."""
     t = Transcript()
     t.user("main")
     t.record({"type": "user", "isSidechain": True, "message": {"role": "user", "content": "sub"}})
     t.assistant(text("main reply"))
     out = parse_bytes(t.data())
-    assert [m[5] for m in out.messages] == ["main", "main reply"]
-    assert out.telemetry["sidechain"][0] == 1 and out.problems == []
+    agent_col = cc_lhc.MESSAGE_COLUMNS.index("agent")
+    assert [(m[5], m[agent_col] is not None) for m in out.messages] == [
+        ("main", False), ("sub", True), ("main reply", False)]
+    assert [m[2] for m in out.messages if m[agent_col]] == [-1]   # in no segment
+    assert [a[2] for a in out.agents] == ["sidechain"] and out.problems == []
+    assert "sidechain" not in out.telemetry
 
 
 def test_a_record_written_twice_is_kept_once(tmp_path, capture):

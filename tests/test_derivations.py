@@ -56,7 +56,7 @@ def new_store(home, messages_by_turn, statuses=None):
                        (turn, status, messages[0]["seq"], messages[-1]["seq"]))
             db.executemany(f"INSERT INTO messages ({', '.join(cc_lhc.MESSAGE_COLUMNS)}) VALUES "
                            f"({', '.join('?' * len(cc_lhc.MESSAGE_COLUMNS))})",
-                           [tuple(m[c] for c in cc_lhc.MESSAGE_COLUMNS) for m in messages])
+                           [tuple(m.get(c) for c in cc_lhc.MESSAGE_COLUMNS) for m in messages])
     return store
 
 

@@ -1,0 +1,266 @@
+"""Transcripts of other Claude Code versions (issue 11, part 1).
+
+tests/fixtures/versions/<version>/ holds small hand-written sessions in the shapes those
+versions write (see the README there). Each is captured as a live session would be and
+must behave as its version meant: turns end where that version says they end, settled
+seams are found, subagent work is kept (tagged, linked to its call, outside the main
+view), and what is only counted is counted by kind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+from test_capture_live import wait_for
+from test_views import grant, intake, retrieve
+
+VERSIONS = Path(__file__).parent / "fixtures" / "versions"
+SESSIONS = {"1.0.98": "10980000-0000-4000-8000-000000000001",
+            "2.0.76": "20760000-0000-4000-8000-000000000002",
+            "2.1.39": "21390000-0000-4000-8000-000000000003"}
+
+
+def fixture_copy(version, tmp_path) -> Path:
+    """The version's folder copied (so capture may write nothing next to the originals)."""
+    dest = tmp_path / "projects" / version
+    shutil.copytree(VERSIONS / version, dest)
+    return dest / f"{SESSIONS[version]}.jsonl"
+
+
+def captured(version, tmp_path):
+    return intake(fixture_copy(version, tmp_path), SESSIONS[version])
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def turns(thread):
+    return thread.store.db.execute("SELECT n, status, stop_reason FROM turns ORDER BY n").fetchall()
+
+
+def telemetry(thread) -> dict:
+    return dict(thread.store.db.execute("SELECT type, count FROM telemetry").fetchall())
+
+
+def agent_rows(thread, agent=None):
+    sql = "SELECT seq, kind, text, agent, source_uuid FROM messages WHERE agent IS NOT NULL"
+    args = ()
+    if agent:
+        sql, args = sql + " AND agent = ?", (agent,)
+    return thread.store.db.execute(sql + " ORDER BY seq", args).fetchall()
+
+
+# -- end-of-turn evidence, per version -------------------------------------------------------
+
+def test_1_0_98_turns_end_at_the_next_prompt_and_the_idle_end_is_settled(tmp_path):
+    t = captured("1.0.98", tmp_path)
+    # stop_reason is null throughout: the prompt after a response that asked for nothing
+    # starts a turn, it does not interrupt one; the API error closes its turn.
+    assert turns(t) == [(1, "closed", "next_prompt"), (2, "closed", "stop_sequence"), (3, "open", None)]
+    assert cc_lhc.unsettled_reason(t.store, idle=True) == ""
+    assert "mid-turn" in cc_lhc.unsettled_reason(t.store)        # while Claude may still write
+    assert t.store.db.execute("SELECT count(*) FROM problems").fetchone()[0] == 0
+    kinds = telemetry(t)
+    assert kinds["summary"] == 1 and kinds["system/None"] == 1
+    assert "sidechain" not in kinds
+
+
+def test_2_0_76_shapes(tmp_path):
+    t = captured("2.0.76", tmp_path)
+    assert [r[1] for r in turns(t)] == ["closed", "open"]
+    assert cc_lhc.unsettled_reason(t.store, idle=True) == ""
+    kinds = telemetry(t)
+    assert kinds["file-history-snapshot"] == 2 and kinds["progress/agent_progress"] == 1
+    thinking = [json.loads(d) for (d,) in t.store.db.execute(
+        "SELECT data FROM messages WHERE kind = 'thinking' AND agent IS NULL ORDER BY seq")]
+    # empty signed thinking is kept as written: the signature is what the API checks
+    assert [(b["thinking"], b["signature"][:8]) for b in thinking] == [("", "EqQBCkYI"), ("", "EqQBCkYI")]
+
+
+def test_2_1_39_turn_ends_by_its_system_records_and_smart_compact_would_run(tmp_path):
+    t = captured("2.1.39", tmp_path)
+    assert turns(t) == [(1, "closed", "stop_hook_summary")]
+    assert cc_lhc.unsettled_reason(t.store) == ""                # settled even for a live reader
+    reading = cc_lhc.governor_reading(t.store, SESSIONS["2.1.39"])
+    c = cc_lhc.classify(reading, cc_lhc.BUILTIN_POLICY["upperBoundTokens"], True)
+    assert c["state"] == cc_lhc.STATE_OVER_SETTLED and c["would_mutate"]
+    assert reading["provider_tokens"] == 371_000               # the main chain's, not an agent's
+    assert telemetry(t)["system/microcompact_boundary"] == 1
+
+
+def test_a_tool_call_still_waiting_keeps_the_turn_open_despite_turn_duration(tmp_path):
+    path = fixture_copy("2.1.39", tmp_path)
+    recs = records(path)
+    last_asst = max(i for i, r in enumerate(recs) if r.get("type") == "assistant")
+    call = dict(recs[last_asst], uuid="00000000-0000-4000-8000-00000000cafe")
+    call["message"] = dict(call["message"], id="msg_pending", content=[
+        {"type": "tool_use", "id": "toolu_pending", "name": "Bash", "input": {"command": "sleep 9"}}])
+    recs.insert(last_asst + 1, call)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    t = intake(path, SESSIONS["2.1.39"])
+    assert turns(t)[-1][1] == "open"
+    assert "waiting for results" in cc_lhc.unsettled_reason(t.store, idle=True)
+
+
+# -- subagents --------------------------------------------------------------------------------
+
+def test_1_0_98_sidechain_records_are_kept_and_linked_by_prompt(tmp_path):
+    t = captured("1.0.98", tmp_path)
+    rows = agent_rows(t)
+    src = records(VERSIONS / "1.0.98" / f"{SESSIONS['1.0.98']}.jsonl")
+    assert {r[4] for r in rows} == {r["uuid"] for r in src if r.get("isSidechain")}
+    [(agent, info)] = t.store.agents().items()
+    assert info["kind"] == "sidechain" and info["tool_use_id"] == "toolu_0198task"
+    call_turn = t.store.db.execute("SELECT turn FROM messages WHERE tool_use_id = 'toolu_0198task' "
+                                   "AND kind = 'tool_call'").fetchone()[0]
+    assert {r[0] for r in t.store.db.execute(
+        "SELECT turn FROM messages WHERE agent IS NOT NULL")} == {call_turn}
+    # not in the main view, whose chain already holds the agent's answer
+    seen = [m["text"] for turn in cc_lhc.load_turns(t.store, closed_only=False) for m in turn.messages]
+    assert not any("sidechain-needle-1098" in (s or "") for s in seen)
+
+
+def test_2_0_76_agent_file_is_linked_through_its_progress_record(tmp_path):
+    t = captured("2.0.76", tmp_path)
+    assert t.store.agents()["b2076aa"]["tool_use_id"] == "toolu_0276task"
+    assert [r[2] for r in agent_rows(t, "b2076aa")] == [
+        "Summarise README.md in one line.", "README: a CLI host (agent-needle-2076)."]
+
+
+def test_two_subagents_and_a_workflow_reach_export_get_messages_and_search(
+        tmp_path, monkeypatch, capsysbinary):
+    """The acceptance case: every conversational record of every agent file is in the
+    export, clearly marked; get-messages and search reach them; measure counts them."""
+    path = fixture_copy("2.1.39", tmp_path)
+    t = intake(path, SESSIONS["2.1.39"])
+    agents = t.store.agents()
+    assert {a: (i["kind"], i["tool_use_id"]) for a, i in agents.items()} == {
+        "a2139one": ("subagent", "toolu_2139a1"), "a2139two": ("subagent", "toolu_2139a2"),
+        "w2139fix": ("workflow", "toolu_2139wf")}
+
+    monkeypatch.setenv("CC_LHC_HOME", str(t.home.root))
+    assert cc_lhc.main(["export", t.id, "--format", "json"]) == 0
+    exported = json.loads(capsysbinary.readouterr().out)
+    agent_files = sorted(path.parent.glob(f"{SESSIONS['2.1.39']}/subagents/**/agent-*.jsonl"))
+    assert len(agent_files) == 3
+    for f in agent_files:
+        uuids = {r["uuid"] for r in records(f)}
+        marked = [m for m in exported if m["source_uuid"] in uuids]
+        assert {m["source_uuid"] for m in marked} == uuids, f.name
+        agent_id = f.stem[len("agent-"):]
+        assert all(m["agent"]["id"] == agent_id for m in marked)
+        assert marked[0]["agent"]["call"].startswith("m")
+    assert all("agent" not in m for m in exported if m["source_session"] == SESSIONS["2.1.39"]
+               and m["source_uuid"] in {r.get("uuid") for r in records(path)})
+
+    grant(t, monkeypatch)
+    for needle in ("parser-needle-2139", "store-needle-2139", "workflow-needle-2139"):
+        body, _ = retrieve(capsysbinary, "search", needle)
+        found = re.search(r"\bm(\d+)\b", body.decode())
+        assert found, body
+        label = found.group(0)
+        got, _ = retrieve(capsysbinary, "get-messages", label)
+        assert needle in got.decode() and "subagent" in got.decode()
+
+    report = cc_lhc.measure_transcript(str(path), "default", 180_000)
+    assert report["subagents"] == 3
+    assert report["subagent_messages"] == sum(len(agent_rows(t, a)) for a in agents)
+
+
+def test_live_capture_picks_up_a_subagent_file_that_appears_later(tmp_path):
+    path = fixture_copy("2.1.39", tmp_path)
+    agent_dir = path.parent / SESSIONS["2.1.39"] / "subagents"
+    held = tmp_path / "held"
+    shutil.move(str(agent_dir), held)
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(SESSIONS["2.1.39"], "/home/u/proj", "test")
+    cap = cc_lhc.Capture(home, thread_id, SESSIONS["2.1.39"], str(path))
+    cap.start()
+    try:
+        store = cc_lhc.ThreadStore(home, thread_id)
+        wait_for(lambda: store.db.execute("SELECT count(*) FROM turns").fetchone()[0] == 1,
+                 what="main transcript captured")
+        agent_dir.mkdir(parents=True)
+        shutil.copy(held / "agent-a2139one.jsonl", agent_dir)   # the main file does not change
+        wait_for(lambda: store.db.execute("SELECT count(*) FROM messages WHERE agent = 'a2139one'"
+                                          ).fetchone()[0] == 4, what="subagent file captured")
+        store.close()
+    finally:
+        cap.stop()
+
+
+# -- with the real CLI ---------------------------------------------------------------------------
+
+def _ok(p):
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    return p
+
+
+def test_real_cli_resumes_a_smart_compacted_2_1_39_session(real_claude):
+    """A 2.1.39 session over the trigger (its last response says stop_reason null, then
+    the turn's system records) is rebuilt before the one-shot, and the real CLI accepts
+    the rebuilt session."""
+    from fakeapi import text_reply
+    rc = real_claude
+    sid = SESSIONS["2.1.39"]
+    rc.project_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(VERSIONS / "2.1.39" / sid, rc.project_dir / sid)
+    lines = [json.dumps(dict(r, cwd=str(rc.cwd)) if "cwd" in r else r)
+             for r in records(VERSIONS / "2.1.39" / f"{sid}.jsonl")]
+    (rc.project_dir / f"{sid}.jsonl").write_text("\n".join(lines) + "\n")
+    rc.api.responder = lambda body: text_reply("answered after the rebuild")
+    p = _ok(rc.run_lhc("--resume", sid, "-p", "next", timeout=120))
+    assert "answered after the rebuild" in p.stdout
+    assert "Smart Compact" in p.stderr and "not at a settled seam" not in p.stderr, p.stderr
+    [sent] = rc.api.message_requests
+    assert sent["session_id"] != sid
+    first = sent["body"]["messages"][0]["content"]
+    first = first if isinstance(first, str) else first[0].get("text", "")
+    assert first.startswith(cc_lhc.REBUILT_MARKER)
+    assert "store bug is fixed" in json.dumps(sent["body"]["messages"])
+
+
+def test_real_cli_subagent_records_reach_the_thread(real_claude):
+    """The real CLI 2.1.328 runs an Agent call against the fake API; the agent writes its
+    own subagents/agent-<id>.jsonl, and every record of it is in the thread, linked to the
+    call."""
+    from fakeapi import text_reply, tool_use_reply
+    rc = real_claude
+    needle = "agent-reply-needle-328"
+
+    def reply(body):
+        first = json.dumps(body["messages"][0])
+        if "look around please" in first and "spawn" not in first:   # the agent's own requests
+            return text_reply(f"the agent saw things ({needle})")
+        if any(b.get("type") == "tool_result" for m in body["messages"] if m["role"] == "user"
+               and isinstance(m["content"], list) for b in m["content"]):
+            return text_reply("main done")
+        return tool_use_reply("Agent", {"description": "look around", "prompt": "look around please",
+                                        "subagent_type": "general-purpose",
+                                        "run_in_background": False})
+
+    rc.api.responder = reply
+    p = _ok(rc.run_lhc("-p", "spawn an agent", "--allowedTools", "Agent", "--output-format", "json",
+                       timeout=120))
+    sid = json.loads(p.stdout)["session_id"]
+    [agent_file] = list((rc.project_dir / sid / "subagents").glob("agent-*.jsonl"))
+    uuids = {r["uuid"] for r in records(agent_file) if r.get("uuid")}
+    conversational = {r["uuid"] for r in records(agent_file) if r.get("type") in ("user", "assistant")}
+    [thread] = json.loads(_ok(rc.run_lhc("threads", "--json")).stdout)
+    exported = json.loads(_ok(rc.run_lhc("export", thread["id"], "--format", "json")).stdout)
+    in_thread = {m["source_uuid"] for m in exported if m.get("agent")}
+    assert conversational <= in_thread <= uuids
+    agent_id = agent_file.stem[len("agent-"):]
+    marked = [m for m in exported if m.get("agent")]
+    assert {m["agent"]["id"] for m in marked} == {agent_id}
+    call = next(m for m in exported if m["kind"] == "tool_call" and m["tool"] == "Agent")
+    assert all(m["agent"]["tool_use_id"] == call["tool_use_id"] for m in marked)
+    assert any(needle in (m.get("text") or "") for m in marked)
