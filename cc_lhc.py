@@ -5392,7 +5392,9 @@ Environment:
 
 Configuration: ~/.config/cc-lhc/config.json, then .cc-lhc.json in the project,
 then the flags above. Fields: lowerBoundTokens, upperBoundTokens, profile,
-pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens.
+pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens. Token
+values are whole numbers from 1 to 10,000,000; anything else falls back to the
+default. A flag value starting with `-` is refused: write --lhc-target=VALUE.
 
 Exit status: Claude's own status when Claude ran; 2 for a usage error or a
 refusal; 127 when claude cannot be found; 1 for an internal error, an unusable

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -226,3 +227,20 @@ def test_measure_refuses_an_unreachable_target(fake_claude, tmp_path):
     path.write_text("")
     p = lhc(fake_claude, "measure", str(path), "--target", str(10 ** 30))
     assert_refused(p, fake_claude, "--target", "10,000,000")
+
+
+def test_panel_bounds_refuse_an_unreachable_trigger():
+    policy = cc_lhc.resolve_policy([])
+    session = types.SimpleNamespace(policy=policy, home=None)
+    host = types.SimpleNamespace(size=lambda: (24, 80))
+    panel = cc_lhc.ControlPanel(session, host, handoff=None)
+    with pytest.raises(cc_lhc.LhcError) as e:
+        panel.cmd_bounds(["150000", str(10 ** 27)])
+    assert e.value.status == cc_lhc.EXIT_USAGE and "10,000,000" in str(e.value)
+    assert policy["upperBoundTokens"] == cc_lhc.BUILTIN_POLICY["upperBoundTokens"]
+
+
+def test_lhc_help_names_the_token_range_and_the_equals_form(fake_claude):
+    p = lhc(fake_claude, "--lhc-help")
+    assert p.returncode == 0
+    assert "1 to 10,000,000" in p.stdout and "--lhc-target=VALUE" in p.stdout
