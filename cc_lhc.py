@@ -39,6 +39,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 import uuid
 
@@ -135,6 +136,99 @@ def project_slug(cwd: str) -> str:
     if len(slug) > 200:
         slug = slug[:200] + "-" + _base36(abs(_java_string_hash(cwd)))
     return slug
+
+
+# A label's number is looked up in SQLite, whose integers are signed 64-bit; anything
+# longer is no label at all (and Python refuses to convert over 4,300 digits anyway).
+LABEL_NUMBER_MAX = (1 << 63) - 1
+
+
+def label_number(digits: str, label: str) -> int:
+    """The number of a tN/mN label; a usage error when no thread could hold it."""
+    if len(digits) > len(str(LABEL_NUMBER_MAX)) or int(digits) > LABEL_NUMBER_MAX:
+        shown = label if len(label) <= 24 else f"{label[:12]}... ({len(label)} characters)"
+        raise usage_error(f"{shown!r} is out of range: label numbers stop at {LABEL_NUMBER_MAX:,}")
+    return int(digits)
+
+
+class UnfitFile(OSError):
+    """A path cc-lhc will not read; ``reason`` says why without repeating the path."""
+
+    def __init__(self, path, reason: str):
+        super().__init__(f"{path} {reason}")
+        self.reason = reason
+
+
+class NotRegularFile(UnfitFile):
+    """A path naming a FIFO, device, socket or folder where cc-lhc expected a file."""
+
+
+class FileTooLarge(UnfitFile):
+    """A small file (config, descriptor) that is far larger than any real one."""
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO (named pipe)"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "special file"
+
+
+def open_regular(path):
+    """Open a file for binary reading, refusing anything that is not a regular file.
+
+    Opening a FIFO for reading waits for a writer that may never come, and a device such
+    as /dev/zero never ends; either can sit (or be linked) where cc-lhc reads a config,
+    a descriptor or a transcript. O_NONBLOCK makes the open itself return at once, the
+    kind is checked on the open descriptor (so no swap can slip in between), and reads
+    go back to blocking for the regular file that remains. Windows has neither FIFOs
+    nor the flag. Raises OSError; NotRegularFile says what the path really is.
+    """
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, f"is a {_file_kind(mode)}, not a regular file")
+        if nonblock:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_small_file(path, limit: int) -> bytes:
+    """All of a regular file that should be small; FileTooLarge past ``limit`` bytes."""
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(path, f"is larger than {limit:,} bytes")
+    return data
+
+
+class BadJson(ValueError):
+    """Text that cannot be read as JSON; the message says why in a few words."""
+
+
+def load_json(text):
+    """json.loads for text cc-lhc did not write, failing only with BadJson.
+
+    Python's reader raises RecursionError on deep nesting and a bare ValueError on an
+    integer of more than 4,300 digits; both are ordinary bad input here, not crashes.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadJson("nested deeper than cc-lhc reads") from None
+    except json.JSONDecodeError as e:
+        raise BadJson(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise BadJson("not UTF-8 text") from None
+    except ValueError:
+        raise BadJson("holds a number with too many digits to read") from None
 
 
 def utc_now_iso() -> str:
@@ -258,6 +352,10 @@ BUILTIN_POLICY = {
 PROFILES = ("default", "balanced", "historical")
 _TOKEN_FIELDS = ("lowerBoundTokens", "upperBoundTokens", "pruneThresholdTokens",
                  "pruneTargetTokens", "minRunwayTokens")
+# Every token field lies in this range. Small values are allowed (they rebuild early and
+# often, which tests and demos rely on); a value no context can ever reach would leave
+# Smart Compact armed but never firing, so past ten times a 1M window it is malformed.
+TOKEN_FIELD_MIN, TOKEN_FIELD_MAX = 1, 10_000_000
 # Pairs that must stay coherent; when one is broken both fall back together.
 _COHERENT_PAIRS = (
     ("lowerBoundTokens", "upperBoundTokens", "the target must be below the trigger"),
@@ -288,17 +386,34 @@ class Policy:
                    self.values["upperBoundTokens"] - self.values["minRunwayTokens"])
 
 
+def token_count_problem(value):
+    """Why a value is not a usable token count (a whole number in range), or None."""
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not TOKEN_FIELD_MIN <= value <= TOKEN_FIELD_MAX:
+        return (f"expected a positive whole number of tokens up to {TOKEN_FIELD_MAX:,}, "
+                f"got {_shown_value(value)}")
+    return None
+
+
+def _shown_value(value) -> str:
+    """A bad value as the fallback line names it: JSON, cut short when it is long."""
+    try:
+        text = json.dumps(value)
+    except ValueError:  # an integer too long for Python to print
+        return "a number with too many digits"
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+
+
 def _check_field(name, value):
     """Return an error sentence for a bad value, or None."""
     if name in _TOKEN_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            return f"expected a positive whole number of tokens, got {json.dumps(value)}"
+        return token_count_problem(value)
     elif name == "profile":
         if value not in PROFILES:
-            return f"expected one of {', '.join(PROFILES)}, got {json.dumps(value)}"
+            return f"expected one of {', '.join(PROFILES)}, got {_shown_value(value)}"
     elif name == "pruneEnabled":
         if not isinstance(value, bool):
-            return f"expected true or false, got {json.dumps(value)}"
+            return f"expected true or false, got {_shown_value(value)}"
     return None
 
 
@@ -363,14 +478,20 @@ def project_config_path(cwd: str):
         here = parent
 
 
+CONFIG_FILE_LIMIT = 1 << 20  # a real config is a few hundred bytes
+
+
 def _read_config_file(path):
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8-sig"))  # editors on Windows add a BOM
+        text = read_small_file(path, CONFIG_FILE_LIMIT).decode("utf-8-sig")  # editors on Windows add a BOM
+    except UnfitFile as e:
+        return LhcError(f"cannot read the file: it {e.reason}")
     except (OSError, UnicodeDecodeError) as e:
         return LhcError(f"cannot read the file ({e.__class__.__name__}: {e})")
-    except json.JSONDecodeError as e:
-        return LhcError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
+    try:
+        return load_json(text)
+    except BadJson as e:
+        return LhcError(str(e))
 
 
 def load_policy(cwd: str, flag_values: dict) -> Policy:
@@ -1829,13 +1950,13 @@ def read_envelope(path: str):
     """
     latest, meta = {}, {}
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             for raw in f:
                 if b'"attachment"' not in raw:
                     continue
                 try:
-                    rec = json.loads(raw)
-                except ValueError:
+                    rec = load_json(raw)
+                except BadJson:
                     continue
                 att = rec.get("attachment") if isinstance(rec, dict) else None
                 if rec.get("type") == "attachment" and isinstance(att, dict) \
@@ -2983,6 +3104,7 @@ def _try_lock(fd) -> bool:
 
 
 RUNTIME_ENV = "CC_LHC_RUNTIME_DESCRIPTOR"
+DESCRIPTOR_FILE_LIMIT = 64 << 10  # what cc-lhc writes is a few hundred bytes
 
 
 def descriptor_paths(runtime: str, token: str):
@@ -3068,8 +3190,9 @@ def check_descriptor(home) -> dict:
         raise refuse("the descriptor is not one of this state home's runtime descriptors")
     try:
         st = os.stat(real)
-        with open(real, "rb") as f:
-            body = json.loads(f.read())
+        body = load_json(read_small_file(real, DESCRIPTOR_FILE_LIMIT))
+    except NotRegularFile:
+        raise refuse("the descriptor is not a regular file")
     except (OSError, ValueError):
         raise refuse("the descriptor is missing or malformed")
     if os.name == "posix" and (st.st_mode & 0o077 or st.st_uid != os.getuid()):
@@ -3161,7 +3284,7 @@ class Capture:
         if not self.start_offset:
             return ()
         found = []
-        with open(self.path, "rb") as f:
+        with open_regular(self.path) as f:
             for line, _ in split_complete_lines(f.read(self.start_offset), 0):
                 try:
                     uid = json.loads(line).get("uuid")
@@ -3210,7 +3333,7 @@ class Capture:
                                segment_soft_bytes(self.policy))
         total = 0
         line_no = src["lines"]
-        with open(self.path, "rb") as f:
+        with open_regular(self.path) as f:
             f.seek(offset)
             pending = b""
             while True:
@@ -4241,6 +4364,9 @@ class ControlPanel:
         except ValueError:
             raise usage_error("both bounds are whole numbers of tokens")
         p = self.session.policy
+        if token_count_problem(target) or token_count_problem(trigger):
+            raise usage_error(f"bounds are positive whole numbers of tokens up to {TOKEN_FIELD_MAX:,}; "
+                              "nothing changed")
         if not 0 < target < trigger or p["minRunwayTokens"] >= trigger:
             raise usage_error("the target must be above 0 and below the trigger, and the trigger "
                               f"above the runway ({p['minRunwayTokens']:,}); nothing changed")
@@ -4545,7 +4671,7 @@ def confirmed_runtime(path: str, window: int = 4 << 20) -> dict:
     """
     found = {}
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - window))
@@ -4556,8 +4682,8 @@ def confirmed_runtime(path: str, window: int = 4 << 20) -> dict:
         if b'"effort"' not in raw and b'"permissionMode"' not in raw:
             continue
         try:
-            rec = json.loads(raw)
-        except ValueError:
+            rec = load_json(raw)
+        except BadJson:
             continue
         if not isinstance(rec, dict):
             continue
@@ -4994,6 +5120,7 @@ def attach_thread(spec, home, policy):
             if not os.path.exists(path):
                 home.log("capture_off", reason=f"no transcript at {path} to adopt")
                 return None
+            refuse_irregular_transcript(path, spec.session_id, home)
             refuse_orphan(path, spec, home, registry)
             import sqlite3
             try:
@@ -5014,6 +5141,7 @@ def attach_thread(spec, home, policy):
                     "resuming that")
                 _resume_session(spec, current)
             path = _session_rollout(hostdb, spec.session_id, spec.cwd)
+            refuse_irregular_transcript(path, spec.session_id, home)
             repair_torn_tail(path, home, spec.session_id)
         except BaseException:
             lease.release()
@@ -5277,11 +5405,29 @@ def keep_what_it_holds(home, hostdb, thread_id, session_id, path) -> None:
     home.log("rebuild_content_kept", thread=thread_id, session=session_id, lines=lines)
 
 
+def refuse_irregular_transcript(path, session_id, home) -> None:
+    """A FIFO or device where a session's transcript belongs is never resumed.
+
+    Reading a FIFO waits for a writer and a device never ends, for cc-lhc and for Claude
+    alike, so the launch stops here with the reason instead of hanging.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # not there at all: the caller decides what that means
+    if stat.S_ISREG(mode):
+        return
+    kind = _file_kind(mode)
+    home.log("transcript_refused", session=session_id, path=path, kind=kind)
+    raise usage_error(f"the transcript of session {session_id} ({path}) is a {kind}, not a "
+                      "regular file; cc-lhc will not resume it")
+
+
 def looks_rebuilt(path) -> bool:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             first = f.readline(1 << 20)
-        rec = json.loads(first)
+        rec = load_json(first)
         content = (rec.get("message") or {}).get("content")
         return isinstance(content, str) and content.startswith(REBUILT_MARKER)
     except (OSError, ValueError, AttributeError):
@@ -5293,13 +5439,16 @@ def refuse_orphan(path, spec, home, registry) -> None:
     if not looks_rebuilt(path):
         return
     texts = []
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for raw in f:
             try:
-                rec = json.loads(raw)
-            except ValueError:
+                rec = load_json(raw)
+            except BadJson:
                 continue
-            content = (rec.get("message") or {}).get("content") if isinstance(rec, dict) else None
+            if not isinstance(rec, dict):
+                continue
+            message = rec.get("message")
+            content = message.get("content") if isinstance(message, dict) else None
             if rec.get("type") == "user" and isinstance(content, str) and not content.startswith(REBUILT_MARKER):
                 texts.append(content)
             if len(texts) >= 5:
@@ -5401,7 +5550,7 @@ def repair_torn_tail(path: str, home, session_id: str):
     can be shown to have the file open. Returns what was done, or None.
     """
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             if size == 0:
@@ -5600,6 +5749,19 @@ LHC_FLAGS = {
 }
 
 
+def option_value(name: str, value: str) -> str:
+    """The word after a value-taking cc-lhc option, refused when it is another option.
+
+    `--lhc-target --resume <id>` would otherwise take `--resume` as the target and hand
+    the session id to Claude as a prompt, launching a fresh session instead.
+    The `name=value` form is never ambiguous, so it is how such a value is written.
+    """
+    if value.startswith("-"):
+        raise usage_error(f"{name} needs a value, but {value!r} looks like an option; "
+                          f"write {name}=VALUE if that is really the value")
+    return value
+
+
 def parse_launch(argv) -> tuple:
     """Split our argv into the wrapper's own flags and Claude's arguments.
 
@@ -5621,7 +5783,7 @@ def parse_launch(argv) -> tuple:
                 if eq:
                     value = inline
                 elif i + 1 < len(argv):
-                    value = argv[i + 1]
+                    value = option_value(name, argv[i + 1])
                     i += 1
                 else:
                     raise usage_error(f"{name} needs a value")
@@ -5692,7 +5854,9 @@ Environment:
 
 Configuration: ~/.config/cc-lhc/config.json, then .cc-lhc.json in the project,
 then the flags above. Fields: lowerBoundTokens, upperBoundTokens, profile,
-pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens.
+pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens. Token
+values are whole numbers from 1 to 10,000,000; anything else falls back to the
+default. A flag value starting with `-` is refused: write --lhc-target=VALUE.
 
 Exit status: Claude's own status when Claude ran; 2 for a usage error or a
 refusal; 127 when claude cannot be found; 1 for an internal error, an unusable
@@ -5977,7 +6141,7 @@ def _take_option(args, name, default=None, cast=str):
         if a == name:
             if i + 1 >= len(args):
                 raise usage_error(f"{name} needs a value")
-            value = args[i + 1]
+            value = option_value(name, args[i + 1])
             del args[i:i + 2]
             break
         if a.startswith(name + "="):
@@ -6008,7 +6172,7 @@ def _turn_number(text: str) -> int:
     m = re.fullmatch(r"t?(\d+)", text.strip())
     if not m:
         raise usage_error(f"{text!r} is not a turn label like t12")
-    return int(m.group(1))
+    return label_number(m.group(1), text.strip())
 
 
 def cmd_threads(args) -> int:
@@ -6147,7 +6311,8 @@ def parse_labels(args, letter: str):
             if not m or m.group(1) != letter:
                 raise usage_error(f"{piece!r} is not a {'turn' if letter == 't' else 'message'} "
                                   f"label like {letter}12 or {letter}12-{letter}15")
-            a_n, b_n = int(m.group(2)), int(m.group(3) or m.group(2))
+            a_n = label_number(m.group(2), piece)
+            b_n = label_number(m.group(3) or m.group(2), piece)
             if b_n < a_n or b_n - a_n > 10_000:
                 raise usage_error(f"{piece!r} is not a usable range")
             for n in range(a_n, b_n + 1):
@@ -6368,6 +6533,17 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
     return written
 
 
+def check_envelope_source(path) -> None:
+    """--envelope-from names a transcript to copy attachments from: it must be one."""
+    try:
+        with open_regular(path):
+            pass
+    except NotRegularFile as e:
+        raise usage_error(f"--envelope-from: {e}")
+    except OSError as e:
+        raise usage_error(f"--envelope-from: cannot read {path} ({e.strerror or e})")
+
+
 def cmd_rollout(args) -> int:
     """`rollout write`: write a thread's served view as a new Claude session (the fork entry)."""
     if not args or args[0] != "write":
@@ -6384,6 +6560,8 @@ def cmd_rollout(args) -> int:
         raise usage_error("rollout write needs --thread-id and --session-id")
     if not is_uuid(session_id):
         raise usage_error(f"--session-id {session_id!r} is not a UUID")
+    if envelope_from is not None:
+        check_envelope_source(envelope_from)
     home = StateHome()
     if not os.path.exists(home.path("registry.sqlite")):
         raise usage_error("no threads yet")
@@ -6495,15 +6673,15 @@ def cmd_measure(args) -> int:
     target = _take_option(args, "--target", BUILTIN_POLICY["lowerBoundTokens"], int)
     if profile not in PROFILES:
         raise usage_error(f"--profile is one of {', '.join(PROFILES)}")
-    if target <= 0:
-        raise usage_error("--target must be a positive number of tokens")
+    if token_count_problem(target):
+        raise usage_error(f"--target must be a positive number of tokens up to {TOKEN_FIELD_MAX:,}")
     if len(args) != 1:
         raise usage_error("usage: cc-lhc measure <transcript.jsonl | folder> [--json | --markdown] "
                           "[--profile P] [--target N]")
     where = args[0]
     if os.path.isdir(where):
         files = sorted(os.path.join(d, f) for d, _s, names in os.walk(where) for f in names
-                       if f.endswith(".jsonl")
+                       if f.endswith(".jsonl") and os.path.isfile(os.path.join(d, f))  # no FIFOs or devices
                        and "subagents" not in os.path.relpath(d, where).split(os.sep))
     elif os.path.isfile(where):
         files = [where]

@@ -146,7 +146,7 @@ def test_bad_field_falls_back_alone_naming_field_and_source(iso_env, layer, fiel
 @pytest.mark.parametrize("flags, field", [
     (["--lhc-target", "lots"], "lowerBoundTokens"),
     (["--lhc-trigger", "0"], "upperBoundTokens"),
-    (["--lhc-min-runway", "-1"], "minRunwayTokens"),
+    (["--lhc-min-runway=-1"], "minRunwayTokens"),  # the = form: a separate "-1" reads as an option
     (["--lhc-profile", "fancy"], "profile"),
 ])
 def test_bad_launch_flag_falls_back_naming_it(iso_env, flags, field):
@@ -154,7 +154,7 @@ def test_bad_launch_flag_falls_back_naming_it(iso_env, flags, field):
              "minRunwayTokens": 40_000, "profile": "balanced"}
     write_user(iso_env, {field: below[field]})
     p = policy(iso_env.work, *flags)
-    assert len(p.problems) == 1 and field in p.problems[0] and flags[0] in p.problems[0], p.problems
+    assert len(p.problems) == 1 and field in p.problems[0] and flags[0].split("=")[0] in p.problems[0], p.problems
     # the flag's bad value is dropped; the user file below it still holds
     assert p.sources[field] == str(user_config(iso_env))
 

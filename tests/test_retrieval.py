@@ -298,6 +298,56 @@ def test_unknown_labels_are_named_not_invented(thread, monkeypatch, capsysbinary
     assert status == 2 and out == b"" and "not a turn label" in err
 
 
+HUGE_LABELS = [("get-turns", "t99999999999999999999"), ("get-messages", "m9223372036854775808"),
+               ("get-turns", "t" + "9" * 5000), ("get-turns", "t1-t99999999999999999999"),
+               ("get-messages", "m" + "1" * 5000 + "-m" + "2" * 5000)]
+
+
+@pytest.mark.parametrize("command, label", HUGE_LABELS)
+def test_a_label_past_64_bits_is_a_usage_error_with_nothing_printed(command, label, thread, monkeypatch,
+                                                                     capsysbinary):
+    grant(thread, monkeypatch)
+    status, out, err = run_main(capsysbinary, command, label)
+    assert status == cc_lhc.EXIT_USAGE and out == b""
+    assert len(err.strip().splitlines()) == 1 and "out of range" in err, err
+    assert len(err) < 200  # a 5,000-digit label is not echoed back whole
+    assert impressions(thread) == []
+
+
+def test_the_largest_label_sqlite_holds_is_still_a_label(thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    top = (1 << 63) - 1
+    status, out, _ = run_main(capsysbinary, "get-messages", f"m{top}")
+    assert status == 0 and f"--- m{top}: no such message in this thread".encode() in out
+
+
+@pytest.mark.parametrize("option", ["--from", "--to"])
+@pytest.mark.parametrize("label", ["t99999999999999999999", "t" + "7" * 5000])
+def test_export_refuses_a_huge_turn_before_printing_anything(option, label, thread, capsysbinary):
+    status, out, err = run_main(capsysbinary, "export", thread.id, option, label)
+    assert status == cc_lhc.EXIT_USAGE and out == b""
+    assert len(err.strip().splitlines()) == 1 and "out of range" in err, err
+
+
+def test_a_fifo_as_descriptor_is_refused_without_blocking(thread):
+    runtime = thread.home.ensure("runtime")
+    fifo = os.path.join(runtime, "fifo.json")
+    os.mkfifo(fifo, 0o600)
+    env = {**os.environ, cc_lhc.RUNTIME_ENV: fifo}
+    proc = subprocess.run([sys.executable, str(CC_LHC), "get-turns", "t1"], capture_output=True,
+                          text=True, env=env, stdin=subprocess.DEVNULL, timeout=15)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "cc-lhc: retrieval refused: the descriptor is not a regular file\n"
+
+
+def test_an_oversized_descriptor_is_refused(thread, monkeypatch, capsysbinary):
+    desc = grant(thread, monkeypatch)
+    with open(desc["path"], "ab") as f:
+        f.write(b" " * (cc_lhc.DESCRIPTOR_FILE_LIMIT + 1))
+    status, out, err = run_main(capsysbinary, "get-turns", "t1")
+    assert status == 2 and out == b"" and "missing or malformed" in err
+
+
 # -- search ---------------------------------------------------------------------------------
 
 def test_search_finds_a_word_and_returns_labels(thread, monkeypatch, capsysbinary):

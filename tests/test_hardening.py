@@ -1,0 +1,246 @@
+"""Hostile files and arguments (issue 9, items 4, 5, 8 and 9): nothing hangs, nothing
+prints a traceback, and bad input ends in the documented fallback or refusal.
+
+Every case runs cc-lhc as a subprocess with a timeout, so a regression that blocks on a
+FIFO fails the test instead of hanging the suite. Claude is tests/fake_claude.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+import cc_lhc
+from conftest import CC_LHC
+
+MSG = cc_lhc.MSG_CONFIG_FALLBACK
+SID = "11111111-2222-4333-8444-555555555555"
+TIMEOUT = 15  # seconds; every case here finishes in well under one
+
+
+def _limit_memory():
+    # Reading /dev/zero without a bound would eat the machine; a ceiling turns that
+    # regression into a quick MemoryError the test sees.
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def lhc(fake, *args, cwd=None, env=None):
+    return subprocess.run([sys.executable, str(CC_LHC), *args], env={**fake.env, **(env or {})},
+                          cwd=cwd or fake.cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=TIMEOUT, preexec_fn=_limit_memory)
+
+
+def user_config(iso_env):
+    path = iso_env.xdg / "cc-lhc" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def transcript_path(iso_env, sid=SID):
+    folder = iso_env.config / "projects" / cc_lhc.project_slug(str(iso_env.work))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{sid}.jsonl"
+
+
+def logged_policy(iso_env):
+    rows = [json.loads(line) for line in (iso_env.lhc / "wrapper.log").read_text().splitlines()]
+    return [r for r in rows if r["event"] == "launch"][-1]["policy"]
+
+
+def assert_fell_back_and_ran(p, fake, *words):
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count(MSG) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    for word in words:
+        assert word in p.stderr, p.stderr
+    assert len(fake.launches()) == 1
+
+
+def assert_refused(p, fake, *words):
+    assert p.returncode == cc_lhc.EXIT_USAGE, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert p.stdout == ""
+    assert fake.launches() == []
+
+
+# -- 4. non-regular files where cc-lhc reads --------------------------------------------
+
+@pytest.mark.parametrize("where", ["user", "project"])
+def test_a_fifo_as_config_falls_back_instead_of_hanging(fake_claude, iso_env, where):
+    path = user_config(iso_env) if where == "user" else iso_env.work / ".cc-lhc.json"
+    os.mkfifo(path)
+    p = lhc(fake_claude, "-p", "hi")
+    assert_fell_back_and_ran(p, fake_claude, str(path), "FIFO")
+    assert logged_policy(iso_env)["upperBoundTokens"] == cc_lhc.BUILTIN_POLICY["upperBoundTokens"]
+
+
+def test_a_config_linked_to_dev_zero_is_refused_without_reading_it(fake_claude, iso_env):
+    os.symlink("/dev/zero", user_config(iso_env))
+    p = lhc(fake_claude, "-p", "hi")
+    assert_fell_back_and_ran(p, fake_claude, "config.json", "character device")
+
+
+def test_an_oversized_config_falls_back(fake_claude, iso_env):
+    user_config(iso_env).write_bytes(b"{" + b" " * (cc_lhc.CONFIG_FILE_LIMIT + 10) + b"}")
+    p = lhc(fake_claude, "-p", "hi")
+    assert_fell_back_and_ran(p, fake_claude, "config.json", "larger than")
+
+
+def test_a_fifo_as_the_resumed_transcript_is_refused(fake_claude, iso_env):
+    os.mkfifo(transcript_path(iso_env))
+    p = lhc(fake_claude, "--resume", SID, "-p", "hi")
+    assert_refused(p, fake_claude, SID, "FIFO", "not a regular file")
+    assert cc_lhc.Registry(cc_lhc.StateHome()).thread_for_session(SID) is None  # nothing adopted
+
+
+def test_a_known_session_whose_transcript_became_a_fifo_is_refused(fake_claude, iso_env):
+    path = transcript_path(iso_env)
+    path.write_text(json.dumps({"type": "user", "uuid": "u1", "sessionId": SID,
+                                "message": {"role": "user", "content": "hello"}}) + "\n")
+    assert lhc(fake_claude, "--resume", SID, "-p", "hi").returncode == 0  # adopted
+    fake_claude.argv_file.unlink()
+    path.unlink()
+    os.mkfifo(path)
+    p = lhc(fake_claude, "--resume", SID, "-p", "again")
+    assert_refused(p, fake_claude, SID, "FIFO")
+
+
+def test_a_fifo_as_envelope_source_is_refused(fake_claude, iso_env, tmp_path):
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(SID, str(iso_env.work), "test")
+    fifo = tmp_path / "envelope.jsonl"
+    os.mkfifo(fifo)
+    p = lhc(fake_claude, "rollout", "write", "--thread-id", thread, "--session-id",
+            "22222222-2222-4333-8444-555555555555", "--envelope-from", str(fifo))
+    assert_refused(p, fake_claude, "--envelope-from", "FIFO")
+
+
+def test_open_regular_refuses_a_fifo_and_a_folder_at_once(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # run in a child: a regression that blocks on the FIFO then fails by timeout
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import cc_lhc\n"
+            "for path in sys.argv[2:]:\n"
+            "    try: cc_lhc.open_regular(path)\n"
+            "    except cc_lhc.NotRegularFile as e: print(e.reason)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(CC_LHC.parent), str(fifo), str(tmp_path)],
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.stdout.splitlines() == ["is a FIFO (named pipe), not a regular file",
+                                       "is a folder, not a regular file"], out.stderr
+
+
+# -- 5. input Python's JSON and int readers choke on ------------------------------------
+
+@pytest.mark.parametrize("content, words", [
+    ("[" * 100_000, "nested deeper"),
+    ('{"upperBoundTokens": ' + "9" * 5000 + "}", "too many digits"),
+])
+@pytest.mark.parametrize("where", ["user", "project"])
+def test_config_that_python_cannot_read_falls_back(fake_claude, iso_env, content, words, where):
+    path = user_config(iso_env) if where == "user" else iso_env.work / ".cc-lhc.json"
+    path.write_text(content)
+    p = lhc(fake_claude, "-p", "hi")
+    assert_fell_back_and_ran(p, fake_claude, str(path), words)
+
+
+def test_a_transcript_nested_too_deep_on_its_first_line_is_adopted_not_a_crash(fake_claude, iso_env):
+    path = transcript_path(iso_env)
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text(deep + "\n" + json.dumps({"type": "user", "uuid": "u1", "sessionId": SID,
+                                              "message": {"role": "user", "content": "hello"}}) + "\n")
+    p = lhc(fake_claude, "--resume", SID, "-p", "hi")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert len(fake_claude.launches()) == 1
+    thread = cc_lhc.Registry(cc_lhc.StateHome()).thread_for_session(SID)
+    store = cc_lhc.ThreadStore(cc_lhc.StateHome(), thread)
+    assert [m["text"] for m in store.messages()] == ["hello"]  # the line after it was captured
+
+
+# -- 8. an option value that is another option --------------------------------------------
+
+@pytest.mark.parametrize("argv, flag, value", [
+    (["--lhc-target", "--resume", SID, "-p", "next"], "--lhc-target", "--resume"),
+    (["--lhc-trigger", "-p", "hi"], "--lhc-trigger", "-p"),
+    (["--lhc-min-runway", "--model", "x"], "--lhc-min-runway", "--model"),
+    (["--lhc-profile", "--lhc-help"], "--lhc-profile", "--lhc-help"),
+])
+def test_an_lhc_flag_value_that_looks_like_an_option_is_refused(fake_claude, argv, flag, value):
+    p = lhc(fake_claude, *argv)
+    assert_refused(p, fake_claude, flag, repr(value), "looks like an option")
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["measure", "x.jsonl", "--profile", "--target", "5000"], "--profile"),
+    (["export", "abc", "--format", "--from", "t1"], "--format"),
+    (["export", "abc", "--from", "--to", "t3"], "--from"),
+    (["rollout", "write", "--thread-id", "abc", "--session-id", SID, "--cwd", "--envelope-from", "x"],
+     "--cwd"),
+    (["search", "--limit", "--from", "words"], "--limit"),
+])
+def test_a_command_option_value_that_looks_like_an_option_is_refused(fake_claude, argv, option):
+    p = lhc(fake_claude, *argv)
+    assert_refused(p, fake_claude, option, "looks like an option")
+
+
+def test_the_equals_form_still_carries_a_dash_value(iso_env):
+    flags, rest = cc_lhc.parse_launch(["--lhc-min-runway=-1", "-p", "x"])
+    assert flags == {"--lhc-min-runway": "-1"} and rest == ["-p", "x"]
+
+
+# -- 9. token counts out of any sane range ------------------------------------------------
+
+@pytest.mark.parametrize("value", [10 ** 30, cc_lhc.TOKEN_FIELD_MAX + 1])
+def test_a_config_trigger_no_context_can_reach_falls_back(fake_claude, iso_env, value):
+    user_config(iso_env).write_text(json.dumps({"upperBoundTokens": value, "profile": "balanced"}))
+    p = lhc(fake_claude, "-p", "hi")
+    assert_fell_back_and_ran(p, fake_claude, "upperBoundTokens", "10,000,000")
+    used = logged_policy(iso_env)
+    assert used["upperBoundTokens"] == cc_lhc.BUILTIN_POLICY["upperBoundTokens"]
+    assert used["profile"] == "balanced"  # the good field beside it still counts
+
+
+def test_a_27_digit_trigger_flag_falls_back(fake_claude, iso_env):
+    p = lhc(fake_claude, "--lhc-trigger", "9" * 27, "-p", "hi")
+    assert_fell_back_and_ran(p, fake_claude, "--lhc-trigger", "upperBoundTokens")
+    assert logged_policy(iso_env)["upperBoundTokens"] == cc_lhc.BUILTIN_POLICY["upperBoundTokens"]
+
+
+@pytest.mark.parametrize("field", cc_lhc._TOKEN_FIELDS)
+def test_every_token_field_has_the_same_range(field):
+    assert "10,000,000" in cc_lhc._check_field(field, cc_lhc.TOKEN_FIELD_MAX + 1)
+    assert cc_lhc._check_field(field, cc_lhc.TOKEN_FIELD_MAX) is None
+    assert cc_lhc._check_field(field, cc_lhc.TOKEN_FIELD_MIN) is None
+
+
+def test_measure_refuses_an_unreachable_target(fake_claude, tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("")
+    p = lhc(fake_claude, "measure", str(path), "--target", str(10 ** 30))
+    assert_refused(p, fake_claude, "--target", "10,000,000")
+
+
+def test_panel_bounds_refuse_an_unreachable_trigger():
+    policy = cc_lhc.resolve_policy([])
+    session = types.SimpleNamespace(policy=policy, home=None)
+    host = types.SimpleNamespace(size=lambda: (24, 80))
+    panel = cc_lhc.ControlPanel(session, host, handoff=None)
+    with pytest.raises(cc_lhc.LhcError) as e:
+        panel.cmd_bounds(["150000", str(10 ** 27)])
+    assert e.value.status == cc_lhc.EXIT_USAGE and "10,000,000" in str(e.value)
+    assert policy["upperBoundTokens"] == cc_lhc.BUILTIN_POLICY["upperBoundTokens"]
+
+
+def test_lhc_help_names_the_token_range_and_the_equals_form(fake_claude):
+    p = lhc(fake_claude, "--lhc-help")
+    assert p.returncode == 0
+    assert "1 to 10,000,000" in p.stdout and "--lhc-target=VALUE" in p.stdout
