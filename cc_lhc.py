@@ -4967,6 +4967,7 @@ class LiveHandoff:
                     session.pending = None
             else:
                 session.pending = waiting  # settled when the session ends
+                home.log("handoff_acceptance_deferred", session=waiting.session_id)
 
     def _end_old(self, old_child) -> None:
         _close_child(old_child)
