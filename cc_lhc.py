@@ -32,6 +32,7 @@ only inside the sections that need them.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import itertools
@@ -3144,17 +3145,55 @@ def create_descriptor(home, hostdb, thread_id: str, session_id: str) -> dict:
     return {"path": path, "token": token, "shim_dir": shim_dir}
 
 
-def remove_descriptor(home, hostdb, descriptor: dict, reason: str) -> None:
-    import shutil
+def revoke_descriptor(home, hostdb, descriptor: dict, reason: str) -> None:
+    """Retrieval through this descriptor refuses from now on (its shim stays)."""
     with Tx(hostdb.db):
         hostdb.db.execute("UPDATE descriptors SET revoked = ? WHERE token = ? AND revoked IS NULL",
                           (f"{utc_now_iso()} {reason}", descriptor["token"]))
-    for path in (descriptor["path"],):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    try:
+        os.unlink(descriptor["path"])
+    except OSError:
+        pass
+
+
+def rebind_descriptor(home, hostdb, descriptor: dict, thread_id: str, session_id: str) -> dict:
+    """Issue a new capability at a revoked descriptor's path, for another thread and session.
+
+    A running Claude keeps the descriptor path it was started with in its environment, so
+    when it moves to another session (/clear, /resume) the new binding must live there.
+    """
+    import secrets
+    token = secrets.token_hex(16)
+    body = {"version": 1, "token": token, "thread_id": thread_id, "session_id": session_id,
+            "owner": process_identity(), "created": utc_now_iso()}
+    with Tx(hostdb.db):
+        hostdb.db.execute("INSERT INTO descriptors VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                          (token, descriptor["path"], thread_id, session_id,
+                           json.dumps(body["owner"]), body["created"]))
+    write_atomic(descriptor["path"], json.dumps(body).encode("utf-8"))
+    return dict(descriptor, token=token)
+
+
+def remove_descriptor(home, hostdb, descriptor: dict, reason: str) -> None:
+    import shutil
+    revoke_descriptor(home, hostdb, descriptor, reason)
     shutil.rmtree(descriptor["shim_dir"], ignore_errors=True)
+
+
+def claude_session_of(pid: int):
+    """The session a running Claude says it is on, from the file it keeps for its pid.
+
+    Claude Code (2.1.x) writes $CLAUDE_CONFIG_DIR/sessions/<pid>.json while it runs and
+    rewrites its sessionId when /clear or an in-app /resume moves it to another session.
+    None when there is no such file (older versions) or it cannot be read.
+    """
+    path = os.path.join(claude_config_dir(), "sessions", f"{pid}.json")
+    try:
+        body = load_json(read_small_file(path, 64 * 1024))
+    except (OSError, ValueError, LhcError):
+        return None
+    sid = body.get("sessionId") if isinstance(body, dict) else None
+    return sid if isinstance(sid, str) and is_uuid(sid) and body.get("pid") in (pid, None) else None
 
 
 def remove_stale_descriptors(home, hostdb) -> int:
@@ -4329,7 +4368,12 @@ class ControlPanel:
             f"context: {describe_reading(c)}; state {c['state']}",
             f"policy: target {p['lowerBoundTokens']:,}, trigger {p['upperBoundTokens']:,}, "
             f"runway {p['minRunwayTokens']:,}, profile {p['profile']}",
-        ] + [f"alarm: {a}" for a in session.alarms])
+            f"thread {capture.thread_id[:8]}, session {session.spec.session_id}",
+        ] + ([f"NOT FOLLOWING: {session.detached}"] if session.detached else [])
+          + [f"Claude native Compact ran: its summary is turn t{turn} ({when})"
+             for turn, when in session.native_compacts]
+          + [f"alarm: {a}" for a in standing_alarms(session.home, capture.thread_id, session.alarms)]
+          + [f"notice: {line}" for line in session.announced[-5:]])
 
     def cmd_stats(self, _args) -> str:
         store = self._store()
@@ -4401,6 +4445,95 @@ class ControlPanel:
                f"Claude native Compact: {native}",
                f"running operation: {running}",
                f"last action: {self.last_action}"])
+
+
+LIFECYCLE_NOTES = {
+    "clear": ("/clear starts a new conversation: this one stays in its cc-lhc thread, and cc-lhc "
+              "follows the new one as a new thread"),
+    "resume": ("in-app /resume moves Claude to another session: cc-lhc follows it when no other "
+               "cc-lhc holds that session's thread, and otherwise stops serving this window"),
+    "compact": ("/compact runs Claude's own summary: cc-lhc keeps every earlier turn word for word "
+                "and records the summary as one turn"),
+}
+LIFECYCLE_LINE = re.compile(r"/(clear|resume|compact)(?:\s.*)?")
+
+
+class LifecycleNotifier:
+    """Advisory only: one line when a person submits /clear, /resume or /compact to Claude.
+
+    It watches the keys on their way to Claude (it never changes or holds them) and keeps
+    the line being typed. Only a line typed key by key and submitted on its own counts:
+    a paste, a cursor or completion key, or text arriving with the Enter makes the line
+    uncertain, and an uncertain line says nothing. Correctness never depends on it: the
+    session follower notices from what Claude writes that it moved.
+    """
+
+    def __init__(self, announce):
+        self.announce = announce
+        self.line = ""
+        self.uncertain = False
+        self.pasting = False
+
+    def observe(self, data: bytes) -> bytes:
+        i, n = 0, len(data)
+        while i < n:
+            if data.startswith(b"\x1b[200~", i):
+                self.pasting, i = True, i + 6
+                continue
+            if data.startswith(b"\x1b[201~", i):
+                self.pasting, self.uncertain, i = False, True, i + 6
+                continue
+            b = data[i]
+            if self.pasting:
+                i += 1
+            elif b == 0x1b:
+                end, report = _escape_sequence(data, i)
+                # A terminal's own reports (focus, device attributes, cursor position) are
+                # not keys; arrows, history and the rest change the line out of our sight.
+                self.uncertain = self.uncertain or not report
+                i = end
+            elif b in (0x0d, 0x0a):
+                self._submitted(alone=(n == 1 or i == n - 1 and not self._typed_with_enter(data)))
+                i += 1
+            elif b in (0x7f, 0x08):
+                self.line, i = self.line[:-1], i + 1
+            elif b in (0x03, 0x15):  # ctrl-c, ctrl-u: the line is gone
+                self.line, self.uncertain, i = "", False, i + 1
+            elif b < 0x20:
+                self.uncertain, i = True, i + 1
+            else:
+                self.line, i = self.line + chr(b) if b < 0x80 else self.line + "\ufffd", i + 1
+        return data
+
+    @staticmethod
+    def _typed_with_enter(data: bytes) -> bool:
+        """More than one printable key arrived with the Enter: pasted, not typed."""
+        return sum(1 for b in data[:-1] if b >= 0x20) > 1
+
+    def _submitted(self, alone: bool) -> None:
+        m = LIFECYCLE_LINE.fullmatch(self.line.strip()) if alone and not self.uncertain else None
+        self.line, self.uncertain = "", False
+        if m:
+            self.announce(LIFECYCLE_NOTES[m.group(1)])
+
+
+def _escape_sequence(data: bytes, i: int):
+    """(index after the escape sequence at data[i], whether it is a terminal report)."""
+    kind = data[i + 1:i + 2]
+    if kind in (b"P", b"]", b"_", b"^"):  # DCS, OSC, APC, PM: up to ST or BEL
+        for end, terminator in ((data.find(b"\x1b\\", i + 2), 2), (data.find(b"\x07", i + 2), 1)):
+            if end >= 0:
+                return end + terminator, True
+        return len(data), True
+    if kind == b"[":
+        j = i + 2
+        while j < len(data) and not 0x40 <= data[j] <= 0x7E:
+            j += 1
+        params, final = data[i + 2:j], data[j:j + 1]
+        report = (final in (b"I", b"O") and not params) or final == b"R" \
+            or (final == b"c" and params[:1] in (b"?", b">"))
+        return j + 1, report
+    return i + (3 if kind == b"O" else 2), False
 
 
 def terminal_size(fd):
@@ -4502,14 +4635,22 @@ class InteractiveHost:
             relay.on_tick = handoff.on_tick
             panel = ControlPanel(session, self, handoff)
             panel.relay = relay
-            relay.on_input = panel.on_input
+            follower = SessionFollower(session, self, handoff)
+            if spec.flags.get("--lhc-no-notifier"):
+                relay.on_input = panel.on_input
+            else:
+                notifier = LifecycleNotifier(lambda text: session.announce(text, relay))
+                relay.on_input = lambda data: notifier.observe(panel.on_input(data))
 
             def tick(relay):
                 handoff.on_tick(relay)
                 panel.on_tick(relay)
-                relay.timeout = 0.05 if panel.wants_tick else (0.1 if handoff.wants_tick else None)
+                follower.on_tick(relay)
+                relay.timeout = 0.05 if panel.wants_tick else (0.1 if handoff.wants_tick else
+                                                               SessionFollower.POLL_SECONDS)
 
             relay.on_tick = tick
+            relay.timeout = SessionFollower.POLL_SECONDS
         try:
             with RawTerminal(self.in_fd):
                 relay.run()
@@ -4772,20 +4913,22 @@ class LiveHandoff:
         except BlockingIOError:
             asked = b""
         session = self.session
+        if b"n" in asked:
+            session.show_notices(relay)
         if b"t" in asked and session.too_long and session.too_long[0] not in session.too_long_handled:
             turn, ran = session.too_long
             session.too_long_handled.add(turn)
             if session.continued:
                 # One automatic continuation per session: a second rejection means the
                 # task itself is too big for one request.
-                session.notices.append(self.SPLIT_NOTE)
+                session.announce(self.SPLIT_NOTE, relay)
                 session.home.log("too_long_again", turn=turn)
                 return
             self.continue_note = self.RUNTIME_NOTE.format(ran=", ".join(ran) or "none")
             if self.start(relay, manual=True):
                 self.continue_note = None
             return
-        if self.alarmed:
+        if b"h" not in asked or self.alarmed:
             return  # after the alarm only manual Smart Compact runs; the automatic swap stops
         self.start(relay)
 
@@ -4793,6 +4936,8 @@ class LiveHandoff:
         """Begin a handoff if the seam allows; returns why not, or ''."""
         if self.candidate is not None:
             return "a Smart Compact is already under way"
+        if self.session.detached:
+            return self.session.detached
         try:
             return self._begin(relay, manual) or ""
         except Exception as e:  # a failed attempt must never take the session down
@@ -4974,6 +5119,7 @@ class LiveHandoff:
         if old_child.isalive():
             self.session.home.log("old_child_survived", pid=old_child.pid)
             self.session.survivors.append(old_child.pid)
+            self.session.announce(survivor_note(old_child.pid))
 
     def _fail(self, relay, why: str) -> None:
         home = self.session.home
@@ -5006,6 +5152,126 @@ class LiveHandoff:
             except Exception as e:  # the old child keeps running either way
                 self.survival = False
                 home.log("survival_relaunch_failed", why=repr(e))
+
+
+CLEAR_COMMAND = "<command-name>/clear</command-name>"
+
+
+class SessionFollower:
+    """Follows Claude when it moves to another session inside the same process.
+
+    /clear starts a new session file and an in-app /resume reopens another one; Claude
+    says which session it is on in the file it keeps for its pid. When that is not the
+    session cc-lhc bound, the old binding fails closed at once (retrieval refuses, capture
+    of the old session ends cleanly), and then cc-lhc follows: a /clear becomes a new
+    thread, captured and governed from its first line; a resumed session's thread is
+    taken when its lease is free. Runs on the relay's thread, between handoffs.
+    """
+
+    POLL_SECONDS = 0.5
+
+    def __init__(self, session, host, handoff):
+        self.session, self.host, self.handoff = session, host, handoff
+        self.next_poll = 0.0
+        self.refused = None  # a session cc-lhc could not take: not asked again
+
+    def on_tick(self, relay) -> None:
+        import time
+        now = time.monotonic()
+        if now < self.next_poll or self.handoff.candidate is not None:
+            return
+        self.next_poll = now + self.POLL_SECONDS
+        sid = claude_session_of(self.host.child.pid)
+        if sid and sid != self.session.spec.session_id and sid != self.refused:
+            try:
+                self.follow(relay, sid)
+            except Exception as e:  # never take the session down over following it
+                self.session.home.log("follow_error", session=sid, error=repr(e))
+                self.refused = sid
+                self.session.detached = f"could not follow Claude to session {sid}: {e}"
+                self.session.announce(self.session.detached, relay)
+
+    def follow(self, relay, new_sid: str) -> None:
+        session, spec, home = self.session, self.session.spec, self.session.home
+        old_sid, old = spec.session_id, session.capture
+        path = rollout_path(new_sid, spec.cwd)
+        cleared = _opens_with(path, CLEAR_COMMAND)
+        self._let_go(old_sid)
+        registry = Registry(home)
+        thread = registry.thread_for_session(new_sid)
+        created = thread is None
+        if created:
+            thread = registry.create_thread(new_sid, spec.cwd, "fresh" if cleared else "adopted")
+        lease = Lease(home, thread)
+        try:
+            lease.acquire()
+        except LhcError as e:
+            self.refused = new_sid
+            session.detached = (f"Claude moved to session {new_sid}, but {e}; cc-lhc does not capture "
+                                "or serve retrieval for it in this window")
+            home.log("follow_refused", old_session=old_sid, new_session=new_sid, thread=thread)
+            session.announce(session.detached, relay)
+            return
+        try:
+            recover_thread(home, registry, session.hostdb, thread)
+            if registry.current_session(thread) != new_sid:
+                advance_current(registry, thread, new_sid)  # the session Claude now writes
+        except BaseException:
+            lease.release()
+            raise
+        session.hostdb.note_session(new_sid, thread, path, spec.cwd)
+        fresh = new_capture(spec, home, session.policy, session.hostdb, thread, new_sid, path)
+        fresh.lease = lease
+        fresh.request_handoff = old.request_handoff
+        spec.session_id = spec.resume = new_sid
+        session.capture, session.detached = fresh, ""
+        session.descriptor = rebind_descriptor(home, session.hostdb, session.descriptor, thread, new_sid)
+        fresh.start()
+        if session.worker:
+            session.worker.stop()
+            session.worker = DerivationWorker(home, thread).start() if session.summaries else None
+        kind = "clear" if cleared else "resume"
+        home.log("session_followed", kind=kind, old_session=old_sid, new_session=new_sid,
+                 thread=thread, created=created)
+        session.announce(f"/clear started a new conversation: cc-lhc follows it as thread "
+                         f"{thread[:8]} (the earlier one stays in thread {old.thread_id[:8]})"
+                         if cleared else
+                         f"Claude moved to session {new_sid}: cc-lhc follows it in thread {thread[:8]}",
+                         relay)
+
+    def _let_go(self, old_sid: str) -> None:
+        """Fail closed for the binding Claude left, before anything else happens."""
+        session, spec, home = self.session, self.session.spec, self.session.home
+        old = session.capture
+        if session.descriptor:
+            revoke_descriptor(home, session.hostdb, session.descriptor,
+                              f"Claude left session {old_sid}")
+        finish_capture(old, spec, home)
+        if session.pending:
+            pending, session.pending = session.pending, None
+            try:
+                accept(home, old.thread_id, pending)
+            except Exception as e:
+                home.log("settle_failed", thread=old.thread_id, error=repr(e))
+        if old.lease:
+            old.lease.release()
+            old.lease = None
+        session.detached = f"Claude left session {old_sid}"
+
+
+def _opens_with(path: str, marker: str, lines: int = 40) -> bool:
+    """Whether one of the first lines of a transcript holds ``marker`` (bounded read)."""
+    try:
+        with open_regular(path) as f:
+            for _ in range(lines):
+                line = f.readline(1 << 20)
+                if not line:
+                    return False
+                if marker.encode() in line:
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def run_oneshot(spec, home: StateHome) -> int:
@@ -5179,7 +5445,10 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
             note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
                     f"as turn t{turn} and every earlier turn stays in the thread")
             home.log("native_compact", thread=capture.thread_id, turn=turn, note=note)
-            if spec.print_mode:
+            if spec.session is not None:
+                spec.session.native_compacts.append((turn, utc_now_iso()))
+                spec.session.announce(note)
+            else:
                 say(note)
 
     live = None if spec.print_mode else (lambda capture: classify_live(capture, home, policy))
@@ -5746,7 +6015,7 @@ LHC_FLAGS = {
     "--lhc-trigger": ("upperBoundTokens", True, "context size that triggers Smart Compact (default 360000)"),
     "--lhc-min-runway": ("minRunwayTokens", True, "tokens kept free between the view and the trigger (default 50000)"),
     "--lhc-profile": ("profile", True, "allocation profile: default, balanced or historical"),
-    "--lhc-no-notifier": (None, False, "turn off lifecycle-command warnings (none are shown yet)"),
+    "--lhc-no-notifier": (None, False, "no advisory line when /clear, /resume or /compact is typed to Claude"),
 }
 
 
@@ -5985,6 +6254,13 @@ class ManagedSession:
         self.pending = self.descriptor = self.worker = None
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
+        self.announced = []               # lines shown on the terminal as they happened
+        self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
+        self.detached = ""                # why cc-lhc no longer follows this Claude, if so
+        self.native_compacts = []         # (turn, when) of each Claude native Compact seen
+        # Turn summaries are written in the background while a person works; a one-shot
+        # exits too soon for them and keeps its one prompt's cost predictable.
+        self.summaries = not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off"
         self.too_long = None              # (turn, tool calls that ran) of the newest rejection
         self.too_long_handled = set()
         self.continued = False            # the one automatic continuation has been used
@@ -6009,9 +6285,7 @@ class ManagedSession:
             self.capture.start()
             if self.pending:
                 spec.after_spawn = lambda: failpoint("after-spawn")
-            if not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off":
-                # Turn summaries are written in the background while a person works; a
-                # one-shot exits too soon for them and keeps its one prompt's cost predictable.
+            if self.summaries:
                 self.worker = DerivationWorker(home, self.capture.thread_id).start()
         except BaseException:
             self.__exit__()
@@ -6035,11 +6309,10 @@ class ManagedSession:
                     home.log("settle_failed", thread=capture.thread_id, error=repr(e))
             if self.descriptor:
                 remove_descriptor(home, self.hostdb, self.descriptor, "session ended")
-            for line in self.notices + self.alarms:
+            # What was shown inside Claude's screen is said again once the terminal is
+            # the user's own, where it stays readable.
+            for line in self.notices + self.alarms + self.announced:
                 say(line)
-            for pid in self.survivors:
-                say(f"an earlier Claude process (pid {pid}) did not exit when it was replaced; "
-                    "it is still running")
         finally:
             for fd in (self.control_r, self.control_w):
                 if fd is not None:
@@ -6047,6 +6320,28 @@ class ManagedSession:
             if capture.lease:
                 capture.lease.release()
         return False
+
+    def announce(self, text: str, relay=None) -> None:
+        """Tell the person now, on their terminal: from the relay's thread or any other."""
+        self.home.log("notice", text=text)
+        if self.control_w is None:  # a one-shot: stderr is the user's
+            say(text)
+            return
+        self._to_show.append(text)
+        if relay is not None:
+            self.show_notices(relay)
+            return
+        try:
+            os.write(self.control_w, b"n")
+        except (BlockingIOError, OSError):
+            pass
+
+    def show_notices(self, relay) -> None:
+        """On the relay's thread: write waiting notices as their own lines."""
+        while self._to_show:
+            text = self._to_show.popleft()
+            self.announced.append(text)
+            relay.to_user += f"\r\n{PROG}: {text}\r\n".encode("utf-8")
 
     def request_handoff(self, too_long=None) -> None:
         """Called on the capture thread: wake the relay to run a live handoff."""
@@ -6056,6 +6351,24 @@ class ManagedSession:
             os.write(self.control_w, b"t" if too_long is not None else b"h")
         except (BlockingIOError, OSError, TypeError):
             pass  # already asked, or the session is closing
+
+
+def standing_alarms(home, thread_id, raised=()) -> list:
+    """Alarms raised in this process, and the thread's standing one from any earlier process."""
+    alarms = list(raised)
+    try:
+        row = Registry(home).db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
+                                        (thread_id,)).fetchone()
+    except Exception:  # a status line must never fail over the registry
+        row = None
+    if row and row[0] not in alarms:
+        alarms.append(row[0])
+    return alarms
+
+
+def survivor_note(pid: int) -> str:
+    return (f"an earlier Claude process (pid {pid}) did not exit when it was replaced; "
+            "it is still running")
 
 
 def finish_capture(capture, spec, home):

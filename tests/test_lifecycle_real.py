@@ -1,0 +1,199 @@
+"""Claude's own session moves inside a cc-lhc session (/clear, in-app /resume, /compact),
+typed as a person would, in tmux, with the real Claude Code CLI.
+
+What the pinned CLI (2.1.328) does, measured here: /clear opens a new session file in the
+same project folder (its first records are the /clear command itself) and rewrites
+$CLAUDE_CONFIG_DIR/sessions/<pid>.json with the new sessionId; /compact stays in the same
+file and writes system/compact_boundary plus an isCompactSummary user record.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import cc_lhc
+from fakeapi import text_reply, tool_use_reply
+from test_interactive_real import CC_LHC, OVER_USAGE, PROMPT, _wait_for_log, exit_cleanly, type_line
+
+
+def log_events(rc, event: str) -> list[dict]:
+    log = Path(rc.env["CC_LHC_HOME"]) / "wrapper.log"
+    return [json.loads(line) for line in log.read_text().splitlines() if f'"event": "{event}"' in line]
+
+
+def lhc_json(rc, *args):
+    p = rc.run([sys.executable, CC_LHC, *args])
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def texts(rc, thread_id: str) -> list:
+    return [m.get("text") for m in lhc_json(rc, "export", thread_id)]
+
+
+def test_clear_is_followed_as_a_new_thread_that_is_captured_retrieved_and_compacted(real_claude, tmux):
+    real_claude.api.script([
+        "first answer, before the clear",
+        # In the new conversation the model reads its own first turn back through Bash:
+        # the descriptor must now be bound to the new thread.
+        tool_use_reply("Bash", {"command": "cc-lhc get-turns t1", "description": "read back"}),
+        text_reply("second answer, after the clear", usage=OVER_USAGE),
+        "answered on the rebuilt session",
+    ])
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
+             cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "hello before the clear")
+    t.wait_for("first answer, before the clear")
+    (old_thread,) = [r["id"] for r in lhc_json(real_claude, "threads", "--json")]
+    type_line(t, "/clear")
+    _wait_for_log(real_claude, "session_followed")
+    (followed,) = log_events(real_claude, "session_followed")
+    assert followed["kind"] == "clear" and followed["created"]
+    # the advisory line, then the line saying what happened
+    notices = [e["text"] for e in log_events(real_claude, "notice")]
+    assert notices[0] == cc_lhc.LIFECYCLE_NOTES["clear"]
+    assert any("follows it as thread" in n for n in notices[1:])
+    new_thread = followed["thread"]
+    assert new_thread != old_thread
+
+    type_line(t, "hello after the clear")
+    t.wait_for("second answer, after the clear")
+    # retrieval answered from the new thread (its t1 is the caveat Claude writes for /clear),
+    # not from the thread the descriptor was first issued for
+    bash_result = json.dumps(real_claude.api.message_requests[2]["body"]["messages"][-1])
+    assert "local-command-caveat" in bash_result and "hello before the clear" not in bash_result
+    assert "refused" not in bash_result
+    # over the trigger in the new conversation: Smart Compact swaps it like any other
+    _wait_for_log(real_claude, "handoff_switched")
+    t.wait_for("This conversation was rebuilt by Smart Compact")
+    t.wait_for(PROMPT)
+    type_line(t, "carry on")
+    t.wait_for("answered on the rebuilt session")
+    exit_cleanly(t)
+
+    assert texts(real_claude, old_thread) == ["hello before the clear", "first answer, before the clear"]
+    after = texts(real_claude, new_thread)
+    assert "hello after the clear" in after and "carry on" in after
+    assert "hello before the clear" not in after
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    revoked = cc_lhc.HostDB(home).db.execute(
+        "SELECT revoked FROM descriptors WHERE thread_id = ?", (old_thread,)).fetchall()
+    assert revoked and all(r[0] for r in revoked)  # the old binding refuses
+    handoff = log_events(real_claude, "handoff_switched")[0]
+    assert handoff["thread"] == new_thread
+
+
+def test_in_app_resume_follows_a_free_thread_and_refuses_a_held_one(real_claude, tmux):
+    # Two earlier sessions, each its own thread.
+    sessions = []
+    for prompt in ("the free topic", "the held topic"):
+        real_claude.api.script([f"noted: {prompt}"])
+        p = real_claude.run([sys.executable, CC_LHC, "-p", prompt, "--output-format", "json"])
+        assert p.returncode == 0, p.stderr
+        sessions.append(json.loads(p.stdout)["session_id"])
+    free, held = sessions
+    by_session = {r["current_session"]: r["id"] for r in lhc_json(real_claude, "threads", "--json")}
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    lease = cc_lhc.Lease(home, by_session[held])
+    lease.acquire()  # as another live cc-lhc would hold it
+    try:
+        real_claude.api.script(["answer in the first window", "back on the free topic"])
+        t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
+        t.wait_for(PROMPT)
+        type_line(t, "a fresh start")
+        t.wait_for("answer in the first window")
+        type_line(t, f"/resume {free}")
+        _wait_for_log(real_claude, "session_followed")
+        (followed,) = log_events(real_claude, "session_followed")
+        assert followed["kind"] == "resume" and followed["thread"] == by_session[free]
+        assert not followed["created"]
+        t.wait_for(PROMPT)
+        type_line(t, "more on it")
+        t.wait_for("back on the free topic")
+        type_line(t, f"/resume {held}")
+        _wait_for_log(real_claude, "follow_refused")
+        notices = [e["text"] for e in log_events(real_claude, "notice")]
+        assert any("already in use" in n and f"pid {cc_lhc.os.getpid()}" in n for n in notices)
+        exit_cleanly(t)
+    finally:
+        lease.release()
+    assert texts(real_claude, by_session[free])[-2:] == ["more on it", "back on the free topic"]
+    # nothing of the held thread's window was mixed into either thread
+    assert texts(real_claude, by_session[held]) == ["the held topic", "noted: the held topic"]
+
+
+def test_manual_compact_is_one_turn_reported_on_screen_and_in_status(real_claude, tmux):
+    real_claude.api.script(["an answer worth keeping", "SUMMARY OF THE CONVERSATION"])
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "remember the number 4711")
+    t.wait_for("an answer worth keeping")
+    type_line(t, "/compact")
+    _wait_for_log(real_claude, "native_compact")
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    type_line(t, "/status")
+    t.wait_for("Claude native Compact ran")
+    t.send_keys("Escape")
+    t.wait_for(PROMPT)
+    real_claude.api.script(["after the compact"])  # whatever the compaction itself asked for
+    type_line(t, "and now")
+    t.wait_for("after the compact")
+    exit_cleanly(t)
+    notices = [e["text"] for e in log_events(real_claude, "notice")]
+    assert notices[0] == cc_lhc.LIFECYCLE_NOTES["compact"]
+    assert any(n.startswith("Claude native Compact ran") for n in notices)
+    (thread,) = lhc_json(real_claude, "threads", "--json")
+    kept = texts(real_claude, thread["id"])
+    assert kept[:2] == ["remember the number 4711", "an answer worth keeping"]  # nothing lost
+    assert kept[-2:] == ["and now", "after the compact"]
+
+
+def test_no_notifier_flag_keeps_quiet_but_still_follows(real_claude, tmux):
+    real_claude.api.script(["before", "after"])
+    t = tmux([sys.executable, CC_LHC, "--lhc-no-notifier"], cols=110, rows=32, env=real_claude.env,
+             cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "one")
+    t.wait_for("before")
+    type_line(t, "/clear")
+    _wait_for_log(real_claude, "session_followed")
+    exit_cleanly(t)
+    notices = [e["text"] for e in log_events(real_claude, "notice")]
+    assert cc_lhc.LIFECYCLE_NOTES["clear"] not in notices
+    assert any("follows it as thread" in n for n in notices)
+
+
+# -- the notifier on its own (pure) --------------------------------------------------------
+
+def _notes(*chunks: bytes) -> list:
+    seen = []
+    n = cc_lhc.LifecycleNotifier(seen.append)
+    for chunk in chunks:
+        assert n.observe(chunk) == chunk  # never changes what Claude gets
+    return seen
+
+
+def test_notifier_speaks_only_for_a_typed_lifecycle_command():
+    typed = [bytes([c]) for c in b"/clear"]
+    assert _notes(*typed, b"\r") == [cc_lhc.LIFECYCLE_NOTES["clear"]]
+    assert _notes(b"/compact", b"\r") == [cc_lhc.LIFECYCLE_NOTES["compact"]]
+    assert _notes(b"/resume " + str(uuid.uuid4()).encode(), b"\r") == [cc_lhc.LIFECYCLE_NOTES["resume"]]
+    assert _notes(b"/clearx", b"\x7f", b"\r") == [cc_lhc.LIFECYCLE_NOTES["clear"]]  # backspace
+    # the terminal's own reports between keys (focus, device attributes, tmux's DCS) are no keys
+    assert _notes(b"\x1b[O", b"\x1bP>|tmux 3.3a\x1b\\", b"\x1b[?1;2c", b"/clear", b"\r") == \
+        [cc_lhc.LIFECYCLE_NOTES["clear"]]
+
+
+def test_notifier_stays_quiet_for_pastes_longer_messages_and_edited_lines():
+    assert _notes(b"\x1b[200~/clear\x1b[201~", b"\r") == []       # a paste
+    assert _notes(b"/clear\r") == []                               # arrived with its Enter
+    assert _notes(b"please /clear the cache", b"\r") == []         # a longer message
+    assert _notes(b"/cl", b"\x1b[D", b"ear", b"\r") == []           # cursor moved: unsure
+    assert _notes(b"/cl", b"\t", b"\r") == []                       # completion: unsure
+    assert _notes(b"/clear", b"\x15", b"hi", b"\r") == []           # ctrl-u wiped it
+    assert _notes(b"/help", b"\r") == []
