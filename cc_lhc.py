@@ -816,7 +816,7 @@ class Tx:
 # a full trigram index costs; a query asks for rows holding all of its trigrams and
 # instr() on the text confirms each one, so a hit is always an exact match.
 EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5 "
-                   "(body, content='', detail=none, tokenize='trigram case_sensitive 1')")
+                   "(body, content='', detail=none, columnsize=0, tokenize='trigram case_sensitive 1')")
 
 # What search reads of a message (alias m): its text, except that a tool call's JSON input
 # becomes its string values, decoded, one a line (a command with quotes and backslashes
