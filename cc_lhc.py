@@ -1535,7 +1535,7 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         "To read anything back exactly, run these through Bash:",
         "  cc-lhc get-turns t12 t13     whole turns as recorded",
         "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
-        "  cc-lhc search \"some text\"    find the turns and messages that mention something",
+        "  cc-lhc search \"some text\"    where an exact string (a command, an error line) or some words appear",
         "Use them instead of guessing what an earlier turn said.",
     ]
     if files:
@@ -5282,7 +5282,8 @@ Commands (handled by cc-lhc, never passed to Claude):
   export <thread> [...]          print a thread's record
   get-turns [--from N] <tN>...   give back whole turns (used by Claude itself)
   get-messages [--from N] <mN>...  give back single messages (used by Claude)
-  search <text>                  search the thread (used by Claude)
+  search <text> [--thread T | --all]  find an exact string (else the words): in a
+                                 session its thread; outside one this folder's threads
   measure <transcript|folder>    what Smart Compact would do, counts only
   rollout write ...              write a thread's view as a Claude session
   backfill-labels <thread>       add stable labels to older stored renderings
