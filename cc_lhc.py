@@ -6007,26 +6007,26 @@ def _exact_hits(store, text: str, limit: int):
             for seq, turn, kind, tool, created, body in rows]
 
 
-def _word_hits(store, text: str, limit: int, found):
-    """Messages holding every word of text (ranked by the word index), other than `found`."""
+def _word_hits(store, text: str, limit: int):
+    """Messages holding every word of text, ranked by the word index."""
     query = fts_query(text)
-    if query is None or limit <= 0:
+    if query is None:
         return []
     rows = store.db.execute(
         "SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, "
         "snippet(messages_fts, 0, '\u00bb', '\u00ab', '\u2026', 16), rank "
         "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
-        "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, limit + len(found))).fetchall()
+        "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, limit))
     return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
                       _one_line(" ".join(snip.split())), rank)
-            for seq, turn, kind, tool, created, snip, rank in rows if seq not in found][:limit]
+            for seq, turn, kind, tool, created, snip, rank in rows]
 
 
 def search_thread(store, text: str, limit: int):
-    """Exact matches of text first (newest first), then messages that only share its words."""
+    """Messages holding text exactly, newest first; only when none does, the messages that
+    hold its words, best ranked first (the text was vague: words that never stand so)."""
     store.index_search()
-    hits = _exact_hits(store, text, limit)
-    return hits + _word_hits(store, text, limit - len(hits), {h.seq for h in hits})
+    return _exact_hits(store, text, limit) or _word_hits(store, text, limit)
 
 
 SEARCH_USAGE = "usage: cc-lhc search <text> [--limit N] [--thread T | --all] [--from TOKENS] [-- <text>]"
