@@ -6074,7 +6074,8 @@ def _search_in_session(desc, store, text, limit, start):
         lines = [f"no messages match {text!r}"]
     else:
         lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN.")
-    request = (f"--limit {limit} " if limit != 20 else "") + shlex.quote(text)
+    request = ((f"--limit {limit} " if limit != 20 else "") + ("-- " if text.startswith("-") else "")
+               + shlex.quote(text))  # after `--`, text that looks like an option stays text
     size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start))
     _record_impression(store, desc["session_id"], "search", [f"m{h.seq}" for h in hits],
                        {h.turn for h in hits}, size)

@@ -378,3 +378,50 @@ def test_claude_finds_a_quoted_command_through_bash(real_claude):
     assert person.returncode == 0, person.stderr
     (out_hit,) = hits_of(person.stdout)
     assert out_hit["thread"] == thread_id[:8] and out_hit["what"] == "tool_result"
+
+
+def test_live_capture_keeps_the_substring_index_up_to_date(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    tr.prompt("first")
+    tr.response(text("one"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(tr.session_id, tr.cwd, "test")
+    cap = cc_lhc.Capture(home, thread_id, tr.session_id, str(path))
+    cap.catch_up()
+    tr.prompt("run the check")
+    calls = tr.response(tool_use("Bash", command=GREP), stop="tool_use")
+    tr.results((calls[0]["id"], MD5_ERROR, True))
+    tr.write(path)  # the same lines and the new ones after them, as Claude appends
+    cap.catch_up()
+    db = cap.store.db
+    top = db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+    assert db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() == (str(top),)
+    assert db.execute("SELECT rowid FROM messages_exact WHERE messages_exact MATCH ?",
+                      (cc_lhc.exact_query(MD5_ERROR),)).fetchall() == [(top,)]
+    cap.stop()
+
+
+def test_a_thread_this_version_cannot_open_is_named_and_skipped(two_folders, monkeypatch, capsysbinary):
+    folders, threads = two_folders
+    threads["a1"].store.db.execute("PRAGMA user_version = 99")
+    monkeypatch.chdir(folders["a"])
+    status, out, err = search(capsysbinary, "alpha")
+    assert status == 0 and {h["thread"] for h in hits_of(out)} == {threads["a2"].id[:8]}
+    assert f"thread {threads['a1'].id[:8]} skipped: " in err and "newer cc-lhc" in err
+
+
+def test_text_that_looks_like_an_option_continues_as_text(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    for i in range(200):
+        tr.prompt(f"--all of them, number {i}: " + "padding words " * 30)
+        tr.response(text("ok"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    status, out, _ = search(capsysbinary, "--limit", "200", "--", "--all of them")
+    receipt = re.search(r"cc-lhc search --from (\d+) --limit 200 -- '--all of them'\]", out)
+    assert receipt, out[-300:]
+    status, more, err = search(capsysbinary, "--from", receipt.group(1), "--limit", "200", "--", "--all of them")
+    assert status == 0, err
+    assert len(hits_of(out)) + len(hits_of(more)) >= 199  # a line cut at the seam is in neither
