@@ -5944,7 +5944,7 @@ def exact_query(text: str):
     return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-def _one_line(text: str) -> str:
+def escape_controls(text: str) -> str:
     """Text on one line: control characters (newlines, tabs, ESC, ...) written as escapes."""
     out = []
     for ch in text:
@@ -5962,7 +5962,7 @@ def match_context(body: str, text: str) -> str:
     with the match between » and «, on one line."""
     at = body.find(text)
     if at < 0:
-        return _one_line(body[:2 * SEARCH_CONTEXT_CHARS])
+        return escape_controls(body[:2 * SEARCH_CONTEXT_CHARS])
     end = at + len(text)
     line_start = body.rfind("\n", 0, at) + 1
     line_end = body.find("\n", end)
@@ -5971,8 +5971,9 @@ def match_context(body: str, text: str) -> str:
     right = min(line_end, end + SEARCH_CONTEXT_CHARS)
     match = text if len(text) <= 2 * SEARCH_CONTEXT_CHARS else (
         text[:SEARCH_CONTEXT_CHARS] + "\u2026" + text[-SEARCH_CONTEXT_CHARS:])
-    return ("\u2026" if left > 0 else "") + _one_line(body[left:at]) + "\u00bb" + _one_line(match) + \
-        "\u00ab" + _one_line(body[end:right]) + ("\u2026" if right < len(body) else "")
+    before = ("\u2026" if left > 0 else "") + escape_controls(body[left:at])
+    after = escape_controls(body[end:right]) + ("\u2026" if right < len(body) else "")
+    return f"{before}\u00bb{escape_controls(match)}\u00ab{after}"
 
 
 class SearchHit:
@@ -6018,7 +6019,7 @@ def _word_hits(store, text: str, limit: int):
         "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
         "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, limit))
     return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
-                      _one_line(" ".join(snip.split())), rank)
+                      escape_controls(" ".join(snip.split())), rank)
             for seq, turn, kind, tool, created, snip, rank in rows]
 
 
