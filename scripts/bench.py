@@ -931,6 +931,7 @@ def _search(ctx: Ctx) -> dict:
         person_t.append(statistics.median(times))
     imp, _p = time_process(entry[:2] + [f"import sys; sys.path.insert(0, {str(lib)!r}); import cc_lhc"],
                            runs * 3, person_env, root)
+    bare, _p = time_process([sys.executable, "-c", "pass"], runs * 3, person_env, root)
     size = path.stat().st_size
     med = statistics.median(session_t)
     return {"thread": Figure(f"{info['messages']:,} msgs", "", f"{size / gen_transcript.MIB:.1f} MiB transcript, "
@@ -940,7 +941,9 @@ def _search(ctx: Ctx) -> dict:
                                                        f"{_num(max(session_t) * 1000)} ms; whole process"),
             "search --all outside a session": ms(statistics.median(person_t), 150,
                                                  f"worst {_num(max(person_t) * 1000)} ms"),
-            "  of which import cc_lhc": ms(statistics.median(imp), note="cached bytecode"),
+            "  python3 -c pass": ms(statistics.median(bare), note="the interpreter alone"),
+            "  import cc_lhc": ms(statistics.median(imp), note="from compiled bytecode"),
+            "  search beyond the interpreter": ms(med - statistics.median(bare), note="median minus python3 -c pass"),
             "  search itself, in process": ms(statistics.median(in_process),
                                               note=f"worst {_num(max(in_process) * 1000)} ms"),
             "word index build": Figure(t1 - t0, "s", "ThreadStore.index_search without trigrams"),
