@@ -750,7 +750,8 @@ def open_db(path: str, migrations, *, synchronous="NORMAL"):
     """Open one of our SQLite files, applying missing migrations in order.
 
     ``migrations`` is a list of (name, sql) and is append-only: a shipped entry is
-    never edited or reordered. ``sql`` may be a function of the connection instead. PRAGMA user_version counts applied migrations, so a
+    never edited or reordered; ``sql`` may instead be a function of the connection.
+    PRAGMA user_version counts applied migrations, so a
     file written by a newer cc-lhc is refused instead of being silently rewritten.
     Each migration runs in its own explicit transaction (the sqlite3 module would
     otherwise commit DDL implicitly).
@@ -829,6 +830,7 @@ SEARCH_BODY_SQL = """CASE
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
    WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
  END"""
+
 
 @functools.lru_cache(maxsize=None)
 def trigram_available() -> bool:
@@ -911,7 +913,6 @@ ALTER TABLE inference_cost ADD COLUMN turn INTEGER
 """),
     ("004_exact_search", _migrate_exact_search),
 ]
-
 
 REGISTRY_MIGRATIONS = [
     ("001_threads", """
@@ -6113,7 +6114,7 @@ def _search_for_people(text, limit, thread, every) -> int:
             store.close()
     exact.sort(key=lambda h: h.created or "", reverse=True)
     words.sort(key=lambda h: h.rank)
-    hits = (exact + words)[:limit]
+    hits = (exact or words)[:limit]  # words only for a text no thread holds exactly
     if not hits:
         print(f"no messages match {text!r}")
         return EXIT_OK
