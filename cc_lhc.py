@@ -6383,6 +6383,10 @@ def cmd_doctor(args) -> int:
     except (LhcError, OSError, subprocess.SubprocessError) as e:
         check("fail", "claude", str(e))
     check("ok" if TOKENS.count("x") >= 0 and TOKENS.exact else "warn", "token counts", TOKENS.reason)
+    import sqlite3
+    check("ok" if trigram_available() else "warn", "exact-string search",
+          f"SQLite {sqlite3.sqlite_version}: " + ("trigram index" if trigram_available() else
+                                                  "no trigram tokenizer (3.34+), so search scans"))
     if not os.path.isdir(home.root):
         check("ok", "state home", f"{home.root} (not created yet)")
         return EXIT_OK

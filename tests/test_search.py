@@ -425,3 +425,12 @@ def test_text_that_looks_like_an_option_continues_as_text(tmp_path, monkeypatch,
     status, more, err = search(capsysbinary, "--from", receipt.group(1), "--limit", "200", "--", "--all of them")
     assert status == 0, err
     assert len(hits_of(out)) + len(hits_of(more)) >= 199  # a line cut at the seam is in neither
+
+
+@pytest.mark.parametrize("available, line", [(True, "[  ok] exact-string search: SQLite "),
+                                             (False, "[warn] exact-string search: SQLite ")])
+def test_doctor_says_whether_search_has_its_index(available, line, monkeypatch, capsys):
+    monkeypatch.setattr(cc_lhc, "trigram_available", lambda: available)
+    cc_lhc.main(["doctor"])
+    out = capsys.readouterr().out
+    assert line in out and ("scans" in out) == (not available)
