@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -997,7 +998,8 @@ def open_db(path: str, migrations, *, synchronous="NORMAL"):
     """Open one of our SQLite files, applying missing migrations in order.
 
     ``migrations`` is a list of (name, sql) and is append-only: a shipped entry is
-    never edited or reordered. PRAGMA user_version counts applied migrations, so a
+    never edited or reordered; ``sql`` may instead be a function of the connection.
+    PRAGMA user_version counts applied migrations, so a
     file written by a newer cc-lhc is refused instead of being silently rewritten.
     Each migration runs in its own explicit transaction (the sqlite3 module would
     otherwise commit DDL implicitly).
@@ -1021,9 +1023,12 @@ def open_db(path: str, migrations, *, synchronous="NORMAL"):
                 if current > index:  # another process migrated while we waited
                     db.execute("COMMIT")
                     continue
-                for statement in sql.split(";\n"):
-                    if statement.strip():
-                        db.execute(statement)
+                if callable(sql):  # a step that depends on what this SQLite can do
+                    sql(db)
+                else:
+                    for statement in sql.split(";\n"):
+                        if statement.strip():
+                            db.execute(statement)
                 db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied TEXT)")
                 db.execute("INSERT INTO migrations VALUES (?, ?)", (name, utc_now_iso()))
                 db.execute(f"PRAGMA user_version = {index + 1}")
@@ -1053,6 +1058,50 @@ class Tx:
     def __exit__(self, exc_type, *_):
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
         return False
+
+
+# The substring index: trigrams of each message's searchable text (SEARCH_BODY_SQL). It
+# keeps neither the text (content='') nor positions (detail=none), about a fifth of what
+# a full trigram index costs; a query asks for rows holding all of its trigrams and
+# instr() on the text confirms each one, so a hit is always an exact match.
+EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5 "
+                   "(body, content='', detail=none, columnsize=0, tokenize='trigram case_sensitive 1')")
+
+# What search reads of a message (alias m): its text, except that a tool call's JSON input
+# becomes its string values, decoded, one a line (a command with quotes and backslashes
+# reads as Claude wrote it), and a block kept only as JSON gives its strings but not its
+# base64 payloads.
+SEARCH_BODY_SQL = """CASE
+ WHEN m.kind = 'tool_call' AND json_valid(m.text) THEN (SELECT group_concat(j.value, char(10))
+   FROM json_tree(m.text) j WHERE j.type = 'text')
+ WHEN m.text IS NOT NULL THEN m.text
+ WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
+   WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
+ END"""
+
+
+@functools.lru_cache(maxsize=None)
+def trigram_available() -> bool:
+    """Whether this SQLite's FTS5 has the trigram tokenizer (3.34 and later), tried once."""
+    import sqlite3
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute("CREATE VIRTUAL TABLE t USING fts5 (x, tokenize='trigram')")
+        return True
+    except sqlite3.DatabaseError:
+        return False
+    finally:
+        probe.close()
+
+
+def _migrate_exact_search(db) -> None:
+    """The substring index, where this SQLite has the trigram tokenizer.
+
+    Without it the migration still counts as applied and search scans instead; a later
+    run on an SQLite that has it creates the index then (ThreadStore.index_search).
+    """
+    if trigram_available():
+        db.execute(EXACT_INDEX_DDL)
 
 
 THREAD_MIGRATIONS = [
@@ -1117,6 +1166,7 @@ CREATE TABLE agents (
     agent_id TEXT PRIMARY KEY, source TEXT, kind TEXT, tool_use_id TEXT, prompt TEXT,
     first_seen TEXT)
 """),
+    ("005_exact_search", _migrate_exact_search),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -1448,17 +1498,39 @@ class ThreadStore:
                             (f"{kind}: {detail}", session_id))
 
     def index_search(self) -> int:
-        """Bring the full-text index up to the record; returns rows added."""
+        """Bring the search indexes up to the record; returns rows added to the word index.
+
+        Both follow the record by a watermark in meta, so a thread from before an index
+        existed is filled on its first call, and a run killed mid-way resumes there.
+        """
         db = self.db
         done = int((db.execute("SELECT value FROM meta WHERE key = 'fts_upto'").fetchone() or (0,))[0])
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
+        if top > done:
+            with Tx(db):
+                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages "
+                           "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
+        self._index_exact(top)
+        return max(0, top - done)
+
+    def has_exact_index(self) -> bool:
+        """Whether the substring index exists here and this SQLite can read it."""
+        return trigram_available() and self.db.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'messages_exact'").fetchone() is not None
+
+    def _index_exact(self, top: int) -> None:
+        db = self.db
+        if not trigram_available():
+            return  # left where it is: a run on an SQLite with trigrams catches up
+        done = int((db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() or (0,))[0])
         if top <= done:
-            return 0
+            return
         with Tx(db):
-            db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages "
-                       "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
-        return top - done
+            db.execute(EXACT_INDEX_DDL)  # absent when the migration ran without trigrams
+            db.execute(f"INSERT INTO messages_exact (rowid, body) SELECT m.seq, {SEARCH_BODY_SQL} "
+                       "FROM messages m WHERE m.seq > ? AND m.seq <= ?", (done, top))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('exact_upto', ?)", (str(top),))
 
     # -- reading ------------------------------------------------------------------
 
@@ -1777,7 +1849,7 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         "To read anything back exactly, run these through Bash:",
         "  cc-lhc get-turns t12 t13     whole turns as recorded",
         "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
-        "  cc-lhc search \"some text\"    find the turns and messages that mention something",
+        "  cc-lhc search \"some text\"    where an exact string (a command, an error line) or some words appear",
         "Use them instead of guessing what an earlier turn said.",
     ]
     if files:
@@ -6105,7 +6177,8 @@ Commands (handled by cc-lhc, never passed to Claude):
   export <thread> [...]          print a thread's record
   get-turns [--from N] <tN>...   give back whole turns (used by Claude itself)
   get-messages [--from N] <mN>...  give back single messages (used by Claude)
-  search <text>                  search the thread (used by Claude)
+  search <text> [--thread T | --all]  find an exact string (else the words): in a
+                                 session its thread; outside one this folder's threads
   measure <transcript|folder>    what Smart Compact would do, counts only
   rollout write ...              write a thread's view as a Claude session
   backfill-labels <thread>       add stable labels to older stored renderings
@@ -6789,42 +6862,211 @@ def cmd_get_messages(args) -> int:
     return _retrieve(args, "m", "get-messages", _render_messages)
 
 
-def fts_query(text: str) -> str:
-    """User text as an FTS5 query: every word must appear (each quoted, so no syntax leaks)."""
+def fts_query(text: str):
+    """User text as an FTS5 word query (every word must appear, each quoted so no syntax
+    leaks), or None when the text has no words."""
     words = re.findall(r"\w[\w./-]*", text, flags=re.UNICODE)
     if not words:
-        raise usage_error("search needs some words to look for")
+        return None
     return " ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
-def cmd_search(args) -> int:
-    """Find where the thread mentions something; prints labels to retrieve."""
-    import shlex
-    limit = _take_option(args, "--limit", 20, int)
-    start = _take_option(args, "--from", 0, int)
-    if not args:
-        raise usage_error("usage: cc-lhc search <text> [--limit N] [--from TOKENS]")
-    text = " ".join(args)
-    query = fts_query(text)
-    home = StateHome()
-    desc, store = _retrieval_store(home)
-    try:
-        store.index_search()
-        rows = store.db.execute(
-            "SELECT m.seq, m.turn, m.kind, snippet(messages_fts, 0, '\u00bb', '\u00ab', '\u2026', 16) "
-            "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
-            "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, max(1, min(limit, 200)))).fetchall()
-        lines = [f"m{seq} (t{turn}, {kind}): {' '.join(snip.split())}" for seq, turn, kind, snip in rows]
-        if not lines:
-            lines = [f"no messages match {text!r}"]
+EXACT_QUERY_TERMS = 40        # trigrams asked of the substring index; instr() checks the rest
+SEARCH_CONTEXT_CHARS = 60     # shown either side of an exact match, within its line
+
+
+def exact_query(text: str):
+    """The substring index's query for text: all of a spread of its trigrams (None under 3
+    characters). Each trigram is one quoted term, so quotes, backslashes, ^ * ( ) : in the
+    text are only characters; rows holding them all are candidates for instr() to confirm."""
+    if len(text) < 3:
+        return None
+    starts = list(range(0, len(text) - 2, 3))
+    if starts[-1] != len(text) - 3:
+        starts.append(len(text) - 3)
+    if len(starts) > EXACT_QUERY_TERMS:
+        step = len(starts) / EXACT_QUERY_TERMS
+        starts = [starts[int(i * step)] for i in range(EXACT_QUERY_TERMS - 1)] + [starts[-1]]
+    terms = dict.fromkeys(text[i:i + 3] for i in starts)
+    return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+def escape_controls(text: str) -> str:
+    """Text on one line: control characters (newlines, tabs, ESC, ...) written as escapes."""
+    out = []
+    for ch in text:
+        if ch in "\n\t\r":
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029":
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
         else:
-            lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN.")
-        request = (f"--limit {limit} " if limit != 20 else "") + shlex.quote(text)
-        size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start))
-        _record_impression(store, desc["session_id"], "search", [f"m{r[0]}" for r in rows],
-                           {r[1] for r in rows}, size)
+            out.append(ch)
+    return "".join(out)
+
+
+def match_context(body: str, text: str) -> str:
+    """The line holding the first match of text, cut to some characters either side of it,
+    with the match between » and «, on one line."""
+    at = body.find(text)
+    if at < 0:
+        return escape_controls(body[:2 * SEARCH_CONTEXT_CHARS])
+    end = at + len(text)
+    line_start = body.rfind("\n", 0, at) + 1
+    line_end = body.find("\n", end)
+    line_end = len(body) if line_end < 0 else line_end
+    left = max(line_start, at - SEARCH_CONTEXT_CHARS)
+    right = min(line_end, end + SEARCH_CONTEXT_CHARS)
+    match = text if len(text) <= 2 * SEARCH_CONTEXT_CHARS else (
+        text[:SEARCH_CONTEXT_CHARS] + "\u2026" + text[-SEARCH_CONTEXT_CHARS:])
+    before = ("\u2026" if left > 0 else "") + escape_controls(body[left:at])
+    after = escape_controls(body[end:right]) + ("\u2026" if right < len(body) else "")
+    return f"{before}\u00bb{escape_controls(match)}\u00ab{after}"
+
+
+class SearchHit:
+    """One message search found: its label, where it stands, and a line of context."""
+
+    def __init__(self, thread_id, seq, turn, kind, tool_name, created, how, context, rank=0.0):
+        self.thread_id, self.seq, self.turn, self.kind = thread_id, seq, turn, kind
+        self.tool_name, self.created, self.how, self.context = tool_name, created, how, context
+        self.rank = rank  # the word index's bm25 (lower is better); 0 for exact matches
+
+    def line(self, with_thread=False) -> str:
+        what = f"{self.kind} {self.tool_name}" if self.tool_name else self.kind
+        when = f"{self.created[:16].replace('T', ' ')} UTC" if self.created else "time unknown"
+        head = f"{self.thread_id[:8]} " if with_thread else ""
+        return f"{head}m{self.seq} (t{self.turn}, {what}, {when}, {self.how}): {self.context}"
+
+
+def _exact_hits(store, text: str, limit: int):
+    """Messages holding text exactly, newest first: through the substring index when there
+    is one and text is 3 characters or more, else by a scan that stops at `limit`."""
+    query = exact_query(text)
+    cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, {SEARCH_BODY_SQL} AS body"
+    if query is not None and store.has_exact_index():
+        inner = (f"SELECT {cols} FROM messages_exact x JOIN messages m ON m.seq = x.rowid "
+                 "WHERE messages_exact MATCH ? ORDER BY x.rowid DESC")
+        args = (query, text, limit)
+    else:
+        inner = f"SELECT {cols} FROM messages m ORDER BY m.seq DESC"
+        args = (text, limit)
+    rows = store.db.execute(f"SELECT * FROM ({inner}) WHERE instr(body, ?) > 0 LIMIT ?", args)
+    return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact", match_context(body, text))
+            for seq, turn, kind, tool, created, body in rows]
+
+
+def _word_hits(store, text: str, limit: int):
+    """Messages holding every word of text, ranked by the word index."""
+    query = fts_query(text)
+    if query is None:
+        return []
+    rows = store.db.execute(
+        "SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, "
+        "snippet(messages_fts, 0, '\u00bb', '\u00ab', '\u2026', 16), rank "
+        "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
+        "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, limit))
+    return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
+                      escape_controls(" ".join(snip.split())), rank)
+            for seq, turn, kind, tool, created, snip, rank in rows]
+
+
+def search_thread(store, text: str, limit: int):
+    """Messages holding text exactly, newest first; only when none does, the messages that
+    hold its words, best ranked first (the text was vague: words that never stand so)."""
+    store.index_search()
+    return _exact_hits(store, text, limit) or _word_hits(store, text, limit)
+
+
+SEARCH_USAGE = "usage: cc-lhc search <text> [--limit N] [--thread T | --all] [--from TOKENS] [-- <text>]"
+
+
+def cmd_search(args) -> int:
+    """Find where threads hold a string or some words; prints labels to read back.
+
+    Inside a session (a runtime descriptor is set) it searches that session's thread only,
+    for Claude, after the descriptor's checks; outside one it is for people: this folder's
+    threads, one (--thread) or all (--all).
+    """
+    text_args = []
+    if "--" in args:
+        at = args.index("--")
+        args, text_args = args[:at], args[at + 1:]
+    limit = max(1, min(_take_option(args, "--limit", 20, int), 200))
+    start = _take_option(args, "--from", None, int)
+    thread = _take_option(args, "--thread")
+    every = _take_flag(args, "--all")
+    text = " ".join(args + text_args)
+    if not text:
+        raise usage_error(SEARCH_USAGE)
+    if not os.environ.get(RUNTIME_ENV):
+        if start is not None:
+            raise usage_error("cc-lhc search: --from continues a search inside a session; "
+                              "outside one the whole answer is printed")
+        return _search_for_people(text, limit, thread, every)
+    desc, store = _retrieval_store(StateHome())
+    try:
+        if thread is not None or every:
+            raise usage_error("cc-lhc search: inside a session it searches this session's thread; "
+                              "--thread and --all are for use outside one")
+        _search_in_session(desc, store, text, limit, start or 0)
     finally:
         store.close()
+    return EXIT_OK
+
+
+def _search_in_session(desc, store, text, limit, start):
+    import shlex
+    hits = search_thread(store, text, limit)
+    lines = [h.line() for h in hits]
+    if not lines:
+        lines = [f"no messages match {text!r}"]
+    else:
+        lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN.")
+    request = ((f"--limit {limit} " if limit != 20 else "") + ("-- " if text.startswith("-") else "")
+               + shlex.quote(text))  # after `--`, text that looks like an option stays text
+    size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start))
+    _record_impression(store, desc["session_id"], "search", [f"m{h.seq}" for h in hits],
+                       {h.turn for h in hits}, size)
+
+
+def _search_for_people(text, limit, thread, every) -> int:
+    if thread is not None and every:
+        raise usage_error("cc-lhc search: give --thread T or --all, not both")
+    home = StateHome()
+    if not os.path.exists(home.path("registry.sqlite")):
+        print("no threads yet")
+        return EXIT_OK
+    registry = Registry(home)
+    if thread is not None:
+        thread_ids = [registry.resolve_prefix(thread)]
+    else:
+        here = os.path.realpath(os.getcwd())
+        thread_ids = [t[0] for t in registry.threads()
+                      if every or (t[1] and os.path.realpath(t[1]) == here)]
+        if not thread_ids:
+            print(f"no thread was captured in {here}; search every thread with --all")
+            return EXIT_OK
+    exact, words = [], []
+    for thread_id in thread_ids:
+        try:
+            store = ThreadStore(home, thread_id)
+        except LhcError as e:  # one unreadable thread does not hide what the others hold
+            say(f"thread {thread_id[:8]} skipped: {e}")
+            continue
+        try:
+            for hit in search_thread(store, text, limit):
+                (exact if hit.how == "exact" else words).append(hit)
+        finally:
+            store.close()
+    exact.sort(key=lambda h: h.created or "", reverse=True)
+    words.sort(key=lambda h: h.rank)
+    hits = (exact or words)[:limit]  # words only for a text no thread holds exactly
+    if not hits:
+        print(f"no messages match {text!r}")
+        return EXIT_OK
+    for hit in hits:
+        print(hit.line(with_thread=True))
+    print("Show a hit's turns with: cc-lhc export <thread> --from tN --to tN --format markdown")
     return EXIT_OK
 
 
@@ -7096,6 +7338,10 @@ def cmd_doctor(args) -> int:
     except (LhcError, OSError, subprocess.SubprocessError) as e:
         check("fail", "claude", str(e))
     check("ok" if TOKENS.count("x") >= 0 and TOKENS.exact else "warn", "token counts", TOKENS.reason)
+    import sqlite3
+    check("ok" if trigram_available() else "warn", "exact-string search",
+          f"SQLite {sqlite3.sqlite_version}: " + ("trigram index" if trigram_available() else
+                                                  "no trigram tokenizer (3.34+), so search scans"))
     if not os.path.isdir(home.root):
         check("ok", "state home", f"{home.root} (not created yet)")
         return EXIT_OK

@@ -37,12 +37,15 @@ noisy: compare figures taken in the same run, not across runs.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import platform
+import py_compile
 import random
 import shutil
 import statistics
@@ -813,6 +816,142 @@ def _get_turns(ctx: Ctx) -> dict:
                                                  note="paid by every `python3 cc_lhc.py` run"),
             "get-turns own work": ms(med["get-turns"] - med["import"], note="median minus import median"),
             "_seconds": med["get-turns"]}
+
+
+def _search_samples(cc: Any, store: Any, n: int, seed: int) -> list[tuple[str, int]]:
+    """(string, the one message holding it): shell commands, error lines, paths and hashes
+    of the thread's older half, each of 8+ characters and occurring once in the thread."""
+    rng = random.Random(seed)
+    rows = store.db.execute(f"SELECT m.seq, m.turn, m.kind, {cc.SEARCH_BODY_SQL} FROM messages m "
+                            "ORDER BY m.seq").fetchall()
+    half = (rows[-1][1] if rows else 0) // 2
+    bodies = [body or "" for _, _, _, body in rows]
+    everything = "\x00".join(bodies)
+    starts, at = [], 0
+    for body in bodies:
+        starts.append(at)
+        at += len(body) + 1
+    found: list[str] = []
+    for _seq, turn, kind, body in rows:
+        if turn > half or not body:
+            continue
+        if kind == "tool_call":
+            found += body.split("\n")[:1]                                # the command, the path
+        found += [ln.strip() for ln in body.split("\n") if "Error" in ln][:2]
+        found += [w for w in body.split() if len(w) >= 12 and ("/" in w or w.isalnum())][:2]
+    picked, seen = [], set()
+    for s in rng.sample(found, len(found)):
+        if len(s) < 8 or s in seen or everything.count(s) != 1:
+            continue
+        seen.add(s)
+        picked.append((s, rows[bisect.bisect_right(starts, everything.find(s)) - 1][0]))
+        if len(picked) == n:
+            break
+    return picked
+
+
+def _index_bytes(cc: Any, db_path: Path) -> int:
+    """What the substring index adds to a thread file: its size less a copy without it, both vacuumed."""
+    import sqlite3
+    sizes = []
+    for drop in (False, True):
+        copy = db_path.with_name(f"copy-{drop}.sqlite")
+        src = sqlite3.connect(db_path)
+        src.execute("VACUUM INTO ?", (str(copy),))
+        src.close()
+        if drop:
+            db = sqlite3.connect(copy)
+            db.execute("DROP TABLE messages_exact")
+            db.commit()
+            db.execute("VACUUM")
+            db.close()
+        sizes.append(copy.stat().st_size)
+        copy.unlink()
+    return sizes[0] - sizes[1]
+
+
+@bench("search", "`cc-lhc search` of unique strings from the older half of a 40 MB session, whole process")
+def _search(ctx: Ctx) -> dict:
+    cc = ctx.need_cc()
+    if not cc.trigram_available():
+        raise NotAvailable("this SQLite has no trigram tokenizer (search scans instead)")
+    path = ctx.transcript(size_mb=40, thinking=True)
+    root = ctx.scratch("search")
+    home = cc.StateHome(str(root / ".cc-lhc"))
+    home.ensure()
+    sid = ctx.session_of(path)
+    registry, hostdb = cc.Registry(home), cc.HostDB(home)
+    tid = registry.create_thread(sid, CWD, "bench")
+    hostdb.note_session(sid, tid, str(path), CWD)
+    _, _, _, info = intake_into(ctx, root, path, thread_id=tid, session_id=sid, index=False)
+    store = cc.ThreadStore(home, tid)
+    try:
+        real = cc.trigram_available
+        cc.trigram_available = lambda: False      # the word index alone, then the substring index
+        t0 = time.perf_counter()
+        store.index_search()
+        cc.trigram_available = real
+        t1 = time.perf_counter()
+        store.index_search()
+        t2 = time.perf_counter()
+        indexed_chars = store.db.execute(f"SELECT sum(length({cc.SEARCH_BODY_SQL})) FROM messages m").fetchone()[0]
+        samples = _search_samples(cc, store, 12, ctx.seed)
+        in_process = []
+        top3 = 0
+        for s, seq in samples:
+            t = time.perf_counter()
+            hits = cc.search_thread(store, s, 3)
+            in_process.append(time.perf_counter() - t)
+            top3 += seq in [h.seq for h in hits]
+    finally:
+        store.close()
+    if not samples:
+        raise NotAvailable("no unique strings found in the generated session")
+    index_bytes = _index_bytes(cc, Path(home.path("threads", f"{tid}.sqlite")))
+    desc = cc.create_descriptor(home, hostdb, tid, sid)
+    registry.db.close()
+    hostdb.db.close()
+    # As installed (zipapp, bundle): cc_lhc imported from bytecode compiled beforehand, which
+    # a copy beside its own __pycache__ gives even under PYTHONDONTWRITEBYTECODE.
+    lib = root / "lib"
+    lib.mkdir()
+    shutil.copy(REPO / "cc_lhc.py", lib / "cc_lhc.py")
+    py_compile.compile(str(lib / "cc_lhc.py"), cfile=importlib.util.cache_from_source(str(lib / "cc_lhc.py")),
+                       doraise=True)
+    entry = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); import cc_lhc; "
+                                   "sys.exit(cc_lhc.main(sys.argv[1:]))"]
+    session_env = sandbox_env(root, CC_LHC_RUNTIME_DESCRIPTOR=desc["path"])
+    person_env = sandbox_env(root)
+    runs = ctx.runs(3)
+    session_t, person_t = [], []
+    for s, _ in samples:
+        times, _p = time_process(entry + ["search", "--limit", "5", "--", s], runs, session_env, root)
+        session_t.append(statistics.median(times))
+        times, _p = time_process(entry + ["search", "--all", "--limit", "5", "--", s], runs, person_env, root)
+        person_t.append(statistics.median(times))
+    imp, _p = time_process(entry[:2] + [f"import sys; sys.path.insert(0, {str(lib)!r}); import cc_lhc"],
+                           runs * 3, person_env, root)
+    bare, _p = time_process([sys.executable, "-c", "pass"], runs * 3, person_env, root)
+    size = path.stat().st_size
+    med = statistics.median(session_t)
+    return {"thread": Figure(f"{info['messages']:,} msgs", "", f"{size / gen_transcript.MIB:.1f} MiB transcript, "
+                                                              f"{indexed_chars / 1e6:.1f} M characters searchable"),
+            "unique strings in the top 3": Figure(f"{top3}/{len(samples)}", "", "target: all"),
+            "search in session (median)": ms(med, 150, f"{len(samples)} strings, worst "
+                                                       f"{_num(max(session_t) * 1000)} ms; whole process"),
+            "search --all outside a session": ms(statistics.median(person_t), 150,
+                                                 f"worst {_num(max(person_t) * 1000)} ms"),
+            "  python3 -c pass": ms(statistics.median(bare), note="the interpreter alone"),
+            "  import cc_lhc": ms(statistics.median(imp), note="from compiled bytecode"),
+            "  search beyond the interpreter": ms(med - statistics.median(bare), note="median minus python3 -c pass"),
+            "  search itself, in process": ms(statistics.median(in_process),
+                                              note=f"worst {_num(max(in_process) * 1000)} ms"),
+            "word index build": Figure(t1 - t0, "s", "ThreadStore.index_search without trigrams"),
+            "substring index build": Figure(t2 - t1, "s", f"{indexed_chars / max(t2 - t1, 1e-9) / 1e6:.1f} M chars/s"),
+            "substring index size": Figure(index_bytes / gen_transcript.MIB, "MiB",
+                                           f"{index_bytes / size:.2f}× the transcript, "
+                                           f"{index_bytes / max(indexed_chars, 1):.2f} B per character"),
+            "_seconds": med}
 
 
 LCC_SPEC = "local-context-compiler[tiktoken]==1.2.0"

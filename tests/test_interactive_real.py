@@ -275,7 +275,7 @@ def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmu
     exit_cleanly(t)
     (result,) = tool_results(real_claude.api.message_requests[-1]["body"])
     content = result["content"] if isinstance(result["content"], str) else json.dumps(result["content"])
-    assert "m2 (t1, assistant_text)" in content and "31337" in content
+    assert "m2 (t1, assistant_text, " in content and "\u00bb31337\u00ab" in content
 
 
 def test_a_seam_with_background_work_open_is_skipped_not_swapped(real_claude, tmux):

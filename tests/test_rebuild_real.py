@@ -334,7 +334,7 @@ def test_model_retrieval_through_bash_is_exact_and_forgeries_are_refused(real_cl
     # search: the labels that mention the word
     found = tool_result_text(result[commands[2]])
     answer = next(m for m in first if m["kind"] == "assistant_text")
-    assert f"m{answer['seq']} (t1, assistant_text): " in found
+    assert f"m{answer['seq']} (t1, assistant_text, " in found and ", exact): " in found
     assert "\u00bb" + secret + "\u00ab" in found
     assert not result[commands[2]].get("is_error")
     assert tool_result_text(result[commands[3]]) == "copied"

@@ -158,6 +158,8 @@ def test_bad_descriptors_are_refused_before_any_read_or_impression(
     setup, reason = REFUSALS[case]
     setup(thread, desc, monkeypatch, tmp_path)
     for command, label in COMMANDS:
+        if case == "missing_env" and command == "search":
+            continue  # with no descriptor at all, search is the people's search (tests/test_search.py)
         status, out, err = run_main(capsysbinary, command, label)
         assert status == cc_lhc.EXIT_USAGE, (case, command, err)
         assert out == b""

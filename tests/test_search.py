@@ -1,0 +1,436 @@
+"""`cc-lhc search` (issue 11, parts 4 and 5): any exact string is found, exact matches come
+before messages that only share the words, each hit names its label, turn and time with a
+line of context; outside a session people search this folder's threads, one, or all.
+
+In process against threads read in by capture (tests/test_views.py builds them), on a
+generated real-CLI-shaped session with hard strings spliced in, and once through the real
+CLI, whose Bash runs `cc-lhc search` inside a session.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+from conftest import CC_LHC, REPO
+from test_views import Transcript, grant, intake, intake_transcript, text, thinking, tool_use
+
+sys.path.insert(0, str(REPO / "scripts"))
+from gen_transcript import generate  # noqa: E402
+
+HIT_RE = re.compile(r"^(?:(?P<thread>[0-9a-f]{8}) )?m(?P<seq>\d+) \(t(?P<turn>\d+), (?P<what>[^,]+), "
+                    r"(?P<when>[^,]+), (?P<how>exact|words)\): (?P<context>.*)$")
+
+GREP = r'grep -n "^def \|^class " pylib/ipaddress.py'
+MD5_ERROR = "AssertionError: 'd41d8cd98f00b204e9800998ecf8427e'"
+HARD = [GREP, r"sed -i 's/\(foo\)\*/\1+/g' a.txt", 'jq -r \'.items[] | "\\(.name): \\(.id)"\' x.json',
+        "NEAR(one two) AND ^start* OR col:value", 'say "hi" \\\\ there', "a\\\"quoted\\\" b"]
+
+
+def hits_of(out: str):
+    return [HIT_RE.match(line).groupdict() for line in out.splitlines() if HIT_RE.match(line)]
+
+
+def search(capsysbinary, *argv):
+    capsysbinary.readouterr()
+    status = cc_lhc.main(["search", *argv])
+    out = capsysbinary.readouterr()
+    return status, out.out.decode(), out.err.decode()
+
+
+@pytest.fixture
+def hard(tmp_path):
+    """A thread whose tool inputs, outputs and thinking hold strings full of FTS syntax."""
+    tr = Transcript()
+    tr.prompt("look at the module")
+    calls = tr.response(thinking("I think the\tparser \x1b[31mfails\x1b[0m on NEAR(one two) AND ^start* OR col:value here"),
+                        tool_use("Bash", command=GREP, description="definitions for the parser"),
+                        stop="tool_use")
+    tr.results((calls[1]["id"], "12:def ip_address(address):\n40:class IPv4Address:", False))
+    calls = tr.response(tool_use("Bash", command=HARD[1]), tool_use("Bash", command=HARD[2]),
+                        tool_use("Bash", command=HARD[4]), tool_use("Bash", command=HARD[5]),
+                        stop="tool_use")
+    tr.results(*[(c["id"], "ok", False) for c in calls])
+    calls = tr.response(tool_use("Bash", command="python -m pytest -q tests/test_md5.py"), stop="tool_use")
+    tr.results((calls[0]["id"], f"F\n>       assert digest == ''\nE       {MD5_ERROR}\n1 failed", True))
+    tr.response(text("the digest of the empty input is wrong; ok"))
+    tr.prompt("and the class parser: is it fine?")
+    tr.response(text("the class parser is fine"))
+    return intake_transcript(tr, tmp_path)
+
+
+def test_exact_strings_with_fts_syntax_are_found_first(hard, monkeypatch, capsysbinary):
+    grant(hard, monkeypatch)
+    messages = hard.messages()
+    for needle in HARD + [MD5_ERROR, "\\(", "'", "d41d8cd98f00b204"]:  # short ones are scanned
+        status, out, err = search(capsysbinary, "--limit", "3", needle)
+        assert status == 0, err
+        found = hits_of(out)
+        assert found and found[0]["how"] == "exact", (needle, out)
+        m = messages[int(found[0]["seq"])]
+        assert needle in _visible(m), (needle, m)
+        assert f"t{m['turn']}" == "t" + found[0]["turn"]
+        assert found[0]["when"].startswith("2026-05-01 ") and found[0]["when"].endswith(" UTC")
+    status, out, _ = search(capsysbinary, GREP)
+    (first, *_rest) = hits_of(out)
+    assert first["what"] == "tool_call Bash"
+    assert first["context"] == "\u00bb" + GREP + "\u00ab\u2026"  # the command, then its description
+    # thinking text is searched too, and its context is one line with the controls escaped
+    status, out, _ = search(capsysbinary, "\x1b[31mfails")
+    (hit,) = [h for h in hits_of(out) if h["how"] == "exact"]
+    assert hit["what"] == "thinking" and "\n" not in hit["context"]
+    assert hit["context"] == "I think the\\tparser \u00bb\\x1b[31mfails\u00ab\\x1b[0m on NEAR(one two) AND ^start* OR col:value here"
+
+
+def _visible(m) -> str:
+    """A message's content as Claude saw it: a tool call's input values, decoded."""
+    if m["kind"] == "tool_call":
+        return "\n".join(v for v in _strings(json.loads(m["text"])))
+    return m["text"] or ""
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def test_words_rank_only_a_vague_query(hard, monkeypatch, capsysbinary):
+    grant(hard, monkeypatch)
+    status, out, _ = search(capsysbinary, "class parser")
+    found = hits_of(out)
+    assert [(h["what"], h["how"]) for h in found] == [("assistant_text", "exact"), ("user_text", "exact")]
+    # words that never stand so together: the word index finds and ranks what holds them all
+    status, out, _ = search(capsysbinary, "parser class")
+    found = hits_of(out)
+    assert {h["how"] for h in found} == {"words"} and len(found) == 3
+    assert "tool_call Bash" in {h["what"] for h in found}  # the description holds "parser"
+    status, out, _ = search(capsysbinary, "digest empty wrong")
+    (hit,) = hits_of(out)
+    assert hit["how"] == "words" and hit["what"] == "assistant_text"
+    assert hit["context"] == "the \u00bbdigest\u00ab of the \u00bbempty\u00ab input is \u00bbwrong\u00ab; ok"
+    status, out, _ = search(capsysbinary, "()")  # no words, no match: an answer, not an error
+    assert status == 0 and "no messages match" in out
+
+
+def test_a_thread_from_before_the_index_is_filled_when_opened(hard, monkeypatch, capsysbinary):
+    # As a thread written by the previous version looks: no substring index yet.
+    db = hard.store.db
+    db.execute("DROP TABLE messages_exact")
+    db.execute("DELETE FROM meta WHERE key = 'exact_upto'")
+    db.execute("DELETE FROM migrations WHERE name = '005_exact_search'")
+    db.execute(f"PRAGMA user_version = {len(cc_lhc.THREAD_MIGRATIONS) - 1}")
+    hard.store.close()
+    grant(hard, monkeypatch)
+    status, out, _ = search(capsysbinary, MD5_ERROR)
+    assert hits_of(out)[0]["how"] == "exact"
+    store = cc_lhc.ThreadStore(hard.home, hard.id)
+    assert store.has_exact_index()
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(cc_lhc.THREAD_MIGRATIONS)
+    top = store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+    assert store.db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() == (str(top),)
+
+
+def test_without_trigrams_search_scans_and_the_index_comes_later(tmp_path, monkeypatch, capsysbinary):
+    real = cc_lhc.trigram_available
+    monkeypatch.setattr(cc_lhc, "trigram_available", lambda: False)
+    tr = Transcript()
+    tr.prompt("run it")
+    calls = tr.response(tool_use("Bash", command=GREP), stop="tool_use")
+    tr.results((calls[0]["id"], MD5_ERROR, True))
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    assert not thread.store.has_exact_index()
+    grant(thread, monkeypatch)
+    for needle in (GREP, MD5_ERROR, "d4"):
+        status, out, _ = search(capsysbinary, needle)
+        assert hits_of(out)[0]["how"] == "exact", needle
+    monkeypatch.setattr(cc_lhc, "trigram_available", real)  # it has them: the next search builds the index
+    status, out, _ = search(capsysbinary, GREP)
+    assert hits_of(out)[0]["what"] == "tool_call Bash"
+    assert thread.store.has_exact_index()
+
+
+def test_exact_query_quotes_every_trigram():
+    assert cc_lhc.exact_query("ab") is None
+    assert cc_lhc.exact_query('a"b') == '"a""b"'
+    assert cc_lhc.exact_query("abcdefg") == '"abc" AND "def" AND "efg"'
+    long = cc_lhc.exact_query("x" * 10 + "".join(chr(0x4e00 + i) for i in range(500)))
+    assert long.count(" AND ") < cc_lhc.EXACT_QUERY_TERMS
+
+
+# -- the target: any unique string of 8+ characters in the top 3 -----------------------------
+
+def _splice_hard_strings(path: Path, rng: random.Random) -> None:
+    """Put shell commands and error lines people really search for into the older half of a
+    generated transcript, where a generated command or output stood."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    half = len(lines) * 2 // 5  # well inside the older half of the turns
+    commands = [f"{c} # {i}" for i, c in enumerate(HARD)] + [
+        f"grep -rn \"TODO\\|FIXME\" src/m{i}/ | awk -F: '{{print $1}}' | sort -u" for i in range(6)]
+    errors = [f"AssertionError: '{rng.getrandbits(128):032x}'" for _ in range(6)] + [
+        f"E   KeyError: \"cfg[{i}]['x']\" (C:\\\\tmp\\\\f{i}.py:12)" for i in range(4)]
+    for i in rng.sample(range(half), half):
+        if not commands and not errors:
+            break
+        rec = json.loads(lines[i])
+        content = (rec.get("message") or {}).get("content")
+        if not isinstance(content, list):
+            continue
+        for block in content:
+            if commands and block.get("type") == "tool_use" and block.get("name") == "Bash":
+                block["input"]["command"] = commands.pop()
+            elif errors and block.get("type") == "tool_result" and isinstance(block.get("content"), str):
+                body = block["content"].split("\n")
+                body.insert(len(body) // 2, errors.pop())
+                block["content"] = "\n".join(body)
+        lines[i] = json.dumps(rec, ensure_ascii=False) + "\n"
+    assert not commands and not errors
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+def _samples(messages, rng, older_than):
+    """Strings people look for: commands, paths, hashes, error lines, output lines."""
+    out = []
+    for m in messages:
+        if m["turn"] > older_than:
+            continue
+        body = _visible(m)
+        if m["kind"] == "tool_call":
+            out += [v for v in _strings(json.loads(m["text"]))]
+        out += re.findall(r"[\w.~-]*/[\w./-]+", body)                  # paths
+        out += re.findall(r"\b[0-9a-f]{7,40}\b", body)                  # hashes
+        out += [ln.strip() for ln in body.split("\n") if "Error" in ln]  # error lines
+        lines = [ln for ln in body.split("\n") if ln.strip()]
+        out += rng.sample(lines, min(2, len(lines)))                    # any line
+    return out
+
+
+def test_every_unique_string_of_the_older_half_is_in_the_top_3(tmp_path, monkeypatch, capsysbinary):
+    rng = random.Random(11)
+    path = tmp_path / "big.jsonl"
+    stats = generate(str(path), size_mb=6, seed=5, thinking=True)
+    _splice_hard_strings(path, rng)
+    thread = intake(path, stats["session_id"])
+    grant(thread, monkeypatch)
+    messages = list(thread.store.messages())
+    bodies = [_visible(m) for m in messages]
+    last_turn = messages[-1]["turn"]
+    candidates = sorted({s for s in _samples(messages, rng, last_turn // 2) if len(s) >= 8})
+    everything = "\x00".join(bodies)
+    starts = list(itertools.accumulate([0] + [len(b) + 1 for b in bodies[:-1]]))
+    unique = {}
+    for s in candidates:
+        if everything.count(s) == 1:
+            unique[s] = messages[bisect.bisect_right(starts, everything.find(s)) - 1]["seq"]
+    picked = rng.sample(sorted(unique), min(300, len(unique)))
+    for needle in HARD[:2] + [GREP]:
+        assert any(needle in s for s in unique), needle  # the spliced commands are among them
+    assert sum(1 for s in picked if '"' in s or "\\" in s) >= 5
+    missed = []
+    for s in picked:
+        status, out, err = search(capsysbinary, "--limit", "3", "--", s)
+        assert status == 0, err
+        if f"m{unique[s]}" not in [f"m{h['seq']}" for h in hits_of(out)]:
+            missed.append(s)
+    assert missed == [], f"{len(missed)} of {len(picked)} unique strings not in the top 3"
+
+
+# -- for people, outside a session ----------------------------------------------------------
+
+@pytest.fixture
+def two_folders(tmp_path, monkeypatch):
+    """Two threads captured in folder a, one in folder b; no descriptor in the environment."""
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV, raising=False)
+    folders = {name: tmp_path / name for name in ("a", "b")}
+    for f in folders.values():
+        f.mkdir()
+    threads = {}
+    for key, folder, word in (("a1", "a", "alpha"), ("a2", "a", "alpha"), ("b1", "b", "alpha")):
+        tr = Transcript(cwd=str(folders[folder]))
+        tr.prompt(f"the {word} word in {key}: look for \"{key}\\{word}\"")
+        tr.response(text(f"seen {key}"))
+        threads[key] = intake_transcript(tr, tmp_path)
+    return folders, threads
+
+
+def test_outside_a_session_search_covers_this_folder_one_thread_or_all(two_folders, monkeypatch,
+                                                                      capsysbinary):
+    folders, threads = two_folders
+    monkeypatch.chdir(folders["a"])
+    status, out, _ = search(capsysbinary, "alpha word")
+    found = hits_of(out)
+    assert status == 0 and {h["thread"] for h in found} == {threads["a1"].id[:8], threads["a2"].id[:8]}
+    assert all(h["when"].startswith("2026-05-01 ") for h in found)
+    assert "cc-lhc export <thread> --from tN --to tN" in out
+    status, out, _ = search(capsysbinary, "--all", "alpha word")
+    assert {h["thread"] for h in hits_of(out)} == {t.id[:8] for t in threads.values()}
+    status, out, _ = search(capsysbinary, "--thread", threads["b1"].id[:8], '"b1\\alpha"')
+    (hit,) = hits_of(out)
+    assert hit["thread"] == threads["b1"].id[:8] and hit["how"] == "exact" and hit["seq"] == "1"
+    # no impressions: those are the session's record of what Claude read
+    for t in threads.values():
+        assert t.store.db.execute("SELECT count(*) FROM impressions").fetchone() == (0,)
+    monkeypatch.chdir(folders["a"].parent)
+    status, out, _ = search(capsysbinary, "alpha")
+    assert status == 0 and "no thread was captured in" in out and "--all" in out
+
+
+def test_export_shows_the_turn_a_hit_names(two_folders, monkeypatch, capsysbinary):
+    folders, threads = two_folders
+    monkeypatch.chdir(folders["b"])
+    status, out, _ = search(capsysbinary, "seen b1")
+    (hit,) = hits_of(out)
+    capsysbinary.readouterr()
+    turn = f"t{hit['turn']}"
+    assert cc_lhc.main(["export", hit["thread"], "--from", turn, "--to", turn]) == 0
+    records = json.loads(capsysbinary.readouterr().out)
+    assert {"label": f"m{hit['seq']}", "text": "seen b1"}.items() <= records[-1].items()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--all", "--thread", "x", "alpha"], "not both"),
+    (["--from", "10", "alpha"], "--from continues a search inside a session"),
+    (["--thread", "zzzz", "alpha"], "no thread matches"),
+    ([], "usage: cc-lhc search"),
+])
+def test_bad_arguments_outside_a_session(two_folders, capsysbinary, argv, message):
+    status, out, err = search(capsysbinary, *argv)
+    assert status == cc_lhc.EXIT_USAGE and out == "" and message in err
+
+
+def test_inside_a_session_search_stays_on_the_sessions_thread(two_folders, monkeypatch, capsysbinary):
+    folders, threads = two_folders
+    grant(threads["a1"], monkeypatch)
+    status, out, _ = search(capsysbinary, "alpha")
+    assert status == 0 and out.startswith(f'<cc-lhc-recall thread="{threads["a1"].id[:8]}"')
+    assert {h["thread"] for h in hits_of(out)} == {None}
+    status, out, err = search(capsysbinary, "--all", "alpha")
+    assert status == cc_lhc.EXIT_USAGE and "--thread and --all are for use outside one" in err
+
+
+def test_people_search_through_the_command_line(two_folders, iso_env):
+    folders, threads = two_folders
+    env = {k: v for k, v in iso_env.env.items() if k != cc_lhc.RUNTIME_ENV}
+    proc = subprocess.run([sys.executable, str(CC_LHC), "search", '"a2\\alpha"'], cwd=folders["a"],
+                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    (hit,) = hits_of(proc.stdout)
+    assert hit["thread"] == threads["a2"].id[:8] and hit["how"] == "exact"
+
+
+def test_no_threads_yet(tmp_path, monkeypatch, capsysbinary):
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV, raising=False)
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path / "empty"))
+    status, out, _ = search(capsysbinary, "anything")
+    assert status == 0 and out == "no threads yet\n"
+
+
+# -- the real CLI: Claude's Bash runs cc-lhc search inside a session ------------------------
+
+def test_claude_finds_a_quoted_command_through_bash(real_claude):
+    from fakeapi import text_reply, tool_use_reply
+    rc, api = real_claude, real_claude.api
+    (rc.cwd / "pylib").mkdir()
+    (rc.cwd / "pylib" / "ipaddress.py").write_text("def ip_address(a):\n    pass\nclass IPv4Address:\n    pass\n")
+    api.script([tool_use_reply("Bash", {"command": GREP, "description": "find the definitions"}),
+                text_reply("two definitions")])
+    first = rc.run_lhc("-p", "list the definitions", "--output-format", "json", "--allowedTools", "Bash")
+    assert first.returncode == 0, first.stderr
+    sid = json.loads(first.stdout)["session_id"]
+    query = "cc-lhc search --limit 3 '" + GREP.replace("'", "'\\''") + "'"
+    api.script([tool_use_reply("Bash", {"command": query, "description": "look it up"}),
+                text_reply("found it")])
+    again = rc.run_lhc("--resume", sid, "-p", "which command did you run?", "--allowedTools", "Bash")
+    assert again.returncode == 0, again.stderr
+    last = api.message_requests[-1]["body"]["messages"]
+    (result,) = [b for b in last[-1]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    body = result["content"] if isinstance(result["content"], str) else "".join(
+        b.get("text", "") for b in result["content"])
+    assert not result.get("is_error"), body
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    (thread_id,) = [t[0] for t in cc_lhc.Registry(home).threads()]
+    store = cc_lhc.ThreadStore(home, thread_id)
+    call = next(m for m in store.messages() if m["kind"] == "tool_call" and GREP in _visible(m))
+    store.close()
+    assert body.startswith(f'<cc-lhc-recall thread="{thread_id[:8]}"')
+    found = hits_of(body)
+    assert f"m{call['seq']}" in [f"m{h['seq']}" for h in found[:3]]
+    hit = next(h for h in found if h["seq"] == str(call["seq"]))
+    assert hit["how"] == "exact" and hit["what"] == "tool_call Bash"
+    assert "\u00bb" + GREP + "\u00ab" in hit["context"]
+    # the output the command printed is found as exactly, by a person outside the session
+    person = rc.run_lhc("search", "--all", "3:class IPv4Address:")
+    assert person.returncode == 0, person.stderr
+    (out_hit,) = hits_of(person.stdout)
+    assert out_hit["thread"] == thread_id[:8] and out_hit["what"] == "tool_result"
+
+
+def test_live_capture_keeps_the_substring_index_up_to_date(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    tr.prompt("first")
+    tr.response(text("one"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(tr.session_id, tr.cwd, "test")
+    cap = cc_lhc.Capture(home, thread_id, tr.session_id, str(path))
+    cap.catch_up()
+    tr.prompt("run the check")
+    calls = tr.response(tool_use("Bash", command=GREP), stop="tool_use")
+    tr.results((calls[0]["id"], MD5_ERROR, True))
+    tr.write(path)  # the same lines and the new ones after them, as Claude appends
+    cap.catch_up()
+    db = cap.store.db
+    top = db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+    assert db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() == (str(top),)
+    assert db.execute("SELECT rowid FROM messages_exact WHERE messages_exact MATCH ?",
+                      (cc_lhc.exact_query(MD5_ERROR),)).fetchall() == [(top,)]
+    cap.stop()
+
+
+def test_a_thread_this_version_cannot_open_is_named_and_skipped(two_folders, monkeypatch, capsysbinary):
+    folders, threads = two_folders
+    threads["a1"].store.db.execute("PRAGMA user_version = 99")
+    monkeypatch.chdir(folders["a"])
+    status, out, err = search(capsysbinary, "alpha")
+    assert status == 0 and {h["thread"] for h in hits_of(out)} == {threads["a2"].id[:8]}
+    assert f"thread {threads['a1'].id[:8]} skipped: " in err and "newer cc-lhc" in err
+
+
+def test_text_that_looks_like_an_option_continues_as_text(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    for i in range(200):
+        tr.prompt(f"--all of them, number {i}: " + "padding words " * 30)
+        tr.response(text("ok"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    status, out, _ = search(capsysbinary, "--limit", "200", "--", "--all of them")
+    receipt = re.search(r"cc-lhc search --from (\d+) --limit 200 -- '--all of them'\]", out)
+    assert receipt, out[-300:]
+    status, more, err = search(capsysbinary, "--from", receipt.group(1), "--limit", "200", "--", "--all of them")
+    assert status == 0, err
+    assert len(hits_of(out)) + len(hits_of(more)) >= 199  # a line cut at the seam is in neither
+
+
+@pytest.mark.parametrize("available, line", [(True, "[  ok] exact-string search: SQLite "),
+                                             (False, "[warn] exact-string search: SQLite ")])
+def test_doctor_says_whether_search_has_its_index(available, line, monkeypatch, capsys):
+    monkeypatch.setattr(cc_lhc, "trigram_available", lambda: available)
+    cc_lhc.main(["doctor"])
+    out = capsys.readouterr().out
+    assert line in out and ("scans" in out) == (not available)
