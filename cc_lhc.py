@@ -1259,18 +1259,25 @@ def paired_tool_ids(messages) -> set:
     return calls & results
 
 
-def visible_messages(turn: Turn, band: str, arm: str = None):
+def _tool_context(turn: Turn):
+    """(tool name by id, ids with both a call and a result) over a whole turn."""
+    names = {m["tool_use_id"]: m["tool_name"] for m in turn.messages if m["kind"] == "tool_call"}
+    return names, paired_tool_ids(turn.messages)
+
+
+def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tools=None):
     """The messages a band keeps of a turn, each as (message, rendered_text_or_None).
 
     rendered_text is the stub that replaces a tool output in the lean band; None means
     the message goes in verbatim. ``arm`` defaults to THINKING_REBUILD_ARM as it is now
-    (read at each call, so flipping the constant takes effect at once).
+    (read at each call, so flipping the constant takes effect at once). ``messages``
+    narrows it to one part of the turn; pairing is still judged over the whole turn
+    (``tools``, from _tool_context, saves working that out again for every part).
     """
     arm = arm or THINKING_REBUILD_ARM
-    names = {m["tool_use_id"]: m["tool_name"] for m in turn.messages if m["kind"] == "tool_call"}
-    paired = paired_tool_ids(turn.messages)
+    names, paired = tools or _tool_context(turn)
     out = []
-    for m in turn.messages:
+    for m in (turn.messages if messages is None else messages):
         kind = m["kind"]
         if kind == "api_error":
             continue  # Claude's own error notices are not model output
@@ -1300,31 +1307,103 @@ def _signature(m: dict):
     return block.get("signature") or (block.get("data") if block.get("type") == "redacted_thinking" else None)
 
 
-def band_cost(turn: Turn, band: str, summary_text: str = "") -> int:
+def band_cost(turn: Turn, band: str, summary_text: str = "", messages=None, tools=None) -> int:
+    """Estimated tokens a band gives a turn (or ``messages``, one part of it)."""
     if band == "summary":
         return estimate_tokens(summary_text) + 8
     total = 0
-    for m, stub in visible_messages(turn, band):
+    for m, stub in visible_messages(turn, band, messages=messages, tools=tools):
         total += estimate_tokens(stub if stub is not None else (m["text"] or m["data"] or "")) + 4
     return total
 
 
-class View:
-    """The served view of a thread: a band for every turn, and what that costs."""
+class Part:
+    """A run of one turn's messages that the bands allocate as one: a canonical segment,
+    or a piece of one when the target in force makes it larger than a segment may be."""
 
-    def __init__(self, thread_id, bands, costs, budget, profile, summaries):
+    __slots__ = ("turn", "messages", "whole")
+
+    def __init__(self, turn: Turn, messages, whole: bool):
+        self.turn, self.messages, self.whole = turn, messages, whole
+
+    @property
+    def n(self) -> int:
+        return self.turn.n
+
+    @property
+    def first(self) -> int:
+        return self.messages[0]["seq"]
+
+    @property
+    def last(self) -> int:
+        return self.messages[-1]["seq"]
+
+
+def segment_tokens(target: int, profile: str) -> int:
+    """The soft size of a segment: half the full-fidelity share of the target (the rule
+    capture closes segments by, see segment_soft_bytes)."""
+    return max(1, int(target * PROFILE_SHARES[profile]["full"] / 2))
+
+
+def turn_parts(turn: Turn, soft_tokens: int):
+    """A turn cut where capture closed its segments, and again wherever a segment outgrew
+    ``soft_tokens`` (capture ran under another target): always after a tool result with no
+    call of the turn still waiting, so a tool call and its result stay in one part."""
+    paired = paired_tool_ids(turn.messages)
+    pieces, current, size, waiting, segment = [], [], 0, set(), None
+    for m in turn.messages:
+        if current and (m["segment"] or 0) != segment and not waiting:
+            pieces.append(current)
+            current, size = [], 0
+        segment = m["segment"] or 0
+        current.append(m)
+        size += estimate_tokens(m["text"] or m["data"] or "")
+        if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
+            waiting.add(m["tool_use_id"])
+        elif m["kind"] == "tool_result":
+            waiting.discard(m["tool_use_id"])
+            if not waiting and size >= soft_tokens:
+                pieces.append(current)
+                current, size = [], 0
+    if current:
+        pieces.append(current)
+    return [Part(turn, p, len(pieces) == 1) for p in pieces]
+
+
+SPLIT = "split"  # View.bands for a turn whose parts are in different bands
+RANK = {"full": 0, "lean": 1, "summary": 2, "omitted": 3}
+
+
+class View:
+    """The served view of a thread: a band for every turn, and what that costs.
+
+    ``bands`` maps turn n -> "full" | "lean" | "summary" | "omitted", or SPLIT for a long
+    turn whose parts are in different bands; ``pieces`` then holds, for each such turn,
+    (first seq, last seq, band) runs oldest first, and ``summaries`` has the summarised
+    runs under (n, first, last) as well as whole summarised turns under n.
+    """
+
+    def __init__(self, thread_id, bands, costs, budget, profile, summaries, pieces=None):
         self.thread_id = thread_id
-        self.bands = bands          # turn n -> "full" | "lean" | "summary" | "omitted"
+        self.bands = bands
         self.costs = costs          # band -> estimated tokens used
         self.budget = budget
         self.profile = profile
-        self.summaries = summaries  # turn n -> (text, source) for summary-band turns
+        self.summaries = summaries
+        self.pieces = pieces or {}
 
     def turns_in(self, band):
         return [n for n, b in sorted(self.bands.items()) if b == band]
 
     def omitted_ranges(self):
         return label_ranges(self.turns_in("omitted"))
+
+    def band_of(self, n: int, seq: int) -> str:
+        """The band of one message of turn n."""
+        band = self.bands.get(n, "omitted")
+        if band != SPLIT:
+            return band
+        return next(b for first, last, b in self.pieces[n] if first <= seq <= last)
 
     @property
     def empty(self) -> bool:
@@ -1351,39 +1430,82 @@ def range_text(a: int, b: int) -> str:
     return f"t{a}" if a == b else f"t{a}\u2013t{b}"
 
 
-def _allocate(turns, budget, profile, summaries):
-    """Bands for turns, newest first: each band its profile's share of the budget, and
-    capacity a better band did not use passes down to the next. Once a turn falls to a
-    worse band, no older turn is placed in a better one. Returns (bands, used)."""
+# get-messages takes a range of at most this many messages after its first (parse_labels).
+MESSAGE_RANGE_SPAN = 10_000
+
+
+def message_request(a: int, b: int) -> str:
+    """The get-messages arguments that read back messages a..b: "m12-m40", split into
+    several ranges when one would be longer than get-messages accepts."""
+    pieces = []
+    while a <= b:
+        end = min(b, a + MESSAGE_RANGE_SPAN)
+        pieces.append(f"m{a}" if a == end else f"m{a}-m{end}")
+        a = end + 1
+    return " ".join(pieces)
+
+
+def _fits(used, caps, k, cost) -> bool:
+    """Whether ``cost`` more in band k keeps every band within its share plus what the
+    better bands left unused (caps are cumulative: full, full+lean, full+lean+summary)."""
+    spent = sum(used[:k])
+    for j in range(k, len(caps)):
+        spent += used[j]
+        if spent + cost > caps[j]:
+            return False
+    return True
+
+
+def _part_summary(part: Part, summaries):
+    """(text, source) standing in for a part: the turn's own summary for a whole turn,
+    an extractive one of just these messages for a part of a long turn."""
+    if part.whole:
+        return summaries.get(part.n, ("", ""))
+    return extractive_summary(part.messages), "extractive"
+
+
+def _allocate(parts, budget, profile, summaries):
+    """Bands for parts, newest first: each takes the best band that still has room, where
+    a band's room is its profile share plus whatever the better bands left unused.
+
+    An older part may get a better band than a newer one of another turn (a big turn
+    that fell to lean does not push the small turns before it down with it); inside one
+    turn the bands only get worse going back, so what a turn leaves out is its oldest
+    messages. Returns ({(n, first seq): band}, used tokens per band, part summaries).
+    """
     shares = PROFILE_SHARES[profile]
-    caps = {band: int(budget * shares[band]) for band in BANDS}
-    used = {band: 0 for band in BANDS}
-    bands, level, spare = {}, 0, 0
-    for turn in reversed(turns):
-        placed = False
-        while level < len(BANDS):
-            band = BANDS[level]
-            text = summaries.get(turn.n, ("", ""))[0]
-            if band == "summary" and not text:
+    caps, total = [], 0
+    for band in BANDS:
+        total += int(budget * shares[band])
+        caps.append(total)
+    used = [0] * len(BANDS)
+    placed, floor, texts, tools = {}, {}, {}, {}
+    for part in reversed(parts):
+        band = "omitted"
+        if part.n not in tools:
+            tools[part.n] = _tool_context(part.turn)
+        for k in range(floor.get(part.n, 0), len(BANDS)):
+            name, text = BANDS[k], ""
+            if name == "summary":
+                text, source = _part_summary(part, summaries)
+                if not text:
+                    break
+            cost = band_cost(part.turn, name, text, part.messages, tools[part.n])
+            if _fits(used, caps, k, cost):
+                used[k] += cost
+                band = name
+                if name == "summary":
+                    texts[(part.n, part.first)] = (text, source, cost)
                 break
-            cost = band_cost(turn, band, text)
-            if used[band] + cost <= caps[band] + spare:
-                used[band] += cost
-                bands[turn.n] = band
-                placed = True
-                break
-            # What the bands so far left unused passes down (counted once: a band may
-            # already have spent some of what a better band left it).
-            spare = sum(caps[b] - used[b] for b in BANDS[:level + 1])
-            level += 1
-        if not placed:
-            bands[turn.n] = "omitted"
-            level = len(BANDS)
-    return bands, used
+        placed[(part.n, part.first)] = band
+        floor[part.n] = RANK[band]
+    return placed, dict(zip(BANDS, used)), texts
 
 
-def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
-    """Give every turn the best band that fits, newest first (pure, deterministic).
+def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), soft_tokens=None):
+    """Give every part of every turn the best band that fits, newest first (pure,
+    deterministic). Parts are the turns' canonical segments, cut again at ``soft_tokens``
+    (default: the segment size for this budget) where a segment is larger.
 
     Turns the model recently retrieved (``favoured``) that would otherwise be summarised
     or omitted are held in lean instead: their cost is set aside first, newest first and
@@ -1391,23 +1513,61 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
     ``summaries`` maps turn -> (text, source); a turn without one cannot be summarised.
     """
     summaries = summaries or {}
-    bands, used = _allocate(turns, budget, profile, summaries)
+    soft = soft_tokens or segment_tokens(budget, profile)
+    by_turn = {t.n: turn_parts(t, soft) for t in turns}
+    parts = [p for t in turns for p in by_turn[t.n]]
+    placed, used, texts = _allocate(parts, budget, profile, summaries)
     by_n = {t.n: t for t in turns}
     lift, reserve = [], 0
     room = int(budget * PROFILE_SHARES[profile]["lean"])
-    for n in sorted(set(favoured), reverse=True):
-        if bands.get(n) in ("summary", "omitted"):
+    for n in sorted(set(favoured) & set(by_turn), reverse=True):
+        got = {placed[(n, p.first)] for p in by_turn[n]}
+        if got & {"summary", "omitted"} and "full" not in got:
             cost = band_cost(by_n[n], "lean")
             if reserve + cost <= room:
                 lift.append(n)
                 reserve += cost
     if lift:
-        bands, used = _allocate([t for t in turns if t.n not in lift], budget - reserve, profile,
-                                summaries)
-        bands.update((n, "lean") for n in lift)
+        placed, used, texts = _allocate([p for p in parts if p.n not in lift], budget - reserve,
+                                        profile, summaries)
+        placed.update(((n, p.first), "lean") for n in lift for p in by_turn[n])
         used["lean"] += reserve
-    kept = {n: summaries[n] for n, b in bands.items() if b == "summary"}
-    return View(thread_id, bands, used, budget, profile, kept)
+    return _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summaries, texts)
+
+
+def _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summaries, texts):
+    """The View of an allocation: one band per turn where its parts agree, runs where not."""
+    bands, pieces, kept = {}, {}, {}
+    for turn in turns:
+        runs = []
+        for p in by_turn[turn.n]:
+            band = placed[(turn.n, p.first)]
+            if runs and runs[-1][2] == band and band != "summary":
+                runs[-1] = (runs[-1][0], p.last, band)
+            else:
+                runs.append((p.first, p.last, band))
+        mine = [texts[(turn.n, p.first)] for p in by_turn[turn.n] if (turn.n, p.first) in texts]
+        if len(runs) > 1 and {b for _, _, b in runs} == {"summary"}:
+            # Every part summarised: the turn's own summary says it better, when it is no longer.
+            text, source = summaries.get(turn.n, ("", ""))
+            cost = band_cost(turn, "summary", text)
+            if text and cost <= sum(c for _, _, c in mine):
+                used["summary"] += cost - sum(c for _, _, c in mine)
+                runs, mine = [(runs[0][0], runs[-1][1], "summary")], []
+                kept[turn.n] = (text, source)
+        if len(runs) == 1:
+            bands[turn.n] = runs[0][2]
+            if runs[0][2] == "summary" and not mine:
+                kept.setdefault(turn.n, summaries[turn.n])
+            elif runs[0][2] == "summary":
+                kept[turn.n] = mine[0][:2]
+            continue
+        bands[turn.n], pieces[turn.n] = SPLIT, runs
+        for first, last, band in runs:
+            if band == "summary":
+                text, source, _cost = texts[(turn.n, first)]
+                kept[(turn.n, first, last)] = (text, source)
+    return View(thread_id, bands, used, budget, profile, kept, pieces)
 
 
 def working_set(turns):
@@ -1437,13 +1597,68 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     """The view Claude will be served and its header, both inside ``budget``.
 
     The header is part of what Claude receives: its fixed part (instructions, working
-    set, omitted-range lines) comes out of the budget before the bands share the rest.
+    set, omitted-range lines, and for each long turn the lines naming its parts and the
+    note where it resumes) comes out of the budget before the bands share the rest.
     """
     files = working_set(turns)
+    soft = segment_tokens(budget, profile)
     everything_omitted = View(thread_id, {t.n: "omitted" for t in turns}, {}, 0, profile, {})
     reserve = estimate_tokens(render_header(everything_omitted, files, fell_back))
-    view = build_view(thread_id, turns, max(0, budget - reserve), profile, summaries, favoured)
+    for turn in turns:
+        parts = turn_parts(turn, soft)
+        if len(parts) > 1:
+            a, b = parts[0].first, parts[-1].last
+            widest = [(a, b, band) for band in BANDS + ("omitted",)]
+            reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))
+                                       + bridge_note(turn.n, a, b)) + 8
+    view = build_view(thread_id, turns, max(0, budget - reserve), profile, summaries, favoured,
+                      soft_tokens=soft)
     return view, render_header(view, files, fell_back)
+
+
+BAND_WORDS = (("full", "verbatim"),
+              ("lean", "lean (tool outputs replaced by stubs; thinking left out)"),
+              ("summary", "summarised below"))
+
+
+def split_lines(n: int, runs):
+    """The header lines naming where each part of a long turn went, oldest first."""
+    words = dict(BAND_WORDS)
+    lines = [f"t{n} is long, so it is in view in parts:"]
+    for a, b, band in runs:
+        span = f"m{a}" if a == b else f"m{a}\u2013m{b}"
+        if band == "omitted":
+            lines.append(f"  {span} not in view; use get-messages {message_request(a, b)}")
+        else:
+            lines.append(f"  {span} {words[band]}")
+    return lines
+
+
+def bridge_note(n: int, a: int, b: int) -> str:
+    """Where a long turn resumes after its oldest messages were left out or summarised."""
+    return (f"[cc-lhc] t{n} continues here. Its earlier messages m{a}\u2013m{b} are not shown "
+            f"(the opening message says what became of them); cc-lhc get-messages "
+            f"{message_request(a, b)} reads them back exactly.")
+
+
+def turn_items(view: View, turn: Turn, arm=None):
+    """(bridge note or None, visible (message, stub) items) of a turn as the view serves it."""
+    band = view.bands.get(turn.n)
+    if band in ("full", "lean"):
+        return None, visible_messages(turn, band, arm)
+    if band != SPLIT:
+        return None, []
+    tools = _tool_context(turn)
+    runs = view.pieces[turn.n]
+    items, note = [], None
+    for a, b, band in runs:
+        if band in ("full", "lean"):
+            chosen = [m for m in turn.messages if a <= m["seq"] <= b]
+            items += visible_messages(turn, band, arm, chosen, tools)
+    hidden = [(a, b) for a, b, band in runs if band not in ("full", "lean")]
+    if items and hidden:
+        note = bridge_note(turn.n, hidden[0][0], hidden[-1][1])
+    return note, items
 
 
 def render_header(view: View, files, fallback_note: bool) -> str:
@@ -1452,18 +1667,19 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         f"[cc-lhc] This conversation was rebuilt by Smart Compact from thread {view.thread_id}. "
         "Nothing was deleted: every earlier turn is stored word for word and can be read back.",
     ]
-    for band, words in (("full", "verbatim"), ("lean", "lean (tool outputs replaced by stubs; "
-                                                         "thinking left out)"),
-                        ("summary", "summarised below")):
+    for band, words in BAND_WORDS:
         ranges = label_ranges(view.turns_in(band))
         if ranges:
             lines.append(f"In view, {words}: " + ", ".join(range_text(a, b) for a, b in ranges))
     for a, b in view.omitted_ranges():
         lines.append(omitted_line(a, b))
+    for n in view.turns_in(SPLIT):
+        lines += split_lines(n, view.pieces[n])
     lines += [
         "To read anything back exactly, run these through Bash:",
         "  cc-lhc get-turns t12 t13     whole turns as recorded",
         "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
+        "  cc-lhc get-messages m40-m60  a run of messages, such as part of a long turn",
         "  cc-lhc search \"some text\"    find the turns and messages that mention something",
         "Use them instead of guessing what an earlier turn said.",
     ]
@@ -1472,10 +1688,12 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         lines += [f"  {state:<6} {path}  ({'m' + str(label)})" for path, state, label in files]
     if view.summaries:
         lines.append("Summaries of earlier turns:")
-        for n in sorted(view.summaries):
-            text, source = view.summaries[n]
+        for key in sorted(view.summaries, key=lambda k: k[:2] if isinstance(k, tuple) else (k, 0)):
+            text, source = view.summaries[key]
             label = "" if text.startswith("(") else f"({source}) "
-            lines.append(f"  t{n}: {label}" + text.replace("\n", "\n    "))
+            name = f"t{key}" if not isinstance(key, tuple) else \
+                f"t{key[0]} m{key[1]}" + (f"\u2013m{key[2]}" if key[2] != key[1] else "")
+            lines.append(f"  {name}: {label}" + text.replace("\n", "\n    "))
     if fallback_note:
         lines.append(MSG_CONFIG_FALLBACK)
     return "\n".join(lines)
@@ -1513,7 +1731,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
-    and full turn in order: one user record per original user record, and one record
+    and full turn, or part of a long turn, in order: one user record per original user record, and one record
     per content block for assistant responses, sharing the response's message.id as
     Claude Code itself writes them. Usage on replayed records is zero: the old counts
     would make the new session look as full as the one it replaces.
@@ -1555,10 +1773,15 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         return role, m["response_id"] if role == "assistant" else m["source_uuid"]
 
     for turn in turns:
-        band = view.bands.get(turn.n)
-        if band not in ("full", "lean"):
-            continue
-        for (role, _), items in itertools.groupby(visible_messages(turn, band, arm), key=source_record):
+        note, visible = turn_items(view, turn, arm)
+        if note:
+            # A long turn whose oldest part is out of view resumes after a user-side note,
+            # so its next response does not follow the previous one with nothing between.
+            rec = common("user", now)
+            rec.update({"message": {"role": "user", "content": note}, "uuid": next_uuid(),
+                        "timestamp": visible[0][0]["created"] or now})
+            emit(rec)
+        for (role, _), items in itertools.groupby(visible, key=source_record):
             group = list(items)
             first = group[0][0]
             if role == "user":
