@@ -1536,37 +1536,37 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), s
 
 
 def _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summaries, texts):
-    """The View of an allocation: one band per turn where its parts agree, runs where not."""
+    """The View of an allocation: one band per turn where its parts agree, runs where not.
+
+    Neighbouring parts in one band make one run (one header line); summarised parts keep
+    a summary each.
+    """
     bands, pieces, kept = {}, {}, {}
     for turn in turns:
+        parts = by_turn[turn.n]
         runs = []
-        for p in by_turn[turn.n]:
+        for p in parts:
             band = placed[(turn.n, p.first)]
-            if runs and runs[-1][2] == band and band != "summary":
+            if runs and runs[-1][2] == band:
                 runs[-1] = (runs[-1][0], p.last, band)
             else:
                 runs.append((p.first, p.last, band))
-        mine = [texts[(turn.n, p.first)] for p in by_turn[turn.n] if (turn.n, p.first) in texts]
-        if len(runs) > 1 and {b for _, _, b in runs} == {"summary"}:
+        mine = {(turn.n, p.first, p.last): texts[(turn.n, p.first)] for p in parts
+                if (turn.n, p.first) in texts}
+        if len(parts) > 1 and len(runs) == 1 and runs[0][2] == "summary":
             # Every part summarised: the turn's own summary says it better, when it is no longer.
             text, source = summaries.get(turn.n, ("", ""))
             cost = band_cost(turn, "summary", text)
-            if text and cost <= sum(c for _, _, c in mine):
-                used["summary"] += cost - sum(c for _, _, c in mine)
-                runs, mine = [(runs[0][0], runs[-1][1], "summary")], []
-                kept[turn.n] = (text, source)
-        if len(runs) == 1:
+            if text and cost <= sum(c for _, _, c in mine.values()):
+                used["summary"] += cost - sum(c for _, _, c in mine.values())
+                mine = {turn.n: (text, source, cost)}
+        if len(runs) == 1 and (len(parts) == 1 or runs[0][2] != "summary" or turn.n in mine):
             bands[turn.n] = runs[0][2]
-            if runs[0][2] == "summary" and not mine:
-                kept.setdefault(turn.n, summaries[turn.n])
-            elif runs[0][2] == "summary":
-                kept[turn.n] = mine[0][:2]
+            if runs[0][2] == "summary":
+                kept[turn.n] = next(iter(mine.values()))[:2]
             continue
         bands[turn.n], pieces[turn.n] = SPLIT, runs
-        for first, last, band in runs:
-            if band == "summary":
-                text, source, _cost = texts[(turn.n, first)]
-                kept[(turn.n, first, last)] = (text, source)
+        kept.update((key, value[:2]) for key, value in mine.items())
     return View(thread_id, bands, used, budget, profile, kept, pieces)
 
 
