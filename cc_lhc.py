@@ -6179,13 +6179,18 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     The transcript is read through the same capture code as a live session, into a
     throwaway state folder, so the figures are the product's own, not a model of it.
     """
+    import hashlib
     import tempfile
-    import time
-    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cc-lhc-measure-") as tmp:
         home = StateHome(tmp)
         home.ensure()
-        thread_id = str(uuid.uuid4())
+        # The thread id is written into the view's header, so it is counted: one derived
+        # from the transcript's bytes makes the same input give the same figures.
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        thread_id = str(uuid.uuid5(ROLLOUT_NAMESPACE, f"measure/{digest.hexdigest()}"))
         cap = Capture(home, thread_id, "measured", path)
         cap.catch_up(index=False)
         store = cap.store
@@ -6206,20 +6211,23 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     for t in turns:
         row = {}
         for band in ("full", "lean"):
-            row[band] = [slot(stub if stub is not None else (m["text"] or m["data"] or ""))
+            row[band] = [(m["seq"], slot(stub if stub is not None else (m["text"] or m["data"] or "")))
                          for m, stub in visible_messages(t, band)]
-        row["summary"] = [slot(extractive_summary(t.messages))]
+        row["summary"] = [(None, slot(extractive_summary(t.messages)))]
         per_turn.append(row)
     counts = _count_many(texts)
-    totals = {band: sum(counts[i] for row in per_turn for i in row[band]) for band in BANDS}
+    totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     view, header = serve_view(thread_id, turns, target, profile, summaries)
-    in_view = 0
+    # What the view serves: full and lean messages, the notes where long turns resume,
+    # and the header (which holds the summaries).
+    in_view, notes = 0, [header]
     for t, row in zip(turns, per_turn):
-        band = view.bands.get(t.n)
-        if band in row:
-            in_view += sum(counts[i] for i in row[band])
-    in_view += _count_many([header])[0]
+        for band in ("full", "lean"):
+            if view.bands.get(t.n) in (band, SPLIT):
+                in_view += sum(counts[i] for seq, i in row[band] if view.band_of(t.n, seq) == band)
+        notes.append(turn_items(view, t)[0] or "")
+    in_view += sum(_count_many(notes))
     original = totals["full"]
 
     def cut(after):
@@ -6230,10 +6238,9 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         "tokens": original, "lean_tokens": totals["lean"], "lean_cut_pct": cut(totals["lean"]),
         "summary_tokens": totals["summary"], "summary_cut_pct": cut(totals["summary"]),
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),
-        "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted",)},
+        "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted", SPLIT)},
         "integrity_problems": problems, "exact": TOKENS.exact,
         "counting": "exact o200k_base" if TOKENS.exact else "approximate (4 bytes a token)",
-        "seconds": round(time.perf_counter() - t0, 3),
     }
 
 
@@ -6283,14 +6290,14 @@ def cmd_measure(args) -> int:
     if as_json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
-    head = ["session", "messages", "tool calls", "tokens", "lean", "summary", "smart compact", "time"]
+    # No timings: the same input prints the same bytes (scripts/bench.py times measure).
+    head = ["session", "messages", "tool calls", "tokens", "lean", "summary", "smart compact"]
     lines = []
     for r in rows:
         lines.append([str(r["session"]), str(r["messages"]), str(r["tool_calls"]), f"{r['tokens']:,}",
                       f"{r['lean_tokens']:,} ({-r['lean_cut_pct']:+.1f}%)",
                       f"{r['summary_tokens']:,} ({-r['summary_cut_pct']:+.1f}%)",
-                      f"{r['smart_compact_tokens']:,} ({-r['smart_compact_cut_pct']:+.1f}%)",
-                      f"{r['seconds']}s"])
+                      f"{r['smart_compact_tokens']:,} ({-r['smart_compact_cut_pct']:+.1f}%)"])
     counting = rows[0]["counting"] if rows else TOKENS.reason
     if as_md:
         print("| " + " | ".join(head) + " |")

@@ -434,6 +434,25 @@ def test_measure_counts_without_printing_content(iso_env, tmp_path):
     assert missing["sessions"][0]["exact"] is False
 
 
+def test_measure_prints_the_same_bytes_for_the_same_input(iso_env, tmp_path):
+    # The header counted into the view names the thread; a random id there (and a timing
+    # column) made two runs over one transcript print different figures.
+    folder, a, _stats = measured_files(tmp_path)
+    copy = tmp_path / "elsewhere.jsonl"
+    shutil.copy(a, copy)
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, str(REPO / "cc_lhc.py"), "measure", *args,
+                               "--target", "20000"], capture_output=True, timeout=120,
+                              env=iso_env.env, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    for args in ([str(a)], [str(a), "--json"], [str(folder), "--markdown"]):
+        assert run(*args) == run(*args)
+    assert run(str(copy), "--json") == run(str(a), "--json")
+
+
 def test_measure_refuses_bad_arguments(iso_env, tmp_path):
     for args in ([str(tmp_path / "nowhere.jsonl")], [], ["--profile", "weird", str(tmp_path)],
                  ["--target", "0", str(tmp_path)]):
