@@ -571,6 +571,38 @@ def test_one_prompt_and_fifty_big_tool_outputs_keep_the_newest_verbatim(real_cla
     assert "\n" + original["text"] + "\n" in recalled and "retrieval refused" not in recalled
 
 
+def test_a_single_turn_far_over_the_target_resumes_with_its_newest_part_verbatim(real_claude):
+    # 600k tokens in 200 tool calls, one prompt, over the trigger: cc-lhc adopts the session,
+    # Smart Compact builds a view within the target, and the real CLI resumes it and answers.
+    from test_views import long_turn_transcript
+    rc = real_claude
+    tr = long_turn_transcript(200, 12_000, cwd=str(rc.cwd), model="claude-fake-model")
+    tr.records[-1]["message"]["usage"] = OVER
+    rc.project_dir.mkdir(parents=True, exist_ok=True)
+    path = tr.write(rc.project_dir / f"{tr.session_id}.jsonl")
+    assert path.stat().st_size > 2_400_000
+    rc.api.responder = lambda body: text_reply("continuing the migration", usage=SMALL)
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", tr.session_id, "-p", "carry on", timeout=120))
+    assert "Smart Compact" in p.stderr and "continuing the migration" in p.stdout
+    (request,) = rc.api.message_requests[n:]
+    assert request["session_id"] != tr.session_id
+    messages = request["body"]["messages"]
+    target = cc_lhc.resolve_policy([]).effective_target
+    assert cc_lhc.estimate_tokens(json.dumps(messages, ensure_ascii=False)) <= target
+    outputs = [m for m in recorded(rc, threads(rc)[0]["id"]) if m["kind"] == "tool_result"]
+    results = {b["tool_use_id"]: tool_result_of(b) for m in messages for b in blocks_of(m)
+               if b.get("type") == "tool_result"}
+    assert results[outputs[-1]["tool_use_id"]] == outputs[-1]["text"]
+    assert sum(results.get(m["tool_use_id"]) == m["text"] for m in outputs) >= 10
+    for i, m in enumerate(messages):  # every tool_use answered in the very next message
+        uses = {b["id"] for b in blocks_of(m) if b.get("type") == "tool_use"}
+        if uses:
+            assert uses == {b["tool_use_id"] for b in blocks_of(messages[i + 1])
+                            if b.get("type") == "tool_result"}
+    assert "carry on" in json.dumps([m for m in messages if m["role"] == "user"][-1])
+
+
 def recorded(rc, thread_id: str) -> list[dict]:
     """The thread's messages as stored."""
     store = cc_lhc.ThreadStore(cc_lhc.StateHome(str(rc.iso.lhc)), thread_id)

@@ -904,10 +904,11 @@ def bash_output(i, size):
     return "\n".join(lines)
 
 
-def long_turn_transcript(calls, out_bytes, before=0, after=0):
+def long_turn_transcript(calls, out_bytes, before=0, after=0, cwd="/home/u/proj",
+                         model="claude-long-model"):
     """``before`` small turns, one prompt followed by ``calls`` Bash calls of ``out_bytes``
     each, then ``after`` small turns."""
-    tr = Transcript(model="claude-long-model")
+    tr = Transcript(cwd=cwd, model=model)
     tr.envelope()
     for i in range(before):
         tr.prompt(f"small question {i}")
