@@ -1350,6 +1350,7 @@ def turn_parts(turn: Turn, soft_tokens: int):
     ``soft_tokens`` (capture ran under another target): always after a tool result with no
     call of the turn still waiting, so a tool call and its result stay in one part."""
     paired = paired_tool_ids(turn.messages)
+    soft = soft_tokens * 4  # segments are measured as capture measures them (segment_size)
     pieces, current, size, waiting, segment = [], [], 0, set(), None
     for m in turn.messages:
         if current and (m["segment"] or 0) != segment and not waiting:
@@ -1357,12 +1358,12 @@ def turn_parts(turn: Turn, soft_tokens: int):
             current, size = [], 0
         segment = m["segment"] or 0
         current.append(m)
-        size += estimate_tokens(m["text"] or m["data"] or "")
+        size += segment_size(m["kind"], m["text"], m["data"])
         if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
             waiting.add(m["tool_use_id"])
         elif m["kind"] == "tool_result":
             waiting.discard(m["tool_use_id"])
-            if not waiting and size >= soft_tokens:
+            if not waiting and size >= soft:
                 pieces.append(current)
                 current, size = [], 0
     if current:
@@ -1512,9 +1513,13 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), s
     up to the profile's lean share, and the other turns share what remains.
     ``summaries`` maps turn -> (text, source); a turn without one cannot be summarised.
     """
-    summaries = summaries or {}
     soft = soft_tokens or segment_tokens(budget, profile)
-    by_turn = {t.n: turn_parts(t, soft) for t in turns}
+    return _build_view(thread_id, turns, {t.n: turn_parts(t, soft) for t in turns}, budget,
+                       profile, summaries or {}, favoured)
+
+
+def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured):
+    """build_view over turns already cut into parts (turn n -> its parts, oldest first)."""
     parts = [p for t in turns for p in by_turn[t.n]]
     placed, used, texts = _allocate(parts, budget, profile, summaries)
     by_n = {t.n: t for t in turns}
@@ -1604,15 +1609,16 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     soft = segment_tokens(budget, profile)
     everything_omitted = View(thread_id, {t.n: "omitted" for t in turns}, {}, 0, profile, {})
     reserve = estimate_tokens(render_header(everything_omitted, files, fell_back))
+    by_turn = {t.n: turn_parts(t, soft) for t in turns}
     for turn in turns:
-        parts = turn_parts(turn, soft)
+        parts = by_turn[turn.n]
         if len(parts) > 1:
             a, b = parts[0].first, parts[-1].last
             widest = [(a, b, band) for band in BANDS + ("omitted",)]
             reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))
                                        + bridge_note(turn.n, a, b)) + 8
-    view = build_view(thread_id, turns, max(0, budget - reserve), profile, summaries, favoured,
-                      soft_tokens=soft)
+    view = _build_view(thread_id, turns, by_turn, max(0, budget - reserve), profile, summaries or {},
+                       favoured)
     return view, render_header(view, files, fell_back)
 
 
@@ -1710,6 +1716,12 @@ ZERO_USAGE = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_i
 def _block_of(m: dict, stub):
     """The API content block for one message, verbatim unless the band stubbed it."""
     kind = m["kind"]
+    if kind == "tool_result" and stub is not None:
+        # The recorded block holds the whole output; the stub needs none of it.
+        block = {"tool_use_id": m["tool_use_id"], "type": "tool_result", "content": stub}
+        if m["is_error"]:
+            block["is_error"] = True
+        return block
     data = json.loads(m["data"]) if m["data"] else None
     if kind == "tool_result":
         block = dict(data) if isinstance(data, dict) else {"type": "tool_result",
@@ -1853,31 +1865,52 @@ def write_atomic(path: str, data: bytes, mode=0o600) -> None:
             os.close(dfd)
 
 
+ENVELOPE_LINE_RE = re.compile(rb'"type"\s*:\s*"(?:environment|date|model)"')
+
+
 def read_envelope(path: str):
     """The newest environment/date/model attachments of a transcript, plus its version and branch.
 
-    Only lines that mention an attachment are parsed: a long transcript has thousands
-    of records, and this runs inside Smart Compact.
+    Only lines that name one of those attachment types are parsed, and they are found by
+    a regular expression over the mapped file rather than line by line: a long transcript
+    has many megabytes of records, and this runs inside Smart Compact.
     """
+    import mmap
     latest, meta = {}, {}
     try:
         with open(path, "rb") as f:
-            for raw in f:
-                if b'"attachment"' not in raw:
-                    continue
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                att = rec.get("attachment") if isinstance(rec, dict) else None
-                if rec.get("type") == "attachment" and isinstance(att, dict) \
-                        and att.get("type") in ENVELOPE_ATTACHMENTS:
-                    latest[att["type"]] = rec
-                    if rec.get("version"):
-                        meta = {"version": rec["version"], "gitBranch": rec.get("gitBranch", "")}
+            try:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file cannot be mapped
+                return [], {}
+            try:
+                end = -1
+                for hit in ENVELOPE_LINE_RE.finditer(data):
+                    if hit.start() < end:
+                        continue  # the same line named a second type
+                    start = data.rfind(b"\n", 0, hit.start()) + 1
+                    end = data.find(b"\n", hit.end())
+                    end = len(data) if end < 0 else end
+                    _envelope_line(data[start:end], latest, meta)
+            finally:
+                data.close()
     except OSError:
         pass
     return [latest[k] for k in ENVELOPE_ATTACHMENTS if k in latest], meta
+
+
+def _envelope_line(raw: bytes, latest: dict, meta: dict) -> None:
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return
+    if not isinstance(rec, dict):
+        return
+    att = rec.get("attachment")
+    if rec.get("type") == "attachment" and isinstance(att, dict) and att.get("type") in ENVELOPE_ATTACHMENTS:
+        latest[att["type"]] = rec
+        if rec.get("version"):
+            meta.update(version=rec["version"], gitBranch=rec.get("gitBranch", ""))
 
 
 class Rebuild:
