@@ -1644,18 +1644,25 @@ def paired_tool_ids(messages) -> set:
     return calls & results
 
 
-def visible_messages(turn: Turn, band: str, arm: str = None):
+def _tool_context(turn: Turn):
+    """(tool name by id, ids with both a call and a result) over a whole turn."""
+    names = {m["tool_use_id"]: m["tool_name"] for m in turn.messages if m["kind"] == "tool_call"}
+    return names, paired_tool_ids(turn.messages)
+
+
+def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tools=None):
     """The messages a band keeps of a turn, each as (message, rendered_text_or_None).
 
     rendered_text is the stub that replaces a tool output in the lean band; None means
     the message goes in verbatim. ``arm`` defaults to THINKING_REBUILD_ARM as it is now
-    (read at each call, so flipping the constant takes effect at once).
+    (read at each call, so flipping the constant takes effect at once). ``messages``
+    narrows it to one part of the turn; pairing is still judged over the whole turn
+    (``tools``, from _tool_context, saves working that out again for every part).
     """
     arm = arm or THINKING_REBUILD_ARM
-    names = {m["tool_use_id"]: m["tool_name"] for m in turn.messages if m["kind"] == "tool_call"}
-    paired = paired_tool_ids(turn.messages)
+    names, paired = tools or _tool_context(turn)
     out = []
-    for m in turn.messages:
+    for m in (turn.messages if messages is None else messages):
         kind = m["kind"]
         if kind == "api_error":
             continue  # Claude's own error notices are not model output
@@ -1685,31 +1692,104 @@ def _signature(m: dict):
     return block.get("signature") or (block.get("data") if block.get("type") == "redacted_thinking" else None)
 
 
-def band_cost(turn: Turn, band: str, summary_text: str = "") -> int:
+def band_cost(turn: Turn, band: str, summary_text: str = "", messages=None, tools=None) -> int:
+    """Estimated tokens a band gives a turn (or ``messages``, one part of it)."""
     if band == "summary":
         return estimate_tokens(summary_text) + 8
     total = 0
-    for m, stub in visible_messages(turn, band):
+    for m, stub in visible_messages(turn, band, messages=messages, tools=tools):
         total += estimate_tokens(stub if stub is not None else (m["text"] or m["data"] or "")) + 4
     return total
 
 
-class View:
-    """The served view of a thread: a band for every turn, and what that costs."""
+class Part:
+    """A run of one turn's messages that the bands allocate as one: a canonical segment,
+    or a piece of one when the target in force makes it larger than a segment may be."""
 
-    def __init__(self, thread_id, bands, costs, budget, profile, summaries):
+    __slots__ = ("turn", "messages", "whole")
+
+    def __init__(self, turn: Turn, messages, whole: bool):
+        self.turn, self.messages, self.whole = turn, messages, whole
+
+    @property
+    def n(self) -> int:
+        return self.turn.n
+
+    @property
+    def first(self) -> int:
+        return self.messages[0]["seq"]
+
+    @property
+    def last(self) -> int:
+        return self.messages[-1]["seq"]
+
+
+def segment_tokens(target: int, profile: str) -> int:
+    """The soft size of a segment: half the full-fidelity share of the target (the rule
+    capture closes segments by, see segment_soft_bytes)."""
+    return max(1, int(target * PROFILE_SHARES[profile]["full"] / 2))
+
+
+def turn_parts(turn: Turn, soft_tokens: int):
+    """A turn cut where capture closed its segments, and again wherever a segment outgrew
+    ``soft_tokens`` (capture ran under another target): always after a tool result with no
+    call of the turn still waiting, so a tool call and its result stay in one part."""
+    paired = paired_tool_ids(turn.messages)
+    soft = soft_tokens * 4  # segments are measured as capture measures them (segment_size)
+    pieces, current, size, waiting, segment = [], [], 0, set(), None
+    for m in turn.messages:
+        if current and (m["segment"] or 0) != segment and not waiting:
+            pieces.append(current)
+            current, size = [], 0
+        segment = m["segment"] or 0
+        current.append(m)
+        size += segment_size(m["kind"], m["text"], m["data"])
+        if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
+            waiting.add(m["tool_use_id"])
+        elif m["kind"] == "tool_result":
+            waiting.discard(m["tool_use_id"])
+            if not waiting and size >= soft:
+                pieces.append(current)
+                current, size = [], 0
+    if current:
+        pieces.append(current)
+    return [Part(turn, p, len(pieces) == 1) for p in pieces]
+
+
+SPLIT = "split"  # View.bands for a turn whose parts are in different bands
+RANK = {"full": 0, "lean": 1, "summary": 2, "omitted": 3}
+
+
+class View:
+    """The served view of a thread: a band for every turn, and what that costs.
+
+    ``bands`` maps turn n -> "full" | "lean" | "summary" | "omitted", or SPLIT for a long
+    turn whose parts are in different bands; ``pieces`` then holds, for each such turn,
+    (first seq, last seq, band) runs oldest first, and ``summaries`` has the summarised
+    runs under (n, first, last) as well as whole summarised turns under n.
+    """
+
+    def __init__(self, thread_id, bands, costs, budget, profile, summaries, pieces=None):
         self.thread_id = thread_id
-        self.bands = bands          # turn n -> "full" | "lean" | "summary" | "omitted"
+        self.bands = bands
         self.costs = costs          # band -> estimated tokens used
         self.budget = budget
         self.profile = profile
-        self.summaries = summaries  # turn n -> (text, source) for summary-band turns
+        self.summaries = summaries
+        self.pieces = pieces or {}
 
     def turns_in(self, band):
         return [n for n, b in sorted(self.bands.items()) if b == band]
 
     def omitted_ranges(self):
         return label_ranges(self.turns_in("omitted"))
+
+    def band_of(self, n: int, seq: int) -> str:
+        """The band of one message of turn n."""
+        band = self.bands.get(n, "omitted")
+        if band != SPLIT:
+            return band
+        return next(b for first, last, b in self.pieces[n] if first <= seq <= last)
 
     @property
     def empty(self) -> bool:
@@ -1736,63 +1816,148 @@ def range_text(a: int, b: int) -> str:
     return f"t{a}" if a == b else f"t{a}\u2013t{b}"
 
 
-def _allocate(turns, budget, profile, summaries):
-    """Bands for turns, newest first: each band its profile's share of the budget, and
-    capacity a better band did not use passes down to the next. Once a turn falls to a
-    worse band, no older turn is placed in a better one. Returns (bands, used)."""
+# get-messages takes a range of at most this many messages after its first (parse_labels).
+MESSAGE_RANGE_SPAN = 10_000
+
+
+def message_request(a: int, b: int) -> str:
+    """The get-messages arguments that read back messages a..b: "m12-m40", split into
+    several ranges when one would be longer than get-messages accepts."""
+    pieces = []
+    while a <= b:
+        end = min(b, a + MESSAGE_RANGE_SPAN)
+        pieces.append(f"m{a}" if a == end else f"m{a}-m{end}")
+        a = end + 1
+    return " ".join(pieces)
+
+
+def _fits(used, caps, k, cost) -> bool:
+    """Whether ``cost`` more in band k keeps every band within its share plus what the
+    better bands left unused (caps are cumulative: full, full+lean, full+lean+summary)."""
+    spent = sum(used[:k])
+    for j in range(k, len(caps)):
+        spent += used[j]
+        if spent + cost > caps[j]:
+            return False
+    return True
+
+
+def _part_summary(part: Part, summaries):
+    """(text, source) standing in for a part: the turn's own summary for a whole turn,
+    an extractive one of just these messages for a part of a long turn."""
+    if part.whole:
+        return summaries.get(part.n, ("", ""))
+    return extractive_summary(part.messages), "extractive"
+
+
+def _allocate(parts, budget, profile, summaries):
+    """Bands for parts, newest first: each takes the best band that still has room, where
+    a band's room is its profile share plus whatever the better bands left unused.
+
+    An older part may get a better band than a newer one of another turn (a big turn
+    that fell to lean does not push the small turns before it down with it); inside one
+    turn the bands only get worse going back, so what a turn leaves out is its oldest
+    messages. Returns ({(n, first seq): band}, used tokens per band, part summaries).
+    """
     shares = PROFILE_SHARES[profile]
-    caps = {band: int(budget * shares[band]) for band in BANDS}
-    used = {band: 0 for band in BANDS}
-    bands, level, spare = {}, 0, 0
-    for turn in reversed(turns):
-        placed = False
-        while level < len(BANDS):
-            band = BANDS[level]
-            text = summaries.get(turn.n, ("", ""))[0]
-            if band == "summary" and not text:
+    caps, total = [], 0
+    for band in BANDS:
+        total += int(budget * shares[band])
+        caps.append(total)
+    used = [0] * len(BANDS)
+    placed, floor, texts, tools = {}, {}, {}, {}
+    for part in reversed(parts):
+        band = "omitted"
+        if part.n not in tools:
+            tools[part.n] = _tool_context(part.turn)
+        for k in range(floor.get(part.n, 0), len(BANDS)):
+            name, text = BANDS[k], ""
+            if name == "summary":
+                text, source = _part_summary(part, summaries)
+                if not text:
+                    break
+            cost = band_cost(part.turn, name, text, part.messages, tools[part.n])
+            if _fits(used, caps, k, cost):
+                used[k] += cost
+                band = name
+                if name == "summary":
+                    texts[(part.n, part.first)] = (text, source, cost)
                 break
-            cost = band_cost(turn, band, text)
-            if used[band] + cost <= caps[band] + spare:
-                used[band] += cost
-                bands[turn.n] = band
-                placed = True
-                break
-            # What the bands so far left unused passes down (counted once: a band may
-            # already have spent some of what a better band left it).
-            spare = sum(caps[b] - used[b] for b in BANDS[:level + 1])
-            level += 1
-        if not placed:
-            bands[turn.n] = "omitted"
-            level = len(BANDS)
-    return bands, used
+        placed[(part.n, part.first)] = band
+        floor[part.n] = RANK[band]
+    return placed, dict(zip(BANDS, used)), texts
 
 
-def build_view(thread_id, turns, budget, profile, summaries=None, favoured=()):
-    """Give every turn the best band that fits, newest first (pure, deterministic).
+def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), soft_tokens=None):
+    """Give every part of every turn the best band that fits, newest first (pure,
+    deterministic). Parts are the turns' canonical segments, cut again at ``soft_tokens``
+    (default: the segment size for this budget) where a segment is larger.
 
     Turns the model recently retrieved (``favoured``) that would otherwise be summarised
     or omitted are held in lean instead: their cost is set aside first, newest first and
     up to the profile's lean share, and the other turns share what remains.
     ``summaries`` maps turn -> (text, source); a turn without one cannot be summarised.
     """
-    summaries = summaries or {}
-    bands, used = _allocate(turns, budget, profile, summaries)
+    soft = soft_tokens or segment_tokens(budget, profile)
+    return _build_view(thread_id, turns, {t.n: turn_parts(t, soft) for t in turns}, budget,
+                       profile, summaries or {}, favoured)
+
+
+def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured):
+    """build_view over turns already cut into parts (turn n -> its parts, oldest first)."""
+    parts = [p for t in turns for p in by_turn[t.n]]
+    placed, used, texts = _allocate(parts, budget, profile, summaries)
     by_n = {t.n: t for t in turns}
     lift, reserve = [], 0
     room = int(budget * PROFILE_SHARES[profile]["lean"])
-    for n in sorted(set(favoured), reverse=True):
-        if bands.get(n) in ("summary", "omitted"):
+    for n in sorted(set(favoured) & set(by_turn), reverse=True):
+        got = {placed[(n, p.first)] for p in by_turn[n]}
+        if got & {"summary", "omitted"} and "full" not in got:
             cost = band_cost(by_n[n], "lean")
             if reserve + cost <= room:
                 lift.append(n)
                 reserve += cost
     if lift:
-        bands, used = _allocate([t for t in turns if t.n not in lift], budget - reserve, profile,
-                                summaries)
-        bands.update((n, "lean") for n in lift)
+        placed, used, texts = _allocate([p for p in parts if p.n not in lift], budget - reserve,
+                                        profile, summaries)
+        placed.update(((n, p.first), "lean") for n in lift for p in by_turn[n])
         used["lean"] += reserve
-    kept = {n: summaries[n] for n, b in bands.items() if b == "summary"}
-    return View(thread_id, bands, used, budget, profile, kept)
+    return _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summaries, texts)
+
+
+def _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summaries, texts):
+    """The View of an allocation: one band per turn where its parts agree, runs where not.
+
+    Neighbouring parts in one band make one run (one header line); summarised parts keep
+    a summary each.
+    """
+    bands, pieces, kept = {}, {}, {}
+    for turn in turns:
+        parts = by_turn[turn.n]
+        runs = []
+        for p in parts:
+            band = placed[(turn.n, p.first)]
+            if runs and runs[-1][2] == band:
+                runs[-1] = (runs[-1][0], p.last, band)
+            else:
+                runs.append((p.first, p.last, band))
+        mine = {(turn.n, p.first, p.last): texts[(turn.n, p.first)] for p in parts
+                if (turn.n, p.first) in texts}
+        if len(parts) > 1 and len(runs) == 1 and runs[0][2] == "summary":
+            # Every part summarised: the turn's own summary says it better, when it is no longer.
+            text, source = summaries.get(turn.n, ("", ""))
+            cost = band_cost(turn, "summary", text)
+            if text and cost <= sum(c for _, _, c in mine.values()):
+                used["summary"] += cost - sum(c for _, _, c in mine.values())
+                mine = {turn.n: (text, source, cost)}
+        if len(runs) == 1 and (len(parts) == 1 or runs[0][2] != "summary" or turn.n in mine):
+            bands[turn.n] = runs[0][2]
+            if runs[0][2] == "summary":
+                kept[turn.n] = next(iter(mine.values()))[:2]
+            continue
+        bands[turn.n], pieces[turn.n] = SPLIT, runs
+        kept.update((key, value[:2]) for key, value in mine.items())
+    return View(thread_id, bands, used, budget, profile, kept, pieces)
 
 
 def working_set(turns):
@@ -1822,13 +1987,69 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     """The view Claude will be served and its header, both inside ``budget``.
 
     The header is part of what Claude receives: its fixed part (instructions, working
-    set, omitted-range lines) comes out of the budget before the bands share the rest.
+    set, omitted-range lines, and for each long turn the lines naming its parts and the
+    note where it resumes) comes out of the budget before the bands share the rest.
     """
     files = working_set(turns)
+    soft = segment_tokens(budget, profile)
     everything_omitted = View(thread_id, {t.n: "omitted" for t in turns}, {}, 0, profile, {})
     reserve = estimate_tokens(render_header(everything_omitted, files, fell_back))
-    view = build_view(thread_id, turns, max(0, budget - reserve), profile, summaries, favoured)
+    by_turn = {t.n: turn_parts(t, soft) for t in turns}
+    for turn in turns:
+        parts = by_turn[turn.n]
+        if len(parts) > 1:
+            a, b = parts[0].first, parts[-1].last
+            widest = [(a, b, band) for band in BANDS + ("omitted",)]
+            reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))
+                                       + bridge_note(turn.n, a, b)) + 8
+    view = _build_view(thread_id, turns, by_turn, max(0, budget - reserve), profile, summaries or {},
+                       favoured)
     return view, render_header(view, files, fell_back)
+
+
+BAND_WORDS = (("full", "verbatim"),
+              ("lean", "lean (tool outputs replaced by stubs; thinking left out)"),
+              ("summary", "summarised below"))
+
+
+def split_lines(n: int, runs):
+    """The header lines naming where each part of a long turn went, oldest first."""
+    words = dict(BAND_WORDS)
+    lines = [f"t{n} is long, so it is in view in parts:"]
+    for a, b, band in runs:
+        span = f"m{a}" if a == b else f"m{a}\u2013m{b}"
+        if band == "omitted":
+            lines.append(f"  {span} not in view; use get-messages {message_request(a, b)}")
+        else:
+            lines.append(f"  {span} {words[band]}")
+    return lines
+
+
+def bridge_note(n: int, a: int, b: int) -> str:
+    """Where a long turn resumes after its oldest messages were left out or summarised."""
+    return (f"[cc-lhc] t{n} continues here. Its earlier messages m{a}\u2013m{b} are not shown "
+            f"(the opening message says what became of them); cc-lhc get-messages "
+            f"{message_request(a, b)} reads them back exactly.")
+
+
+def turn_items(view: View, turn: Turn, arm=None):
+    """(bridge note or None, visible (message, stub) items) of a turn as the view serves it."""
+    band = view.bands.get(turn.n)
+    if band in ("full", "lean"):
+        return None, visible_messages(turn, band, arm)
+    if band != SPLIT:
+        return None, []
+    tools = _tool_context(turn)
+    runs = view.pieces[turn.n]
+    items, note = [], None
+    for a, b, band in runs:
+        if band in ("full", "lean"):
+            chosen = [m for m in turn.messages if a <= m["seq"] <= b]
+            items += visible_messages(turn, band, arm, chosen, tools)
+    hidden = [(a, b) for a, b, band in runs if band not in ("full", "lean")]
+    if items and hidden:
+        note = bridge_note(turn.n, hidden[0][0], hidden[-1][1])
+    return note, items
 
 
 def render_header(view: View, files, fallback_note: bool) -> str:
@@ -1837,18 +2058,19 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         f"[cc-lhc] This conversation was rebuilt by Smart Compact from thread {view.thread_id}. "
         "Nothing was deleted: every earlier turn is stored word for word and can be read back.",
     ]
-    for band, words in (("full", "verbatim"), ("lean", "lean (tool outputs replaced by stubs; "
-                                                         "thinking left out)"),
-                        ("summary", "summarised below")):
+    for band, words in BAND_WORDS:
         ranges = label_ranges(view.turns_in(band))
         if ranges:
             lines.append(f"In view, {words}: " + ", ".join(range_text(a, b) for a, b in ranges))
     for a, b in view.omitted_ranges():
         lines.append(omitted_line(a, b))
+    for n in view.turns_in(SPLIT):
+        lines += split_lines(n, view.pieces[n])
     lines += [
         "To read anything back exactly, run these through Bash:",
         "  cc-lhc get-turns t12 t13     whole turns as recorded",
         "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
+        "  cc-lhc get-messages m40-m60  a run of messages, such as part of a long turn",
         "  cc-lhc search \"some text\"    where an exact string (a command, an error line) or some words appear",
         "Use them instead of guessing what an earlier turn said.",
     ]
@@ -1857,10 +2079,12 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         lines += [f"  {state:<6} {path}  ({'m' + str(label)})" for path, state, label in files]
     if view.summaries:
         lines.append("Summaries of earlier turns:")
-        for n in sorted(view.summaries):
-            text, source = view.summaries[n]
+        for key in sorted(view.summaries, key=lambda k: k[:2] if isinstance(k, tuple) else (k, 0)):
+            text, source = view.summaries[key]
             label = "" if text.startswith("(") else f"({source}) "
-            lines.append(f"  t{n}: {label}" + text.replace("\n", "\n    "))
+            name = f"t{key}" if not isinstance(key, tuple) else \
+                f"t{key[0]} m{key[1]}" + (f"\u2013m{key[2]}" if key[2] != key[1] else "")
+            lines.append(f"  {name}: {label}" + text.replace("\n", "\n    "))
     if fallback_note:
         lines.append(MSG_CONFIG_FALLBACK)
     return "\n".join(lines)
@@ -1877,6 +2101,12 @@ ZERO_USAGE = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_i
 def _block_of(m: dict, stub):
     """The API content block for one message, verbatim unless the band stubbed it."""
     kind = m["kind"]
+    if kind == "tool_result" and stub is not None:
+        # The recorded block holds the whole output; the stub needs none of it.
+        block = {"tool_use_id": m["tool_use_id"], "type": "tool_result", "content": stub}
+        if m["is_error"]:
+            block["is_error"] = True
+        return block
     data = json.loads(m["data"]) if m["data"] else None
     if kind == "tool_result":
         block = dict(data) if isinstance(data, dict) else {"type": "tool_result",
@@ -1898,7 +2128,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
-    and full turn in order: one user record per original user record, and one record
+    and full turn, or part of a long turn, in order: one user record per original user record, and one record
     per content block for assistant responses, sharing the response's message.id as
     Claude Code itself writes them. Usage on replayed records is zero: the old counts
     would make the new session look as full as the one it replaces.
@@ -1940,10 +2170,15 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         return role, m["response_id"] if role == "assistant" else m["source_uuid"]
 
     for turn in turns:
-        band = view.bands.get(turn.n)
-        if band not in ("full", "lean"):
-            continue
-        for (role, _), items in itertools.groupby(visible_messages(turn, band, arm), key=source_record):
+        note, visible = turn_items(view, turn, arm)
+        if note:
+            # A long turn whose oldest part is out of view resumes after a user-side note,
+            # so its next response does not follow the previous one with nothing between.
+            rec = common("user", now)
+            rec.update({"message": {"role": "user", "content": note}, "uuid": next_uuid(),
+                        "timestamp": visible[0][0]["created"] or now})
+            emit(rec)
+        for (role, _), items in itertools.groupby(visible, key=source_record):
             group = list(items)
             first = group[0][0]
             if role == "user":
@@ -2015,31 +2250,52 @@ def write_atomic(path: str, data: bytes, mode=0o600) -> None:
             os.close(dfd)
 
 
+ENVELOPE_LINE_RE = re.compile(rb'"type"\s*:\s*"(?:environment|date|model)"')
+
+
 def read_envelope(path: str):
     """The newest environment/date/model attachments of a transcript, plus its version and branch.
 
-    Only lines that mention an attachment are parsed: a long transcript has thousands
-    of records, and this runs inside Smart Compact.
+    Only lines that name one of those attachment types are parsed, and they are found by
+    a regular expression over the mapped file rather than line by line: a long transcript
+    has many megabytes of records, and this runs inside Smart Compact.
     """
+    import mmap
     latest, meta = {}, {}
     try:
         with open_regular(path) as f:
-            for raw in f:
-                if b'"attachment"' not in raw:
-                    continue
-                try:
-                    rec = load_json(raw)
-                except BadJson:
-                    continue
-                att = rec.get("attachment") if isinstance(rec, dict) else None
-                if rec.get("type") == "attachment" and isinstance(att, dict) \
-                        and att.get("type") in ENVELOPE_ATTACHMENTS:
-                    latest[att["type"]] = rec
-                    if rec.get("version"):
-                        meta = {"version": rec["version"], "gitBranch": rec.get("gitBranch", "")}
+            try:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file cannot be mapped
+                return [], {}
+            try:
+                end = -1
+                for hit in ENVELOPE_LINE_RE.finditer(data):
+                    if hit.start() < end:
+                        continue  # the same line named a second type
+                    start = data.rfind(b"\n", 0, hit.start()) + 1
+                    end = data.find(b"\n", hit.end())
+                    end = len(data) if end < 0 else end
+                    _envelope_line(data[start:end], latest, meta)
+            finally:
+                data.close()
     except OSError:
         pass
     return [latest[k] for k in ENVELOPE_ATTACHMENTS if k in latest], meta
+
+
+def _envelope_line(raw: bytes, latest: dict, meta: dict) -> None:
+    try:
+        rec = load_json(raw)
+    except BadJson:
+        return
+    if not isinstance(rec, dict):
+        return
+    att = rec.get("attachment")
+    if rec.get("type") == "attachment" and isinstance(att, dict) and att.get("type") in ENVELOPE_ATTACHMENTS:
+        latest[att["type"]] = rec
+        if rec.get("version"):
+            meta.update(version=rec["version"], gitBranch=rec.get("gitBranch", ""))
 
 
 class Rebuild:
@@ -4534,8 +4790,8 @@ class LifecycleNotifier:
     """Advisory only: one line when a person submits /clear, /resume or /compact to Claude.
 
     It watches the keys on their way to Claude (it never changes or holds them) and keeps
-    the line being typed. Only a line typed key by key and submitted on its own counts:
-    a paste, a cursor or completion key, or text arriving with the Enter makes the line
+    the line being typed. Only a line typed and submitted on its own counts: a paste
+    (bracketed, or several lines at once), a cursor or completion key makes the line
     uncertain, and an uncertain line says nothing. Correctness never depends on it: the
     session follower notices from what Claude writes that it moved.
     """
@@ -4565,7 +4821,7 @@ class LifecycleNotifier:
                 self.uncertain = self.uncertain or not report
                 i = end
             elif b in (0x0d, 0x0a):
-                self._submitted(alone=(n == 1 or i == n - 1 and not self._typed_with_enter(data)))
+                self._submitted(alone=(i == n - 1 and not self._several_lines(data)))
                 i += 1
             elif b in (0x7f, 0x08):
                 self.line, i = self.line[:-1], i + 1
@@ -4578,9 +4834,13 @@ class LifecycleNotifier:
         return data
 
     @staticmethod
-    def _typed_with_enter(data: bytes) -> bool:
-        """More than one printable key arrived with the Enter: pasted, not typed."""
-        return sum(1 for b in data[:-1] if b >= 0x20) > 1
+    def _several_lines(data: bytes) -> bool:
+        """Line ends inside the chunk, not only at its end: text pasted without brackets.
+
+        Keys typed quickly can arrive together with their Enter when the relay is busy,
+        so that alone is no sign of a paste; several lines at once are.
+        """
+        return data.count(b"\r") + data.count(b"\n") > 1
 
     def _submitted(self, alone: bool) -> None:
         m = LIFECYCLE_LINE.fullmatch(self.line.strip()) if alone and not self.uncertain else None
@@ -7150,13 +7410,18 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     The transcript is read through the same capture code as a live session, into a
     throwaway state folder, so the figures are the product's own, not a model of it.
     """
+    import hashlib
     import tempfile
-    import time
-    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cc-lhc-measure-") as tmp:
         home = StateHome(tmp)
         home.ensure()
-        thread_id = str(uuid.uuid4())
+        # The thread id is written into the view's header, so it is counted: one derived
+        # from the transcript's bytes makes the same input give the same figures.
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        thread_id = str(uuid.uuid5(ROLLOUT_NAMESPACE, f"measure/{digest.hexdigest()}"))
         cap = Capture(home, thread_id, "measured", path)
         cap.catch_up(index=False)
         store = cap.store
@@ -7179,20 +7444,23 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     for t in turns:
         row = {}
         for band in ("full", "lean"):
-            row[band] = [slot(stub if stub is not None else (m["text"] or m["data"] or ""))
+            row[band] = [(m["seq"], slot(stub if stub is not None else (m["text"] or m["data"] or "")))
                          for m, stub in visible_messages(t, band)]
-        row["summary"] = [slot(extractive_summary(t.messages))]
+        row["summary"] = [(None, slot(extractive_summary(t.messages)))]
         per_turn.append(row)
     counts = _count_many(texts)
-    totals = {band: sum(counts[i] for row in per_turn for i in row[band]) for band in BANDS}
+    totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     view, header = serve_view(thread_id, turns, target, profile, summaries)
-    in_view = 0
+    # What the view serves: full and lean messages, the notes where long turns resume,
+    # and the header (which holds the summaries).
+    in_view, notes = 0, [header]
     for t, row in zip(turns, per_turn):
-        band = view.bands.get(t.n)
-        if band in row:
-            in_view += sum(counts[i] for i in row[band])
-    in_view += _count_many([header])[0]
+        for band in ("full", "lean"):
+            if view.bands.get(t.n) in (band, SPLIT):
+                in_view += sum(counts[i] for seq, i in row[band] if view.band_of(t.n, seq) == band)
+        notes.append(turn_items(view, t)[0] or "")
+    in_view += sum(_count_many(notes))
     original = totals["full"]
 
     def cut(after):
@@ -7204,10 +7472,9 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         "tokens": original, "lean_tokens": totals["lean"], "lean_cut_pct": cut(totals["lean"]),
         "summary_tokens": totals["summary"], "summary_cut_pct": cut(totals["summary"]),
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),
-        "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted",)},
+        "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted", SPLIT)},
         "integrity_problems": problems, "exact": TOKENS.exact,
         "counting": "exact o200k_base" if TOKENS.exact else "approximate (4 bytes a token)",
-        "seconds": round(time.perf_counter() - t0, 3),
     }
 
 
@@ -7257,14 +7524,14 @@ def cmd_measure(args) -> int:
     if as_json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
-    head = ["session", "messages", "tool calls", "tokens", "lean", "summary", "smart compact", "time"]
+    # No timings: the same input prints the same bytes (scripts/bench.py times measure).
+    head = ["session", "messages", "tool calls", "tokens", "lean", "summary", "smart compact"]
     lines = []
     for r in rows:
         lines.append([str(r["session"]), str(r["messages"]), str(r["tool_calls"]), f"{r['tokens']:,}",
                       f"{r['lean_tokens']:,} ({-r['lean_cut_pct']:+.1f}%)",
                       f"{r['summary_tokens']:,} ({-r['summary_cut_pct']:+.1f}%)",
-                      f"{r['smart_compact_tokens']:,} ({-r['smart_compact_cut_pct']:+.1f}%)",
-                      f"{r['seconds']}s"])
+                      f"{r['smart_compact_tokens']:,} ({-r['smart_compact_cut_pct']:+.1f}%)"])
     counting = rows[0]["counting"] if rows else TOKENS.reason
     if as_md:
         print("| " + " | ".join(head) + " |")

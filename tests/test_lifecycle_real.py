@@ -191,7 +191,8 @@ def test_notifier_speaks_only_for_a_typed_lifecycle_command():
 
 def test_notifier_stays_quiet_for_pastes_longer_messages_and_edited_lines():
     assert _notes(b"\x1b[200~/clear\x1b[201~", b"\r") == []       # a paste
-    assert _notes(b"/clear\r") == []                               # arrived with its Enter
+    assert _notes(b"notes\r/clear\r") == []                        # several lines at once
+    assert _notes(b"/clear\r") == [cc_lhc.LIFECYCLE_NOTES["clear"]]  # typed fast: still typed
     assert _notes(b"please /clear the cache", b"\r") == []         # a longer message
     assert _notes(b"/cl", b"\x1b[D", b"ear", b"\r") == []           # cursor moved: unsure
     assert _notes(b"/cl", b"\t", b"\r") == []                       # completion: unsure

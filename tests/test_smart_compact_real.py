@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -514,3 +515,110 @@ def test_an_interrupted_rebuild_claude_answered_in_is_kept_before_it_is_moved(re
     assert not os.path.exists(path)
     # the relaunch was still over the trigger, so it made (and accepted) a rebuild of its own
     assert thread["current_session"] not in (rebuilt, old)
+
+
+# -- a long agentic turn ------------------------------------------------------------------------------
+
+def test_one_prompt_and_fifty_big_tool_outputs_keep_the_newest_verbatim(real_claude):
+    # Issue 10: one prompt, 50 Bash calls of about 16 KB, usage over the trigger. After Smart
+    # Compact the rebuilt request holds the newest outputs verbatim and stays inside the
+    # target, and the model reads a stubbed output back byte for byte.
+    rc = real_claude
+    calls = 50
+    command = "seq -f 'step {i} line %g of the migration log: ok' 1 420"
+    rc.api.script([tool_use_reply("Bash", {"command": command.format(i=i), "description": f"step {i}"},
+                                  usage=SMALL) for i in range(calls)]
+                  + [text_reply("migration finished", usage=OVER)])
+    sid = json.loads(ok(lhc(rc, "-p", "run the migration", "--output-format", "json",
+                            "--allowedTools", "Bash", timeout=300)).stdout)["session_id"]
+    thread_id = threads(rc)[0]["id"]
+    outputs = [m for m in recorded(rc, thread_id) if m["kind"] == "tool_result"]
+    assert len(outputs) == calls and all(len(m["text"]) > 15_000 for m in outputs)
+
+    def responder(body):
+        last = body["messages"][-1]
+        if any(b.get("type") == "tool_result" for b in blocks_of(last)):
+            return text_reply("read it back", usage=SMALL)
+        stub = re.search(r"cc-lhc get-messages (m\d+)\]", json.dumps(body["messages"]))
+        return tool_use_reply("Bash", {"command": f"cc-lhc get-messages {stub.group(1)}",
+                                       "description": "read back"}, usage=SMALL)
+
+    rc.api.responder = responder
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", sid, "-p", "what did step 3 print?", "--allowedTools", "Bash",
+               timeout=120))
+    assert "Smart Compact" in p.stderr and "read it back" in p.stdout
+    first, second = rc.api.message_requests[n:n + 2]
+    assert first["session_id"] != sid and second["session_id"] == first["session_id"]
+    messages = first["body"]["messages"]
+    results = {b["tool_use_id"]: tool_result_of(b) for m in messages for b in blocks_of(m)
+               if b.get("type") == "tool_result"}
+    by_id = {m["tool_use_id"]: m["text"] for m in outputs}
+    assert set(results) == set(by_id)  # every call and its result, none without the other
+    verbatim = [m["tool_use_id"] for m in outputs if results[m["tool_use_id"]] == m["text"]]
+    newest = [m["tool_use_id"] for m in outputs[-len(verbatim):]] if verbatim else []
+    assert len(verbatim) >= 10 and verbatim == newest  # the work in hand, verbatim
+    stubbed = [tid for tid in by_id if tid not in verbatim]
+    assert stubbed and all(results[t].startswith("[output of Bash m") for t in stubbed)
+    target = cc_lhc.resolve_policy([]).effective_target
+    assert cc_lhc.estimate_tokens(json.dumps(messages, ensure_ascii=False)) <= target
+    # the model's get-messages gave back the stubbed output exactly as recorded
+    label = re.search(r"cc-lhc get-messages (m\d+)\]", json.dumps(messages)).group(1)
+    recalled = tool_result_of([b for b in blocks_of(second["body"]["messages"][-1])
+                               if b.get("type") == "tool_result"][0])
+    original = next(m for m in recorded(rc, thread_id) if f"m{m['seq']}" == label)
+    assert original["kind"] == "tool_result" and original["tool_use_id"] in stubbed
+    assert "\n" + original["text"] + "\n" in recalled and "retrieval refused" not in recalled
+
+
+def test_a_single_turn_far_over_the_target_resumes_with_its_newest_part_verbatim(real_claude):
+    # 600k tokens in 200 tool calls, one prompt, over the trigger: cc-lhc adopts the session,
+    # Smart Compact builds a view within the target, and the real CLI resumes it and answers.
+    from test_views import long_turn_transcript
+    rc = real_claude
+    tr = long_turn_transcript(200, 12_000, cwd=str(rc.cwd), model="claude-fake-model")
+    tr.records[-1]["message"]["usage"] = OVER
+    rc.project_dir.mkdir(parents=True, exist_ok=True)
+    path = tr.write(rc.project_dir / f"{tr.session_id}.jsonl")
+    assert path.stat().st_size > 2_400_000
+    rc.api.responder = lambda body: text_reply("continuing the migration", usage=SMALL)
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", tr.session_id, "-p", "carry on", timeout=120))
+    assert "Smart Compact" in p.stderr and "continuing the migration" in p.stdout
+    (request,) = rc.api.message_requests[n:]
+    assert request["session_id"] != tr.session_id
+    messages = request["body"]["messages"]
+    target = cc_lhc.resolve_policy([]).effective_target
+    assert cc_lhc.estimate_tokens(json.dumps(messages, ensure_ascii=False)) <= target
+    outputs = [m for m in recorded(rc, threads(rc)[0]["id"]) if m["kind"] == "tool_result"]
+    results = {b["tool_use_id"]: tool_result_of(b) for m in messages for b in blocks_of(m)
+               if b.get("type") == "tool_result"}
+    assert results[outputs[-1]["tool_use_id"]] == outputs[-1]["text"]
+    assert sum(results.get(m["tool_use_id"]) == m["text"] for m in outputs) >= 10
+    for i, m in enumerate(messages):  # every tool_use answered in the very next message
+        uses = {b["id"] for b in blocks_of(m) if b.get("type") == "tool_use"}
+        if uses:
+            assert uses == {b["tool_use_id"] for b in blocks_of(messages[i + 1])
+                            if b.get("type") == "tool_result"}
+    assert "carry on" in json.dumps([m for m in messages if m["role"] == "user"][-1])
+
+
+def recorded(rc, thread_id: str) -> list[dict]:
+    """The thread's messages as stored."""
+    store = cc_lhc.ThreadStore(cc_lhc.StateHome(str(rc.iso.lhc)), thread_id)
+    try:
+        return list(store.messages())
+    finally:
+        store.close()
+
+
+def blocks_of(message: dict) -> list:
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def tool_result_of(block: dict) -> str:
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or [])

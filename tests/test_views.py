@@ -310,6 +310,8 @@ def assert_chain(records):
     assert len({r["uuid"] for r in records}) == len(records)
 
 
+BAND_WORDS = {"full": "verbatim", "lean": "lean (tool outputs replaced by stubs; thinking left out)",
+         "summary": "summarised below"}
 LINE_PREFIXES = (("full", "In view, verbatim: "),
                  ("lean", "In view, lean (tool outputs replaced by stubs; thinking left out): "),
                  ("summary", "In view, summarised below: "))
@@ -318,7 +320,7 @@ LINE_PREFIXES = (("full", "In view, verbatim: "),
 def header_parts(header: str):
     """turn -> how the header names it: 'full', 'lean', 'summary' (range lines and summary
     labels) or 'omitted' (the contract's line)."""
-    named = {}
+    named, splits, split = {}, {}, None
 
     def expand(spec):
         for piece in spec.split(", "):
@@ -337,8 +339,28 @@ def header_parts(header: str):
             for n in range(int(m.group(1)), int(m.group(2)) + 1):
                 assert n not in named
                 named[n] = "omitted"
+        m = re.fullmatch(r"t(\d+) is long, so it is in view in parts:", line)
+        if m:
+            split = int(m.group(1))
+            assert split not in named
+            named[split] = "split"
+            splits[split] = []
+            continue
+        m = re.fullmatch(r"  m(\d+)(?:\u2013m(\d+))? (.*)", line)
+        if m and split is not None:
+            a, b = int(m.group(1)), int(m.group(2) or m.group(1))
+            words = {w: band for band, w in BAND_WORDS.items()}
+            rest = m.group(3)
+            band = words.get(rest) or ("omitted" if rest.startswith("not in view; use get-messages ")
+                                       else None)
+            assert band, line
+            splits[split].append((a, b, band, rest.partition("get-messages ")[2]))
+            continue
+        split = None
     summary_labels = {int(m.group(1)) for m in re.finditer(r"^  t(\d+): ", header, re.M)}
-    return named, summary_labels
+    part_labels = {(int(m.group(1)), int(m.group(2)), int(m.group(3) or m.group(2)))
+                   for m in re.finditer(r"^  t(\d+) m(\d+)(?:\u2013m(\d+))?: ", header, re.M)}
+    return named, summary_labels, splits, part_labels
 
 
 def build(thread: Thread, budget, profile="default", favoured=(), arm=None, fallback=False):
@@ -405,13 +427,27 @@ def test_each_profile_splits_the_budget_by_its_shares(profile, budget):
     n_lean = min(40 - n_full, left // L)
     left = left - n_lean * L + caps["summary"]
     n_summary = min(40 - n_full - n_lean, left // S)
-    view = cc_lhc.build_view("t", turns, budget, profile, summaries)
+    # whole turns here (no segment cut): the shares alone decide
+    view = cc_lhc.build_view("t", turns, budget, profile, summaries, soft_tokens=10**9)
     got = [len(view.turns_in(b)) for b in ("full", "lean", "summary", "omitted")]
     assert got == [n_full, n_lean, n_summary, 40 - n_full - n_lean - n_summary]
     assert view.costs == {"full": n_full * F, "lean": n_lean * L, "summary": n_summary * S}
 
 
-def test_bands_newest_first_monotone_and_within_budget():
+def _cumulative_room(view, budget, profile, band, without=0, without_band="omitted"):
+    """What each cumulative cap from ``band`` on leaves free, were ``without`` tokens taken
+    back out of ``without_band`` (they free room only at that band's level and below)."""
+    shares = cc_lhc.PROFILE_SHARES[profile]
+    return [sum(int(budget * shares[b]) for b in cc_lhc.BANDS[:k + 1])
+            - sum(view.costs[b] for b in cc_lhc.BANDS[:k + 1])
+            + (without if k >= RANK[without_band] else 0)
+            for k in range(cc_lhc.BANDS.index(band), len(cc_lhc.BANDS))]
+
+
+def test_bands_best_that_fits_and_within_budget():
+    """Whole turns of mixed sizes: every band within its share plus what better bands left,
+    and no turn in a worse band than the budget required (a better one would not fit even
+    with the turn's own cost taken back out)."""
     r = random.Random(7)
     for seed in range(120):
         turns = _uniform_turns(25)
@@ -420,14 +456,14 @@ def test_bands_newest_first_monotone_and_within_budget():
         summaries = {t.n: ("s" * r.randint(20, 600), "extractive") for t in turns if r.random() < 0.9}
         for profile in cc_lhc.PROFILE_SHARES:
             budget = r.choice((200, 1000, 4000, 12000, 30000, 100000))
-            view = cc_lhc.build_view("t", turns, budget, profile, summaries)
-            ranks = [RANK[view.bands[t.n]] for t in reversed(turns)]
-            assert ranks == sorted(ranks), (seed, profile, budget)
+            view = cc_lhc.build_view("t", turns, budget, profile, summaries, soft_tokens=10**9)
             assert sum(view.costs.values()) <= budget, (seed, profile, budget, view.costs)
+            cost = {}
+            for t in turns:
+                for band in ("full", "lean", "summary"):
+                    cost[t.n, band] = cc_lhc.band_cost(t, band, summaries.get(t.n, ("", ""))[0])
             for band in ("full", "lean", "summary"):
-                assert view.costs[band] == sum(
-                    cc_lhc.band_cost(t, band, summaries.get(t.n, ("", ""))[0])
-                    for t in turns if view.bands[t.n] == band)
+                assert view.costs[band] == sum(cost[t.n, band] for t in turns if view.bands[t.n] == band)
             # cumulatively no band takes more than its share plus what better bands left
             shares = cc_lhc.PROFILE_SHARES[profile]
             cap = used = 0
@@ -435,6 +471,26 @@ def test_bands_newest_first_monotone_and_within_budget():
                 cap += int(budget * shares[band])
                 used += view.costs[band]
                 assert used <= cap
+            for t in turns:
+                got = view.bands[t.n]
+                own = cost[t.n, got] if got != "omitted" else 0
+                for better in ("full", "lean", "summary")[:RANK[got]]:
+                    if better == "summary" and t.n not in summaries:
+                        continue
+                    room = _cumulative_room(view, budget, profile, better, own, got)
+                    assert min(room) < cost[t.n, better], (seed, profile, budget, t.n, got, better)
+
+
+def test_a_big_turn_does_not_push_the_small_turns_before_it_down():
+    # The old allocation was monotone by age: once the big turn fell to lean, every older
+    # turn followed it. Small turns that fit the full share stay verbatim.
+    turns = _uniform_turns(12, out_bytes=400)
+    turns[8].messages[2]["text"] = "y" * 60_000  # t9: far bigger than the full share
+    summaries = {t.n: ("s" * 80, "extractive") for t in turns}
+    view = cc_lhc.build_view("t", turns, 12_000, "default", summaries, soft_tokens=10**9)
+    assert view.bands[9] in ("lean", "summary")
+    assert all(view.bands[n] == "full" for n in range(1, 13) if n != 9), view.bands
+    assert sum(view.costs.values()) <= 12_000
 
 
 def test_turns_retrieved_recently_are_favoured():
@@ -488,12 +544,15 @@ def test_tool_pairs_kept_or_stubbed_together_and_records_are_valid(random_thread
                 assert seen_calls == seen_results
                 assert not seen_calls & unpaired_calls
                 for t in turns:
-                    ids = {m["tool_use_id"] for m in t.messages if m["kind"] == "tool_call"}
-                    ids -= unpaired_calls
-                    if view.bands[t.n] in ("full", "lean"):
-                        assert ids <= seen_calls
-                    else:
-                        assert not ids & seen_calls
+                    band_of = {}
+                    for m in t.messages:
+                        if m["kind"] in ("tool_call", "tool_result") and \
+                                m["tool_use_id"] not in unpaired_calls:
+                            band_of.setdefault(m["tool_use_id"], set()).add(
+                                view.band_of(t.n, m["seq"]))
+                    for tid, bands in band_of.items():
+                        assert len(bands) == 1, (tid, bands)  # a call and its result never part
+                        assert (tid in seen_calls) == (bands <= {"full", "lean"})
                 assert records[-1]["type"] == "assistant"  # never ends on the header alone
 
 
@@ -628,7 +687,8 @@ def test_omitted_ranges_named_with_the_contracts_line(tmp_path):
     summaries = {t.n: ("short summary", "model") for t in turns}
     first = cc_lhc.build_view(thread.id, turns, 2000, "default", summaries)
     k = max(first.turns_in("summary"))
-    del summaries[k]  # a turn with no summary: it and everything older can only be omitted
+    for n in range(1, k + 1):
+        del summaries[n]  # turns with no summary, and no room in a better band: omitted
     view = cc_lhc.build_view(thread.id, turns, 2000, "default", summaries)
     assert view.turns_in("omitted") == list(range(1, k + 1))
     header = cc_lhc.render_header(view, [], False)
@@ -735,13 +795,20 @@ def test_retrieved_turns_are_favoured_by_the_next_view(tmp_path, monkeypatch, ca
 def _named_and_retrievable(thread, budget, profile, capsysbinary):
     turns, view, header, records = build(thread, budget, profile)
     assert_tool_blocks_paired(records)
-    named, summary_labels = header_parts(header)
-    # every turn is named by the header: a band's range, a summary label, or an omitted range
+    named, summary_labels, splits, part_labels = header_parts(header)
+    # every turn is named by the header: a band's range, a summary label, an omitted range,
+    # or (a long turn) the runs of messages its parts went to
     assert set(named) == {t.n for t in turns}
-    assert {n for n, b in named.items() if b != "omitted"} == \
-        {n for n, b in view.bands.items() if b != "omitted"}
+    assert named == view.bands
     assert summary_labels == set(view.turns_in("summary"))
-    assert all(view.bands[n] == b for n, b in named.items())
+    assert {n: [r[:3] for r in runs] for n, runs in splits.items()} == view.pieces
+    assert part_labels == {k for k in view.summaries if isinstance(k, tuple)}
+    for n, runs in view.pieces.items():  # the summaries of a run cover it, in order
+        for a, b, band in runs:
+            if band == "summary":
+                mine = sorted(k[1:] for k in part_labels if k[0] == n and a <= k[1] <= b)
+                assert mine[0][0] == a and mine[-1][1] == b
+                assert all(y[0] == x[1] + 1 for x, y in zip(mine, mine[1:]))
     data = cc_lhc.records_bytes(records).decode("utf-8")
     stubs = set()
     for rec in records[1:]:
@@ -749,11 +816,12 @@ def _named_and_retrievable(thread, budget, profile, capsysbinary):
             content = b.get("content") if b.get("type") == "tool_result" else b.get("text")
             if isinstance(content, str):
                 stubs.update(int(s) for s in re.findall(r"\u00b7 cc-lhc get-messages m(\d+)\]$", content))
-    # what a lean turn replaced is named by its stub
+    # what a lean part replaced is named by its stub; a long turn resumes after a note
     for t in turns:
-        if view.bands[t.n] not in ("full", "lean"):
-            continue
-        for m, stub in cc_lhc.visible_messages(t, view.bands[t.n]):
+        note, items = cc_lhc.turn_items(view, t)
+        if note:
+            assert json.dumps(note, ensure_ascii=False)[1:-1] in data
+        for m, stub in items:
             if stub is not None:
                 assert m["seq"] in stubs
             elif m["kind"] in ("user_text", "assistant_text") and m["text"]:
@@ -766,11 +834,17 @@ def _named_and_retrievable(thread, budget, profile, capsysbinary):
             body, _ = retrieve(capsysbinary, "get-turns", f"{m.group(1)}\u2013{m.group(2)}")
             assert body == b"".join(expected_turn_body(thread, n) for n in range(a, b + 1))
     by_seq = thread.messages()
+    for n, runs in splits.items():
+        for a, b, band, request in runs:
+            if band == "omitted":
+                body, _ = retrieve(capsysbinary, "get-messages", *request.split())
+                assert body == "".join(cc_lhc.render_message_body(by_seq[s])
+                                       for s in range(a, b + 1)).encode("utf-8")
     for seq in sorted(stubs):
         body, _ = retrieve(capsysbinary, "get-messages", f"m{seq}")
         assert body == cc_lhc.render_message_body(by_seq[seq]).encode("utf-8")
         assert_in_order(body, [by_seq[seq]])
-    for n in [n for n, b in named.items() if b in ("summary", "lean", "full")]:
+    for n in [n for n, b in named.items() if b != "omitted"]:
         body, _ = retrieve(capsysbinary, "get-turns", f"t{n}")
         assert body == expected_turn_body(thread, n)
         assert_in_order(body, list(thread.store.messages(n, n)))
@@ -798,10 +872,11 @@ def test_randomized_everything_left_out_is_named_and_comes_back_exactly(
             view = _named_and_retrievable(thread, max(200, int(total * fraction)), profile,
                                           capsysbinary)
             bands_seen.update(view.bands.values())
+            bands_seen.update(band for runs in view.pieces.values() for _, _, band in runs)
         # a tiny budget leaves most of the thread omitted
         view = _named_and_retrievable(thread, 60, "default", capsysbinary)
         bands_seen.update(view.bands.values())
-    assert bands_seen >= {"full", "lean", "summary", "omitted"}
+    assert bands_seen >= {"full", "lean", "summary", "omitted", cc_lhc.SPLIT}
 
 
 def test_the_header_counts_against_the_budget(random_threads):
@@ -814,3 +889,155 @@ def test_the_header_counts_against_the_budget(random_threads):
             # summaries are written inside the header, so they are counted there
             sent = view.costs["full"] + view.costs["lean"] + cc_lhc.estimate_tokens(header)
             assert sent <= budget + 64, (budget, sent)
+
+
+# -- long agentic turns: the segment is the unit ------------------------------------------------
+
+def bash_output(i, size):
+    """A Bash output of about ``size`` bytes that reads like one: numbered log lines."""
+    lines, total, j = [], 0, 0
+    while total < size:
+        line = f"{i:03d}:{j:05d} INFO worker-{j % 7} processed batch {j * 31 % 997} in {j % 89} ms ok"
+        lines.append(line)
+        total += len(line) + 1
+        j += 1
+    return "\n".join(lines)
+
+
+def long_turn_transcript(calls, out_bytes, before=0, after=0, cwd="/home/u/proj",
+                         model="claude-long-model"):
+    """``before`` small turns, one prompt followed by ``calls`` Bash calls of ``out_bytes``
+    each, then ``after`` small turns."""
+    tr = Transcript(cwd=cwd, model=model)
+    tr.envelope()
+    for i in range(before):
+        tr.prompt(f"small question {i}")
+        tr.response(text(f"small answer {i}"))
+    tr.prompt("run the whole migration, step by step")
+    for i in range(calls):
+        (call,) = tr.response(text(f"step {i}"), tool_use("Bash", command=f"./migrate --step {i}"),
+                              stop="tool_use")[1:]
+        tr.results((call["id"], bash_output(i, out_bytes), False))
+    tr.response(text("migration finished"))
+    for i in range(after):
+        tr.prompt(f"later question {i}")
+        tr.response(text(f"later answer {i}"))
+    return tr
+
+
+def served(thread, budget, profile="default"):
+    """(view, header, records, served tokens) as plan_rebuild makes them."""
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    view, header = cc_lhc.serve_view(thread.id, turns, budget, profile, summaries)
+    records = cc_lhc.view_records(view, turns, header, "11111111-2222-4333-8444-555555555555",
+                                  "/home/u/proj", NOW)
+    notes = [cc_lhc.turn_items(view, t)[0] for t in turns]
+    tokens = (view.costs["full"] + view.costs["lean"] + cc_lhc.estimate_tokens(header)
+              + sum(cc_lhc.estimate_tokens(n) + 4 for n in notes if n))
+    return turns, view, header, records, tokens
+
+
+def tool_results_in(records):
+    return {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
+            for b in blocks_of(r) if b.get("type") == "tool_result"}
+
+
+def assert_resumable(records, model):
+    assert_chain(records)
+    assert_tool_blocks_paired(records)
+    assert records[-1]["type"] == "assistant"
+    assert records[-1]["message"]["model"] == model
+
+
+def test_fifty_big_tool_outputs_keep_the_newest_verbatim(tmp_path):
+    # One prompt, 50 Bash calls of 16 KB: the whole turn is far over the full share, but
+    # its newest tool outputs are the work in hand, so they stay verbatim (the old view
+    # stubbed all 50, a 20 KB view for a 130k budget).
+    thread = intake_transcript(long_turn_transcript(50, 16_384), tmp_path)
+    turns, view, header, records, tokens = served(thread, 130_000)
+    (turn,) = turns
+    assert tokens <= 130_000
+    results = tool_results_in(records)
+    outputs = [m for m in turn.messages if m["kind"] == "tool_result"]
+    assert len(results) == 50  # every call is in view, each with its result
+    verbatim = [m for m in outputs if results[m["tool_use_id"]] == m["text"]]
+    assert verbatim and verbatim == outputs[-len(verbatim):]  # the newest ones
+    assert len(verbatim) >= 10
+    for m in outputs[:-len(verbatim)]:
+        assert STUB_RE.match(results[m["tool_use_id"]])
+    assert view.bands[turn.n] == cc_lhc.SPLIT
+    assert [b for _, _, b in view.pieces[turn.n]] == ["lean", "full"]
+    assert len(cc_lhc.records_bytes(records)) > 200_000  # the full share is used, not left empty
+    assert_resumable(records, "claude-long-model")
+
+
+def test_a_turn_far_over_the_target_gives_a_valid_view_with_a_verbatim_tail(
+        tmp_path, monkeypatch, capsysbinary):
+    # 600k tokens in 200 tool calls, against the default target and a tiny one.
+    thread = intake_transcript(long_turn_transcript(200, 12_000), tmp_path)
+    (turn,) = thread.turns
+    assert cc_lhc.band_cost(turn, "full") > 600_000
+    outputs = [m for m in turn.messages if m["kind"] == "tool_result"]
+    grant(thread, monkeypatch)
+    by_seq = thread.messages()
+    for budget in (180_000, 8_000):
+        turns, view, header, records, tokens = served(thread, budget)
+        assert tokens <= budget
+        assert_resumable(records, "claude-long-model")
+        results = tool_results_in(records)
+        assert results[outputs[-1]["tool_use_id"]] == outputs[-1]["text"]  # newest: verbatim
+        runs = view.pieces[turn.n]
+        assert runs[-1][2] == "full" and runs[-1][1] == turn.messages[-1]["seq"]
+        assert [RANK[b] for _, _, b in runs] == sorted((RANK[b] for _, _, b in runs), reverse=True)
+        # every message is in one run, and the header names each run
+        assert runs[0][0] == turn.messages[0]["seq"]
+        assert all(a == prev[1] + 1 for prev, (a, _, _) in zip(runs, runs[1:]))
+        _named, _s, splits, _p = header_parts(header)
+        assert [r[:3] for r in splits[turn.n]] == runs
+        omitted = [r for r in splits[turn.n] if r[2] == "omitted"]
+        if budget == 8_000:
+            assert omitted and any(b == "summary" for _, _, b in runs)
+            note = cc_lhc.turn_items(view, turn)[0]
+            assert note and f"m{runs[0][0]}\u2013" in note
+            assert any(r["type"] == "user" and r["message"]["content"] == note for r in records)
+            a, b, _band, request = omitted[0]
+            assert request == f"m{a}-m{b}"
+            body, calls = retrieve(capsysbinary, "get-messages", request)
+            assert calls > 1  # paged within the 24,000-byte ceiling
+            assert body == "".join(cc_lhc.render_message_body(by_seq[s])
+                                   for s in range(a, b + 1)).encode("utf-8")
+        else:
+            assert not omitted  # at the default target the older calls all fit in lean
+
+
+def test_small_turns_before_a_big_one_keep_the_band_the_budget_allows(tmp_path):
+    thread = intake_transcript(long_turn_transcript(50, 16_384, before=3, after=1), tmp_path)
+    turns, view, header, records, tokens = served(thread, 130_000)
+    assert tokens <= 130_000
+    big = turns[3].n
+    assert view.bands[big] == cc_lhc.SPLIT
+    # the big turn's old calls went lean, but the small turns before it still fit verbatim
+    assert [view.bands[t.n] for t in turns] == ["full", "full", "full", cc_lhc.SPLIT, "full"]
+    assert "In view, verbatim: t1\u2013t3, t5" in header.splitlines()
+    assert_resumable(records, "claude-long-model")
+
+
+def test_parts_are_the_recorded_segments_when_the_target_is_the_capture_one(tmp_path):
+    thread = intake_transcript(long_turn_transcript(40, 16_384), tmp_path)
+    (turn,) = thread.turns
+    policy = cc_lhc.resolve_policy([])
+    soft = cc_lhc.segment_soft_bytes(policy) // 4
+    assert soft == cc_lhc.segment_tokens(policy["lowerBoundTokens"], policy["profile"])
+    recorded = thread.store.db.execute("SELECT first_seq, last_seq FROM segments WHERE turn = ? "
+                                       "ORDER BY idx", (turn.n,)).fetchall()
+    assert len(recorded) > 1
+    parts = cc_lhc.turn_parts(turn, soft)
+    assert [(p.first, p.last) for p in parts] == [tuple(r) for r in recorded]
+    # a smaller target cuts the same turn finer, never between a call and its result
+    finer = cc_lhc.turn_parts(turn, soft // 5)
+    assert len(finer) > len(parts)
+    for p in finer:
+        assert p.messages[-1]["kind"] in ("tool_result", "assistant_text")
+        ids = [m["tool_use_id"] for m in p.messages if m["tool_use_id"]]
+        assert all(ids.count(i) == 2 for i in ids)
