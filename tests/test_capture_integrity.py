@@ -323,3 +323,108 @@ def test_a_shrink_read_in_between_still_takes_what_is_appended_later(tmp_path):
                                             "second answer", SECRET]
     [row] = threads_json()
     assert row["degraded_reason"].startswith("transcript_shrank")
+
+
+# -- through the real CLI ------------------------------------------------------------------
+
+def chained_records(path: Path) -> list[dict]:
+    return [r for r in map(json.loads, path.read_bytes().splitlines()) if r.get("uuid")]
+
+
+def like(rec: dict, parent: str, **changes) -> dict:
+    """A copy of a record Claude wrote, as the next link of the chain."""
+    return {**rec, **changes, "parentUuid": parent, "uuid": str(uuid.uuid4())}
+
+
+def append_turn(path: Path, prompt: str, answer: str, *, text_bytes=None, usage=None) -> bytes:
+    """Append a prompt and its answer in the real CLI's own format; returns what was written.
+
+    ``text_bytes`` replaces the answer text's bytes in the written line (for bytes JSON
+    text cannot express), ``usage`` the answer's usage figures.
+    """
+    recs = chained_records(path)
+    user = next(r for r in recs if r["type"] == "user" and isinstance(r["message"]["content"], str))
+    reply = next(r for r in reversed(recs) if r["type"] == "assistant")
+    leaf = recs[-1]["uuid"]
+    u = like(user, leaf, message={"role": "user", "content": prompt})
+    message = {**reply["message"], "id": f"msg_{uuid.uuid4().hex[:20]}",
+               "content": [{"type": "text", "text": answer}], "stop_reason": "end_turn"}
+    if usage:
+        message["usage"] = {**message["usage"], **usage}
+    a = like(reply, u["uuid"], message=message)
+    lines = [json.dumps(u).encode(), json.dumps(a).encode()]
+    if text_bytes is not None:
+        lines[1] = lines[1].replace(answer.encode(), text_bytes)
+    data = b"".join(line + b"\n" for line in lines)
+    with open(path, "ab") as f:
+        f.write(data)
+    return data
+
+
+def real_lhc(rc, *args):
+    p = rc.run_lhc(*args)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 0, f"cc-lhc {' '.join(args)} -> {p.returncode}\n{p.stderr}"
+    return p
+
+
+def test_real_cli_a_dropped_line_and_a_new_prompt_reach_the_thread(real_claude):
+    rc, api = real_claude, real_claude.api
+    api.script(["first reply"])
+    session = json.loads(real_lhc(rc, "-p", "first", "--output-format", "json").stdout)["session_id"]
+    api.script(["second reply"])
+    real_lhc(rc, "--resume", session, "-p", "second")
+    [path] = rc.transcripts()
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]))
+    append_turn(path, SECRET, "answer to prompt A")
+
+    api.script(["third reply"])
+    real_lhc(rc, "--resume", session, "-p", "third")
+    # Claude continued from the appended prompt: it was really in the conversation
+    from fakeapi import user_texts
+    assert SECRET in user_texts(api.message_requests[-1]["body"])
+    [row] = threads_json()
+    records = export(row["id"])
+    says = [r["text"] for r in records if r["kind"] in ("user_text", "assistant_text")]
+    assert says == ["first", "first reply", "second", "second reply", SECRET,
+                    "answer to prompt A", "third", "third reply"]
+    assert set(uuid_counts(records).values()) == {1}
+    assert {r["source_uuid"] for r in records} <= {r["uuid"] for r in chained_records(path)}
+    assert row["degraded_reason"].startswith("transcript_rewritten")
+    assert row["captured_bytes"] == path.stat().st_size
+    assert SECRET.encode() in rebuild_bytes(cc_lhc.StateHome(), row["id"])
+
+
+@pytest.mark.parametrize("odd", ["usage", "bytes"])
+def test_real_cli_an_odd_line_does_not_stop_capture_or_the_launch(real_claude, odd):
+    rc, api = real_claude, real_claude.api
+    api.script(["first reply"])
+    session = json.loads(real_lhc(rc, "-p", "first", "--output-format", "json").stdout)["session_id"]
+    [path] = rc.transcripts()
+    if odd == "usage":
+        append_turn(path, "odd prompt", "odd answer", usage={"output_tokens": HUGE})
+        odd_answer = "odd answer"
+    else:
+        append_turn(path, "odd prompt", "odd answer", text_bytes=b"odd \xed\xa0\x80 answer")
+        odd_answer = "odd \ufffd answer"
+    append_turn(path, "later prompt", "later answer")  # in the same batch, after the odd line
+
+    api.script(["next reply"])
+    p = rc.run_lhc("--resume", session, "-p", "next")
+    assert "Traceback" not in p.stderr, p.stderr
+    # Claude started, and cc-lhc's exit is Claude's own (Claude itself refuses a session whose
+    # usage adds up to more than its window: "Prompt is too long")
+    [exited] = [e for e in log_events(cc_lhc.StateHome()) if e["event"] == "child_exited"][1:]
+    assert p.returncode == exited["status"]
+    assert p.returncode == 0 or (odd == "usage" and p.stdout.strip() == "Prompt is too long")
+    [row] = threads_json()
+    says = [r["text"] for r in export(row["id"]) if r["kind"] in ("user_text", "assistant_text")]
+    assert says[:7] == ["first", "first reply", "odd prompt", odd_answer, "later prompt",
+                        "later answer", "next"]
+    assert row["captured_bytes"] == path.stat().st_size
+    # measure reads it too, alone and in its folder
+    alone = json.loads(real_lhc(rc, "measure", str(path), "--json").stdout)
+    folder = json.loads(real_lhc(rc, "measure", str(path.parent), "--json").stdout)
+    assert [s["messages"] for s in folder["sessions"]] == [s["messages"] for s in alone["sessions"]]
+    assert alone["sessions"][0]["messages"] >= 7
