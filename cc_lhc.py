@@ -496,7 +496,7 @@ class RolloutParser:
             self._malformed(raw, line_no, offset, "a line that is not a JSON object")
             return
         self._odd = []
-        if b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw:
+        if (b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw) and SURROGATE_IN_LINE.search(raw):
             # Half of a surrogate pair (a string cut mid-emoji), escaped or as raw bytes
             # ED A0..BF (Python's reader lets those through), is valid JSON but not
             # storable text; it becomes U+FFFD, and the line is kept verbatim.
@@ -700,10 +700,17 @@ class RolloutParser:
             self._close_turn(last, "closed", stop or "api_error", created)
 
 
+# A surrogate escaped (\uD800-\uDFFF) or as raw UTF-8-style bytes (ED A0..BF): only such a
+# line can decode to text with a lone surrogate in it. (Searched only after a plain byte
+# test finds a hint: a regex over every line costs more than the JSON reader.)
+SURROGATE_IN_LINE = re.compile(rb"\xed[\xa0-\xbf]|\\u[dD][89a-fA-F]")
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _without_lone_surrogates(value):
     """(value, changed) with every unpaired UTF-16 surrogate, in keys too, replaced by U+FFFD."""
     if isinstance(value, str):
-        if not any("\ud800" <= c <= "\udfff" for c in value):
+        if not SURROGATE.search(value):
             return value, False
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
     if isinstance(value, list):
