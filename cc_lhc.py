@@ -489,7 +489,8 @@ class RolloutParser:
             return
         except RecursionError:
             # JSON sets no depth limit (a tool input can nest deep); Python's reader has
-            # one. Such a line is lost to the record, so say so rather than stall on it.
+            # one. Such a line cannot become messages: it is kept as bytes and named, never
+            # a capture stalled on it.
             self._malformed(raw, line_no, offset, "nested deeper than this parser can read")
             return
         if not isinstance(rec, dict):
