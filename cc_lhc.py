@@ -600,6 +600,7 @@ class ParseOutput:
         self.telemetry = {}      # type -> [count, bytes]
         self.events = []         # ("native_compact", turn) and similar, for the host to report
         self.agents = []         # (agent_id, source, kind, tool_use_id, prompt) seen or linked
+        self.raw_lines = []      # (session, line, offset, reason, raw bytes): lines kept verbatim
 
 
 class RolloutParser:
@@ -623,6 +624,7 @@ class RolloutParser:
         self.agent = agent
         self.agent_turn = agent_turn
         self.usage_session = session_id
+        self._odd = []  # why the line being fed is also kept verbatim (text_repaired, ...)
 
     def take(self) -> ParseOutput:
         out, self.out = self.out, ParseOutput()
@@ -636,33 +638,41 @@ class RolloutParser:
             rec = json.loads(raw)
         except ValueError as e:
             if raw.strip():
-                self.out.problems.append((self.session, line_no, offset, "malformed_line",
-                                          f"not valid JSON: {e}"))
+                self._malformed(raw, line_no, offset, f"not valid JSON: {e}")
             return
         except RecursionError:
             # JSON sets no depth limit (a tool input can nest deep); Python's reader has
-            # one. Such a line is lost to the record, so say so rather than stall on it.
-            self.out.problems.append((self.session, line_no, offset, "malformed_line",
-                                      "nested deeper than this parser can read"))
+            # one. Such a line cannot become messages: it is kept as bytes and named, never
+            # a capture stalled on it.
+            self._malformed(raw, line_no, offset, "nested deeper than this parser can read")
             return
         if not isinstance(rec, dict):
-            self.out.problems.append((self.session, line_no, offset, "malformed_line",
-                                      "a line that is not a JSON object"))
+            self._malformed(raw, line_no, offset, "a line that is not a JSON object")
             return
-        if b"\\ud" in raw or b"\\uD" in raw:
-            # Half of a surrogate pair (a string cut mid-emoji) is valid JSON but not
-            # storable text; it becomes U+FFFD and the repair is counted.
+        self._odd = []
+        if (b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw) and SURROGATE_IN_LINE.search(raw):
+            # Half of a surrogate pair (a string cut mid-emoji), escaped or as raw bytes
+            # ED A0..BF (Python's reader lets those through), is valid JSON but not
+            # storable text; it becomes U+FFFD, and the line is kept verbatim.
             rec, repaired = _without_lone_surrogates(rec)
             if repaired:
-                self._count("text_repaired", len(raw))
+                self._odd.append("text_repaired")
         try:
             self._record(rec, len(raw), line_no, offset)
         except (TypeError, AttributeError, RecursionError) as e:
             # Valid JSON in a shape Claude Code never writes (one flipped byte can make
             # one), or one nested just too deep to write back: a malformed line where it
             # stands, never a capture stalled on it.
-            self.out.problems.append((self.session, line_no, offset, "malformed_line",
-                                      f"a record in a shape this parser does not know ({e})"))
+            self._malformed(raw, line_no, offset, f"a record in a shape this parser does not know ({e})")
+            return
+        for reason in self._odd:
+            self._count(reason, len(raw))
+            self.out.raw_lines.append((self.session, line_no, offset, reason, raw))
+
+    def _malformed(self, raw, line_no, offset, detail):
+        """A line the record cannot hold: a problem where it stands, its bytes kept as they are."""
+        self.out.problems.append((self.session, line_no, offset, "malformed_line", detail))
+        self.out.raw_lines.append((self.session, line_no, offset, "malformed_line", raw))
 
     def _record(self, rec, size, line_no, offset):
         rtype = rec.get("type")
@@ -757,6 +767,12 @@ class RolloutParser:
         if self.agent is None:
             return self.s.outstanding
         return self.s.agent_calls.setdefault(self.agent, {})
+    def _token_count(self, value):
+        """A usage figure, or None; one too big to store marks the line (see sqlite_int)."""
+        too_big = isinstance(value, int) and not isinstance(value, bool) and sqlite_int(value) is None
+        if too_big and "number_out_of_range" not in self._odd:
+            self._odd.append("number_out_of_range")
+        return _int_or_none(value)
 
     def _count(self, rtype, size):
         slot = self.out.telemetry.setdefault(str(rtype), [0, 0])
@@ -916,12 +932,12 @@ class RolloutParser:
         usage = message.get("usage")
         if isinstance(usage, dict) and last is not None:
             self.out.usage[response_id] = (
-                self.usage_session, last, _int_or_none(usage.get("input_tokens")),
+                self.usage_session, last, self._token_count(usage.get("input_tokens")),
                 # A provider that leaves out the cache fields used no cache; only a value
                 # that is there but unusable makes the reading invalid.
-                _int_or_none(usage.get("cache_creation_input_tokens", 0)),
-                _int_or_none(usage.get("cache_read_input_tokens", 0)),
-                _int_or_none(usage.get("output_tokens")), model, created)
+                self._token_count(usage.get("cache_creation_input_tokens", 0)),
+                self._token_count(usage.get("cache_read_input_tokens", 0)),
+                self._token_count(usage.get("output_tokens")), model, created)
         stop = message.get("stop_reason")
         if not main:
             return
@@ -933,10 +949,17 @@ class RolloutParser:
             self._close_turn(last, "closed", stop or "api_error", created)
 
 
+# A surrogate escaped (\uD800-\uDFFF) or as raw UTF-8-style bytes (ED A0..BF): only such a
+# line can decode to text with a lone surrogate in it. (Searched only after a plain byte
+# test finds a hint: a regex over every line costs more than the JSON reader.)
+SURROGATE_IN_LINE = re.compile(rb"\xed[\xa0-\xbf]|\\u[dD][89a-fA-F]")
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _without_lone_surrogates(value):
-    """(value, changed) with every unpaired UTF-16 surrogate replaced by U+FFFD."""
+    """(value, changed) with every unpaired UTF-16 surrogate, in keys too, replaced by U+FFFD."""
     if isinstance(value, str):
-        if not any("\ud800" <= c <= "\udfff" for c in value):
+        if not SURROGATE.search(value):
             return value, False
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), True
     if isinstance(value, list):
@@ -946,15 +969,30 @@ def _without_lone_surrogates(value):
         changed = False
         out = {}
         for k, v in value.items():
-            v, c = _without_lone_surrogates(v)
+            k, ck = _without_lone_surrogates(k)
+            v, cv = _without_lone_surrogates(v)
             out[k] = v
-            changed = changed or c
+            changed = changed or ck or cv
         return out, changed
     return value, False
 
 
+# SQLite stores integers as signed 64-bit; Python's would overflow the insert (and roll
+# back the whole batch with it). JSON has no such limit, so a value outside is kept only
+# in the line's raw bytes.
+SQLITE_INT_MIN, SQLITE_INT_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def sqlite_int(value):
+    """The integer when SQLite can hold it, else None (bools and non-integers are None)."""
+    if isinstance(value, int) and not isinstance(value, bool) and SQLITE_INT_MIN <= value <= SQLITE_INT_MAX:
+        return value
+    return None
+
+
 def _int_or_none(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    value = sqlite_int(value)
+    return value if value is not None and value >= 0 else None
 
 
 def _require_text(*values):
@@ -1166,7 +1204,13 @@ CREATE TABLE agents (
     agent_id TEXT PRIMARY KEY, source TEXT, kind TEXT, tool_use_id TEXT, prompt TEXT,
     first_seen TEXT)
 """),
-    ("005_exact_search", _migrate_exact_search),
+    ("005_source_prefix_raw_lines", """
+ALTER TABLE sources ADD COLUMN prefix_sha256 TEXT;
+CREATE TABLE raw_lines (
+    session TEXT, sha256 TEXT, line INTEGER, offset INTEGER, reason TEXT, raw BLOB,
+    created TEXT, PRIMARY KEY (session, sha256))
+"""),
+    ("006_exact_search", _migrate_exact_search),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -1333,10 +1377,10 @@ class ThreadStore:
     # -- sources ----------------------------------------------------------------
 
     def source(self, session_id):
-        row = self.db.execute("SELECT path, start_offset, offset, lines, degraded FROM sources "
-                              "WHERE session_id = ?", (session_id,)).fetchone()
+        row = self.db.execute("SELECT path, start_offset, offset, lines, degraded, prefix_sha256 "
+                              "FROM sources WHERE session_id = ?", (session_id,)).fetchone()
         return None if row is None else dict(zip(("path", "start_offset", "offset", "lines",
-                                                  "degraded"), row))
+                                                  "degraded", "prefix_sha256"), row))
 
     def add_source(self, session_id, path, start_offset=0, prefix_uuids=()):
         """Start reading a session; a replayed prefix is skipped, its uuids still known."""
@@ -1429,8 +1473,14 @@ class ThreadStore:
         return (last[1], row[0], last[2], rows[0][0] if rows else None,
                 sum(segment_size(kind, text, data) for _, kind, text, data in rows))
 
-    def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int) -> None:
-        """Write one parsed batch and the offset it reached, atomically."""
+    def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int,
+              prefix_sha256=None) -> None:
+        """Write one parsed batch and the offset it reached, atomically.
+
+        ``prefix_sha256`` is the hash of every byte captured up to ``new_offset``: what
+        the next run checks the file against before trusting the offset.
+        """
+        import hashlib
         db = self.db
         now = utc_now_iso()
         with Tx(db):
@@ -1459,13 +1509,36 @@ class ThreadStore:
                 first = out.problems[0]
                 db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
                            (f"{first[3]} at line {first[1]}: {first[4]}", session_id))
+            if out.raw_lines:
+                db.executemany("INSERT OR IGNORE INTO raw_lines VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               [(session, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, now)
+                                for session, line, offset, reason, raw in out.raw_lines])
             for rtype, (count, size) in out.telemetry.items():
-                db.execute("INSERT INTO telemetry VALUES (?, ?, ?, ?) ON CONFLICT (session, type) DO "
-                           "UPDATE SET count = count + excluded.count, bytes = bytes + excluded.bytes",
-                           (session_id, rtype, count, size))
+                self._count(session_id, rtype, count, size)
             db.execute("UPDATE sources SET offset = ?, lines = lines + ?, parser_version = ?, "
-                       "updated = ? WHERE session_id = ?",
-                       (new_offset, lines_read, PARSER_VERSION, now, session_id))
+                       "updated = ?, prefix_sha256 = ? WHERE session_id = ?",
+                       (new_offset, lines_read, PARSER_VERSION, now, prefix_sha256, session_id))
+
+    def _count(self, session_id, rtype, count, size):
+        self.db.execute("INSERT INTO telemetry VALUES (?, ?, ?, ?) ON CONFLICT (session, type) DO "
+                        "UPDATE SET count = count + excluded.count, bytes = bytes + excluded.bytes",
+                        (session_id, rtype, count, size))
+
+    def restart_source(self, session_id, kind, detail):
+        """The transcript no longer holds what was captured: read it again from its start.
+
+        Nothing captured is removed; the parser knows every uuid already taken, so the
+        second reading adds only records the first never saw. The event is a problem (the
+        thread is degraded, and says why) and a count.
+        """
+        now = utc_now_iso()
+        with Tx(self.db):
+            self.db.execute("INSERT INTO problems (session, line, offset, kind, detail, created) "
+                            "VALUES (?, NULL, NULL, ?, ?, ?)", (session_id, kind, detail, now))
+            self._count(session_id, kind, 1, 0)
+            self.db.execute("UPDATE sources SET degraded = coalesce(degraded, ?), start_offset = 0, "
+                            "offset = 0, lines = 0, prefix_sha256 = NULL, updated = ? "
+                            "WHERE session_id = ?", (f"{kind}: {detail}", now, session_id))
 
     def _note_agents(self, agents, now):
         """Upsert agents and their links; a sidechain without one is linked by its prompt."""
@@ -3615,6 +3688,9 @@ class Capture:
 
     BATCH_BYTES = 8 << 20
     POLL_SECONDS = 0.05
+    # Bytes before the offset compared on every read of a live session; the whole
+    # captured span is checked against its stored hash once per process.
+    TAIL_CHECK_BYTES = 4096
 
     def __init__(self, home, thread_id, session_id, path, policy=None, start_offset=0,
                  on_event=None, on_responses=None):
@@ -3635,6 +3711,11 @@ class Capture:
         self.caught_up = False
         self.hostdb = None  # opened on the capture thread when live classification needs it
         self.request_handoff = None  # set by an interactive host that can swap children
+        # What this process has verified the file holds: the hash of the captured span, its
+        # last bytes, and the offset they end at (None until the first read checks them).
+        self._prefix = None
+        self._tail = b""
+        self._verified_offset = None
 
     def _open(self):
         if self.store is None:
@@ -3651,11 +3732,15 @@ class Capture:
         if not self.start_offset:
             return ()
         found = []
-        with open_regular(self.path) as f:
+        try:
+            f = open_regular(self.path)
+        except OSError:
+            return ()  # nothing to read them from: the offset still skips the prefix
+        with f:
             for line, _ in split_complete_lines(f.read(self.start_offset), 0):
                 try:
                     uid = json.loads(line).get("uuid")
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):
                     continue
                 if uid:
                     found.append(uid)
@@ -3676,23 +3761,45 @@ class Capture:
         return total
 
     def _catch_up_main(self, deadline) -> int:
-        import time
         self.caught_up = False
         self._open()
-        store = self.store
-        src = store.source(self.session_id)
-        offset = src["offset"]
         try:
-            size = os.path.getsize(self.path)
-        except OSError:
+            f = open_regular(self.path)
+        except FileNotFoundError:
             self.caught_up = True  # no transcript yet: nothing to catch up with
             return 0
-        if size < offset:
-            if not src["degraded"]:
-                store.mark_degraded(self.session_id, "transcript_shrank",
-                                    f"{self.path} is {size} bytes, {offset} were already captured")
-            self.caught_up = True  # nothing more can be read; the thread says why
+        except OSError as e:
+            self._unreadable(str(e))
             return 0
+        with f:
+            total = self._read_new_lines(f, deadline)
+        self.lines += total
+        return total
+
+    def _unreadable(self, why):
+        """A transcript that cannot be read (not a regular file, no permission): say so once."""
+        src = self.store.source(self.session_id)
+        if not src["degraded"]:
+            self.store.mark_degraded(self.session_id, "transcript_unreadable", f"{self.path}: {why}")
+            self.home.log("transcript_unreadable", thread=self.thread_id, session=self.session_id,
+                          path=self.path, reason=why)
+        self.caught_up = True  # nothing can be read; the thread says why
+
+    def _read_new_lines(self, f, deadline):
+        import hashlib
+        import time
+        store = self.store
+        src = store.source(self.session_id)
+        size = os.fstat(f.fileno()).st_size
+        changed = self._rewrite_reason(f, src, size)
+        if changed:
+            kind, detail = changed
+            store.restart_source(self.session_id, kind, detail)
+            self.home.log(kind, thread=self.thread_id, session=self.session_id, path=self.path,
+                          detail=detail, action="read again from the start; nothing captured is removed")
+            self._prefix, self._tail, self._verified_offset = hashlib.sha256(), b"", 0
+            src = store.source(self.session_id)
+        offset = src["offset"]
         if size == offset:
             self.caught_up = True
             return 0
@@ -3700,34 +3807,82 @@ class Capture:
                                segment_soft_bytes(self.policy))
         total = 0
         line_no = src["lines"]
-        with open_regular(self.path) as f:
-            f.seek(offset)
-            pending = b""
-            while True:
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                chunk = f.read(self.BATCH_BYTES)
-                if not chunk:
-                    self.caught_up = True
-                    break
-                buf = pending + chunk if pending else chunk
-                base = offset
-                end = offset
-                n = 0
-                for line, at in split_complete_lines(buf, base):
-                    n += 1
-                    parser.feed(line, line_no + n, at)
-                    end = at + len(line) + 1
-                pending = buf[end - base:]
-                if n:
-                    out = parser.take()
-                    store.apply(self.session_id, out, end, n)
-                    self._report(out)
-                    line_no += n
-                    total += n
-                    offset = end
-        self.lines += total
+        f.seek(offset)
+        pending = b""
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            chunk = f.read(self.BATCH_BYTES)
+            if not chunk:
+                self.caught_up = True
+                break
+            buf = pending + chunk if pending else chunk
+            base = offset
+            end = offset
+            n = 0
+            for line, at in split_complete_lines(buf, base):
+                n += 1
+                parser.feed(line, line_no + n, at)
+                end = at + len(line) + 1
+            pending = buf[end - base:]
+            if n:
+                out = parser.take()
+                self._commit(out, buf[:end - base], end, n)
+                self._report(out)
+                line_no += n
+                total += n
+                offset = end
         return total
+
+    def _commit(self, out, consumed: bytes, end: int, lines: int) -> None:
+        """Store one batch with the offset and prefix hash it reached; only then trust them."""
+        prefix = self._prefix.copy()
+        prefix.update(consumed)
+        self.store.apply(self.session_id, out, end, lines, prefix.hexdigest())
+        keep = self.TAIL_CHECK_BYTES
+        self._prefix, self._verified_offset = prefix, end
+        self._tail = (self._tail + consumed[-keep:])[-keep:]
+
+    def _rewrite_reason(self, f, src, size):
+        """None while the file still holds what was captured, else (kind, detail).
+
+        Claude only appends. A transcript that is shorter, or whose bytes before the
+        offset differ (a line deleted and another appended in its place), would make
+        reading on from the offset start mid-line and skip records: it is read again.
+        """
+        offset, start = src["offset"], src["start_offset"]
+        if size < offset:
+            return ("transcript_shrank", f"{self.path} is {size} bytes, {offset} were already captured")
+        if self._verified_offset == offset:
+            f.seek(offset - len(self._tail))
+            if f.read(len(self._tail)) == self._tail:
+                return None
+        elif self._prefix_matches(f, start, offset, src["prefix_sha256"]):
+            return None
+        return ("transcript_rewritten", f"{self.path} no longer holds the bytes captured before "
+                                        f"offset {offset}")
+
+    def _prefix_matches(self, f, start, offset, stored) -> bool:
+        """Hash the captured span [start, offset) and compare; remember it when it matches.
+
+        A thread written before hashes were kept has none to compare with: the file as
+        it is now is taken as what was captured.
+        """
+        import hashlib
+        prefix, tail, keep = hashlib.sha256(), b"", self.TAIL_CHECK_BYTES
+        f.seek(start)
+        remaining = offset - start
+        while remaining > 0:
+            chunk = f.read(min(remaining, self.BATCH_BYTES))
+            if not chunk:
+                return False
+            prefix.update(chunk)
+            tail = (tail + chunk[-keep:])[-keep:]
+            remaining -= len(chunk)
+        if stored is not None and prefix.hexdigest() != stored:
+            return False
+        self._prefix, self._tail, self._verified_offset = prefix, tail, offset
+        return True
 
     def agent_files(self):
         """(source key, path, agent id, kind) of each subagent transcript of this session.
@@ -3781,7 +3936,13 @@ class Capture:
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
                                agent=agent_id, agent_turn=store.agent_turn(agent_id))
         offset, line_no, total = src["offset"], src["lines"], 0
-        with open(path, "rb") as f:
+        try:
+            f = open_regular(path)
+        except OSError as e:
+            self.home.log("transcript_unreadable", thread=self.thread_id, session=key, path=path,
+                          reason=str(e))
+            return 0
+        with f:
             f.seek(offset)
             pending = b""
             while True:
