@@ -4750,18 +4750,53 @@ def move_file(src: str, dst: str) -> None:
         shutil.move(src, dst)
 
 
+def unproven_rebuild_reason(path: str, thread_id: str, lineage) -> str:
+    """Why the file the registry names may not be moved as this thread's rebuild ('' if it may).
+
+    A registry row is only a claim: the file must sit in Claude's projects folder once
+    links are resolved, and start either with the header cc-lhc writes into a rebuild
+    of this thread or with exactly the bytes cc-lhc recorded writing (lineage).
+    """
+    import hashlib
+    root = os.path.realpath(os.path.join(claude_config_dir(), "projects"))
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root or real == root or not os.path.isfile(real):
+        return f"{real} is not a file inside Claude's projects folder"
+    try:
+        with open(real, "rb") as f:
+            head = f.read(max(lineage[0] if lineage else 0, 0) or (1 << 20))
+    except OSError as e:
+        return f"{real} cannot be read ({e.strerror})"
+    if head.split(b"\n", 1)[0].find(f"{REBUILT_MARKER} from thread {thread_id}".encode()) != -1:
+        return ""
+    if lineage and lineage[1] and len(head) == lineage[0] and hashlib.sha256(head).hexdigest() == lineage[1]:
+        return ""
+    return f"{real} does not start as cc-lhc's rebuild of thread {thread_id}"
+
+
 def abandon_rebuild(home, registry, session_id, reason):
-    """Move an unused rebuilt transcript out of Claude's projects folder; returns where to."""
+    """Move an unused rebuilt transcript out of Claude's projects folder; returns where to.
+
+    Only a file proven to be this rebuild is moved; anything else the record names is
+    left in place (and logged), while the record itself is still settled as abandoned.
+    """
     row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
                               (session_id,)).fetchone()
     if row is None:
         return
     path, cwd, thread_id = row
     moved = None
-    if os.path.exists(path):
-        folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
-        moved = os.path.join(folder, os.path.basename(path))
-        move_file(path, moved)
+    if isinstance(path, str) and os.path.lexists(path):
+        known = HostDB(home).session(session_id)
+        lineage = (known["replayed_prefix_bytes"], known["replayed_prefix_sha256"]) if known else None
+        unproven = unproven_rebuild_reason(path, thread_id, lineage)
+        if unproven:
+            home.log("rebuild_not_moved", thread=thread_id, session=session_id, path=path,
+                     why=unproven)
+        else:
+            folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
+            moved = os.path.join(folder, os.path.basename(path))
+            move_file(path, moved)
     with Tx(registry.db) as db:
         db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
                    (utc_now_iso(), session_id))
