@@ -2918,7 +2918,11 @@ def remove_descriptor(home, hostdb, descriptor: dict, reason: str) -> None:
 
 
 def remove_stale_descriptors(home, hostdb) -> int:
-    """Launch-time sweep: descriptors whose owning process is gone are removed."""
+    """Launch-time sweep: descriptors whose owning process is gone are removed.
+
+    Both what cc-lhc.sqlite lists and what lies in runtime/: a wrapper killed between
+    writing its descriptor and recording it leaves a file no row names.
+    """
     removed = 0
     for token, path, owner in hostdb.db.execute(
             "SELECT token, path, owner FROM descriptors WHERE revoked IS NULL").fetchall():
@@ -2927,6 +2931,32 @@ def remove_stale_descriptors(home, hostdb) -> int:
                                              "shim_dir": descriptor_paths(os.path.dirname(path), token)[1]},
                               "owner gone")
             removed += 1
+    return removed + _sweep_runtime_folder(home)
+
+
+def _sweep_runtime_folder(home) -> int:
+    """Remove descriptor files (and their shim folders) whose recorded owner is not alive."""
+    import shutil
+    runtime = home.ensure("runtime")
+    removed = 0
+    for name in os.listdir(runtime):
+        if not name.endswith(".json") or name.startswith("."):
+            continue  # a dot-file is a descriptor still being written (write_atomic)
+        path = os.path.join(runtime, name)
+        try:
+            with open(path, "rb") as f:
+                body = json.loads(f.read(1 << 16))
+        except (OSError, ValueError, RecursionError):
+            body = None
+        if isinstance(body, dict) and identity_alive(body.get("owner")):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(runtime, f"bin-{name[:-5]}"), ignore_errors=True)
+        home.log("descriptor_swept", path=path)
+        removed += 1
     return removed
 
 
@@ -5311,9 +5341,16 @@ def render_version() -> str:
 
 
 def say(message: str) -> None:
-    """cc-lhc's own lines go to stderr, so Claude's stdout stays Claude's."""
-    sys.stderr.write(f"{PROG}: {message}\n")
-    sys.stderr.flush()
+    """cc-lhc's own lines go to stderr, so Claude's stdout stays Claude's.
+
+    Never raises: when the terminal is gone (closed window: EIO, EBADF, EPIPE, or a
+    closed stream) the line is lost, but the cleanup that called us must still run.
+    """
+    try:
+        sys.stderr.write(f"{PROG}: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def announce_policy(policy: Policy, home: StateHome) -> None:
@@ -5401,10 +5438,10 @@ class ManagedSession:
     def __enter__(self):
         spec, home = self.spec, self.home
         try:
+            remove_stale_descriptors(home, self.hostdb)
             if spec.resume:
                 self.capture, self.pending = smart_compact_before_launch(spec, home, self.policy,
                                                                          self.capture)
-            remove_stale_descriptors(home, self.hostdb)
             self.descriptor = create_descriptor(home, self.hostdb, self.capture.thread_id,
                                                 spec.session_id)
             spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
@@ -5428,33 +5465,59 @@ class ManagedSession:
 
     def __exit__(self, *_exc):
         spec, home, capture = self.spec, self.home, self.capture
-        try:
-            if self.worker:
-                self.worker.stop()
-            finish_capture(capture, spec, home)
-            if not spec.print_mode:
-                report_pressure_at_exit(capture, spec, home, self.policy)
-            if self.pending:
-                try:
-                    settle_acceptance(home, capture, self.pending)
-                except Exception as e:  # Claude's own status must still come back
-                    say(f"could not settle the rebuilt session ({e}); it stays pending and "
-                        "the next launch of this thread settles it")
-                    home.log("settle_failed", thread=capture.thread_id, error=repr(e))
-            if self.descriptor:
-                remove_descriptor(home, self.hostdb, self.descriptor, "session ended")
-            for line in self.notices + self.alarms:
-                say(line)
-            for pid in self.survivors:
-                say(f"an earlier Claude process (pid {pid}) did not exit when it was replaced; "
-                    "it is still running")
-        finally:
-            for fd in (self.control_r, self.control_w):
-                if fd is not None:
-                    os.close(fd)
-            if capture.lease:
-                capture.lease.release()
+        self._each_step(
+            ("worker", lambda: self.worker and self.worker.stop()),
+            ("capture", lambda: finish_capture(capture, spec, home)),
+            ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
+                                                                             self.policy)),
+            ("acceptance", self._settle),
+            ("descriptor", lambda: self.descriptor and remove_descriptor(
+                home, self.hostdb, self.descriptor, "session ended")),
+            ("notices", self._last_words),
+            ("control pipe", self._close_control),
+            ("lease", lambda: capture.lease and capture.lease.release()))
         return False
+
+    def _each_step(self, *steps) -> None:
+        """Run every cleanup step even when an earlier one fails (a dead terminal, a full
+        disk): a skipped step would leave a live descriptor or an unsettled rebuild.
+        An interrupt is passed on once all steps have run."""
+        interrupted = None
+        for name, step in steps:
+            try:
+                step()
+            except Exception as e:
+                try:
+                    self.home.log("cleanup_step_failed", step=name, error=repr(e))
+                except Exception:
+                    pass  # the log is one more thing that can be gone; the next step still runs
+            except BaseException as e:
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
+
+    def _settle(self) -> None:
+        if not self.pending:
+            return
+        try:
+            settle_acceptance(self.home, self.capture, self.pending)
+        except Exception as e:  # Claude's own status must still come back
+            say(f"could not settle the rebuilt session ({e}); it stays pending and "
+                "the next launch of this thread settles it")
+            self.home.log("settle_failed", thread=self.capture.thread_id, error=repr(e))
+
+    def _last_words(self) -> None:
+        for line in self.notices + self.alarms:
+            say(line)
+        for pid in self.survivors:
+            say(f"an earlier Claude process (pid {pid}) did not exit when it was replaced; "
+                "it is still running")
+
+    def _close_control(self) -> None:
+        for fd in (self.control_r, self.control_w):
+            if fd is not None:
+                os.close(fd)
+        self.control_r = self.control_w = None
 
     def request_handoff(self, too_long=None) -> None:
         """Called on the capture thread: wake the relay to run a live handoff."""
