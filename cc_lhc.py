@@ -862,6 +862,16 @@ ALTER TABLE work ADD COLUMN expiries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE work ADD COLUMN not_before TEXT;
 ALTER TABLE inference_cost ADD COLUMN turn INTEGER
 """),
+    # The thread's own rows of registry.sqlite, kept in step with it, so a lost or
+    # damaged registry can be rebuilt from the thread files alone (Registry.restore_missing).
+    ("004_registry_copy", """
+CREATE TABLE registry_aliases (
+    session_id TEXT PRIMARY KEY, is_current INTEGER NOT NULL DEFAULT 0, created TEXT);
+CREATE TABLE registry_rebuilds (
+    session_id TEXT PRIMARY KEY, from_session TEXT NOT NULL, path TEXT NOT NULL, cwd TEXT,
+    owner TEXT NOT NULL, status TEXT NOT NULL, created TEXT, settled TEXT);
+CREATE TABLE registry_alarm (message TEXT NOT NULL, since TEXT NOT NULL)
+"""),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -913,11 +923,112 @@ def session_alias(session_id: str) -> str:
     return f"claude-code:{session_id}"
 
 
-class Registry:
-    """registry.sqlite: threads and the session aliases that lead to them."""
+def registry_known(home: "StateHome") -> bool:
+    """True when there is a registry, or thread files it can be rebuilt from."""
+    if os.path.exists(home.path("registry.sqlite")):
+        return True
+    return bool(_thread_file_ids(home))
 
-    def __init__(self, home: "StateHome"):
+
+def _thread_file_ids(home: "StateHome") -> set:
+    try:
+        names = os.listdir(home.path("threads"))
+    except OSError:
+        return set()
+    return {n[:-7] for n in names if n.endswith(".sqlite") and is_uuid(n[:-7])}
+
+
+class Registry:
+    """registry.sqlite: threads and the session aliases that lead to them.
+
+    Every change to a thread's rows is also written into that thread's own file
+    (save_copy); opening the registry brings back any thread whose file exists but
+    which the registry lacks, from that copy (restore_missing).
+    """
+
+    def __init__(self, home: "StateHome", restore=True):
+        self.home = home
         self.db = open_db(home.path("registry.sqlite"), REGISTRY_MIGRATIONS, synchronous="FULL")
+        if restore:
+            self.restore_missing()
+
+    # -- the copy each thread file carries ----------------------------------------------
+
+    def save_copy(self, thread_id: str) -> None:
+        """Write this thread's registry rows into its thread file (replacing the old copy).
+
+        A failure is logged, not raised: the registry change itself is committed, and a
+        stale copy only matters if the registry is later lost.
+        """
+        db = self.db
+        thread = db.execute("SELECT cwd, created, origin FROM threads WHERE id = ?", (thread_id,)).fetchone()
+        if thread is None:
+            return
+        aliases = db.execute("SELECT session_id, is_current, created FROM aliases WHERE thread_id = ?",
+                             (thread_id,)).fetchall()
+        rebuilds = db.execute("SELECT session_id, from_session, path, cwd, owner, status, created, "
+                              "settled FROM rebuilds WHERE thread_id = ?", (thread_id,)).fetchall()
+        alarm = db.execute("SELECT message, since FROM thread_alarms WHERE thread_id = ?",
+                           (thread_id,)).fetchall()
+        cwd, created, origin = thread
+        meta = {"cwd": cwd, "created": created, "origin": origin,
+                "project_slug": project_slug(cwd) if cwd else None, "registry_copied": utc_now_iso()}
+        try:
+            store = ThreadStore(self.home, thread_id)
+            try:
+                with Tx(store.db) as tdb:
+                    tdb.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+                    tdb.execute("DELETE FROM registry_aliases")
+                    tdb.executemany("INSERT INTO registry_aliases VALUES (?, ?, ?)", aliases)
+                    tdb.execute("DELETE FROM registry_rebuilds")
+                    tdb.executemany("INSERT INTO registry_rebuilds VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rebuilds)
+                    tdb.execute("DELETE FROM registry_alarm")
+                    tdb.executemany("INSERT INTO registry_alarm VALUES (?, ?)", alarm)
+            finally:
+                store.close()
+        except Exception as e:
+            self.home.log("registry_copy_failed", thread=thread_id, error=repr(e))
+
+    def restore_missing(self, announce=True) -> list:
+        """Bring back threads whose files exist but the registry lacks; returns their ids."""
+        files = _thread_file_ids(self.home)
+        if not files:
+            return []
+        known = {r[0] for r in self.db.execute("SELECT id FROM threads")}
+        copies = [c for c in (thread_copy(self.home, t) for t in sorted(files - known)) if c]
+        if not copies:
+            return []
+        restored = []
+        with Tx(self.db) as db:
+            for copy in copies:
+                if db.execute("SELECT 1 FROM threads WHERE id = ?", (copy.thread_id,)).fetchone():
+                    continue  # another process restored it while we read
+                self._insert_copy(db, copy)
+                restored.append(copy.thread_id)
+        if restored:
+            if announce:
+                say(f"registry.sqlite lacked {len(restored)} thread(s) whose files exist; "
+                    "rebuilt their entries from the thread files")
+            self.home.log("registry_rebuilt", threads=restored,
+                          from_sources_only=[c.thread_id for c in copies if c.legacy])
+        return restored
+
+    def _insert_copy(self, db, copy) -> None:
+        tid = copy.thread_id
+        db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (tid, copy.cwd, copy.created, copy.origin))
+        for session_id, is_current, created in copy.aliases:
+            taken = db.execute("SELECT thread_id FROM aliases WHERE alias = ?",
+                               (session_alias(session_id),)).fetchone()
+            if taken:  # bound elsewhere since the loss: never bound twice
+                self.home.log("registry_alias_conflict", thread=tid, session=session_id,
+                              bound_to=taken[0])
+                continue
+            db.execute("INSERT INTO aliases VALUES (?, ?, ?, ?, ?)",
+                       (session_alias(session_id), tid, session_id, int(bool(is_current)), created))
+        db.executemany("INSERT OR IGNORE INTO rebuilds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       [(r[0], tid) + tuple(r[1:]) for r in copy.rebuilds])
+        db.executemany("INSERT OR IGNORE INTO thread_alarms VALUES (?, ?, ?)",
+                       [(tid, message, since) for message, since in copy.alarm])
 
     def thread_for_session(self, session_id: str):
         row = self.db.execute("SELECT thread_id FROM aliases WHERE alias = ?",
@@ -936,6 +1047,7 @@ class Registry:
             self.db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (thread_id, cwd, now, origin))
             self.db.execute("INSERT INTO aliases VALUES (?, ?, ?, 1, ?)",
                             (session_alias(session_id), thread_id, session_id, now))
+        self.save_copy(thread_id)
         return thread_id
 
     def add_alias(self, session_id: str, thread_id: str, current: bool) -> None:
@@ -951,6 +1063,7 @@ class Registry:
             self.db.execute("INSERT INTO aliases VALUES (?, ?, ?, ?, ?) ON CONFLICT (alias) DO UPDATE "
                             "SET is_current = excluded.is_current",
                             (session_alias(session_id), thread_id, session_id, int(current), now))
+        self.save_copy(thread_id)
 
     def thread_cwd(self, thread_id: str):
         row = self.db.execute("SELECT cwd FROM threads WHERE id = ?", (thread_id,)).fetchone()
@@ -1173,6 +1286,54 @@ class ThreadStore:
             sql += " WHERE " + " AND ".join(where)
         for row in self.db.execute(sql + " ORDER BY seq", args):
             yield dict(zip(MESSAGE_COLUMNS, row))
+
+
+class ThreadCopy:
+    """What a thread file knows of the thread's registry rows (see Registry.save_copy).
+
+    aliases: (session_id, is_current, created); rebuilds: (session_id, from_session, path,
+    cwd, owner, status, created, settled); alarm: (message, since); legacy: the file had no
+    copy yet, so this was rebuilt from the sessions it captured.
+    """
+
+    def __init__(self, thread_id, cwd, created, origin, aliases, rebuilds, alarm, legacy):
+        self.thread_id, self.cwd, self.created, self.origin = thread_id, cwd, created, origin
+        self.aliases, self.rebuilds, self.alarm, self.legacy = aliases, rebuilds, alarm, legacy
+
+
+def thread_copy(home, thread_id: str):
+    """Read a thread file's copy of its registry rows; None when it has no session to offer.
+
+    A file written before copies existed still names the sessions it captured: the
+    newest becomes current, and the working folder comes from cc-lhc.sqlite.
+    """
+    try:
+        store = ThreadStore(home, thread_id)
+    except LhcError as e:
+        home.log("registry_restore_skipped", thread=thread_id, error=str(e))
+        return None
+    try:
+        db = store.db
+        meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN "
+                               "('cwd', 'created', 'origin', 'registry_copied')").fetchall())
+        if "registry_copied" in meta:
+            return ThreadCopy(thread_id, meta.get("cwd"), meta.get("created"), meta.get("origin") or "restored",
+                              db.execute("SELECT session_id, is_current, created FROM registry_aliases").fetchall(),
+                              db.execute("SELECT session_id, from_session, path, cwd, owner, status, created, "
+                                         "settled FROM registry_rebuilds").fetchall(),
+                              db.execute("SELECT message, since FROM registry_alarm").fetchall(), False)
+        sessions = db.execute("SELECT session_id, first_seen FROM sources ORDER BY first_seen, rowid").fetchall()
+    finally:
+        store.close()
+    if not sessions:
+        return None
+    cwd = None
+    if os.path.exists(home.path("cc-lhc.sqlite")):
+        row = HostDB(home).db.execute("SELECT cwd FROM sessions WHERE thread_id = ? AND cwd IS NOT NULL "
+                                      "ORDER BY created LIMIT 1", (thread_id,)).fetchone()
+        cwd = row[0] if row else None
+    aliases = [(sid, int(i == len(sessions) - 1), seen) for i, (sid, seen) in enumerate(sessions)]
+    return ThreadCopy(thread_id, cwd, sessions[0][1], "restored", aliases, [], [], True)
 
 
 # == 6. Views (pure): fidelity bands and the served view ========================
@@ -4169,9 +4330,11 @@ class LiveHandoff:
         Compact allowed, so it can keep itself alive in degraded form. Persists per thread."""
         session, spec, home = self.session, self.session.spec, self.session.home
         self.survival = True
-        with Tx(Registry(home).db) as db:
+        registry = Registry(home)
+        with Tx(registry.db) as db:
             db.execute("INSERT OR REPLACE INTO thread_alarms VALUES (?, ?, ?)",
                        (session.capture.thread_id, self.ALARM, utc_now_iso()))
+        registry.save_copy(session.capture.thread_id)
         spec.autocompact = True  # from now on no child of this thread gets the disable
         env = child_environment(spec)
         env.pop("DISABLE_AUTO_COMPACT", None)
@@ -4464,6 +4627,7 @@ def attach_thread(spec, home, policy):
         lease = Lease(home, thread)
         lease.acquire()
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
+    registry.save_copy(thread)  # a thread file from before copies existed gets one now
     home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
     alarm = registry.db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
                                 (thread,)).fetchone()
@@ -4627,6 +4791,7 @@ def record_pending(registry, thread_id, from_session, rebuild, cwd):
                     json.dumps(process_identity()), now))
         db.execute("INSERT INTO aliases VALUES (?, ?, ?, 0, ?)",
                    (session_alias(rebuild.session_id), thread_id, rebuild.session_id, now))
+    registry.save_copy(thread_id)
 
 
 def settle_acceptance(home, capture, pending) -> bool:
@@ -4766,6 +4931,7 @@ def advance_current(registry, thread_id, session_id) -> None:
                    "AND status = 'pending'", (utc_now_iso(), session_id))
         # a rebuild loaded after all: the standing alarm and the survival mode end
         db.execute("DELETE FROM thread_alarms WHERE thread_id = ?", (thread_id,))
+    registry.save_copy(thread_id)
 
 
 def move_file(src: str, dst: str) -> None:
@@ -4830,6 +4996,7 @@ def abandon_rebuild(home, registry, session_id, reason):
     with Tx(registry.db) as db:
         db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
                    (utc_now_iso(), session_id))
+    registry.save_copy(thread_id)
     home.log("rebuild_abandoned", thread=thread_id, session=session_id, reason=reason, moved_to=moved)
     return moved
 
@@ -5658,7 +5825,7 @@ def cmd_threads(args) -> int:
     as_json = _take_flag(args, "--json")
     _no_more(args, "threads")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         rows = []
     else:
         registry = Registry(home)
@@ -5741,7 +5908,7 @@ def cmd_export(args) -> int:
         raise usage_error("usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown] "
                           "[--from tN] [--to tN]")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         raise usage_error("no threads yet")
     thread_id = Registry(home).resolve_prefix(args[0])
     store = ThreadStore(home, thread_id)
@@ -6023,7 +6190,7 @@ def cmd_rollout(args) -> int:
     if not is_uuid(session_id):
         raise usage_error(f"--session-id {session_id!r} is not a UUID")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         raise usage_error("no threads yet")
     registry, hostdb = Registry(home), HostDB(home)
     thread_id = registry.resolve_prefix(thread_arg)
@@ -6191,7 +6358,7 @@ def cmd_backfill_labels(args) -> int:
     if len(args) != 1:
         raise usage_error("usage: cc-lhc backfill-labels <thread-id-or-prefix> [--dry-run]")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         raise usage_error("no threads yet")
     thread_id = Registry(home).resolve_prefix(args[0])
     store = ThreadStore(home, thread_id)
@@ -6220,8 +6387,10 @@ def cmd_backfill_labels(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    """Check this installation; exit 1 when something is broken."""
+    """Check this installation; exit 1 when something is broken. --repair also rebuilds
+    registry entries from the thread files and refreshes every thread file's copy."""
     import subprocess
+    repair = _take_flag(args, "--repair")
     _no_more(args, "doctor")
     home = StateHome()
     results = []
@@ -6284,7 +6453,29 @@ def cmd_doctor(args) -> int:
             "SELECT owner FROM descriptors WHERE revoked IS NULL") if not owner_alive(owner))
         check("ok" if not dead else "warn", "runtime descriptors",
               f"{dead} stale (removed at the next launch)" if dead else "none stale")
+    check(*registry_check(home, repair))
     return EXIT_ERROR if "fail" in results else EXIT_OK
+
+
+def registry_check(home, repair: bool):
+    """(status, what, detail) for doctor: thread files the registry lacks, repaired on request."""
+    if repair:
+        registry = Registry(home, restore=False)
+        restored = registry.restore_missing(announce=False)
+        ids = [r[0] for r in registry.db.execute("SELECT id FROM threads")]
+        for thread_id in ids:
+            registry.save_copy(thread_id)
+        return ("ok", "registry", f"rebuilt {len(restored)} thread(s) from their thread files; "
+                f"{len(ids)} thread file(s) carry a fresh copy of their entries")
+    files = _thread_file_ids(home)
+    known = set()
+    if os.path.exists(home.path("registry.sqlite")):
+        known = {r[0] for r in Registry(home, restore=False).db.execute("SELECT id FROM threads")}
+    missing = len(files - known)
+    if not missing:
+        return ("ok", "registry", f"{len(known)} thread(s)")
+    return ("warn", "registry", f"{missing} thread file(s) not in registry.sqlite; "
+            "cc-lhc doctor --repair (or the next launch) rebuilds them")
 
 
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,

@@ -129,6 +129,9 @@ def _setup_forged_token(thread, desc, monkeypatch, tmp_path):
 def _setup_forged_thread(thread, desc, monkeypatch, tmp_path):
     other = cc_lhc.Registry(thread.home).create_thread("77777777-8888-4777-8666-555555555555",
                                                        "/x", "test")
+    # creating a thread writes its file (the registry copy); the test proves retrieval
+    # never opens or creates one for a forged thread id, so start without it
+    os.unlink(thread.home.path("threads", f"{other}.sqlite"))
     monkeypatch.setenv(cc_lhc.RUNTIME_ENV, _forge(desc, thread_id=other))
 
 
