@@ -582,3 +582,37 @@ def test_recovery_does_not_follow_a_link_out_of_claude_projects(iso_env, tmp_pat
     assert path.is_symlink() and outside.exists()
     assert not (iso_env.lhc / "abandoned-rebuilds").exists() or \
         not list((iso_env.lhc / "abandoned-rebuilds").rglob("*.jsonl"))
+
+
+# -- a lost registry is rebuilt from the thread files ------------------------------------------------
+
+def test_lost_registry_is_rebuilt_and_nothing_is_adopted_twice(real_claude):
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    ok(lhc(rc, "--resume", old, "-p", "next"))            # Smart Compact: old -> current
+    [before] = threads(rc)
+    current = before["current_session"]
+    assert current != old
+    exported = export(rc, before["id"])
+    for suffix in ("", "-wal", "-shm"):
+        (rc.iso.lhc / f"registry.sqlite{suffix}").unlink(missing_ok=True)
+
+    listed = ok(lhc(rc, "threads", "--json"))
+    assert "rebuilt their entries from the thread files" in listed.stderr
+    assert json.loads(listed.stdout) == [before]
+    assert export(rc, before["id"]) == exported
+
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", current, "-p", "on the current one"))
+    assert "looks like a rebuilt session" not in p.stderr
+    [sent] = rc.api.message_requests[n:]
+    assert sent["session_id"] == current
+    p = ok(lhc(rc, "--resume", old, "-p", "by the old id"))
+    assert f"session {old} continues as {current}" in p.stderr
+    [sent] = rc.api.message_requests[n + 1:]
+    assert sent["session_id"] == current
+    [after] = threads(rc)
+    assert after["id"] == before["id"] and after["current_session"] == current
+    texts = [m.get("text") for m in export(rc, before["id"])]
+    assert texts.count("hello one") == 1                   # the history was not adopted again
+    assert "on the current one" in texts and "by the old id" in texts
