@@ -2762,6 +2762,54 @@ def _start_time_without_psutil(pid: int):
     return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
 
 
+def parent_pid(pid: int):
+    """The parent of a process, or None when it is gone or the OS will not say."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            return int(stat[stat.rindex(b")") + 2:].split()[1])  # field 4, after the name
+        except (OSError, ValueError, IndexError):
+            return None
+    try:
+        import psutil
+    except ImportError:
+        return _parent_without_psutil(pid)
+    try:
+        return psutil.Process(pid).ppid()
+    except Exception:  # psutil.NoSuchProcess and friends
+        return None
+
+
+def _parent_without_psutil(pid: int):
+    if os.name == "nt":  # pragma: no cover - Windows only: no way without psutil
+        return None
+    import subprocess
+    try:
+        out = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True,
+                             timeout=10, env=outside_environment())
+        return int(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def descends_from(pid: int, ancestor: int):
+    """True when ancestor is pid itself or one of its parents, False when the chain of
+    parents ends without it, None when the OS cannot tell (no /proc, psutil or ps)."""
+    for step in range(4096):  # a bound, not a depth anyone reaches
+        if pid == ancestor:
+            return True
+        if pid in (0, 1):
+            return False
+        parent = parent_pid(pid)
+        if parent is None:
+            # Not even our own parent is known: this OS cannot tell. A parent that
+            # vanished mid-walk, though, is a broken chain: not a descendant.
+            return None if step == 0 else False
+        pid = parent
+    return False
+
+
 def process_identity(pid: int = None) -> dict:
     """(pid, start time, boot id): names one process for the life of the machine."""
     pid = os.getpid() if pid is None else pid
@@ -3161,6 +3209,12 @@ def check_descriptor(home) -> dict:
         raise refuse("the descriptor does not match what this host issued")
     if not identity_alive(body.get("owner")):
         raise refuse("the cc-lhc process that owned this session is gone")
+    if descends_from(os.getpid(), body["owner"]["pid"]) is False:
+        # Binds the capability to the session's own process tree (its Claude and the
+        # tools Claude runs): a descriptor path leaked into another terminal's env, or
+        # copied from another live session, does not work there.
+        raise refuse("this process does not run inside the cc-lhc session the descriptor "
+                     "was issued to")
     registry = Registry(home)
     current = registry.current_session(body["thread_id"])
     if current != body["session_id"]:
