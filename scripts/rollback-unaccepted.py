@@ -13,7 +13,7 @@ script does the same for every thread at once, without launching anything:
 - the rebuilt transcript is moved out of Claude's projects folder into
   ``$CC_LHC_HOME/abandoned-rebuilds/<project folder>/`` (nothing is deleted);
 - the pending row and the rebuilt session's (never current) alias are removed, in one
-  transaction. The thread stays on the session it was on: a pending rebuild was never
+  transaction, and then from the copy of them the thread file keeps. The thread stays on the session it was on: a pending rebuild was never
   made current.
 
 Skipped: records that are malformed (no usable thread or session id), transcripts that
@@ -40,6 +40,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -391,7 +392,33 @@ def roll_back(home, db, row, apply):
     except BaseException:
         db.execute("ROLLBACK")
         raise
+    forget_in_thread_copy(home, row["thread_id"], sid)
     return lines
+
+
+UUID_SHAPE = re.compile(r"\A[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+
+
+def forget_in_thread_copy(home, thread_id, sid):
+    """Remove the same rows from the copy of the registry the thread file keeps (cc-lhc
+    rebuilds a lost registry from it), so the rollback is not undone by such a rebuild."""
+    path = os.path.join(home, "threads", thread_id + ".sqlite")
+    if not UUID_SHAPE.match(thread_id) or not os.path.isfile(path):
+        return
+    db = connect(path)
+    try:
+        if not has_table(db, "registry_rebuilds"):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("DELETE FROM registry_rebuilds WHERE session_id = ? AND status = 'pending'", (sid,))
+            db.execute("DELETE FROM registry_aliases WHERE session_id = ? AND is_current = 0", (sid,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    finally:
+        db.close()
 
 
 class GrownRebuild(Exception):

@@ -373,3 +373,23 @@ def test_file_matching_its_recorded_lineage_is_moved(iso_env):
     p = run_script(iso_env, "--apply")
     assert "rolled back" in p.stdout, p.stdout
     assert s.moved_to.exists()
+
+
+def test_rollback_also_leaves_the_thread_files_registry_copy(iso_env):
+    """cc-lhc rebuilds a lost registry from the copy in each thread file: a rolled-back
+    rebuild must not come back from there."""
+    s = State(iso_env, dead_identity())
+    assert run_script(iso_env, "--apply").returncode == 0
+    store = cc_lhc.ThreadStore(s.home, s.thread)
+    try:
+        assert store.db.execute("SELECT * FROM registry_rebuilds").fetchall() == []
+        assert store.db.execute("SELECT session_id FROM registry_aliases").fetchall() == [(s.old,)]
+    finally:
+        store.close()
+    s.registry.db.close()
+    for suffix in ("", "-wal", "-shm"):
+        (iso_env.lhc / f"registry.sqlite{suffix}").unlink(missing_ok=True)
+    registry = cc_lhc.Registry(s.home)
+    assert registry.current_session(s.thread) == s.old
+    assert registry.thread_for_session(s.new) is None
+    assert registry.db.execute("SELECT * FROM rebuilds").fetchall() == []
