@@ -1210,7 +1210,17 @@ CREATE TABLE raw_lines (
     session TEXT, sha256 TEXT, line INTEGER, offset INTEGER, reason TEXT, raw BLOB,
     created TEXT, PRIMARY KEY (session, sha256))
 """),
-    ("006_exact_search", _migrate_exact_search),
+    # The thread's own rows of registry.sqlite, kept in step with it, so a lost or
+    # damaged registry can be rebuilt from the thread files alone (Registry.restore_missing).
+    ("006_registry_copy", """
+CREATE TABLE registry_aliases (
+    session_id TEXT PRIMARY KEY, is_current INTEGER NOT NULL DEFAULT 0, created TEXT);
+CREATE TABLE registry_rebuilds (
+    session_id TEXT PRIMARY KEY, from_session TEXT NOT NULL, path TEXT NOT NULL, cwd TEXT,
+    owner TEXT NOT NULL, status TEXT NOT NULL, created TEXT, settled TEXT);
+CREATE TABLE registry_alarm (message TEXT NOT NULL, since TEXT NOT NULL)
+"""),
+    ("007_exact_search", _migrate_exact_search),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -1262,11 +1272,112 @@ def session_alias(session_id: str) -> str:
     return f"claude-code:{session_id}"
 
 
-class Registry:
-    """registry.sqlite: threads and the session aliases that lead to them."""
+def registry_known(home: "StateHome") -> bool:
+    """True when there is a registry, or thread files it can be rebuilt from."""
+    if os.path.exists(home.path("registry.sqlite")):
+        return True
+    return bool(_thread_file_ids(home))
 
-    def __init__(self, home: "StateHome"):
+
+def _thread_file_ids(home: "StateHome") -> set:
+    try:
+        names = os.listdir(home.path("threads"))
+    except OSError:
+        return set()
+    return {n[:-7] for n in names if n.endswith(".sqlite") and is_uuid(n[:-7])}
+
+
+class Registry:
+    """registry.sqlite: threads and the session aliases that lead to them.
+
+    Every change to a thread's rows is also written into that thread's own file
+    (save_copy); opening the registry brings back any thread whose file exists but
+    which the registry lacks, from that copy (restore_missing).
+    """
+
+    def __init__(self, home: "StateHome", restore=True):
+        self.home = home
         self.db = open_db(home.path("registry.sqlite"), REGISTRY_MIGRATIONS, synchronous="FULL")
+        if restore:
+            self.restore_missing()
+
+    # -- the copy each thread file carries ----------------------------------------------
+
+    def save_copy(self, thread_id: str) -> None:
+        """Write this thread's registry rows into its thread file (replacing the old copy).
+
+        A failure is logged, not raised: the registry change itself is committed, and a
+        stale copy only matters if the registry is later lost.
+        """
+        db = self.db
+        thread = db.execute("SELECT cwd, created, origin FROM threads WHERE id = ?", (thread_id,)).fetchone()
+        if thread is None:
+            return
+        aliases = db.execute("SELECT session_id, is_current, created FROM aliases WHERE thread_id = ?",
+                             (thread_id,)).fetchall()
+        rebuilds = db.execute("SELECT session_id, from_session, path, cwd, owner, status, created, "
+                              "settled FROM rebuilds WHERE thread_id = ?", (thread_id,)).fetchall()
+        alarm = db.execute("SELECT message, since FROM thread_alarms WHERE thread_id = ?",
+                           (thread_id,)).fetchall()
+        cwd, created, origin = thread
+        meta = {"cwd": cwd, "created": created, "origin": origin,
+                "project_slug": project_slug(cwd) if cwd else None, "registry_copied": utc_now_iso()}
+        try:
+            store = ThreadStore(self.home, thread_id)
+            try:
+                with Tx(store.db) as tdb:
+                    tdb.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+                    tdb.execute("DELETE FROM registry_aliases")
+                    tdb.executemany("INSERT INTO registry_aliases VALUES (?, ?, ?)", aliases)
+                    tdb.execute("DELETE FROM registry_rebuilds")
+                    tdb.executemany("INSERT INTO registry_rebuilds VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rebuilds)
+                    tdb.execute("DELETE FROM registry_alarm")
+                    tdb.executemany("INSERT INTO registry_alarm VALUES (?, ?)", alarm)
+            finally:
+                store.close()
+        except Exception as e:
+            self.home.log("registry_copy_failed", thread=thread_id, error=repr(e))
+
+    def restore_missing(self, announce=True) -> list:
+        """Bring back threads whose files exist but the registry lacks; returns their ids."""
+        files = _thread_file_ids(self.home)
+        if not files:
+            return []
+        known = {r[0] for r in self.db.execute("SELECT id FROM threads")}
+        copies = [c for c in (thread_copy(self.home, t) for t in sorted(files - known)) if c]
+        if not copies:
+            return []
+        restored = []
+        with Tx(self.db) as db:
+            for copy in copies:
+                if db.execute("SELECT 1 FROM threads WHERE id = ?", (copy.thread_id,)).fetchone():
+                    continue  # another process restored it while we read
+                self._insert_copy(db, copy)
+                restored.append(copy.thread_id)
+        if restored:
+            if announce:
+                say(f"registry.sqlite lacked {len(restored)} thread(s) whose files exist; "
+                    "rebuilt their entries from the thread files")
+            self.home.log("registry_rebuilt", threads=restored,
+                          from_sources_only=[c.thread_id for c in copies if c.legacy])
+        return restored
+
+    def _insert_copy(self, db, copy) -> None:
+        tid = copy.thread_id
+        db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (tid, copy.cwd, copy.created, copy.origin))
+        for session_id, is_current, created in copy.aliases:
+            taken = db.execute("SELECT thread_id FROM aliases WHERE alias = ?",
+                               (session_alias(session_id),)).fetchone()
+            if taken:  # bound elsewhere since the loss: never bound twice
+                self.home.log("registry_alias_conflict", thread=tid, session=session_id,
+                              bound_to=taken[0])
+                continue
+            db.execute("INSERT INTO aliases VALUES (?, ?, ?, ?, ?)",
+                       (session_alias(session_id), tid, session_id, int(bool(is_current)), created))
+        db.executemany("INSERT OR IGNORE INTO rebuilds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       [(r[0], tid) + tuple(r[1:]) for r in copy.rebuilds])
+        db.executemany("INSERT OR IGNORE INTO thread_alarms VALUES (?, ?, ?)",
+                       [(tid, message, since) for message, since in copy.alarm])
 
     def thread_for_session(self, session_id: str):
         row = self.db.execute("SELECT thread_id FROM aliases WHERE alias = ?",
@@ -1285,6 +1396,7 @@ class Registry:
             self.db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (thread_id, cwd, now, origin))
             self.db.execute("INSERT INTO aliases VALUES (?, ?, ?, 1, ?)",
                             (session_alias(session_id), thread_id, session_id, now))
+        self.save_copy(thread_id)
         return thread_id
 
     def add_alias(self, session_id: str, thread_id: str, current: bool) -> None:
@@ -1300,6 +1412,7 @@ class Registry:
             self.db.execute("INSERT INTO aliases VALUES (?, ?, ?, ?, ?) ON CONFLICT (alias) DO UPDATE "
                             "SET is_current = excluded.is_current",
                             (session_alias(session_id), thread_id, session_id, int(current), now))
+        self.save_copy(thread_id)
 
     def thread_cwd(self, thread_id: str):
         row = self.db.execute("SELECT cwd FROM threads WHERE id = ?", (thread_id,)).fetchone()
@@ -1631,6 +1744,54 @@ class ThreadStore:
             sql += " WHERE " + " AND ".join(where)
         for row in self.db.execute(sql + " ORDER BY seq", args):
             yield dict(zip(MESSAGE_COLUMNS, row))
+
+
+class ThreadCopy:
+    """What a thread file knows of the thread's registry rows (see Registry.save_copy).
+
+    aliases: (session_id, is_current, created); rebuilds: (session_id, from_session, path,
+    cwd, owner, status, created, settled); alarm: (message, since); legacy: the file had no
+    copy yet, so this was rebuilt from the sessions it captured.
+    """
+
+    def __init__(self, thread_id, cwd, created, origin, aliases, rebuilds, alarm, legacy):
+        self.thread_id, self.cwd, self.created, self.origin = thread_id, cwd, created, origin
+        self.aliases, self.rebuilds, self.alarm, self.legacy = aliases, rebuilds, alarm, legacy
+
+
+def thread_copy(home, thread_id: str):
+    """Read a thread file's copy of its registry rows; None when it has no session to offer.
+
+    A file written before copies existed still names the sessions it captured: the
+    newest becomes current, and the working folder comes from cc-lhc.sqlite.
+    """
+    try:
+        store = ThreadStore(home, thread_id)
+    except LhcError as e:
+        home.log("registry_restore_skipped", thread=thread_id, error=str(e))
+        return None
+    try:
+        db = store.db
+        meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN "
+                               "('cwd', 'created', 'origin', 'registry_copied')").fetchall())
+        if "registry_copied" in meta:
+            return ThreadCopy(thread_id, meta.get("cwd"), meta.get("created"), meta.get("origin") or "restored",
+                              db.execute("SELECT session_id, is_current, created FROM registry_aliases").fetchall(),
+                              db.execute("SELECT session_id, from_session, path, cwd, owner, status, created, "
+                                         "settled FROM registry_rebuilds").fetchall(),
+                              db.execute("SELECT message, since FROM registry_alarm").fetchall(), False)
+        sessions = db.execute("SELECT session_id, first_seen FROM sources ORDER BY first_seen, rowid").fetchall()
+    finally:
+        store.close()
+    if not sessions:
+        return None
+    cwd = None
+    if os.path.exists(home.path("cc-lhc.sqlite")):
+        row = HostDB(home).db.execute("SELECT cwd FROM sessions WHERE thread_id = ? AND cwd IS NOT NULL "
+                                      "ORDER BY created LIMIT 1", (thread_id,)).fetchone()
+        cwd = row[0] if row else None
+    aliases = [(sid, int(i == len(sessions) - 1), seen) for i, (sid, seen) in enumerate(sessions)]
+    return ThreadCopy(thread_id, cwd, sessions[0][1], "restored", aliases, [], [], True)
 
 
 # == 6. Views (pure): fidelity bands and the served view ========================
@@ -3239,6 +3400,54 @@ def _start_time_without_psutil(pid: int):
     return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
 
 
+def parent_pid(pid: int):
+    """The parent of a process, or None when it is gone or the OS will not say."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            return int(stat[stat.rindex(b")") + 2:].split()[1])  # field 4, after the name
+        except (OSError, ValueError, IndexError):
+            return None
+    try:
+        import psutil
+    except ImportError:
+        return _parent_without_psutil(pid)
+    try:
+        return psutil.Process(pid).ppid()
+    except Exception:  # psutil.NoSuchProcess and friends
+        return None
+
+
+def _parent_without_psutil(pid: int):
+    if os.name == "nt":  # pragma: no cover - Windows only: no way without psutil
+        return None
+    import subprocess
+    try:
+        out = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True,
+                             timeout=10, env=outside_environment())
+        return int(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def descends_from(pid: int, ancestor: int):
+    """True when ancestor is pid itself or one of its parents, False when the chain of
+    parents ends without it, None when the OS cannot tell (no /proc, psutil or ps)."""
+    for step in range(4096):  # a bound, not a depth anyone reaches
+        if pid == ancestor:
+            return True
+        if pid in (0, 1):
+            return False
+        parent = parent_pid(pid)
+        if parent is None:
+            # Not even our own parent is known: this OS cannot tell. A parent that
+            # vanished mid-walk, though, is a broken chain: not a descendant.
+            return None if step == 0 else False
+        pid = parent
+    return False
+
+
 def process_identity(pid: int = None) -> dict:
     """(pid, start time, boot id): names one process for the life of the machine."""
     pid = os.getpid() if pid is None else pid
@@ -3598,7 +3807,11 @@ def claude_session_of(pid: int):
 
 
 def remove_stale_descriptors(home, hostdb) -> int:
-    """Launch-time sweep: descriptors whose owning process is gone are removed."""
+    """Launch-time sweep: descriptors whose owning process is gone are removed.
+
+    Both what cc-lhc.sqlite lists and what lies in runtime/: a wrapper killed between
+    writing its descriptor and recording it leaves a file no row names.
+    """
     removed = 0
     for token, path, owner in hostdb.db.execute(
             "SELECT token, path, owner FROM descriptors WHERE revoked IS NULL").fetchall():
@@ -3607,6 +3820,32 @@ def remove_stale_descriptors(home, hostdb) -> int:
                                              "shim_dir": descriptor_paths(os.path.dirname(path), token)[1]},
                               "owner gone")
             removed += 1
+    return removed + _sweep_runtime_folder(home)
+
+
+def _sweep_runtime_folder(home) -> int:
+    """Remove descriptor files (and their shim folders) whose recorded owner is not alive."""
+    import shutil
+    runtime = home.ensure("runtime")
+    removed = 0
+    for name in os.listdir(runtime):
+        if not name.endswith(".json") or name.startswith("."):
+            continue  # a dot-file is a descriptor still being written (write_atomic)
+        path = os.path.join(runtime, name)
+        try:
+            with open(path, "rb") as f:
+                body = json.loads(f.read(1 << 16))
+        except (OSError, ValueError, RecursionError):
+            body = None
+        if isinstance(body, dict) and identity_alive(body.get("owner")):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(runtime, f"bin-{name[:-5]}"), ignore_errors=True)
+        home.log("descriptor_swept", path=path)
+        removed += 1
     return removed
 
 
@@ -3651,6 +3890,12 @@ def check_descriptor(home) -> dict:
         raise refuse("the descriptor does not match what this host issued")
     if not identity_alive(body.get("owner")):
         raise refuse("the cc-lhc process that owned this session is gone")
+    if descends_from(os.getpid(), body["owner"]["pid"]) is False:
+        # Binds the capability to the session's own process tree (its Claude and the
+        # tools Claude runs): a descriptor path leaked into another terminal's env, or
+        # copied from another live session, does not work there.
+        raise refuse("this process does not run inside the cc-lhc session the descriptor "
+                     "was issued to")
     registry = Registry(home)
     current = registry.current_session(body["thread_id"])
     if current != body["session_id"]:
@@ -4363,6 +4608,7 @@ def record_pending(registry, thread_id, from_session, plan, cwd):
                     json.dumps(process_identity()), now))
         db.execute("INSERT INTO aliases VALUES (?, ?, ?, 0, ?)",
                    (session_alias(plan.session_id), thread_id, plan.session_id, now))
+    registry.save_copy(thread_id)
 
 
 def accept(home, thread_id, pending) -> bool:
@@ -4396,20 +4642,32 @@ def accept(home, thread_id, pending) -> bool:
 
 
 def abandon(home, registry, session_id, reason):
-    """Move an unused rebuilt transcript out of Claude's projects folder; returns where to."""
+    """Move an unused rebuilt transcript out of Claude's projects folder; returns where to.
+
+    Only a file proven to be this rebuild is moved; anything else the record names is
+    left in place (and logged), while the record itself is still settled as abandoned.
+    """
     row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
                               (session_id,)).fetchone()
     if row is None:
         return
     path, cwd, thread_id = row
     moved = None
-    if os.path.exists(path):
-        folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
-        moved = os.path.join(folder, os.path.basename(path))
-        move_file(path, moved)
+    if isinstance(path, str) and os.path.lexists(path):
+        known = HostDB(home).session(session_id)
+        lineage = (known["replayed_prefix_bytes"], known["replayed_prefix_sha256"]) if known else None
+        unproven = unproven_rebuild_reason(path, thread_id, lineage)
+        if unproven:
+            home.log("rebuild_not_moved", thread=thread_id, session=session_id, path=path,
+                     why=unproven)
+        else:
+            folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
+            moved = os.path.join(folder, os.path.basename(path))
+            move_file(path, moved)
     with Tx(registry.db) as db:
         db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
                    (utc_now_iso(), session_id))
+    registry.save_copy(thread_id)
     home.log("rebuild_abandoned", thread=thread_id, session=session_id, reason=reason, moved_to=moved)
     return moved
 
@@ -5490,9 +5748,11 @@ class LiveHandoff:
         Compact allowed, so it can keep itself alive in degraded form. Persists per thread."""
         session, spec, home = self.session, self.session.spec, self.session.home
         self.survival = True
-        with Tx(Registry(home).db) as db:
+        registry = Registry(home)
+        with Tx(registry.db) as db:
             db.execute("INSERT OR REPLACE INTO thread_alarms VALUES (?, ?, ?)",
                        (session.capture.thread_id, self.ALARM, utc_now_iso()))
+        registry.save_copy(session.capture.thread_id)
         spec.autocompact = True  # from now on no child of this thread gets the disable
         env = child_environment(spec)
         env.pop("DISABLE_AUTO_COMPACT", None)
@@ -5916,6 +6176,7 @@ def attach_thread(spec, home, policy):
         lease = Lease(home, thread)
         lease.acquire()
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
+    registry.save_copy(thread)  # a thread file from before copies existed gets one now
     home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
     alarm = registry.db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
                                 (thread,)).fetchone()
@@ -6106,6 +6367,7 @@ def advance_current(registry, thread_id, session_id) -> None:
                    "AND status = 'pending'", (utc_now_iso(), session_id))
         # a rebuild loaded after all: the standing alarm and the survival mode end
         db.execute("DELETE FROM thread_alarms WHERE thread_id = ?", (thread_id,))
+    registry.save_copy(thread_id)
 
 
 def move_file(src: str, dst: str) -> None:
@@ -6118,6 +6380,30 @@ def move_file(src: str, dst: str) -> None:
         if e.errno != errno.EXDEV:
             raise
         shutil.move(src, dst)
+
+
+def unproven_rebuild_reason(path: str, thread_id: str, lineage) -> str:
+    """Why the file the registry names may not be moved as this thread's rebuild ('' if it may).
+
+    A registry row is only a claim: the file must sit in Claude's projects folder once
+    links are resolved, and start either with the header cc-lhc writes into a rebuild
+    of this thread or with exactly the bytes cc-lhc recorded writing (lineage).
+    """
+    import hashlib
+    root = os.path.realpath(os.path.join(claude_config_dir(), "projects"))
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root or real == root or not os.path.isfile(real):
+        return f"{real} is not a file inside Claude's projects folder"
+    try:
+        with open(real, "rb") as f:
+            head = f.read(max(lineage[0] if lineage else 0, 0) or (1 << 20))
+    except OSError as e:
+        return f"{real} cannot be read ({e.strerror})"
+    if head.split(b"\n", 1)[0].find(f"{REBUILT_MARKER} from thread {thread_id}".encode()) != -1:
+        return ""
+    if lineage and lineage[1] and len(head) == lineage[0] and hashlib.sha256(head).hexdigest() == lineage[1]:
+        return ""
+    return f"{real} does not start as cc-lhc's rebuild of thread {thread_id}"
 
 
 def recover_thread(home, registry, hostdb, thread_id) -> None:
@@ -6666,9 +6952,16 @@ def render_version() -> str:
 
 
 def say(message: str) -> None:
-    """cc-lhc's own lines go to stderr, so Claude's stdout stays Claude's."""
-    sys.stderr.write(f"{PROG}: {message}\n")
-    sys.stderr.flush()
+    """cc-lhc's own lines go to stderr, so Claude's stdout stays Claude's.
+
+    Never raises: when the terminal is gone (closed window: EIO, EBADF, EPIPE, or a
+    closed stream) the line is lost, but the cleanup that called us must still run.
+    """
+    try:
+        sys.stderr.write(f"{PROG}: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def announce_policy(policy: Policy, home: StateHome) -> None:
@@ -6763,10 +7056,10 @@ class ManagedSession:
     def __enter__(self):
         spec, home = self.spec, self.home
         try:
+            remove_stale_descriptors(home, self.hostdb)
             if spec.resume:
                 self.capture, self.pending = smart_compact_before_launch(spec, home, self.policy,
                                                                          self.capture)
-            remove_stale_descriptors(home, self.hostdb)
             self.descriptor = create_descriptor(home, self.hostdb, self.capture.thread_id,
                                                 spec.session_id)
             spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
@@ -6788,32 +7081,58 @@ class ManagedSession:
 
     def __exit__(self, *_exc):
         spec, home, capture = self.spec, self.home, self.capture
-        try:
-            if self.worker:
-                self.worker.stop()
-            finish_capture(capture, spec, home)
-            if not spec.print_mode:
-                report_pressure_at_exit(capture, spec, home, self.policy)
-            if self.pending:
-                try:
-                    accept(home, capture.thread_id, self.pending)
-                except Exception as e:  # Claude's own status must still come back
-                    say(f"could not settle the rebuilt session ({e}); it stays pending and "
-                        "the next launch of this thread settles it")
-                    home.log("settle_failed", thread=capture.thread_id, error=repr(e))
-            if self.descriptor:
-                remove_descriptor(home, self.hostdb, self.descriptor, "session ended")
-            # What was shown inside Claude's screen is said again once the terminal is
-            # the user's own, where it stays readable.
-            for line in self.notices + self.alarms + self.announced:
-                say(line)
-        finally:
-            for fd in (self.control_r, self.control_w):
-                if fd is not None:
-                    os.close(fd)
-            if capture.lease:
-                capture.lease.release()
+        self._each_step(
+            ("worker", lambda: self.worker and self.worker.stop()),
+            ("capture", lambda: finish_capture(capture, spec, home)),
+            ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
+                                                                             self.policy)),
+            ("acceptance", self._settle),
+            ("descriptor", lambda: self.descriptor and remove_descriptor(
+                home, self.hostdb, self.descriptor, "session ended")),
+            ("notices", self._last_words),
+            ("control pipe", self._close_control),
+            ("lease", lambda: capture.lease and capture.lease.release()))
         return False
+
+    def _each_step(self, *steps) -> None:
+        """Run every cleanup step even when an earlier one fails (a dead terminal, a full
+        disk): a skipped step would leave a live descriptor or an unsettled rebuild.
+        An interrupt is passed on once all steps have run."""
+        interrupted = None
+        for name, step in steps:
+            try:
+                step()
+            except Exception as e:
+                try:
+                    self.home.log("cleanup_step_failed", step=name, error=repr(e))
+                except Exception:
+                    pass  # the log is one more thing that can be gone; the next step still runs
+            except BaseException as e:
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
+
+    def _settle(self) -> None:
+        if not self.pending:
+            return
+        try:
+            accept(self.home, self.capture.thread_id, self.pending)
+        except Exception as e:  # Claude's own status must still come back
+            say(f"could not settle the rebuilt session ({e}); it stays pending and "
+                "the next launch of this thread settles it")
+            self.home.log("settle_failed", thread=self.capture.thread_id, error=repr(e))
+
+    def _last_words(self) -> None:
+        # What was shown inside Claude's screen is said again once the terminal is the
+        # user's own, where it stays readable.
+        for line in self.notices + self.alarms + self.announced:
+            say(line)
+
+    def _close_control(self) -> None:
+        for fd in (self.control_r, self.control_w):
+            if fd is not None:
+                os.close(fd)
+        self.control_r = self.control_w = None
 
     def announce(self, text: str, relay=None) -> None:
         """Tell the person now, on their terminal: from the relay's thread or any other."""
@@ -6988,7 +7307,7 @@ def cmd_threads(args) -> int:
     as_json = _take_flag(args, "--json")
     _no_more(args, "threads")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         rows = []
     else:
         registry = Registry(home)
@@ -7079,7 +7398,7 @@ def cmd_export(args) -> int:
         raise usage_error("usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown] "
                           "[--from tN] [--to tN]")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         raise usage_error("no threads yet")
     thread_id = Registry(home).resolve_prefix(args[0])
     store = ThreadStore(home, thread_id)
@@ -7540,7 +7859,7 @@ def cmd_rollout(args) -> int:
     if envelope_from is not None:
         check_envelope_source(envelope_from)
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         raise usage_error("no threads yet")
     registry, hostdb = Registry(home), HostDB(home)
     thread_id = registry.resolve_prefix(thread_arg)
@@ -7718,7 +8037,7 @@ def cmd_backfill_labels(args) -> int:
     if len(args) != 1:
         raise usage_error("usage: cc-lhc backfill-labels <thread-id-or-prefix> [--dry-run]")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         raise usage_error("no threads yet")
     thread_id = Registry(home).resolve_prefix(args[0])
     store = ThreadStore(home, thread_id)
@@ -7747,8 +8066,10 @@ def cmd_backfill_labels(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    """Check this installation; exit 1 when something is broken."""
+    """Check this installation; exit 1 when something is broken. --repair also rebuilds
+    registry entries from the thread files and refreshes every thread file's copy."""
     import subprocess
+    repair = _take_flag(args, "--repair")
     _no_more(args, "doctor")
     home = StateHome()
     results = []
@@ -7815,7 +8136,29 @@ def cmd_doctor(args) -> int:
             "SELECT owner FROM descriptors WHERE revoked IS NULL") if not owner_alive(owner))
         check("ok" if not dead else "warn", "runtime descriptors",
               f"{dead} stale (removed at the next launch)" if dead else "none stale")
+    check(*registry_check(home, repair))
     return EXIT_ERROR if "fail" in results else EXIT_OK
+
+
+def registry_check(home, repair: bool):
+    """(status, what, detail) for doctor: thread files the registry lacks, repaired on request."""
+    if repair:
+        registry = Registry(home, restore=False)
+        restored = registry.restore_missing(announce=False)
+        ids = [r[0] for r in registry.db.execute("SELECT id FROM threads")]
+        for thread_id in ids:
+            registry.save_copy(thread_id)
+        return ("ok", "registry", f"rebuilt {len(restored)} thread(s) from their thread files; "
+                f"{len(ids)} thread file(s) carry a fresh copy of their entries")
+    files = _thread_file_ids(home)
+    known = set()
+    if os.path.exists(home.path("registry.sqlite")):
+        known = {r[0] for r in Registry(home, restore=False).db.execute("SELECT id FROM threads")}
+    missing = len(files - known)
+    if not missing:
+        return ("ok", "registry", f"{len(known)} thread(s)")
+    return ("warn", "registry", f"{missing} thread file(s) not in registry.sqlite; "
+            "cc-lhc doctor --repair (or the next launch) rebuilds them")
 
 
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,

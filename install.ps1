@@ -90,11 +90,17 @@ Uninstall: delete the install folder and remove its bin folder from your user PA
         }
     }
 
+    # A name listed more than once maps to '' (no sum): which of its lines is the real
+    # one cannot be told, so it is refused whichever comes first.
     function Read-Sums([string]$Text) {
         $sums = @{}
         foreach ($line in ($Text -split "`r?`n")) {
             if ($line -match '^([0-9a-fA-F]{64}) [ *]?(.+)$') {
-                $sums[$Matches[2]] = $Matches[1].ToLowerInvariant()
+                if ($sums.ContainsKey($Matches[2])) {
+                    $sums[$Matches[2]] = ''
+                } else {
+                    $sums[$Matches[2]] = $Matches[1].ToLowerInvariant()
+                }
             }
         }
         return $sums
@@ -174,6 +180,22 @@ public static extern IntPtr SendMessageTimeout(IntPtr hWnd, uint Msg, UIntPtr wP
     # An absolute, normalized path (relative ones are taken from PowerShell's location).
     function Get-FullPath([string]$Path) {
         return [System.IO.Path]::GetFullPath($ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath($Path))
+    }
+
+    # The first link (symbolic link or junction) under $Root whose target lies outside
+    # $Root, or '' when there is none. Links inside are each checked on their own.
+    function Find-EscapingLink([string]$Root) {
+        $rootFull = (Get-FullPath $Root).TrimEnd('\') + '\'
+        foreach ($item in @(Get-ChildItem -LiteralPath $Root -Recurse -Force -Attributes ReparsePoint -ErrorAction Stop)) {
+            $target = [string](@($item.Target)[0])
+            if (-not $target) { return $item.FullName }
+            if (-not [System.IO.Path]::IsPathRooted($target)) {
+                $target = Join-Path (Split-Path -Parent $item.FullName) $target
+            }
+            $full = (Get-FullPath $target).TrimEnd('\') + '\'
+            if (-not $full.StartsWith($rootFull, [System.StringComparison]::OrdinalIgnoreCase)) { return "$($item.FullName) -> $(@($item.Target)[0])" }
+        }
+        return ''
     }
 
     # The program a cc-lhc.cmd shim in this installer's format runs, as a full path; ''
@@ -258,6 +280,9 @@ public static extern IntPtr SendMessageTimeout(IntPtr hWnd, uint Msg, UIntPtr wP
         if (-not $sums.ContainsKey($asset)) {
             throw "the release's SHA256SUMS lists no $asset (is there a windows-$arch build of $want?)"
         }
+        if (-not $sums[$asset]) {
+            throw "the release's SHA256SUMS lists $asset more than once; refusing to install (nothing was changed)"
+        }
         $wantSum = $sums[$asset]
 
         # A published installer carries its release's checksums, so a mirror that swaps
@@ -299,6 +324,10 @@ public static extern IntPtr SendMessageTimeout(IntPtr hWnd, uint Msg, UIntPtr wP
             $top = Join-Path $State.Staging "cc-lhc-$want-windows-$arch"
             $exe = Join-Path $top 'cc-lhc.exe'
             if (-not (Test-Path -LiteralPath $exe)) { throw "$asset does not contain cc-lhc-$want-windows-$arch\cc-lhc.exe" }
+            # Verified is not the same as harmless: a link that leads out of the bundle's
+            # own folder would make the installed version use files it does not carry.
+            $escape = Find-EscapingLink $top
+            if ($escape) { throw "$asset contains a symbolic link that leads outside its own folder ($escape); refusing to install (nothing was changed)" }
             # Try the new build before switching to it, with a throwaway state folder.
             # (Stop would turn the program's stderr lines into exceptions on PowerShell 5.1.)
             $savedHome = $env:CC_LHC_HOME

@@ -218,20 +218,65 @@ sha256_of() {
     printf '%s\n' "$_out"
 }
 
-# Print the sum listed for file name $1 in sha256sum-format text on stdin.
+# Print the sum listed for file name $1 in sha256sum-format text on stdin. Status 1 when
+# none is listed, 2 when the name is listed more than once: which line would be the
+# real one is then anyone's guess, so no sum is printed.
 sum_for() {
+    _found=""
     while IFS= read -r _line || [ -n "$_line" ]; do
         _hash=${_line%% *}
         _name=${_line#* }
         _name=${_name# }
         _name=${_name#\*}
         if [ "$_name" = "$1" ] && [ "$_hash" != "$_line" ]; then
-            printf '%s\n' "$_hash" | tr 'ABCDEF' 'abcdef'
-            return 0
+            [ -z "$_found" ] || return 2
+            _found=$(printf '%s' "$_hash" | tr 'ABCDEF' 'abcdef')
         fi
     done
+    [ -n "$_found" ] || return 1
+    printf '%s\n' "$_found"
+}
+
+# True when symlink $1, resolved, stays inside the folder whose physical path is $2.
+link_stays_inside() {
+    _t=$(readlink "$1") || return 1
+    case "$_t" in
+        '' | /*) return 1 ;;
+    esac
+    _d=${1%/*}
+    if [ -d "$_d/$_t" ]; then
+        _r=$(cd "$_d/$_t" 2>/dev/null && pwd -P) || return 1
+    else
+        case "$_t" in
+            */*) _r=$(cd "$_d/${_t%/*}" 2>/dev/null && pwd -P) || return 1 ;;
+            *) _r=$(cd "$_d" 2>/dev/null && pwd -P) || return 1 ;;
+        esac
+    fi
+    case "$_r/" in
+        "$2"/*) return 0 ;;
+    esac
     return 1
 }
+
+# Walk folder $1 (each level in a subshell, so the walk's variables stay its own) and
+# print the first symlink that leads outside the folder whose physical path is $2.
+escaping_link() (
+    for _e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        if [ -L "$_e" ]; then
+            if ! link_stays_inside "$_e" "$2"; then
+                printf '%s\n' "$_e"
+                return 0
+            fi
+        elif [ -d "$_e" ]; then
+            _found=$(escaping_link "$_e" "$2") || return 1
+            if [ -n "$_found" ]; then
+                printf '%s\n' "$_found"
+                return 0
+            fi
+        fi
+    done
+    return 0
+)
 
 # -- versions on disk -----------------------------------------------------------
 
@@ -478,14 +523,22 @@ main() {
     fi
 
     _asset="cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH.tar.gz"
-    _want=$(sum_for "$_asset" <"$TMP_DIR/SHA256SUMS") ||
-        err "the release's SHA256SUMS lists no $_asset (is there a $TARGET_OS-$TARGET_ARCH build of $_version?)"
+    _want=$(sum_for "$_asset" <"$TMP_DIR/SHA256SUMS")
+    case $? in
+        0) ;;
+        2) err "the release's SHA256SUMS lists $_asset more than once; refusing to install (nothing was changed)" ;;
+        *) err "the release's SHA256SUMS lists no $_asset (is there a $TARGET_OS-$TARGET_ARCH build of $_version?)" ;;
+    esac
 
     # A published installer carries its release's checksums, so a mirror that swaps
     # both the bundle and SHA256SUMS is still caught.
     if [ -n "$RELEASE_SUMS" ] && [ "$_version" = "$RELEASE_VERSION" ]; then
-        _embedded=$(printf '%s\n' "$RELEASE_SUMS" | sum_for "$_asset") ||
-            err "this installer's embedded checksums list no $_asset"
+        _embedded=$(printf '%s\n' "$RELEASE_SUMS" | sum_for "$_asset")
+        case $? in
+            0) ;;
+            2) err "this installer's embedded checksums list $_asset more than once; refusing to install" ;;
+            *) err "this installer's embedded checksums list no $_asset" ;;
+        esac
         if [ "$_embedded" != "$_want" ]; then
             err "the downloaded SHA256SUMS does not match the checksums embedded in this installer for $_asset
   want (embedded) $_embedded
@@ -522,7 +575,15 @@ refusing to install (nothing was changed)"
         STAGING=$(mktemp -d "$INSTALL_DIR/versions/.staging.XXXXXX") || err "cannot create a staging folder in $INSTALL_DIR/versions"
         (cd "$STAGING" && tar -xzf "$TMP_DIR/$_asset") || err "could not unpack $_asset"
         _top="$STAGING/cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH"
+        [ ! -L "$_top" ] || err "$_asset holds its folder as a symbolic link; refusing to install (nothing was changed)"
         [ -x "$_top/cc-lhc" ] || err "$_asset does not contain cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH/cc-lhc"
+        # Verified is not the same as harmless: a link in the bundle that leads out of
+        # its own folder would make the installed version use files it does not carry.
+        _real_top=$(cd "$_top" && pwd -P) || err "cannot use $_top"
+        _escape=$(escaping_link "$_top" "$_real_top") || err "could not check the links in $_asset"
+        if [ -n "$_escape" ]; then
+            err "$_asset contains a symbolic link that leads outside its own folder (${_escape#"$STAGING"/} -> $(readlink "$_escape")); refusing to install (nothing was changed)"
+        fi
         # Try the new build before switching to it, with a throwaway state folder.
         if ! _check=$(CC_LHC_HOME="$TMP_DIR/state" "$_top/cc-lhc" --lhc-version 2>&1); then
             err "the downloaded cc-lhc does not run on this system; nothing was changed:

@@ -13,10 +13,13 @@ script does the same for every thread at once, without launching anything:
 - the rebuilt transcript is moved out of Claude's projects folder into
   ``$CC_LHC_HOME/abandoned-rebuilds/<project folder>/`` (nothing is deleted);
 - the pending row and the rebuilt session's (never current) alias are removed, in one
-  transaction. The thread stays on the session it was on: a pending rebuild was never
+  transaction, and then from the copy of them the thread file keeps. The thread stays on the session it was on: a pending rebuild was never
   made current.
 
-Skipped: rebuilds whose cc-lhc process is still running, threads another cc-lhc currently
+Skipped: records that are malformed (no usable thread or session id), transcripts that
+are not provably cc-lhc rebuilds inside Claude's projects folder (the path resolves
+elsewhere, or the file's first line is not the rebuild header of that thread and its bytes
+do not match the prefix cc-lhc recorded), rebuilds whose cc-lhc process is still running, threads another cc-lhc currently
 owns, rebuilds that were accepted but whose pointer is still waiting to be repaired (the
 next cc-lhc launch of that thread finishes them), and rebuilds whose transcript grew past
 the prefix cc-lhc wrote into it. Those hold records Claude wrote after cc-lhc stopped
@@ -37,6 +40,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -245,6 +249,21 @@ def replayed_prefixes(home):
         db.close()
 
 
+def lineages(home):
+    """session id -> (bytes, sha256) of the prefix cc-lhc wrote into that transcript."""
+    path = os.path.join(home, "cc-lhc.sqlite")
+    if not os.path.exists(path):
+        return {}
+    db = connect(path)
+    try:
+        if not has_table(db, "sessions"):
+            return {}
+        return {r[0]: (r[1], r[2]) for r in db.execute(
+            "SELECT session_id, replayed_prefix_bytes, replayed_prefix_sha256 FROM sessions")}
+    finally:
+        db.close()
+
+
 def grown_past_prefix(row, prefixes):
     """(size, prefix) when the rebuilt transcript holds more than cc-lhc wrote, else None.
 
@@ -266,9 +285,9 @@ def grown_past_prefix(row, prefixes):
 def find_transcript(row):
     """The rebuilt transcript: the stored path, else where it sits under CLAUDE_CONFIG_DIR."""
     stored = row["path"]
-    if stored and os.path.isfile(stored):
+    if isinstance(stored, str) and stored and os.path.isfile(stored):
         return stored
-    if row["cwd"]:
+    if isinstance(row["cwd"], str) and row["cwd"]:
         guess = os.path.join(claude_config_dir(), "projects", project_slug(row["cwd"]),
                              row["session_id"] + ".jsonl")
         if os.path.isfile(guess):
@@ -276,8 +295,57 @@ def find_transcript(row):
     return None
 
 
+REBUILT_MARKER = "[cc-lhc] This conversation was rebuilt by Smart Compact"
+
+
+def inside_projects(path):
+    """True when the path, links resolved, is a file under Claude's projects folder."""
+    root = os.path.realpath(os.path.join(claude_config_dir(), "projects"))
+    real = os.path.realpath(path)
+    return os.path.commonpath([root, real]) == root and real != root and os.path.isfile(real)
+
+
+def has_rebuild_header(path, thread_id):
+    """The file's first line is the header cc-lhc writes into a rebuild of this thread."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        rec = json.loads(first)
+    except (OSError, ValueError, RecursionError):
+        return False
+    message = rec.get("message") if isinstance(rec, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, str) and content.startswith(
+        "%s from thread %s" % (REBUILT_MARKER, thread_id))
+
+
+def matches_lineage(path, lineage):
+    """The file starts with exactly the bytes cc-lhc recorded writing (size and sha256)."""
+    if not lineage or not isinstance(lineage[0], int) or not isinstance(lineage[1], str):
+        return False
+    size, digest = lineage
+    try:
+        with open(path, "rb") as f:
+            head = f.read(size)
+    except OSError:
+        return False
+    return len(head) == size and hashlib.sha256(head).hexdigest() == digest
+
+
+def unproven_reason(row, source, lineages):
+    """Why the file at source may not be moved as this rebuild, or None when it may."""
+    if not inside_projects(source):
+        return "it is not inside Claude's projects folder (%s)" % os.path.realpath(source)
+    if has_rebuild_header(source, row["thread_id"]):
+        return None
+    if matches_lineage(source, lineages.get(row["session_id"])):
+        return None
+    return "it does not start as cc-lhc's rebuild of that thread"
+
+
 def destination(home, row, source):
-    folder = os.path.join(home, "abandoned-rebuilds", project_slug(row["cwd"] or "unknown"))
+    cwd = row["cwd"] if isinstance(row["cwd"], str) and row["cwd"] else "unknown"
+    folder = os.path.join(home, "abandoned-rebuilds", project_slug(cwd))
     target = os.path.join(folder, os.path.basename(source))
     n = 1
     while os.path.exists(target):
@@ -324,17 +392,54 @@ def roll_back(home, db, row, apply):
     except BaseException:
         db.execute("ROLLBACK")
         raise
+    forget_in_thread_copy(home, row["thread_id"], sid)
     return lines
+
+
+UUID_SHAPE = re.compile(r"\A[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+
+
+def forget_in_thread_copy(home, thread_id, sid):
+    """Remove the same rows from the copy of the registry the thread file keeps (cc-lhc
+    rebuilds a lost registry from it), so the rollback is not undone by such a rebuild."""
+    path = os.path.join(home, "threads", thread_id + ".sqlite")
+    if not UUID_SHAPE.match(thread_id) or not os.path.isfile(path):
+        return
+    db = connect(path)
+    try:
+        if not has_table(db, "registry_rebuilds"):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("DELETE FROM registry_rebuilds WHERE session_id = ? AND status = 'pending'", (sid,))
+            db.execute("DELETE FROM registry_aliases WHERE session_id = ? AND is_current = 0", (sid,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    finally:
+        db.close()
 
 
 class GrownRebuild(Exception):
     pass
 
 
+class Unproven(Exception):
+    """The named file is not provably this rebuild: it is left where it is."""
+
+
 # Why a rebuild was skipped: the key counts it in the summary.
 RUNNING = "still running"
 AWAITING_REPAIR = "accepted, awaiting their pointer repair"
 GROWN = "holding records Claude wrote after cc-lhc stopped"
+MALFORMED = "malformed (no usable thread or session id)"
+UNPROVEN = "not provably a cc-lhc rebuild inside Claude's projects folder"
+
+
+def malformed(row):
+    """A record whose ids are not non-empty text cannot be matched to a thread or lock."""
+    return not all(isinstance(row[k], str) and row[k] for k in ("session_id", "thread_id"))
 
 
 def summary_of(skips):
@@ -361,9 +466,15 @@ def run(apply, out, discard_unsaved=False):
             return EXIT_OK
         repairs = awaiting_repair(home)
         prefixes = replayed_prefixes(home)
+        lineage_of = lineages(home)
         done = 0
-        skips = {RUNNING: 0, AWAITING_REPAIR: 0, GROWN: 0}
+        skips = {RUNNING: 0, AWAITING_REPAIR: 0, GROWN: 0, MALFORMED: 0, UNPROVEN: 0}
         for row in rows:
+            if malformed(row):
+                out.write("skipped a pending record with thread %r and session %r: %s\n"
+                          % (row["thread_id"], row["session_id"], MALFORMED))
+                skips[MALFORMED] += 1
+                continue
             head = "rebuild %s of thread %s (from session %s, created %s)" % (
                 row["session_id"], row["thread_id"], row["from_session"], row["created"])
             if owner_alive(row["owner"]):
@@ -379,6 +490,10 @@ def run(apply, out, discard_unsaved=False):
                 with ThreadLock(home, row["thread_id"]) if apply else _NoLock():
                     if not apply and thread_in_use(home, row["thread_id"]):
                         raise ThreadBusy()
+                    source = find_transcript(row)
+                    unproven = source and unproven_reason(row, source, lineage_of)
+                    if unproven:
+                        raise Unproven(source, unproven)
                     grown = grown_past_prefix(row, prefixes)
                     if grown and not discard_unsaved:
                         raise GrownRebuild()
@@ -387,6 +502,10 @@ def run(apply, out, discard_unsaved=False):
                 out.write("skipped %s: session still running (another cc-lhc owns the thread)\n"
                           % head)
                 skips[RUNNING] += 1
+                continue
+            except Unproven as e:
+                out.write("skipped %s: %s is left where it is: %s\n" % (head, e.args[0], e.args[1]))
+                skips[UNPROVEN] += 1
                 continue
             except GrownRebuild:
                 out.write(

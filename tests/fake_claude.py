@@ -23,6 +23,8 @@ one), in order; with no script it just exits 0. Steps (one key each):
                            append the record as one JSON line; in the path, {session_id}
                            (from --session-id/--resume in argv) and {config_dir}
                            (CLAUDE_CONFIG_DIR) are filled in; parent folders are created
+  {"run": ["cmd", "arg"]}  run a command as Claude's Bash tool would (a child of this
+                           process, same env); print its output, then "EXIT <status>"
   {"signal": "TERM"}       kill itself with that signal (name or number; default action)
   {"exit": 3}              exit with that status
 
@@ -108,6 +110,10 @@ def run_step(step):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "a") as f:
             f.write(json.dumps(arg["record"]) + "\n")
+    elif kind == "run":
+        import subprocess
+        done = subprocess.run(arg, capture_output=True, text=True)
+        out(done.stdout + done.stderr + f"EXIT {done.returncode}")
     elif kind == "signal":
         sig = arg if isinstance(arg, int) else getattr(signal, "SIG" + str(arg).upper().removeprefix("SIG"))
         signal.signal(sig, signal.SIG_DFL)

@@ -47,14 +47,19 @@ esac
 """
 
 
-def make_bundle(folder: Path, version: str, *, status: int = 0, with_sleeper: bool = True) -> Path:
-    """cc-lhc-<v>-<os>-<arch>.tar.gz holding a scripted cc-lhc (and a real binary to run)."""
+def make_bundle(folder: Path, version: str, *, status: int = 0, with_sleeper: bool = True,
+                links: dict[str, str] | None = None) -> Path:
+    """cc-lhc-<v>-<os>-<arch>.tar.gz holding a scripted cc-lhc (and a real binary to run);
+    `links` adds symbolic links, path inside the bundle -> target as written."""
     name = BUILD.bundle_basename(version, OS_NAME, ARCH)
     tree = folder / f".tree-{name}"
     (tree / "_internal").mkdir(parents=True)
     exe = tree / "cc-lhc"
     exe.write_text(FAKE_CC_LHC.replace("@VERSION@", version).replace("@STATUS@", str(status)))
     exe.chmod(0o755)
+    for where, target in (links or {}).items():
+        (tree / where).parent.mkdir(parents=True, exist_ok=True)
+        (tree / where).symlink_to(target)
     if with_sleeper:
         # A real executable inside the version folder, so a process can be seen "running
         # from" it in /proc (a script's /proc/PID/exe is its interpreter).
@@ -399,6 +404,59 @@ def test_truncated_download_installs_nothing(box, server, tmp_path, how):
     assert proc.returncode != 0
     assert ("could not download" in stderr(proc)) if how == "connection-cut" else ("checksum mismatch" in stderr(proc))
     assert_still_on(box, "0.1.0", dirs)
+
+
+@pytest.mark.parametrize("good_first", [True, False])
+def test_sums_listing_the_bundle_twice_are_refused(box, server, tmp_path, good_first):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    dirs = box.version_dirs()
+
+    release = make_release(tmp_path, "0.2.0")
+    sums = release / "SHA256SUMS"
+    good = sums.read_text()
+    name = good.split()[1]
+    bad = f"{'0' * 64}  {name}\n"
+    sums.write_text(good + bad if good_first else bad + good)
+    server.serve(release)
+    proc = box.install("--version", "0.2.0")
+    assert proc.returncode != 0
+    assert f"lists {name} more than once" in stderr(proc)
+    assert name not in server.requests                       # the bundle was not even fetched
+    assert_still_on(box, "0.1.0", dirs)
+
+    sums.write_text(good + good)                              # the same sum twice: refused too
+    assert "more than once" in stderr(box.install("--version", "0.2.0"))
+    assert_still_on(box, "0.1.0", dirs)
+
+
+@pytest.mark.parametrize("where,target", [
+    ("_internal/passwd", "/etc/passwd"),
+    ("_internal/up", "../../outside"),
+    ("lib", "_internal/../.."),
+    ("_internal/deep/link", "../../../elsewhere/x"),
+])
+def test_bundle_with_a_link_leading_outside_its_folder_is_refused(box, server, tmp_path, where, target):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    dirs = box.version_dirs()
+    server.serve(make_release(tmp_path, "0.2.0", links={where: target}))
+    proc = box.install("--version", "0.2.0")
+    assert proc.returncode != 0
+    err = stderr(proc)
+    assert "contains a symbolic link that leads outside its own folder" in err, err
+    assert f"{where} -> {target}" in err
+    assert_still_on(box, "0.1.0", dirs)
+    assert not list((box.install_dir / "versions").glob(".staging.*"))
+
+
+def test_bundle_with_links_inside_its_folder_installs(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0", links={
+        "_internal/sleep-again": "sleep", "bin/cc-lhc": "../cc-lhc", "lib": "_internal",
+        "_internal/dangling": "not-there"}))
+    proc = box.install("--version", "0.1.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.1.0"
 
 
 def test_bundle_that_does_not_run_is_not_switched_to(box, server, tmp_path):

@@ -4,6 +4,7 @@ state, a vanished working folder, and a project that shadows the standard librar
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -91,3 +92,100 @@ def test_a_project_json_py_does_not_shadow_retrieval(real_claude):
     (result,) = tool_results(real_claude.api.message_requests[-1]["body"])
     content = result["content"] if isinstance(result["content"], str) else json.dumps(result["content"])
     assert "remember 9917" in content and "shadowed" not in content
+
+
+# -- cleanup at the end of a session runs whatever state the terminal is in ---------------------
+
+class _DeadTerminal:
+    """A stderr whose terminal was closed: every write fails as a hung-up tty does."""
+
+    def __init__(self, errno_):
+        self.errno = errno_
+
+    def write(self, _text):
+        raise OSError(self.errno, "terminal gone")
+
+    def flush(self):
+        raise OSError(self.errno, "terminal gone")
+
+
+def test_say_on_a_dead_terminal_does_not_raise(monkeypatch):
+    import errno
+    for code in (errno.EIO, errno.EBADF, errno.EPIPE):
+        monkeypatch.setattr(sys, "stderr", _DeadTerminal(code))
+        cc_lhc.say("the window was closed")
+
+
+def ending_session(iso_env, accepted: bool):
+    """A ManagedSession at its end: a live descriptor and a pending rebuild to settle."""
+    import types
+    home = cc_lhc.StateHome()
+    registry, hostdb = cc_lhc.Registry(home), cc_lhc.HostDB(home)
+    old, new = str(uuid.uuid4()), str(uuid.uuid4())
+    thread = registry.create_thread(old, str(iso_env.work), "fresh")
+    path = iso_env.work / f"{new}.jsonl"
+    path.write_text("prefix\n" + ("answer\n" if accepted else ""))
+    cc_lhc.record_pending(registry, thread, old, types.SimpleNamespace(session_id=new, path=str(path)),
+                          str(iso_env.work))
+    capture = types.SimpleNamespace(thread_id=thread, lease=None, stop=lambda: None)
+    spec = types.SimpleNamespace(print_mode=True, session_id=new)
+    session = cc_lhc.ManagedSession(spec, home, None, capture)
+    session.descriptor = cc_lhc.create_descriptor(home, hostdb, thread, new)
+    session.pending = cc_lhc.PendingRebuild(new, old, str(path), len("prefix\n"))
+    session.notices = ["a notice for the closed window"]
+    return session, registry, hostdb, new
+
+
+def assert_cleaned_up(session, registry, hostdb, new, status):
+    assert not os.path.exists(session.descriptor["path"])
+    assert not os.path.exists(session.descriptor["shim_dir"])
+    [(revoked,)] = hostdb.db.execute("SELECT revoked FROM descriptors WHERE token = ?",
+                                     (session.descriptor["token"],)).fetchall()
+    assert revoked and "session ended" in revoked
+    assert registry.db.execute("SELECT status FROM rebuilds WHERE session_id = ?",
+                               (new,)).fetchone() == (status,)
+
+
+def test_session_end_cleans_up_when_the_terminal_is_gone(iso_env, monkeypatch):
+    import errno
+    session, registry, hostdb, new = ending_session(iso_env, accepted=False)
+    monkeypatch.setattr(sys, "stderr", _DeadTerminal(errno.EIO))
+    session.__exit__(None, None, None)
+    assert_cleaned_up(session, registry, hostdb, new, "abandoned")
+
+
+def test_every_cleanup_step_runs_when_an_earlier_one_fails(iso_env, monkeypatch):
+    import errno
+
+    def broken_say(_message):
+        raise OSError(errno.EIO, "Input/output error")
+
+    session, registry, hostdb, new = ending_session(iso_env, accepted=False)
+    monkeypatch.setattr(cc_lhc, "say", broken_say)
+    session.__exit__(None, None, None)
+    assert_cleaned_up(session, registry, hostdb, new, "abandoned")
+
+    session, registry, hostdb, new = ending_session(iso_env, accepted=True)
+    session.capture.stop = lambda: broken_say("")   # capture's last read fails too
+    session.__exit__(None, None, None)
+    assert_cleaned_up(session, registry, hostdb, new, "accepted")
+    assert registry.current_session(session.capture.thread_id) == new
+
+
+def test_a_leftover_descriptor_of_a_dead_owner_is_swept_at_the_next_launch(real_claude):
+    """A wrapper killed between writing its descriptor and recording it: only the file
+    (and its shim folder) is left, no row in cc-lhc.sqlite names it."""
+    rc = real_claude
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = cc_lhc.process_identity(p.pid)
+    p.kill()
+    p.wait()
+    runtime = rc.iso.lhc / "runtime"
+    runtime.mkdir(parents=True, exist_ok=True)
+    left = runtime / "0123456789abcdef.json"
+    left.write_text(json.dumps({"version": 1, "token": "0123456789abcdef" * 2, "thread_id": "t",
+                                "session_id": "s", "owner": dead}))
+    (runtime / "bin-0123456789abcdef").mkdir()
+    first_session(rc)
+    assert not left.exists() and not (runtime / "bin-0123456789abcdef").exists()
+    assert not list(runtime.glob("*.json"))

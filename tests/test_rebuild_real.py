@@ -349,15 +349,17 @@ def test_model_retrieval_through_bash_is_exact_and_forgeries_are_refused(real_cl
     store.close()
     assert [(s, c) for s, c, _ in rows] == [(sid, "get-turns"), (sid, "get-messages"), (sid, "search")]
 
-    # a stale descriptor (the last session's, copied while it lived) is refused next time
+    # a stale descriptor (the last session's, copied while it lived) is swept by the next
+    # launch, its owner being gone, and refused there
     stale = runtime / "stale-copy.json"
     assert stale.exists()
     api.script([bash(f"CC_LHC_RUNTIME_DESCRIPTOR={stale} cc-lhc get-turns t1"), "ok"])
     lhc(rc, "--resume", sid, "-p", "try the old one", "--allowedTools", "Bash")
+    assert not stale.exists()
     last = api.message_requests[-1]["body"]["messages"]
     refusal = [b for m in last[-3:] for b in blocks(m) if b.get("type") == "tool_result"][-1]
     assert refusal.get("is_error") is True
-    assert ("cc-lhc: retrieval refused: the descriptor was revoked or never issued"
+    assert ("cc-lhc: retrieval refused: the descriptor is missing or malformed"
             in tool_result_text(refusal))
 
 

@@ -129,6 +129,9 @@ def _setup_forged_token(thread, desc, monkeypatch, tmp_path):
 def _setup_forged_thread(thread, desc, monkeypatch, tmp_path):
     other = cc_lhc.Registry(thread.home).create_thread("77777777-8888-4777-8666-555555555555",
                                                        "/x", "test")
+    # creating a thread writes its file (the registry copy); the test proves retrieval
+    # never opens or creates one for a forged thread id, so start without it
+    os.unlink(thread.home.path("threads", f"{other}.sqlite"))
     monkeypatch.setenv(cc_lhc.RUNTIME_ENV, _forge(desc, thread_id=other))
 
 
@@ -390,3 +393,45 @@ def test_impressions_recorded_per_retrieval(thread, monkeypatch, capsysbinary):
     assert rows == [(thread.session_id, "get-turns", "t2,t7", "2,7", len(out1)),
                     (thread.session_id, "get-messages", "m1,m4", "1,2", len(out2))]
     assert cc_lhc.recent_impression_turns(thread.store) == {1, 2, 7}
+
+
+# -- the descriptor works only inside its session's process tree -------------------------------------
+
+def test_descends_from_follows_the_chain_of_parents():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert cc_lhc.descends_from(os.getpid(), os.getpid()) is True
+        assert cc_lhc.descends_from(child.pid, os.getpid()) is True
+        assert cc_lhc.descends_from(os.getpid(), child.pid) is False
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_descriptor_used_outside_its_sessions_process_tree_is_refused(fake_claude, iso_env):
+    """Another terminal of the same user points at a live session's descriptor: refused.
+    A tool Claude runs inside that session is served (the real CLI case is in
+    tests/test_smart_compact_real.py::test_retrieval_works_inside_the_rebuilt_oneshot)."""
+    fake_claude.script([{"run": ["cc-lhc", "get-turns", "t1"]}, {"print": "INSIDE DONE"},
+                        {"sleep": None}])
+    wrapper = subprocess.Popen([sys.executable, str(CC_LHC), "-p", "hi"], env=fake_claude.env,
+                               cwd=fake_claude.cwd, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        inside = ""
+        while "INSIDE DONE" not in inside:
+            line = wrapper.stdout.readline()
+            assert line, wrapper.stderr.read()
+            inside += line
+        assert "retrieval refused" not in inside, inside
+        path = fake_claude.launches()[0]["env"][cc_lhc.RUNTIME_ENV]
+        outside = subprocess.run([sys.executable, str(CC_LHC), "get-turns", "t1"],
+                                 env={**fake_claude.env, cc_lhc.RUNTIME_ENV: path},
+                                 cwd=fake_claude.cwd, capture_output=True, text=True, timeout=30)
+        assert outside.returncode == cc_lhc.EXIT_USAGE
+        assert outside.stderr.startswith("cc-lhc: retrieval refused: this process does not run "
+                                         "inside the cc-lhc session"), outside.stderr
+        assert outside.stdout == ""
+    finally:
+        wrapper.terminate()
+        wrapper.communicate(timeout=30)

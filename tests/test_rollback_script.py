@@ -51,7 +51,7 @@ class State:
         self.transcript = iso_env.config / "projects" / project_slug(self.cwd) / f"{self.new}.jsonl"
         self.transcript.parent.mkdir(parents=True, exist_ok=True)
         self.transcript.write_text(json.dumps({"type": "user", "message": {
-            "role": "user", "content": cc_lhc.REBUILT_MARKER + " ..."}}) + "\n")
+            "role": "user", "content": f"{cc_lhc.REBUILT_MARKER} from thread {self.thread}. ..."}}) + "\n")
         rebuild = types.SimpleNamespace(session_id=self.new, path=stored_path or str(self.transcript))
         cc_lhc.record_pending(self.registry, self.thread, self.old, rebuild, self.cwd)
         with cc_lhc.Tx(self.registry.db) as db:
@@ -165,7 +165,7 @@ def test_no_transcript_anywhere_still_clears_the_record(iso_env):
 
 
 def test_accepted_swap_awaiting_pointer_repair_is_left_for_cc_lhc(iso_env):
-    """settle_acceptance saw the new session accept the prompt but could not write the
+    """accept() saw the new session accept the prompt but could not write the
     registry: the rebuild is still 'pending' there and a pointer repair is recorded. Neither
     the script nor recovery may treat it as unused; recovery advances the pointer."""
     s = State(iso_env, dead_identity())
@@ -293,3 +293,103 @@ def test_summary_counts_each_skip_reason(iso_env):
     p = run_script(iso_env, "--apply")
     assert "done: 1 rolled back, 3 skipped (1 still running" in p.stdout, p.stdout
     assert rollable.moved_to.exists()
+
+
+def hand_made_registry(iso_env, rows):
+    """A registry.sqlite whose rebuilds table has no column types or NOT NULL (as an older or
+    hand-edited one may), so a NULL or an integer thread id really is stored as such."""
+    import sqlite3
+    iso_env.lhc.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(iso_env.lhc / "registry.sqlite")
+    db.execute("CREATE TABLE rebuilds (session_id, thread_id, from_session, path, cwd, owner, "
+               "status, created, settled)")
+    db.execute("CREATE TABLE aliases (alias, thread_id, session_id, is_current, created)")
+    db.executemany("INSERT INTO rebuilds VALUES (?, ?, 'old', ?, ?, ?, 'pending', ?, NULL)", rows)
+    db.commit()
+    db.close()
+
+
+def test_null_or_integer_thread_id_is_skipped_and_counted(iso_env):
+    dead = json.dumps(dead_identity())
+    target = iso_env.config / "projects" / "p" / "x.jsonl"
+    target.parent.mkdir(parents=True)
+    target.write_text("{}\n")
+    hand_made_registry(iso_env, [
+        (str(uuid.uuid4()), None, str(target), str(iso_env.work), dead, "1"),
+        (str(uuid.uuid4()), 42, str(target), 7, dead, "2"),
+        (None, str(uuid.uuid4()), 3, None, dead, "3"),
+    ])
+    for args in ((), ("--apply",)):
+        p = run_script(iso_env, *args)
+        assert p.returncode == 0, p.stderr
+        assert "Traceback" not in p.stderr
+        assert "nothing to do: 3 unaccepted rebuild(s), all skipped: 3 malformed" in p.stdout, p.stdout
+        assert p.stdout.count("skipped a pending record") == 3
+    assert target.exists()
+
+
+def test_file_outside_claude_projects_is_not_moved(iso_env, tmp_path):
+    """The registry names a rebuild-looking file outside Claude's projects folder: kept."""
+    s = State(iso_env, dead_identity())
+    outside = tmp_path / "precious.jsonl"
+    outside.write_bytes(s.transcript.read_bytes())
+    s.transcript.unlink()
+    with cc_lhc.Tx(s.registry.db) as db:
+        db.execute("UPDATE rebuilds SET path = ? WHERE session_id = ?", (str(outside), s.new))
+    p = run_script(iso_env, "--apply")
+    assert p.returncode == 0, p.stderr
+    assert "not inside Claude's projects folder" in p.stdout
+    assert "1 not provably a cc-lhc rebuild" in p.stdout
+    assert outside.exists() and s.rows()[0] == [(s.new, "pending")]
+
+
+def test_symlink_from_projects_to_outside_is_not_moved(iso_env, tmp_path):
+    s = State(iso_env, dead_identity())
+    outside = tmp_path / "precious.jsonl"
+    outside.write_bytes(s.transcript.read_bytes())
+    s.transcript.unlink()
+    s.transcript.symlink_to(outside)
+    p = run_script(iso_env, "--apply")
+    assert "not inside Claude's projects folder" in p.stdout, p.stdout
+    assert outside.exists() and s.transcript.is_symlink()
+
+
+def test_file_that_is_not_a_rebuild_is_not_moved(iso_env):
+    """Inside the projects folder, but an ordinary session (no header, no recorded prefix)."""
+    s = State(iso_env, dead_identity())
+    s.transcript.write_text(json.dumps({"type": "user", "message": {"role": "user",
+                                                                    "content": "my own work"}}) + "\n")
+    p = run_script(iso_env, "--apply")
+    assert "does not start as cc-lhc's rebuild of that thread" in p.stdout, p.stdout
+    assert s.transcript.exists() and not s.moved_to.exists()
+
+
+def test_file_matching_its_recorded_lineage_is_moved(iso_env):
+    """No header (a future header wording), but exactly the prefix cc-lhc recorded writing."""
+    s = State(iso_env, dead_identity())
+    data = b'{"type": "user", "message": {"role": "user", "content": "other header"}}\n'
+    s.transcript.write_bytes(data)
+    cc_lhc.record_lineage(cc_lhc.HostDB(s.home), s.new, s.thread, str(s.transcript), s.cwd, data)
+    p = run_script(iso_env, "--apply")
+    assert "rolled back" in p.stdout, p.stdout
+    assert s.moved_to.exists()
+
+
+def test_rollback_also_leaves_the_thread_files_registry_copy(iso_env):
+    """cc-lhc rebuilds a lost registry from the copy in each thread file: a rolled-back
+    rebuild must not come back from there."""
+    s = State(iso_env, dead_identity())
+    assert run_script(iso_env, "--apply").returncode == 0
+    store = cc_lhc.ThreadStore(s.home, s.thread)
+    try:
+        assert store.db.execute("SELECT * FROM registry_rebuilds").fetchall() == []
+        assert store.db.execute("SELECT session_id FROM registry_aliases").fetchall() == [(s.old,)]
+    finally:
+        store.close()
+    s.registry.db.close()
+    for suffix in ("", "-wal", "-shm"):
+        (iso_env.lhc / f"registry.sqlite{suffix}").unlink(missing_ok=True)
+    registry = cc_lhc.Registry(s.home)
+    assert registry.current_session(s.thread) == s.old
+    assert registry.thread_for_session(s.new) is None
+    assert registry.db.execute("SELECT * FROM rebuilds").fetchall() == []

@@ -622,3 +622,105 @@ def tool_result_of(block: dict) -> str:
     if isinstance(content, str):
         return content
     return "".join(b.get("text", "") for b in content or [])
+
+
+# -- the abandon step moves only what it can prove is the rebuild ------------------------------------
+
+def test_recovery_leaves_a_file_outside_claude_projects_where_it_is(real_claude, tmp_path):
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    crashed = lhc(rc, "--resume", old, "-p", "next", env={"CC_LHC_FAILPOINT": "after-rollout-write"})
+    assert crashed.returncode in (-9, 137)
+    precious = tmp_path / "precious.jsonl"
+    precious.write_text("the user's own file\n")
+    db = sqlite3.connect(rc.iso.lhc / "registry.sqlite")
+    with db:
+        ((rebuilt,),) = db.execute("SELECT session_id FROM rebuilds WHERE status = 'pending'").fetchall()
+        db.execute("UPDATE rebuilds SET path = ? WHERE session_id = ?", (str(precious), rebuilt))
+    db.close()
+    ok(lhc(rc, "--resume", old, "-p", "again"))
+    assert precious.read_text() == "the user's own file\n"
+    [event] = log_events(rc, "rebuild_not_moved")
+    assert event["session"] == rebuilt and "not a file inside Claude's projects folder" in event["why"]
+    assert dict((s, st) for s, _f, st in rebuilds(rc))[rebuilt] == "abandoned"
+    assert not list((rc.iso.lhc / "abandoned-rebuilds").rglob("precious*"))
+
+
+def pending_rebuild(iso_env, content: bytes) -> tuple:
+    """In-process: a thread with a pending rebuild of a dead owner whose file holds content."""
+    home = cc_lhc.StateHome()
+    registry = cc_lhc.Registry(home)
+    cwd = str(iso_env.work)
+    old, new = str(uuid.uuid4()), str(uuid.uuid4())
+    thread = registry.create_thread(old, cwd, "fresh")
+    path = Path(cc_lhc.rollout_path(new, cwd))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content.replace(b"THREAD", thread.encode()))
+    cc_lhc.record_pending(registry, thread, old, type("R", (), {"session_id": new, "path": str(path)}), cwd)
+    with cc_lhc.Tx(registry.db) as db:
+        db.execute("UPDATE rebuilds SET owner = '{}' WHERE session_id = ?", (new,))
+    return home, registry, thread, new, path
+
+
+HEADER = (json.dumps({"type": "user", "message": {"role": "user", "content":
+                      cc_lhc.REBUILT_MARKER + " from thread THREAD. ..."}}) + "\n").encode()
+
+
+def test_recovery_moves_a_file_that_starts_as_the_threads_rebuild(iso_env):
+    home, registry, thread, new, path = pending_rebuild(iso_env, HEADER)
+    cc_lhc.recover_thread(home, registry, cc_lhc.HostDB(home), thread)
+    assert not path.exists()
+    assert list((iso_env.lhc / "abandoned-rebuilds").rglob(path.name))
+
+
+def test_recovery_does_not_move_a_file_that_is_not_a_rebuild(iso_env):
+    home, registry, thread, new, path = pending_rebuild(iso_env, b'{"type": "user"}\n')
+    cc_lhc.recover_thread(home, registry, cc_lhc.HostDB(home), thread)
+    assert path.read_bytes() == b'{"type": "user"}\n'
+    assert registry.db.execute("SELECT status FROM rebuilds WHERE session_id = ?",
+                               (new,)).fetchone() == ("abandoned",)
+
+
+def test_recovery_does_not_follow_a_link_out_of_claude_projects(iso_env, tmp_path):
+    home, registry, thread, new, path = pending_rebuild(iso_env, HEADER)
+    outside = tmp_path / "outside.jsonl"
+    path.rename(outside)
+    path.symlink_to(outside)
+    cc_lhc.recover_thread(home, registry, cc_lhc.HostDB(home), thread)
+    assert path.is_symlink() and outside.exists()
+    assert not (iso_env.lhc / "abandoned-rebuilds").exists() or \
+        not list((iso_env.lhc / "abandoned-rebuilds").rglob("*.jsonl"))
+
+
+# -- a lost registry is rebuilt from the thread files ------------------------------------------------
+
+def test_lost_registry_is_rebuilt_and_nothing_is_adopted_twice(real_claude):
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    ok(lhc(rc, "--resume", old, "-p", "next"))            # Smart Compact: old -> current
+    [before] = threads(rc)
+    current = before["current_session"]
+    assert current != old
+    exported = export(rc, before["id"])
+    for suffix in ("", "-wal", "-shm"):
+        (rc.iso.lhc / f"registry.sqlite{suffix}").unlink(missing_ok=True)
+
+    listed = ok(lhc(rc, "threads", "--json"))
+    assert "rebuilt their entries from the thread files" in listed.stderr
+    assert json.loads(listed.stdout) == [before]
+    assert export(rc, before["id"]) == exported
+
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", current, "-p", "on the current one"))
+    assert "looks like a rebuilt session" not in p.stderr
+    [sent] = rc.api.message_requests[n:]
+    assert sent["session_id"] == current
+    p = ok(lhc(rc, "--resume", old, "-p", "by the old id"))
+    assert f"session {old} continues as {current}" in p.stderr
+    [sent] = rc.api.message_requests[n + 1:]
+    assert sent["session_id"] == current
+    [after] = threads(rc)
+    assert after["id"] == before["id"] and after["current_session"] == current
+    texts = [m.get("text") for m in export(rc, before["id"])]
+    assert texts.count("hello one") == 1                   # the history was not adopted again
+    assert "on the current one" in texts and "by the old id" in texts
