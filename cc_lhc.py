@@ -2331,6 +2331,18 @@ ENVELOPE_ATTACHMENTS = ("environment", "date", "model")
 ZERO_USAGE = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
               "output_tokens": 0}
 
+# Claude Code (2.1.328) refuses an Edit or Write of a file outside the project with "File
+# has not been read yet" unless its read-file state knows the file, and on --resume it
+# fills that state only from the Read, Edit and Write calls it finds paired with a
+# successful tool_result (carrying a timestamp) in the transcript: a stubbed Read output
+# counts, an Edit makes it read the file from disk, a summary or an omitted turn gives it
+# nothing. So for each working-set file whose newest such call is out of view, the rebuilt
+# session carries that call with a lean result right after the header. Each pair costs at
+# most CARRY_PAIR_BYTES, and all of them together at most CARRY_SHARE of the view budget.
+CARRY_TOOLS = frozenset(("Read", "Edit", "Write"))
+CARRY_PAIR_BYTES = 1_000
+CARRY_SHARE = 0.05
+
 
 def _block_of(m: dict, stub):
     """The API content block for one message, verbatim unless the band stubbed it."""
@@ -2358,14 +2370,16 @@ def _block_of(m: dict, stub):
 
 
 def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
-                 envelope=(), version="2.1.328", git_branch="", arm=None):
+                 envelope=(), version="2.1.328", git_branch="", arm=None, carried=()):
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
     and full turn, or part of a long turn, in order: one user record per original user record, and one record
     per content block for assistant responses, sharing the response's message.id as
     Claude Code itself writes them. Usage on replayed records is zero: the old counts
-    would make the new session look as full as the one it replaces.
+    would make the new session look as full as the one it replaces. ``carried`` are
+    file-state pairs (see carried_file_state); those whose call is not already in view
+    go right after the envelope.
     """
     counter = [0]
     parent = [None]
@@ -2448,7 +2462,96 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                                 "usage": dict(ZERO_USAGE)},
                     "uuid": next_uuid(), "timestamp": now})
         emit(rec)
+    if carried:
+        _splice_carried(records, 1 + len(envelope), carried, common, next_uuid, now)
     return records
+
+
+def _tool_ids_in(records) -> set:
+    ids = set()
+    for rec in records:
+        content = rec["message"]["content"] if rec.get("type") == "assistant" else None
+        for block in content or ():
+            if block.get("type") == "tool_use":
+                ids.add(block.get("id"))
+    return ids
+
+
+def _splice_carried(records, at, carried, common, next_uuid, now):
+    """Insert the carried pairs not already in view at ``at``, keeping the parent chain.
+
+    Each pair is written as Claude Code writes a tool call: the call in an assistant
+    record, its result in the user record after it, at the time the result came.
+    """
+    in_view = _tool_ids_in(records)
+    added, parent = [], records[at - 1]["uuid"]
+    for call, result, stub in carried:
+        if call["tool_use_id"] in in_view:
+            continue
+        for role, m in (("assistant", call), ("user", result)):
+            rec = common(role, m["created"] or now)
+            if role == "assistant":
+                message = {"id": m["response_id"], "type": "message", "role": "assistant",
+                           "model": m["model"] or "<synthetic>", "content": [_block_of(m, None)],
+                           "stop_reason": "tool_use", "stop_sequence": None, "usage": dict(ZERO_USAGE)}
+            else:
+                message = {"role": "user", "content": [_block_of(m, stub)]}
+            rec.update({"parentUuid": parent, "message": message, "uuid": next_uuid(),
+                        "timestamp": m["created"] or now})
+            added.append(rec)
+            parent = rec["uuid"]
+    if added:
+        if at < len(records):
+            records[at]["parentUuid"] = parent
+        records[at:at] = added
+
+
+def _carry_candidates(turns) -> dict:
+    """path -> [(call, result, stub)] of its successful Read/Edit/Write calls, newest first."""
+    touches = {}
+    for turn in turns:
+        results = {m["tool_use_id"]: m for m in turn.messages if m["kind"] == "tool_result"}
+        for m in turn.messages:
+            if m["kind"] != "tool_call" or m["tool_name"] not in CARRY_TOOLS:
+                continue
+            result = results.get(m["tool_use_id"])
+            try:
+                args = json.loads(m["text"] or "{}")
+            except ValueError:
+                continue
+            path = args.get("file_path") if isinstance(args, dict) else None
+            if result is None or result["is_error"] or not isinstance(path, str):
+                continue
+            stub = (tool_stub(result, m["tool_name"])
+                    if m["tool_name"] == "Read" and not _keeps_verbatim(result) else None)
+            touches.setdefault(path, []).insert(0, (m, result, stub))
+    return touches
+
+
+def _pair_parts(call, result, stub):
+    return call["data"] or "", stub if stub is not None else (result["data"] or "")
+
+
+def carried_file_state(turns, budget):
+    """The pairs that let Claude Code know the working set's files after a rebuild.
+
+    One pair per working-set file (in the manifest's order): its newest successful Read,
+    Edit or Write whose lean form fits CARRY_PAIR_BYTES, until CARRY_SHARE of ``budget``
+    is used. Returns (pairs, tokens); pairs already in view are skipped when written.
+    """
+    touches = _carry_candidates(turns)
+    room = int(budget * CARRY_SHARE)
+    pairs, used = [], 0
+    for path, _state, _label in working_set(turns):
+        for call, result, stub in touches.get(path, ()):
+            parts = _pair_parts(call, result, stub)
+            if sum(len(p.encode("utf-8")) for p in parts) <= CARRY_PAIR_BYTES:
+                cost = sum(estimate_tokens(p) + 4 for p in parts)
+                if used + cost <= room:
+                    pairs.append((call, result, stub))
+                    used += cost
+                break
+    return pairs, used
 
 
 def records_bytes(records) -> bytes:
@@ -2551,12 +2654,14 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     turns = load_turns(store)
     summaries = thread_summaries(store, turns)
     favoured = recent_impression_turns(store)
-    view, header = serve_view(thread_id, turns, policy.effective_target, policy["profile"],
+    # The file-state pairs are set aside first, as if none of them were in view.
+    carried, reserve = carried_file_state(turns, policy.effective_target)
+    view, header = serve_view(thread_id, turns, policy.effective_target - reserve, policy["profile"],
                               summaries, favoured, policy.fell_back)
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
-                           arm=arm)
+                           arm=arm, carried=carried)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
     return Rebuild(session_id, path, records_bytes(records), view)
