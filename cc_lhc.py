@@ -6053,7 +6053,7 @@ class SessionFollower:
         session, spec, home = self.session, self.session.spec, self.session.home
         old_sid, old = spec.session_id, session.capture
         path = rollout_path(new_sid, spec.cwd)
-        cleared = _opens_with(path, CLEAR_COMMAND)
+        cleared = starts_a_conversation(path)
         self._let_go(old_sid)
         registry = Registry(home)
         thread = registry.thread_for_session(new_sid)
@@ -6117,18 +6117,30 @@ class SessionFollower:
         session.detached = f"Claude left session {old_sid}"
 
 
-def _opens_with(path: str, marker: str, lines: int = 40) -> bool:
-    """Whether one of the first lines of a transcript holds ``marker`` (bounded read)."""
+def starts_a_conversation(path: str, lines: int = 40) -> bool:
+    """Whether a session file Claude just moved to is a new conversation (/clear), not an
+    older one it reopened (/resume).
+
+    Claude names the new session in its pid file a moment before it writes the file, so
+    a file not there yet is new; so is one holding nothing but bookkeeping and the /clear
+    command itself. Any earlier prompt or answer means a resumed conversation.
+    """
     try:
-        with open_regular(path) as f:
-            for _ in range(lines):
-                line = f.readline(1 << 20)
-                if not line:
-                    return False
-                if marker.encode() in line:
-                    return True
+        f = open_regular(path)
+    except FileNotFoundError:
+        return True
     except OSError:
         return False
+    with f:
+        for _ in range(lines):
+            line = f.readline(1 << 20)
+            if not line:
+                return True
+            if CLEAR_COMMAND.encode() in line:
+                return True
+            if re.search(rb'"type":\s*"(user|assistant)"', line) and b'"isMeta":true' not in line \
+                    and b'"isMeta": true' not in line:
+                return False
     return False
 
 
@@ -7294,10 +7306,11 @@ def finish_capture(capture, spec, home):
     try:
         capture.stop()
     except Exception as e:  # the session already ended well; say what was not captured
-        say(f"capture of session {spec.session_id} did not finish: {e}")
+        say(f"capture of session {capture.session_id} did not finish: {e}")
         home.log("capture_error", thread=capture.thread_id, error=repr(e))
         return
-    home.log("capture_done", thread=capture.thread_id, session=spec.session_id, lines=capture.lines)
+    # The capture's own session: after a swap spec already names the next one.
+    home.log("capture_done", thread=capture.thread_id, session=capture.session_id, lines=capture.lines)
 
 
 TOO_LONG = re.compile(r"too long", re.I)

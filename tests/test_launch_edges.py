@@ -127,7 +127,8 @@ def ending_session(iso_env, accepted: bool):
     path.write_text("prefix\n" + ("answer\n" if accepted else ""))
     cc_lhc.record_pending(registry, thread, old, types.SimpleNamespace(session_id=new, path=str(path)),
                           str(iso_env.work))
-    capture = types.SimpleNamespace(thread_id=thread, lease=None, stop=lambda: None)
+    capture = types.SimpleNamespace(thread_id=thread, session_id=new, lines=0, lease=None,
+                                    stop=lambda: None)
     spec = types.SimpleNamespace(print_mode=True, session_id=new)
     session = cc_lhc.ManagedSession(spec, home, None, capture)
     session.descriptor = cc_lhc.create_descriptor(home, hostdb, thread, new)

@@ -198,3 +198,17 @@ def test_notifier_stays_quiet_for_pastes_longer_messages_and_edited_lines():
     assert _notes(b"/cl", b"\t", b"\r") == []                       # completion: unsure
     assert _notes(b"/clear", b"\x15", b"hi", b"\r") == []           # ctrl-u wiped it
     assert _notes(b"/help", b"\r") == []
+
+
+def test_a_session_file_is_new_until_it_holds_an_earlier_prompt(tmp_path):
+    path = tmp_path / "s.jsonl"
+    assert cc_lhc.starts_a_conversation(str(path))                 # not written yet
+    path.write_text('{"type":"mode","mode":"default"}\n')
+    assert cc_lhc.starts_a_conversation(str(path))                 # bookkeeping only
+    caveat = '{"type":"user","isMeta":true,"message":{"content":"<local-command-caveat>"}}\n'
+    clear = ('{"type":"user","message":{"content":"<command-name>/clear</command-name>'
+             '<command-message>clear</command-message>"}}\n')
+    path.write_text(caveat + clear)
+    assert cc_lhc.starts_a_conversation(str(path))
+    path.write_text('{"type":"user","message":{"content":"an earlier prompt"}}\n')
+    assert not cc_lhc.starts_a_conversation(str(path))             # a resumed conversation

@@ -32,7 +32,7 @@ FILLER = " ".join(f"filler sentence {i} about nothing in particular." for i in r
 BANDS = {
     "full": (60_000, 0),
     "lean": (3_000, 0),
-    "summary": (3_000, 2),
+    "summary": (3_000, 8),
     "omitted": (3_000, 14),
 }
 
@@ -42,12 +42,25 @@ def ok(p):
     return p
 
 
-def band_of(header: str, n: int) -> str:
-    """The band the header puts turn n in."""
+def band_of(header: str, n: int, m: int = 3) -> str:
+    """The band the header puts turn n in; for a turn served in parts, the band of the
+    part holding message m (the Read's result in these sessions)."""
     words = {"verbatim": "full", "lean": "lean", "summarised": "summary"}
-    for line in header.splitlines():
+    lines = header.splitlines()
+    for i, line in enumerate(lines):
+        if line == f"t{n} is long, so it is in view in parts:":
+            for part in lines[i + 1:]:
+                hit = re.match(r"  m(\d+)(?:\u2013m(\d+))? (.*)", part)
+                if not hit:
+                    break
+                a, b = int(hit.group(1)), int(hit.group(2) or hit.group(1))
+                if a <= m <= b:
+                    rest = hit.group(3)
+                    if rest.startswith("not in view"):
+                        return "omitted"
+                    return next(band for word, band in words.items() if rest.startswith(word))
         ranges = [(int(a), int(b or a)) for a, b in re.findall(r"t(\d+)(?:\u2013t(\d+))?", line)]
-        if not any(a <= n <= b for a, b in ranges):
+        if not any(a <= n <= b for a, b in ranges) or line.startswith(f"t{n} is long"):
             continue
         if "not in view" in line:
             return "omitted"
