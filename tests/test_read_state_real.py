@@ -12,10 +12,15 @@ trigger run Smart Compact, and then has the scripted model Edit the file.
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import shutil
+import tempfile
 
 import pytest
+
+from pathlib import Path
 
 import cc_lhc
 from fakeapi import block_text, text_reply, tool_results, tool_use_reply
@@ -28,12 +33,14 @@ OVER = {"input_tokens": 119_000, "cache_creation_input_tokens": 600,
 # Filler replies: each a long answer (about 1,500 tokens verbatim, ~100 summarised).
 FILLER = " ".join(f"filler sentence {i} about nothing in particular." for i in range(140))
 
-# band of t1 -> (view target in tokens, filler turns after the Read)
+# band of t1 -> (view target in tokens, filler turns after the Read, a long first prompt).
+# Lean keeps a prompt verbatim, so only a turn whose prompt is long is cheaper summarised
+# than lean: that is the one way into the summary band for a turn this small.
 BANDS = {
-    "full": (60_000, 0),
-    "lean": (3_000, 0),
-    "summary": (3_000, 8),
-    "omitted": (3_000, 14),
+    "full": (60_000, 0, False),
+    "lean": (3_000, 0, False),
+    "summary": (3_000, 2, True),
+    "omitted": (3_000, 14, False),
 }
 
 
@@ -76,11 +83,13 @@ def read_then_compact_then_edit(rc, band: str, edit_first=False):
     With ``edit_first`` the turn after the Read edits the file too (beta -> BETA), and
     the Edit after the rebuild changes gamma instead. Returns (path, the Edit's
     tool_result, the first request body of the rebuilt session)."""
-    target, fillers = BANDS[band]
+    target, fillers, long_prompt = BANDS[band]
     (rc.cwd / ".cc-lhc.json").write_text(json.dumps(
         {"lowerBoundTokens": target, "upperBoundTokens": 100_000, "minRunwayTokens": 30_000}))
-    outside = rc.iso.root / "elsewhere"
-    outside.mkdir(exist_ok=True)
+    # A folder whose path is the same length in every run: the path is part of what the
+    # view holds, and a few bytes more or less would move the turn across a band edge.
+    outside = Path(tempfile.mkdtemp(prefix="lhc-read-", dir="/tmp"))
+    atexit.register(shutil.rmtree, outside, True)
     path = outside / "notes.txt"
     # ~9 KB: too big for the full band of a 3,000-token view, so a lean turn stubs it
     body = "".join(f"line {i}: some text that makes this file long enough\n" for i in range(170))
@@ -88,7 +97,8 @@ def read_then_compact_then_edit(rc, band: str, edit_first=False):
 
     rc.api.script([tool_use_reply("Read", {"file_path": str(path)}, usage=SMALL),
                    text_reply("I read the notes.", usage=OVER if not fillers else SMALL)])
-    first = ok(rc.run_lhc("-p", "read the notes", "--output-format", "json",
+    prompt = "read the notes" + (f". Background: {FILLER}" if long_prompt else "")
+    first = ok(rc.run_lhc("-p", prompt, "--output-format", "json",
                           "--allowedTools", "Read"))
     sid = json.loads(first.stdout)["session_id"]
     if edit_first:
