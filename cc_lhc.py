@@ -4511,49 +4511,147 @@ def unsettled_reason(store, idle=False) -> str:
 
 
 TERMINAL_TASK_STATUS = re.compile(r"<status>(completed|failed|killed|stopped)</status>")
+BACKGROUND_TOOLS = ("Bash", "Agent", "Task", "Monitor", "Workflow", "ScheduleWakeup")
+# What Claude Code 2.1.328 writes in the tool result that says background work started
+# (tests/fixtures/background/). The ids close the item again: a notification names them.
+SHELL_LAUNCHED = re.compile(r"running in background with ID: (\w+)")
+OUTPUT_FILE = re.compile(r"(?:written to|output_file):? (\S+?\.output)\b")
+AGENT_LAUNCHED = re.compile(r"agentId: (\w+)")
+WORKFLOW_RUN = re.compile(r"\b(wf_\w+)")
+TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
+
+
+@dataclasses.dataclass
+class BackgroundItem:
+    """One piece of background work a Claude process started and has not finished."""
+    kind: str           # shell, monitor, workflow, wakeup, agent
+    tool_name: str
+    seq: int            # the launch call's message
+    tool_use_id: str
+    args: dict
+    task_id: str = ""
+    output_file: str = ""
+    run_id: str = ""    # a workflow's run, which Workflow{resumeFromRunId} continues
+
+    @property
+    def label(self) -> str:
+        return f"{self.tool_name} m{self.seq}"
+
+    @property
+    def command(self) -> str:
+        return str(self.args.get("command") or self.args.get("description") or "")
+
+
+def _launched(name, args, ack):
+    """The item a launch acknowledgement opens, or None when the call started nothing."""
+    if name == "Bash":
+        m = SHELL_LAUNCHED.search(ack)
+        if not args.get("run_in_background") or not m:
+            return None
+        kind, task_id = "shell", m.group(1)
+    elif name in ("Agent", "Task"):
+        m = AGENT_LAUNCHED.search(ack)
+        if args.get("run_in_background") is False or ("Async agent launched" not in ack and not m):
+            return None  # a foreground agent's result is its answer: nothing runs on
+        kind, task_id = "agent", m.group(1) if m else ""
+    elif name == "ScheduleWakeup":
+        if args.get("stop"):
+            return None
+        kind, task_id = "wakeup", ""
+    else:
+        kind, task_id = name.lower(), ""
+    out = OUTPUT_FILE.search(ack)
+    run = WORKFLOW_RUN.search(ack) if kind == "workflow" else None
+    return dict(kind=kind, task_id=task_id, output_file=out.group(1) if out else "",
+                run_id=run.group(1) if run else "")
+
+
+def _closed(item, seq, notes, stops, metas) -> bool:
+    """Whether terminal evidence for this very item came after its launch."""
+    if item.kind == "wakeup":
+        # Only its own firing: a meta record holding the prompt it scheduled. /clear and
+        # other slash commands write meta records too; they close nothing.
+        prompt = str(item.args.get("prompt") or "").strip()
+        return bool(prompt) and any(m > seq and text.strip() == prompt for m, text in metas)
+    ids = [f"<tool-use-id>{item.tool_use_id}</tool-use-id>"]
+    if item.task_id:
+        ids.append(f"<task-id>{item.task_id}</task-id>")
+    if any(n > seq and TERMINAL_TASK_STATUS.search(note) and any(i in note for i in ids)
+           for n, note in notes):
+        return True
+    return bool(item.task_id) and any(s > seq and item.task_id == target for s, target in stops)
+
+
+def background_items(store) -> list:
+    """The background items open in a thread's main conversation, oldest first.
+
+    A launch acknowledgement (the tool result saying the work started, not the call)
+    opens an item; only terminal evidence for that item closes it: a <task-notification>
+    with a terminal status naming its tool call or task id, an explicit TaskStop of its
+    id that succeeded, or, for a ScheduleWakeup, its own firing.
+    """
+    db = store.db
+    marks = ",".join("?" * len(BACKGROUND_TOOLS))
+    launches = db.execute(
+        "SELECT c.seq, c.tool_name, c.tool_use_id, c.text, r.text FROM messages c "
+        "JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
+        "AND coalesce(r.is_error, 0) = 0 AND r.agent IS NULL "
+        f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ({marks}) "
+        "ORDER BY c.seq", BACKGROUND_TOOLS).fetchall()
+    if not launches:
+        return []
+    notes = db.execute("SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
+                       "AND agent IS NULL AND text LIKE '%<task-notification>%'").fetchall()
+    metas = db.execute("SELECT seq, text FROM messages WHERE kind = 'user_meta' "
+                       "AND agent IS NULL").fetchall()
+    stops = []
+    for seq, text in db.execute(
+            "SELECT c.seq, c.text FROM messages c JOIN messages r ON r.kind = 'tool_result' "
+            "AND r.tool_use_id = c.tool_use_id AND coalesce(r.is_error, 0) = 0 "
+            f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
+            f"({','.join('?' * len(TASK_STOP_TOOLS))})", TASK_STOP_TOOLS):
+        args = _json_object(text)
+        target = args.get("task_id") or args.get("shell_id") or args.get("id")
+        if target:
+            stops.append((seq, str(target)))
+    items = []
+    for seq, name, tool_use_id, text, ack in launches:
+        args = _json_object(text)
+        opened = _launched(name, args, ack or "")
+        if opened is None:
+            continue
+        item = BackgroundItem(tool_name=name, seq=seq, tool_use_id=tool_use_id, args=args, **opened)
+        if not _closed(item, seq, notes, stops, metas):
+            items.append(item)
+    return items
+
+
+def _json_object(text) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def open_background_work(store) -> list:
-    """Background items a swap would lose: launched, with no terminal evidence yet.
+    """The open background items as labels ("Bash m12"), as receipts and logs name them."""
+    return [item.label for item in background_items(store)]
 
-    Background shell jobs, monitors, workflows and agents run inside (or are owned by)
-    the Claude process a swap replaces, and a pending ScheduleWakeup lives only in its
-    memory. Until cc-lhc carries them across, a seam with any of them open is skipped.
-    A launch opens an item; only a <task-notification> for that tool call with a
-    terminal status (or, for a wake-up, the wake-up firing) closes it.
+
+def uncarriable(item, posix: bool = True) -> str:
+    """Why a swap could not carry this item into the replacement ('' when it can).
+
+    Shell jobs and monitor commands are processes that outlive the old child only when it
+    is SIGKILLed (POSIX), and the wrapper must know the output file to watch; workflows
+    and wake-ups continue from the manifest, agents are reported (see BackgroundCarry).
     """
-    db = store.db
-    calls = db.execute("SELECT c.seq, c.tool_name, c.tool_use_id, c.text FROM messages c "
-                       "WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
-                       "('Bash', 'Agent', 'Task', 'Monitor', 'Workflow', 'ScheduleWakeup') "
-                       "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.kind = 'tool_result' "
-                       "AND r.tool_use_id = c.tool_use_id AND r.is_error = 1)").fetchall()
-    if not calls:
-        return []
-    notes = [(seq, text) for seq, text in db.execute(
-        "SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') AND agent IS NULL "
-        "AND text LIKE '%<task-notification>%'")]
-    metas = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE kind = 'user_meta' "
-                                          "AND agent IS NULL")]
-    items = []
-    for seq, name, tool_use_id, text in calls:
-        try:
-            args = json.loads(text or "{}")
-        except ValueError:
-            args = {}
-        args = args if isinstance(args, dict) else {}
-        if name == "Bash" and not args.get("run_in_background"):
-            continue
-        if name in ("Agent", "Task") and args.get("run_in_background") is False:
-            continue
-        if name == "ScheduleWakeup":
-            if args.get("stop") or any(m > seq for m in metas):
-                continue
-        elif any(n > seq and f"<tool-use-id>{tool_use_id}</tool-use-id>" in note
-                 and TERMINAL_TASK_STATUS.search(note) for n, note in notes):
-            continue
-        items.append(f"{name} m{seq}")
-    return items
+    if item.kind in ("shell", "monitor"):
+        if not posix:
+            return f"{item.label}: its process would not outlive the old Claude on this platform"
+        if not item.output_file:
+            return f"{item.label}: its launch acknowledgement names no output file to watch"
+    return ""
 
 
 @dataclasses.dataclass
@@ -4629,13 +4727,14 @@ def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimat
         a.reason = f"this reading was already rebuilt as session {done}"
         return a
     if swap:
-        busy = open_background_work(store)
-        if busy:
-            # Nothing a swap could not carry is ever killed: keep the current session and
-            # decide again at the next seam.
-            a.reason = "background work is still running: " + ", ".join(busy)
-            a.outcome("skipped: background work open: " + ", ".join(busy))
-            home.log("handoff_skipped", reason="background work open", items=busy)
+        # Work a swap can carry goes with it (BackgroundCarry); anything it could not is
+        # never killed: keep the current session and decide again at the next seam.
+        stuck = [why for why in (uncarriable(i, os.name == "posix") for i in background_items(store))
+                 if why]
+        if stuck:
+            a.reason = "background work that cannot be carried is open: " + "; ".join(stuck)
+            a.outcome("skipped: background work open: " + "; ".join(stuck))
+            home.log("handoff_skipped", reason="background work open", items=stuck)
     return a
 
 
