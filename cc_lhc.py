@@ -5597,6 +5597,8 @@ class InteractiveHost:
                 notifier = LifecycleNotifier(lambda text: session.announce(text, relay))
                 relay.on_input = lambda data: notifier.observe(panel.on_input(data))
 
+            handoff.listen(relay)
+
             def tick(relay):
                 handoff.on_tick(relay)
                 panel.on_tick(relay)
@@ -5613,6 +5615,8 @@ class InteractiveHost:
             if handoff is not None and handoff.candidate is not None:
                 handoff._fail(relay, "the session ended during the handoff")
             status = _reap(self.child)
+            if handoff is not None:
+                handoff.carry.close()
             for dog in self.watchdogs:
                 dog.kill()
         home.log("child_exited", mode="interactive", child_pid=self.child.pid, status=status)
@@ -5822,6 +5826,307 @@ def with_runtime(kept, runtime: dict):
     return out
 
 
+def _holders(path: str) -> list:
+    """Pids of processes that have ``path`` open (a carried job writing its output file)."""
+    pids = []
+    if os.path.isdir("/proc/self/fd"):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                        pids.append(int(pid))
+                        break
+                except OSError:
+                    continue
+        return pids
+    import subprocess
+    try:  # macOS: no /proc
+        out = subprocess.run(["lsof", "-t", "--", path], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has finished: only its parent has not collected it yet
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _stop_job(pid: int) -> None:
+    """End a carried job: its whole process group (Claude starts each in its own), never ours."""
+    import time
+    try:
+        group = os.getpgid(pid)
+    except OSError:
+        return
+    kill = (lambda s: os.killpg(group, s)) if group != os.getpgrp() else (lambda s: os.kill(pid, s))
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
+        try:
+            kill(sig)
+        except OSError:
+            return
+        deadline = time.monotonic() + wait
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _alive(pid):
+            return
+
+
+@dataclasses.dataclass
+class CarriedJob:
+    """A shell job or monitor command that outlived the Claude process which started it."""
+    item: BackgroundItem
+    pids: list
+    offset: int = 0         # how much of the output file Claude has already been told about
+    finished: bool = False
+
+
+class BackgroundCarry:
+    """Background work carried across live swaps (the swap path of Smart Compact).
+
+    At the switch, each open item goes with the session its own way: a shell job or a
+    monitor command is a process of its own, left running (the old Claude is ended with
+    SIGKILL, the only signal it does not pass on to its jobs) and watched here through
+    its pids and output file; a workflow, a pending wake-up and a background agent lived
+    inside the old Claude, so the replacement is told in a manifest what was pending and
+    how to go on (Workflow{resumeFromRunId}, SendMessage(<id>)), and a wake-up is fired
+    by cc-lhc when it falls due. Everything Claude is told arrives as a message marked
+    [runtime note], typed at a settled seam, never mixed into what the person types.
+    A result that arrives when no Claude is left to tell is kept under continuity/ and
+    told at the next launch of the thread.
+    """
+
+    POLL_SECONDS = 0.5
+    TAIL_BYTES = 4000
+
+    def __init__(self, session):
+        self.session = session
+        self.jobs = []
+        self.wakeups = []          # (due, item) the wrapper fires itself
+        self.notes = collections.deque()
+        self.next_poll = 0.0
+        self.carried = ""          # the last swap's one line, for the person and /status
+        self.thread_id = session.capture.thread_id if session.capture else None
+        self._load_kept()
+
+    @property
+    def holds_processes(self) -> bool:
+        return any(not j.finished for j in self.jobs)
+
+    # -- at the swap -------------------------------------------------------------
+
+    def take(self, items, old_session: str, old_path: str) -> str:
+        """Carry the open items of the session being replaced; returns the line to show."""
+        import time
+        said, manifest = [], []
+        for item in items:
+            if item.kind in ("shell", "monitor"):
+                try:
+                    size = os.path.getsize(item.output_file)
+                except OSError:
+                    size = 0
+                pids = _holders(item.output_file)
+                job = CarriedJob(item, pids, offset=size if item.kind == "monitor" else 0)
+                self.jobs.append(job)
+                manifest.append(f"{'background command' if item.kind == 'shell' else 'monitor'} "
+                                f"{item.task_id or item.label} ({item.command}) keeps running; its "
+                                f"output is in {item.output_file}; cc-lhc will tell you "
+                                + ("when it finishes" if item.kind == "shell" else "each new event"))
+                said.append(f"{item.kind} {item.task_id or item.label} (pid "
+                            f"{', '.join(map(str, pids)) or 'already finished'})")
+            elif item.kind == "wakeup":
+                delay = item.args.get("delaySeconds") or 60
+                due = time.time() + max(0, self._launched_at(item) + float(delay) - time.time())
+                self.wakeups.append((due, item))
+                manifest.append(f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) "
+                                "is still pending; cc-lhc will deliver its prompt when it falls due")
+                said.append("wake-up")
+            elif item.kind == "workflow":
+                run = item.run_id or "(its run id is in the workflow's journal)"
+                manifest.append(f"workflow {item.args.get('name') or item.label} stopped with the "
+                                f"previous Claude process; continue it with Workflow and "
+                                f"resumeFromRunId {run}")
+                said.append(f"workflow {item.run_id or item.label}")
+            elif item.kind == "agent":
+                manifest.append(self._agent_report(item, old_session, old_path))
+                said.append(f"agent {item.task_id or item.label} (reported)")
+        if manifest:
+            self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
+                              "Background work from before: " + "; ".join(manifest) + ".")
+        self.carried = ("carried across the swap: " + ", ".join(said)) if said else ""
+        self.session.home.log("background_carried", items=[i.label for i in items], said=said)
+        return self.carried
+
+    def _launched_at(self, item) -> float:
+        store = ThreadStore(self.session.home, self.thread_id)
+        try:
+            row = store.db.execute("SELECT created FROM messages WHERE seq = ?", (item.seq,)).fetchone()
+        finally:
+            store.close()
+        try:
+            return datetime.datetime.fromisoformat(str(row[0]).replace("Z", "+00:00")).timestamp()
+        except (TypeError, ValueError):
+            import time
+            return time.time()
+
+    @staticmethod
+    def _agent_report(item, old_session, old_path) -> str:
+        """An agent's final answer if its own transcript shows one, else how to resume it."""
+        name = f"background agent {item.task_id or item.label}"
+        path = os.path.join(os.path.dirname(old_path), old_session, "subagents",
+                            f"agent-{item.task_id}.jsonl")
+        last = None
+        try:
+            with open_regular(path) as f:
+                for raw in f:
+                    try:
+                        rec = load_json(raw)
+                    except BadJson:
+                        continue
+                    if isinstance(rec, dict) and rec.get("type") in ("user", "assistant"):
+                        last = rec
+        except OSError:
+            pass
+        message = (last or {}).get("message") or {}
+        if (last or {}).get("type") == "assistant" and message.get("stop_reason") == "end_turn":
+            answer = " ".join(b.get("text", "") for b in message.get("content") or []
+                              if isinstance(b, dict) and b.get("type") == "text")
+            return f"{name} had finished; its final result: {answer.strip()}"
+        return (f"{name} was interrupted by the swap (it ran inside the previous Claude process); "
+                f"resume it with SendMessage({item.task_id or item.label})")
+
+    def end_signal(self):
+        """How the old Claude must end: SIGKILL while it leaves carried jobs behind."""
+        return signal.SIGKILL if self.holds_processes else None
+
+    # -- while the session runs ----------------------------------------------------
+
+    def poll(self) -> None:
+        """Turn finished jobs, new monitor events and due wake-ups into notes (once each)."""
+        import time
+        now = time.time()
+        for job in self.jobs:
+            if job.finished:
+                continue
+            job.pids = [p for p in job.pids if _alive(p)] or [p for p in _holders(job.item.output_file)
+                                                           if _alive(p)]
+            done = not job.pids
+            if job.item.kind == "monitor":
+                events = self._read_from(job)
+                if events:
+                    self.notes.append(f"[runtime note] monitor {job.item.task_id or job.item.label} "
+                                      f"({job.item.command}) reported: " + " | ".join(events))
+                if done:
+                    job.finished = True
+                    self.notes.append(f"[runtime note] monitor {job.item.task_id or job.item.label} "
+                                      "has ended.")
+            elif done:
+                job.finished = True
+                self.notes.append(self._shell_result(job))
+        for due, item in list(self.wakeups):
+            if now >= due:
+                self.wakeups.remove((due, item))
+                self.notes.append(f"[runtime note] your scheduled wake-up is due "
+                                  f"({item.args.get('reason') or 'no reason given'}): "
+                                  f"{item.args.get('prompt') or ''}")
+
+    def _read_from(self, job) -> list:
+        try:
+            with open_regular(job.item.output_file) as f:
+                f.seek(job.offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]
+        job.offset += len(complete)
+        return [line for line in complete.decode("utf-8", "replace").splitlines() if line.strip()]
+
+    def _shell_result(self, job) -> str:
+        item = job.item
+        try:
+            with open_regular(item.output_file) as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - self.TAIL_BYTES))
+                tail = f.read().decode("utf-8", "replace").strip()
+        except OSError as e:
+            size, tail = 0, f"(its output file could not be read: {e})"
+        shown = ("the end of its output" if size > self.TAIL_BYTES else "its output") + f":\n{tail}"
+        return (f"[runtime note] The background command {item.task_id} ({item.command}), carried "
+                f"across a Smart Compact swap, has finished. Its output file is "
+                f"{item.output_file}; {shown}")
+
+    def next_note(self, settled) -> str:
+        """The next note to type, when there is one and the session is at a settled seam."""
+        import time
+        now = time.monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + self.POLL_SECONDS
+            self.poll()
+        if not self.notes or not settled():
+            return ""
+        return self.notes.popleft()
+
+    # -- at the end ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop what cc-lhc carried (nobody asked for it to outlive the session) and keep
+        what Claude was not told yet, for the next launch of the thread."""
+        self.poll()
+        for job in self.jobs:
+            if job.finished:
+                continue
+            for pid in job.pids:
+                _stop_job(pid)
+            self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
+            self.notes.append(f"[runtime note] The background {job.item.kind} {job.item.task_id} "
+                              f"({job.item.command}) was stopped when the previous cc-lhc session "
+                              f"ended; its output so far is in {job.item.output_file}.")
+        for _due, item in self.wakeups:
+            self.notes.append(f"[runtime note] a wake-up was still pending when the previous "
+                              f"session ended ({item.args.get('reason') or 'no reason given'}): "
+                              f"{item.args.get('prompt') or ''}")
+        self.jobs, self.wakeups = [], []
+        path = self._kept_path()
+        if path is None:
+            return
+        if os.path.exists(path):
+            os.unlink(path)
+        if self.notes:
+            write_atomic(path, json.dumps(list(self.notes)).encode())
+
+    def _kept_path(self):
+        if not self.thread_id:
+            return None
+        return os.path.join(self.session.home.ensure("continuity", self.thread_id), "undelivered.json")
+
+    def _load_kept(self) -> None:
+        path = self._kept_path()
+        if path is None or not os.path.exists(path):
+            return
+        try:
+            with open_regular(path) as f:
+                kept = json.loads(f.read())
+        except (OSError, ValueError):
+            return
+        self.notes.extend(str(n) for n in kept if isinstance(n, str))
+        os.unlink(path)  # from here on they are this session's, and saved again if not told
+
+
 class LiveHandoff:
     """Spawn-first Smart Compact for a running interactive session.
 
@@ -5859,6 +6164,10 @@ class LiveHandoff:
         self.survival = False       # the candidate is a survival relaunch, not a rebuild
         self.continue_note = None   # sent to the replacement once it owns the terminal
         self.submit_at = None       # when to press Enter on it
+        self.carry = BackgroundCarry(session)
+        self.carrying = []          # the open background items of the seam being swapped
+        self.told_at_turn = None    # a note was typed: the next one waits for a newer settled turn
+        self.last_input = 0.0       # when the person last typed (monotonic)
 
     # -- asked for ---------------------------------------------------------------
 
@@ -5909,6 +6218,7 @@ class LiveHandoff:
                        manual=manual, swap=True)
             if not a.go:
                 return a.reason
+            self.carrying = background_items(store)
             # From here Smart Compact owns the settled session: bytes bound for Claude are
             # dropped (never buffered or replayed) until the switch or the failure says so.
             relay.drop_input = True
@@ -5996,6 +6306,7 @@ class LiveHandoff:
             self.submit_at = None
             relay.to_child += b"\r"
         if self.candidate is None:
+            self._tell_carried(relay)
             return
         if not self.candidate.isalive():
             self._fail(relay, "the replacement exited before it was shown")
@@ -6038,6 +6349,8 @@ class LiveHandoff:
         # capture generation and descriptor move with the routing
         lease = old_capture.lease
         old_capture.lease = None
+        carried = self.carry.take(self.carrying, spec.session_id, old_capture.path)
+        self.carrying = []
         spec.session_id = spec.resume = pending.session_id
         fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,
                             pending.session_id, pending.path)
@@ -6050,8 +6363,10 @@ class LiveHandoff:
         remove_descriptor(home, session.hostdb, old_descriptor, "handed off")
         home.log("handoff_switched", thread=fresh.thread_id, new_session=spec.session_id,
                  old_pid=old_child.pid, new_pid=new.pid)
-        self._end_old(old_child)
+        self._end_old(old_child, self.carry.end_signal())
         self.host.watch(new.pid)
+        if carried:
+            session.announce(carried, relay)
         failpoint("after-switch-before-accept")
         if self.continue_note:
             # The one automatic continuation after a too-long rejection, marked as such.
@@ -6061,6 +6376,7 @@ class LiveHandoff:
             relay.to_child += self.continue_note.encode()
             self.submit_at = time.monotonic() + 0.3
             session.continued, self.continue_note = True, None
+            self.told_at_turn = self._last_turn()
             home.log("too_long_continued", session=spec.session_id)
         for waiting in [p for p in (session.pending, pending) if p]:
             if os.path.getsize(waiting.path) > waiting.prefix:
@@ -6071,7 +6387,69 @@ class LiveHandoff:
                 session.pending = waiting  # settled when the session ends
                 home.log("handoff_acceptance_deferred", session=waiting.session_id)
 
-    def _end_old(self, old_child) -> None:
+    # -- telling Claude about carried work -------------------------------------------
+
+    QUIET_SECONDS = 1.5
+
+    def listen(self, relay) -> None:
+        """Note when the person types, so a runtime note never lands in the middle of it."""
+        import time
+        inner = relay.on_input
+
+        def heard(data):
+            self.last_input = time.monotonic()
+            return inner(data) if inner else data
+
+        relay.on_input = heard
+
+    def _tell_carried(self, relay) -> None:
+        """Type the next note about carried work, marked [runtime note], at a settled seam
+        and only after the person has not typed for a moment, so it does not land in the
+        middle of what they are writing."""
+        import time
+        if (self.submit_at is not None or relay.to_child or self.session.detached
+                or time.monotonic() - self.last_input < self.QUIET_SECONDS):
+            return
+        note = self.carry.next_note(self._settled_for_note)
+        if not note:
+            return
+        relay.to_child += note.encode("utf-8")
+        self.submit_at = time.monotonic() + 0.3  # Enter apart from the text, as for the continuation
+        self.told_at_turn = self._last_turn()
+        self.session.home.log("carried_note_sent", session=self.session.spec.session_id,
+                              note=note[:200])
+
+    def _last_turn(self):
+        store = ThreadStore(self.session.home, self.session.capture.thread_id)
+        try:
+            row = store.db.execute("SELECT max(n) FROM turns").fetchone()
+        finally:
+            store.close()
+        return row[0] if row else None
+
+    def _settled_for_note(self) -> bool:
+        """A settled seam that is not the one a note was last typed at."""
+        store = ThreadStore(self.session.home, self.session.capture.thread_id)
+        try:
+            if unsettled_reason(store):
+                return False
+            row = store.db.execute("SELECT max(n) FROM turns").fetchone()
+        finally:
+            store.close()
+        newest = row[0] if row else None
+        if self.told_at_turn is not None and (newest or 0) <= self.told_at_turn:
+            return False
+        self.told_at_turn = None
+        return True
+
+    def _end_old(self, old_child, first=None) -> None:
+        if first is not None:
+            # Claude ends its background jobs on SIGTERM and SIGHUP (a closing terminal);
+            # only SIGKILL leaves the jobs the replacement's session carries running.
+            try:
+                os.kill(old_child.pid, first)
+            except OSError:
+                pass
         _close_child(old_child)
         if old_child.isalive():
             self.session.home.log("old_child_survived", pid=old_child.pid)
@@ -6094,6 +6472,7 @@ class LiveHandoff:
             Receipts(self.session.hostdb, home).outcome(self.pending.receipt, f"failed: {why}")
         self.candidate, self.pending = None, None
         self.continue_note = None
+        self.carrying = []
         if self.survival:
             self.survival = False
             home.log("survival_relaunch_failed", why=why)  # the old child simply keeps running
