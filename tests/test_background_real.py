@@ -104,3 +104,31 @@ def test_the_session_end_stops_carried_jobs_and_keeps_what_was_not_told(real_cla
     (kept,) = home.glob("continuity/*/undelivered.json")
     notes = json.loads(kept.read_text())
     assert any("was stopped when the previous cc-lhc session ended" in n for n in notes)
+
+
+def test_a_too_long_rejection_while_a_job_runs_is_compacted_continued_once_and_carries_it(
+        real_claude, tmux):
+    from fakeapi import error_reply
+    too_long = error_reply(400, "prompt is too long: 1050000 tokens > 1000000 maximum")
+    real_claude.api.script([
+        tool_use_reply("Bash", {"command": "sleep 4; echo DONE-toolong", "description": "bg",
+                                "run_in_background": True}),
+        "job started",
+        tool_use_reply("Bash", {"command": "echo read-the-first-pdf", "description": "read"}),
+        too_long,
+    ])
+    real_claude.api.responder = lambda body: "noted"
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
+             cols=120, rows=30, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "start the job")
+    t.wait_for("job started")
+    type_line(t, "now read every pdf")
+    _wait_for_log(real_claude, "too_long_continued")
+    wait_until(lambda: requests_holding(real_claude, "has finished"), "the job's result", timeout=40)
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert len(log_events(real_claude, "too_long_continued")) == 1
+    assert log_events(real_claude, "background_carried")[0]["items"][0].startswith("Bash m")
+    (told,) = [r for r in requests_holding(real_claude, "has finished") if "DONE-toolong" in json.dumps(r)]
+    assert told["session_id"] != real_claude.api.message_requests[0]["session_id"]

@@ -141,3 +141,59 @@ def test_what_a_swap_cannot_carry_is_named():
     assert "platform" in cc_lhc.uncarriable(shell, posix=False)
     for kind in ("workflow", "wakeup", "agent"):
         assert cc_lhc.uncarriable(cc_lhc.BackgroundItem(kind, "X", 1, "t", {})) == ""
+
+
+OVER = {"input_tokens": 365_000, "output_tokens": 5}
+
+
+def assessed(tmp_path, t: Transcript):
+    cap = captured(tmp_path, t)
+    try:
+        home = cap.home
+        hostdb = cc_lhc.HostDB(home)
+        a = cc_lhc.assess(home, hostdb, cap.store, "thread-1", "sess-1",
+                          cc_lhc.load_policy(str(tmp_path), {}), swap=True)
+        outcome = hostdb.db.execute("SELECT outcome FROM cc_governor_receipts WHERE id = ?",
+                                    (a.receipt,)).fetchone()[0]
+        return a, outcome
+    finally:
+        cap.stop()
+
+
+def test_a_seam_with_an_item_a_swap_cannot_carry_is_skipped_with_a_receipt_saying_why(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_ws", "Monitor", "Monitor started", description="events", timeout_ms=60000,
+           ws={"url": "wss://example.invalid/feed"})
+    t.user("and now?")
+    t.assistant(text("over the trigger"), usage=OVER)
+    a, outcome = assessed(tmp_path, t)
+    assert not a.go and "Monitor m2" in a.reason and "no output file" in a.reason
+    assert outcome.startswith("skipped: background work open: Monitor m2")
+
+
+def test_a_seam_with_only_carriable_work_open_goes_ahead(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_bg", "Bash", SHELL_ACK.format(id="b1"), command="sleep 30", run_in_background=True)
+    launch(t, "toolu_agent", "Agent", AGENT_ACK, prompt="look around", description="d")
+    t.user("and now?")
+    t.assistant(text("over the trigger"), usage=OVER)
+    a, _ = assessed(tmp_path, t)
+    assert [i.kind for i in cc_lhc.background_items(captured(tmp_path / "x", t).store)] == ["shell", "agent"]
+    assert a.go, a.reason
+
+
+def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_path):
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+
+    class Session:
+        capture = type("C", (), {"thread_id": "thread-1"})()
+
+    Session.home = home
+    carry = cc_lhc.BackgroundCarry(Session())
+    carry.notes.append("[runtime note] the job finished after the last prompt")
+    carry.close()
+    assert (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()
+    again = cc_lhc.BackgroundCarry(Session())
+    assert list(again.notes) == ["[runtime note] the job finished after the last prompt"]
+    assert not (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()
