@@ -4511,49 +4511,147 @@ def unsettled_reason(store, idle=False) -> str:
 
 
 TERMINAL_TASK_STATUS = re.compile(r"<status>(completed|failed|killed|stopped)</status>")
+BACKGROUND_TOOLS = ("Bash", "Agent", "Task", "Monitor", "Workflow", "ScheduleWakeup")
+# What Claude Code 2.1.328 writes in the tool result that says background work started
+# (tests/fixtures/background/). The ids close the item again: a notification names them.
+SHELL_LAUNCHED = re.compile(r"running in background with ID: (\w+)")
+OUTPUT_FILE = re.compile(r"(?:written to|output_file):? (\S+?\.output)\b")
+AGENT_LAUNCHED = re.compile(r"agentId: (\w+)")
+WORKFLOW_RUN = re.compile(r"\b(wf_\w+)")
+TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
+
+
+@dataclasses.dataclass
+class BackgroundItem:
+    """One piece of background work a Claude process started and has not finished."""
+    kind: str           # shell, monitor, workflow, wakeup, agent
+    tool_name: str
+    seq: int            # the launch call's message
+    tool_use_id: str
+    args: dict
+    task_id: str = ""
+    output_file: str = ""
+    run_id: str = ""    # a workflow's run, which Workflow{resumeFromRunId} continues
+
+    @property
+    def label(self) -> str:
+        return f"{self.tool_name} m{self.seq}"
+
+    @property
+    def command(self) -> str:
+        return str(self.args.get("command") or self.args.get("description") or "")
+
+
+def _launched(name, args, ack):
+    """The item a launch acknowledgement opens, or None when the call started nothing."""
+    if name == "Bash":
+        m = SHELL_LAUNCHED.search(ack)
+        if not args.get("run_in_background") or not m:
+            return None
+        kind, task_id = "shell", m.group(1)
+    elif name in ("Agent", "Task"):
+        m = AGENT_LAUNCHED.search(ack)
+        if args.get("run_in_background") is False or ("Async agent launched" not in ack and not m):
+            return None  # a foreground agent's result is its answer: nothing runs on
+        kind, task_id = "agent", m.group(1) if m else ""
+    elif name == "ScheduleWakeup":
+        if args.get("stop"):
+            return None
+        kind, task_id = "wakeup", ""
+    else:
+        kind, task_id = name.lower(), ""
+    out = OUTPUT_FILE.search(ack)
+    run = WORKFLOW_RUN.search(ack) if kind == "workflow" else None
+    return dict(kind=kind, task_id=task_id, output_file=out.group(1) if out else "",
+                run_id=run.group(1) if run else "")
+
+
+def _closed(item, seq, notes, stops, metas) -> bool:
+    """Whether terminal evidence for this very item came after its launch."""
+    if item.kind == "wakeup":
+        # Only its own firing: a meta record holding the prompt it scheduled. /clear and
+        # other slash commands write meta records too; they close nothing.
+        prompt = str(item.args.get("prompt") or "").strip()
+        return bool(prompt) and any(m > seq and text.strip() == prompt for m, text in metas)
+    ids = [f"<tool-use-id>{item.tool_use_id}</tool-use-id>"]
+    if item.task_id:
+        ids.append(f"<task-id>{item.task_id}</task-id>")
+    if any(n > seq and TERMINAL_TASK_STATUS.search(note) and any(i in note for i in ids)
+           for n, note in notes):
+        return True
+    return bool(item.task_id) and any(s > seq and item.task_id == target for s, target in stops)
+
+
+def background_items(store) -> list:
+    """The background items open in a thread's main conversation, oldest first.
+
+    A launch acknowledgement (the tool result saying the work started, not the call)
+    opens an item; only terminal evidence for that item closes it: a <task-notification>
+    with a terminal status naming its tool call or task id, an explicit TaskStop of its
+    id that succeeded, or, for a ScheduleWakeup, its own firing.
+    """
+    db = store.db
+    marks = ",".join("?" * len(BACKGROUND_TOOLS))
+    launches = db.execute(
+        "SELECT c.seq, c.tool_name, c.tool_use_id, c.text, r.text FROM messages c "
+        "JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
+        "AND coalesce(r.is_error, 0) = 0 AND r.agent IS NULL "
+        f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ({marks}) "
+        "ORDER BY c.seq", BACKGROUND_TOOLS).fetchall()
+    if not launches:
+        return []
+    notes = db.execute("SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
+                       "AND agent IS NULL AND text LIKE '%<task-notification>%'").fetchall()
+    metas = db.execute("SELECT seq, text FROM messages WHERE kind = 'user_meta' "
+                       "AND agent IS NULL").fetchall()
+    stops = []
+    for seq, text in db.execute(
+            "SELECT c.seq, c.text FROM messages c JOIN messages r ON r.kind = 'tool_result' "
+            "AND r.tool_use_id = c.tool_use_id AND coalesce(r.is_error, 0) = 0 "
+            f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
+            f"({','.join('?' * len(TASK_STOP_TOOLS))})", TASK_STOP_TOOLS):
+        args = _json_object(text)
+        target = args.get("task_id") or args.get("shell_id") or args.get("id")
+        if target:
+            stops.append((seq, str(target)))
+    items = []
+    for seq, name, tool_use_id, text, ack in launches:
+        args = _json_object(text)
+        opened = _launched(name, args, ack or "")
+        if opened is None:
+            continue
+        item = BackgroundItem(tool_name=name, seq=seq, tool_use_id=tool_use_id, args=args, **opened)
+        if not _closed(item, seq, notes, stops, metas):
+            items.append(item)
+    return items
+
+
+def _json_object(text) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def open_background_work(store) -> list:
-    """Background items a swap would lose: launched, with no terminal evidence yet.
+    """The open background items as labels ("Bash m12"), as receipts and logs name them."""
+    return [item.label for item in background_items(store)]
 
-    Background shell jobs, monitors, workflows and agents run inside (or are owned by)
-    the Claude process a swap replaces, and a pending ScheduleWakeup lives only in its
-    memory. Until cc-lhc carries them across, a seam with any of them open is skipped.
-    A launch opens an item; only a <task-notification> for that tool call with a
-    terminal status (or, for a wake-up, the wake-up firing) closes it.
+
+def uncarriable(item, posix: bool = True) -> str:
+    """Why a swap could not carry this item into the replacement ('' when it can).
+
+    Shell jobs and monitor commands are processes that outlive the old child only when it
+    is SIGKILLed (POSIX), and the wrapper must know the output file to watch; workflows
+    and wake-ups continue from the manifest, agents are reported (see BackgroundCarry).
     """
-    db = store.db
-    calls = db.execute("SELECT c.seq, c.tool_name, c.tool_use_id, c.text FROM messages c "
-                       "WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
-                       "('Bash', 'Agent', 'Task', 'Monitor', 'Workflow', 'ScheduleWakeup') "
-                       "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.kind = 'tool_result' "
-                       "AND r.tool_use_id = c.tool_use_id AND r.is_error = 1)").fetchall()
-    if not calls:
-        return []
-    notes = [(seq, text) for seq, text in db.execute(
-        "SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') AND agent IS NULL "
-        "AND text LIKE '%<task-notification>%'")]
-    metas = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE kind = 'user_meta' "
-                                          "AND agent IS NULL")]
-    items = []
-    for seq, name, tool_use_id, text in calls:
-        try:
-            args = json.loads(text or "{}")
-        except ValueError:
-            args = {}
-        args = args if isinstance(args, dict) else {}
-        if name == "Bash" and not args.get("run_in_background"):
-            continue
-        if name in ("Agent", "Task") and args.get("run_in_background") is False:
-            continue
-        if name == "ScheduleWakeup":
-            if args.get("stop") or any(m > seq for m in metas):
-                continue
-        elif any(n > seq and f"<tool-use-id>{tool_use_id}</tool-use-id>" in note
-                 and TERMINAL_TASK_STATUS.search(note) for n, note in notes):
-            continue
-        items.append(f"{name} m{seq}")
-    return items
+    if item.kind in ("shell", "monitor"):
+        if not posix:
+            return f"{item.label}: its process would not outlive the old Claude on this platform"
+        if not item.output_file:
+            return f"{item.label}: its launch acknowledgement names no output file to watch"
+    return ""
 
 
 @dataclasses.dataclass
@@ -4629,13 +4727,14 @@ def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimat
         a.reason = f"this reading was already rebuilt as session {done}"
         return a
     if swap:
-        busy = open_background_work(store)
-        if busy:
-            # Nothing a swap could not carry is ever killed: keep the current session and
-            # decide again at the next seam.
-            a.reason = "background work is still running: " + ", ".join(busy)
-            a.outcome("skipped: background work open: " + ", ".join(busy))
-            home.log("handoff_skipped", reason="background work open", items=busy)
+        # Work a swap can carry goes with it (BackgroundCarry); anything it could not is
+        # never killed: keep the current session and decide again at the next seam.
+        stuck = [why for why in (uncarriable(i, os.name == "posix") for i in background_items(store))
+                 if why]
+        if stuck:
+            a.reason = "background work that cannot be carried is open: " + "; ".join(stuck)
+            a.outcome("skipped: background work open: " + "; ".join(stuck))
+            home.log("handoff_skipped", reason="background work open", items=stuck)
     return a
 
 
@@ -5498,6 +5597,8 @@ class InteractiveHost:
                 notifier = LifecycleNotifier(lambda text: session.announce(text, relay))
                 relay.on_input = lambda data: notifier.observe(panel.on_input(data))
 
+            handoff.listen(relay)
+
             def tick(relay):
                 handoff.on_tick(relay)
                 panel.on_tick(relay)
@@ -5514,6 +5615,8 @@ class InteractiveHost:
             if handoff is not None and handoff.candidate is not None:
                 handoff._fail(relay, "the session ended during the handoff")
             status = _reap(self.child)
+            if handoff is not None:
+                handoff.carry.close()
             for dog in self.watchdogs:
                 dog.kill()
         home.log("child_exited", mode="interactive", child_pid=self.child.pid, status=status)
@@ -5723,6 +5826,307 @@ def with_runtime(kept, runtime: dict):
     return out
 
 
+def _holders(path: str) -> list:
+    """Pids of processes that have ``path`` open (a carried job writing its output file)."""
+    pids = []
+    if os.path.isdir("/proc/self/fd"):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                        pids.append(int(pid))
+                        break
+                except OSError:
+                    continue
+        return pids
+    import subprocess
+    try:  # macOS: no /proc
+        out = subprocess.run(["lsof", "-t", "--", path], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has finished: only its parent has not collected it yet
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _stop_job(pid: int) -> None:
+    """End a carried job: its whole process group (Claude starts each in its own), never ours."""
+    import time
+    try:
+        group = os.getpgid(pid)
+    except OSError:
+        return
+    kill = (lambda s: os.killpg(group, s)) if group != os.getpgrp() else (lambda s: os.kill(pid, s))
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
+        try:
+            kill(sig)
+        except OSError:
+            return
+        deadline = time.monotonic() + wait
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _alive(pid):
+            return
+
+
+@dataclasses.dataclass
+class CarriedJob:
+    """A shell job or monitor command that outlived the Claude process which started it."""
+    item: BackgroundItem
+    pids: list
+    offset: int = 0         # how much of the output file Claude has already been told about
+    finished: bool = False
+
+
+class BackgroundCarry:
+    """Background work carried across live swaps (the swap path of Smart Compact).
+
+    At the switch, each open item goes with the session its own way: a shell job or a
+    monitor command is a process of its own, left running (the old Claude is ended with
+    SIGKILL, the only signal it does not pass on to its jobs) and watched here through
+    its pids and output file; a workflow, a pending wake-up and a background agent lived
+    inside the old Claude, so the replacement is told in a manifest what was pending and
+    how to go on (Workflow{resumeFromRunId}, SendMessage(<id>)), and a wake-up is fired
+    by cc-lhc when it falls due. Everything Claude is told arrives as a message marked
+    [runtime note], typed at a settled seam, never mixed into what the person types.
+    A result that arrives when no Claude is left to tell is kept under continuity/ and
+    told at the next launch of the thread.
+    """
+
+    POLL_SECONDS = 0.5
+    TAIL_BYTES = 4000
+
+    def __init__(self, session):
+        self.session = session
+        self.jobs = []
+        self.wakeups = []          # (due, item) the wrapper fires itself
+        self.notes = collections.deque()
+        self.next_poll = 0.0
+        self.carried = ""          # the last swap's one line, for the person and /status
+        self.thread_id = session.capture.thread_id if session.capture else None
+        self._load_kept()
+
+    @property
+    def holds_processes(self) -> bool:
+        return any(not j.finished for j in self.jobs)
+
+    # -- at the swap -------------------------------------------------------------
+
+    def take(self, items, old_session: str, old_path: str) -> str:
+        """Carry the open items of the session being replaced; returns the line to show."""
+        import time
+        said, manifest = [], []
+        for item in items:
+            if item.kind in ("shell", "monitor"):
+                try:
+                    size = os.path.getsize(item.output_file)
+                except OSError:
+                    size = 0
+                pids = _holders(item.output_file)
+                job = CarriedJob(item, pids, offset=size if item.kind == "monitor" else 0)
+                self.jobs.append(job)
+                manifest.append(f"{'background command' if item.kind == 'shell' else 'monitor'} "
+                                f"{item.task_id or item.label} ({item.command}) keeps running; its "
+                                f"output is in {item.output_file}; cc-lhc will tell you "
+                                + ("when it finishes" if item.kind == "shell" else "each new event"))
+                said.append(f"{item.kind} {item.task_id or item.label} (pid "
+                            f"{', '.join(map(str, pids)) or 'already finished'})")
+            elif item.kind == "wakeup":
+                delay = item.args.get("delaySeconds") or 60
+                due = time.time() + max(0, self._launched_at(item) + float(delay) - time.time())
+                self.wakeups.append((due, item))
+                manifest.append(f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) "
+                                "is still pending; cc-lhc will deliver its prompt when it falls due")
+                said.append("wake-up")
+            elif item.kind == "workflow":
+                run = item.run_id or "(its run id is in the workflow's journal)"
+                manifest.append(f"workflow {item.args.get('name') or item.label} stopped with the "
+                                f"previous Claude process; continue it with Workflow and "
+                                f"resumeFromRunId {run}")
+                said.append(f"workflow {item.run_id or item.label}")
+            elif item.kind == "agent":
+                manifest.append(self._agent_report(item, old_session, old_path))
+                said.append(f"agent {item.task_id or item.label} (reported)")
+        if manifest:
+            self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
+                              "Background work from before: " + "; ".join(manifest) + ".")
+        self.carried = ("carried across the swap: " + ", ".join(said)) if said else ""
+        self.session.home.log("background_carried", items=[i.label for i in items], said=said)
+        return self.carried
+
+    def _launched_at(self, item) -> float:
+        store = ThreadStore(self.session.home, self.thread_id)
+        try:
+            row = store.db.execute("SELECT created FROM messages WHERE seq = ?", (item.seq,)).fetchone()
+        finally:
+            store.close()
+        try:
+            return datetime.datetime.fromisoformat(str(row[0]).replace("Z", "+00:00")).timestamp()
+        except (TypeError, ValueError):
+            import time
+            return time.time()
+
+    @staticmethod
+    def _agent_report(item, old_session, old_path) -> str:
+        """An agent's final answer if its own transcript shows one, else how to resume it."""
+        name = f"background agent {item.task_id or item.label}"
+        path = os.path.join(os.path.dirname(old_path), old_session, "subagents",
+                            f"agent-{item.task_id}.jsonl")
+        last = None
+        try:
+            with open_regular(path) as f:
+                for raw in f:
+                    try:
+                        rec = load_json(raw)
+                    except BadJson:
+                        continue
+                    if isinstance(rec, dict) and rec.get("type") in ("user", "assistant"):
+                        last = rec
+        except OSError:
+            pass
+        message = (last or {}).get("message") or {}
+        if (last or {}).get("type") == "assistant" and message.get("stop_reason") == "end_turn":
+            answer = " ".join(b.get("text", "") for b in message.get("content") or []
+                              if isinstance(b, dict) and b.get("type") == "text")
+            return f"{name} had finished; its final result: {answer.strip()}"
+        return (f"{name} was interrupted by the swap (it ran inside the previous Claude process); "
+                f"resume it with SendMessage({item.task_id or item.label})")
+
+    def end_signal(self):
+        """How the old Claude must end: SIGKILL while it leaves carried jobs behind."""
+        return signal.SIGKILL if self.holds_processes else None
+
+    # -- while the session runs ----------------------------------------------------
+
+    def poll(self) -> None:
+        """Turn finished jobs, new monitor events and due wake-ups into notes (once each)."""
+        import time
+        now = time.time()
+        for job in self.jobs:
+            if job.finished:
+                continue
+            job.pids = [p for p in job.pids if _alive(p)] or [p for p in _holders(job.item.output_file)
+                                                           if _alive(p)]
+            done = not job.pids
+            if job.item.kind == "monitor":
+                events = self._read_from(job)
+                if events:
+                    self.notes.append(f"[runtime note] monitor {job.item.task_id or job.item.label} "
+                                      f"({job.item.command}) reported: " + " | ".join(events))
+                if done:
+                    job.finished = True
+                    self.notes.append(f"[runtime note] monitor {job.item.task_id or job.item.label} "
+                                      "has ended.")
+            elif done:
+                job.finished = True
+                self.notes.append(self._shell_result(job))
+        for due, item in list(self.wakeups):
+            if now >= due:
+                self.wakeups.remove((due, item))
+                self.notes.append(f"[runtime note] your scheduled wake-up is due "
+                                  f"({item.args.get('reason') or 'no reason given'}): "
+                                  f"{item.args.get('prompt') or ''}")
+
+    def _read_from(self, job) -> list:
+        try:
+            with open_regular(job.item.output_file) as f:
+                f.seek(job.offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]
+        job.offset += len(complete)
+        return [line for line in complete.decode("utf-8", "replace").splitlines() if line.strip()]
+
+    def _shell_result(self, job) -> str:
+        item = job.item
+        try:
+            with open_regular(item.output_file) as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - self.TAIL_BYTES))
+                tail = f.read().decode("utf-8", "replace").strip()
+        except OSError as e:
+            size, tail = 0, f"(its output file could not be read: {e})"
+        shown = ("the end of its output" if size > self.TAIL_BYTES else "its output") + f":\n{tail}"
+        return (f"[runtime note] The background command {item.task_id} ({item.command}), carried "
+                f"across a Smart Compact swap, has finished. Its output file is "
+                f"{item.output_file}; {shown}")
+
+    def next_note(self, settled) -> str:
+        """The next note to type, when there is one and the session is at a settled seam."""
+        import time
+        now = time.monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + self.POLL_SECONDS
+            self.poll()
+        if not self.notes or not settled():
+            return ""
+        return self.notes.popleft()
+
+    # -- at the end ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop what cc-lhc carried (nobody asked for it to outlive the session) and keep
+        what Claude was not told yet, for the next launch of the thread."""
+        self.poll()
+        for job in self.jobs:
+            if job.finished:
+                continue
+            for pid in job.pids:
+                _stop_job(pid)
+            self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
+            self.notes.append(f"[runtime note] The background {job.item.kind} {job.item.task_id} "
+                              f"({job.item.command}) was stopped when the previous cc-lhc session "
+                              f"ended; its output so far is in {job.item.output_file}.")
+        for _due, item in self.wakeups:
+            self.notes.append(f"[runtime note] a wake-up was still pending when the previous "
+                              f"session ended ({item.args.get('reason') or 'no reason given'}): "
+                              f"{item.args.get('prompt') or ''}")
+        self.jobs, self.wakeups = [], []
+        path = self._kept_path()
+        if path is None:
+            return
+        if os.path.exists(path):
+            os.unlink(path)
+        if self.notes:
+            write_atomic(path, json.dumps(list(self.notes)).encode())
+
+    def _kept_path(self):
+        if not self.thread_id:
+            return None
+        return os.path.join(self.session.home.ensure("continuity", self.thread_id), "undelivered.json")
+
+    def _load_kept(self) -> None:
+        path = self._kept_path()
+        if path is None or not os.path.exists(path):
+            return
+        try:
+            with open_regular(path) as f:
+                kept = json.loads(f.read())
+        except (OSError, ValueError):
+            return
+        self.notes.extend(str(n) for n in kept if isinstance(n, str))
+        os.unlink(path)  # from here on they are this session's, and saved again if not told
+
+
 class LiveHandoff:
     """Spawn-first Smart Compact for a running interactive session.
 
@@ -5760,6 +6164,10 @@ class LiveHandoff:
         self.survival = False       # the candidate is a survival relaunch, not a rebuild
         self.continue_note = None   # sent to the replacement once it owns the terminal
         self.submit_at = None       # when to press Enter on it
+        self.carry = BackgroundCarry(session)
+        self.carrying = []          # the open background items of the seam being swapped
+        self.told_at_turn = None    # a note was typed: the next one waits for a newer settled turn
+        self.last_input = 0.0       # when the person last typed (monotonic)
 
     # -- asked for ---------------------------------------------------------------
 
@@ -5810,6 +6218,7 @@ class LiveHandoff:
                        manual=manual, swap=True)
             if not a.go:
                 return a.reason
+            self.carrying = background_items(store)
             # From here Smart Compact owns the settled session: bytes bound for Claude are
             # dropped (never buffered or replayed) until the switch or the failure says so.
             relay.drop_input = True
@@ -5897,6 +6306,7 @@ class LiveHandoff:
             self.submit_at = None
             relay.to_child += b"\r"
         if self.candidate is None:
+            self._tell_carried(relay)
             return
         if not self.candidate.isalive():
             self._fail(relay, "the replacement exited before it was shown")
@@ -5939,6 +6349,8 @@ class LiveHandoff:
         # capture generation and descriptor move with the routing
         lease = old_capture.lease
         old_capture.lease = None
+        carried = self.carry.take(self.carrying, spec.session_id, old_capture.path)
+        self.carrying = []
         spec.session_id = spec.resume = pending.session_id
         fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,
                             pending.session_id, pending.path)
@@ -5951,8 +6363,10 @@ class LiveHandoff:
         remove_descriptor(home, session.hostdb, old_descriptor, "handed off")
         home.log("handoff_switched", thread=fresh.thread_id, new_session=spec.session_id,
                  old_pid=old_child.pid, new_pid=new.pid)
-        self._end_old(old_child)
+        self._end_old(old_child, self.carry.end_signal())
         self.host.watch(new.pid)
+        if carried:
+            session.announce(carried, relay)
         failpoint("after-switch-before-accept")
         if self.continue_note:
             # The one automatic continuation after a too-long rejection, marked as such.
@@ -5962,6 +6376,7 @@ class LiveHandoff:
             relay.to_child += self.continue_note.encode()
             self.submit_at = time.monotonic() + 0.3
             session.continued, self.continue_note = True, None
+            self.told_at_turn = self._last_turn()
             home.log("too_long_continued", session=spec.session_id)
         for waiting in [p for p in (session.pending, pending) if p]:
             if os.path.getsize(waiting.path) > waiting.prefix:
@@ -5972,7 +6387,69 @@ class LiveHandoff:
                 session.pending = waiting  # settled when the session ends
                 home.log("handoff_acceptance_deferred", session=waiting.session_id)
 
-    def _end_old(self, old_child) -> None:
+    # -- telling Claude about carried work -------------------------------------------
+
+    QUIET_SECONDS = 1.5
+
+    def listen(self, relay) -> None:
+        """Note when the person types, so a runtime note never lands in the middle of it."""
+        import time
+        inner = relay.on_input
+
+        def heard(data):
+            self.last_input = time.monotonic()
+            return inner(data) if inner else data
+
+        relay.on_input = heard
+
+    def _tell_carried(self, relay) -> None:
+        """Type the next note about carried work, marked [runtime note], at a settled seam
+        and only after the person has not typed for a moment, so it does not land in the
+        middle of what they are writing."""
+        import time
+        if (self.submit_at is not None or relay.to_child or self.session.detached
+                or time.monotonic() - self.last_input < self.QUIET_SECONDS):
+            return
+        note = self.carry.next_note(self._settled_for_note)
+        if not note:
+            return
+        relay.to_child += note.encode("utf-8")
+        self.submit_at = time.monotonic() + 0.3  # Enter apart from the text, as for the continuation
+        self.told_at_turn = self._last_turn()
+        self.session.home.log("carried_note_sent", session=self.session.spec.session_id,
+                              note=note[:200])
+
+    def _last_turn(self):
+        store = ThreadStore(self.session.home, self.session.capture.thread_id)
+        try:
+            row = store.db.execute("SELECT max(n) FROM turns").fetchone()
+        finally:
+            store.close()
+        return row[0] if row else None
+
+    def _settled_for_note(self) -> bool:
+        """A settled seam that is not the one a note was last typed at."""
+        store = ThreadStore(self.session.home, self.session.capture.thread_id)
+        try:
+            if unsettled_reason(store):
+                return False
+            row = store.db.execute("SELECT max(n) FROM turns").fetchone()
+        finally:
+            store.close()
+        newest = row[0] if row else None
+        if self.told_at_turn is not None and (newest or 0) <= self.told_at_turn:
+            return False
+        self.told_at_turn = None
+        return True
+
+    def _end_old(self, old_child, first=None) -> None:
+        if first is not None:
+            # Claude ends its background jobs on SIGTERM and SIGHUP (a closing terminal);
+            # only SIGKILL leaves the jobs the replacement's session carries running.
+            try:
+                os.kill(old_child.pid, first)
+            except OSError:
+                pass
         _close_child(old_child)
         if old_child.isalive():
             self.session.home.log("old_child_survived", pid=old_child.pid)
@@ -5995,6 +6472,7 @@ class LiveHandoff:
             Receipts(self.session.hostdb, home).outcome(self.pending.receipt, f"failed: {why}")
         self.candidate, self.pending = None, None
         self.continue_note = None
+        self.carrying = []
         if self.survival:
             self.survival = False
             home.log("survival_relaunch_failed", why=why)  # the old child simply keeps running

@@ -1,9 +1,17 @@
-"""Which background items a live swap would lose (cc_lhc.open_background_work)."""
+"""Which background items a live swap must carry (cc_lhc.background_items), from the
+records Claude Code 2.1.328 writes (tests/fixtures/background/)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cc_lhc
 from test_capture_parse import Transcript, text, tool_use
+
+FIXTURES = Path(__file__).parent / "fixtures" / "background"
+SHELL_ACK = ("Command running in background with ID: {id}. Output is being written to: "
+             "/tmp/claude-0/proj/sess/tasks/{id}.output. You will be notified when it completes")
+AGENT_ACK = "Async agent launched successfully.\nagentId: a0123456789abcdef (use SendMessage)"
 
 
 def captured(tmp_path, t: Transcript):
@@ -14,61 +22,178 @@ def captured(tmp_path, t: Transcript):
     return cap
 
 
-def launch(t: Transcript, tid: str, name: str, **inp):
+def open_items(tmp_path, t: Transcript) -> list:
+    cap = captured(tmp_path, t)
+    try:
+        return cc_lhc.background_items(cap.store)
+    finally:
+        cap.stop()
+
+
+def launch(t: Transcript, tid: str, name: str, ack: str = "started", **inp):
     t.user("go")
     t.assistant({"type": "tool_use", "id": tid, "name": name, "input": inp}, stop="tool_use")
-    t.tool_result((tid, "launched"))
+    t.tool_result((tid, ack))
     t.assistant(text("started"))
 
 
-def notification(tid: str, status: str) -> str:
-    return (f"<task-notification><task-id>b1</task-id><tool-use-id>{tid}</tool-use-id>"
+def notification(tid: str, status: str, task: str = "b1") -> str:
+    return (f"<task-notification><task-id>{task}</task-id><tool-use-id>{tid}</tool-use-id>"
             f"<status>{status}</status><summary>done</summary></task-notification>")
+
+
+def test_the_recorded_background_shell_opens_and_its_completion_closes_it(tmp_path):
+    # The records the real CLI wrote for Bash{run_in_background}: the launch
+    # acknowledgement, then the completion notification.
+    lines = (FIXTURES / "bash-run-in-background-2.1.328.jsonl").read_text().splitlines(True)
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(lines[:2]))
+    cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
+    cap.catch_up()
+    (item,) = cc_lhc.background_items(cap.store)
+    assert (item.kind, item.task_id) == ("shell", "b2i3ux1l7")
+    assert item.output_file.endswith("/tasks/b2i3ux1l7.output")
+    assert item.command == "sleep 4; echo DONE-none"
+    with open(path, "a") as f:
+        f.write("".join(lines[2:]))
+    cap.catch_up()
+    assert cc_lhc.background_items(cap.store) == []
+    cap.stop()
 
 
 def test_a_background_shell_job_is_open_until_its_completion_is_notified(tmp_path):
     t = Transcript()
-    launch(t, "toolu_bg", "Bash", command="sleep 30", run_in_background=True)
-    cap = captured(tmp_path / "a", t)
-    assert cc_lhc.open_background_work(cap.store) == ["Bash m2"]
-    cap.stop()
+    launch(t, "toolu_bg", "Bash", SHELL_ACK.format(id="b1"), command="sleep 30", run_in_background=True)
+    assert cc_lhc.open_background_work(captured(tmp_path / "a", t).store) == ["Bash m2"]
     t.user(notification("toolu_bg", "completed"))
     t.assistant(text("it finished"))
-    cap = captured(tmp_path / "b", t)
-    assert cc_lhc.open_background_work(cap.store) == []
-    cap.stop()
+    assert open_items(tmp_path / "b", t) == []
 
 
 def test_a_running_notice_is_not_terminal_evidence(tmp_path):
     t = Transcript()
     launch(t, "toolu_mon", "Monitor", command="tail -f log", timeout_ms=60000, description="watch")
     t.user(notification("toolu_mon", "running"))
-    cap = captured(tmp_path, t)
-    assert cc_lhc.open_background_work(cap.store) == ["Monitor m2"]
-    cap.stop()
+    assert [i.label for i in open_items(tmp_path, t)] == ["Monitor m2"]
+
+
+def test_a_task_stop_of_its_id_closes_it_and_another_id_does_not(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_bg", "Bash", SHELL_ACK.format(id="b7"), command="sleep 30", run_in_background=True)
+    launch(t, "toolu_stop1", "TaskStop", "stopped", task_id="b8")
+    assert [i.task_id for i in open_items(tmp_path / "a", t)] == ["b7"]
+    launch(t, "toolu_stop2", "TaskStop", "stopped", task_id="b7")
+    assert open_items(tmp_path / "b", t) == []
+
+
+def test_a_notification_for_another_task_closes_nothing(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_bg", "Bash", SHELL_ACK.format(id="b1"), command="sleep 30", run_in_background=True)
+    t.user(notification("toolu_other", "completed", task="b9"))
+    assert [i.label for i in open_items(tmp_path, t)] == ["Bash m2"]
 
 
 def test_foreground_work_and_failed_launches_are_not_open(tmp_path):
     t = Transcript()
-    launch(t, "toolu_fg", "Bash", command="ls")
-    launch(t, "toolu_agent", "Agent", prompt="look", description="d", run_in_background=False)
+    launch(t, "toolu_fg", "Bash", "file-a", command="ls")
+    launch(t, "toolu_agent", "Agent", "the answer", prompt="look", description="d",
+           run_in_background=False)
+    launch(t, "toolu_sync_agent", "Agent", "an agent's final answer", prompt="look", description="d")
     t.user("go")
     t.assistant(tool_use("toolu_bad", "sleep 9"), stop="tool_use")
     t.tool_result(("toolu_bad", "could not start", True))
     t.assistant(text("failed"))
-    cap = captured(tmp_path, t)
-    assert cc_lhc.open_background_work(cap.store) == []
-    cap.stop()
+    assert open_items(tmp_path, t) == []
 
 
-def test_agents_are_background_by_default_and_wakeups_wait_for_their_wakeup(tmp_path):
+def test_the_call_alone_opens_nothing_only_its_acknowledgement_does(tmp_path):
     t = Transcript()
-    launch(t, "toolu_agent", "Agent", prompt="look around", description="d")
-    launch(t, "toolu_wake", "ScheduleWakeup", delaySeconds=60, reason="r", prompt="p")
-    cap = captured(tmp_path / "a", t)
-    assert cc_lhc.open_background_work(cap.store) == ["Agent m2", "ScheduleWakeup m6"]
-    cap.stop()
-    t.user("wake up", isMeta=True)
-    cap = captured(tmp_path / "b", t)
-    assert cc_lhc.open_background_work(cap.store) == ["Agent m2"]
-    cap.stop()
+    t.user("go")
+    t.assistant({"type": "tool_use", "id": "toolu_bg", "name": "Bash",
+                 "input": {"command": "sleep 9", "run_in_background": True}}, stop="tool_use")
+    assert open_items(tmp_path, t) == []
+
+
+def test_a_pending_wakeup_closes_only_on_its_own_firing(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_agent", "Agent", AGENT_ACK, prompt="look around", description="d")
+    launch(t, "toolu_wake", "ScheduleWakeup", "scheduled", delaySeconds=60, reason="r",
+           prompt="check the build")
+    items = open_items(tmp_path / "a", t)
+    assert [(i.kind, i.label) for i in items] == [("agent", "Agent m2"), ("wakeup", "ScheduleWakeup m6")]
+    assert items[0].task_id == "a0123456789abcdef"
+    # /clear and other slash commands write meta records: they are not the wake-up firing
+    t.user("<command-name>/clear</command-name>", isMeta=True)
+    t.user("Caveat: the messages below were generated by the user", isMeta=True)
+    assert [i.kind for i in open_items(tmp_path / "b", t)] == ["agent", "wakeup"]
+    t.user("check the build", isMeta=True)
+    assert [i.kind for i in open_items(tmp_path / "c", t)] == ["agent"]
+
+
+def test_what_a_swap_cannot_carry_is_named():
+    shell = cc_lhc.BackgroundItem("shell", "Bash", 4, "toolu_1", {"command": "x"}, "b1",
+                                  "/tmp/b1.output")
+    blind = cc_lhc.BackgroundItem("monitor", "Monitor", 9, "toolu_2", {"ws": {"url": "wss://x"}})
+    assert cc_lhc.uncarriable(shell) == ""
+    assert "no output file" in cc_lhc.uncarriable(blind)
+    assert "platform" in cc_lhc.uncarriable(shell, posix=False)
+    for kind in ("workflow", "wakeup", "agent"):
+        assert cc_lhc.uncarriable(cc_lhc.BackgroundItem(kind, "X", 1, "t", {})) == ""
+
+
+OVER = {"input_tokens": 365_000, "output_tokens": 5}
+
+
+def assessed(tmp_path, t: Transcript):
+    cap = captured(tmp_path, t)
+    try:
+        home = cap.home
+        hostdb = cc_lhc.HostDB(home)
+        a = cc_lhc.assess(home, hostdb, cap.store, "thread-1", "sess-1",
+                          cc_lhc.load_policy(str(tmp_path), {}), swap=True)
+        outcome = hostdb.db.execute("SELECT outcome FROM cc_governor_receipts WHERE id = ?",
+                                    (a.receipt,)).fetchone()[0]
+        return a, outcome
+    finally:
+        cap.stop()
+
+
+def test_a_seam_with_an_item_a_swap_cannot_carry_is_skipped_with_a_receipt_saying_why(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_ws", "Monitor", "Monitor started", description="events", timeout_ms=60000,
+           ws={"url": "wss://example.invalid/feed"})
+    t.user("and now?")
+    t.assistant(text("over the trigger"), usage=OVER)
+    a, outcome = assessed(tmp_path, t)
+    assert not a.go and "Monitor m2" in a.reason and "no output file" in a.reason
+    assert outcome.startswith("skipped: background work open: Monitor m2")
+
+
+def test_a_seam_with_only_carriable_work_open_goes_ahead(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_bg", "Bash", SHELL_ACK.format(id="b1"), command="sleep 30", run_in_background=True)
+    launch(t, "toolu_agent", "Agent", AGENT_ACK, prompt="look around", description="d")
+    t.user("and now?")
+    t.assistant(text("over the trigger"), usage=OVER)
+    a, _ = assessed(tmp_path, t)
+    assert [i.kind for i in cc_lhc.background_items(captured(tmp_path / "x", t).store)] == ["shell", "agent"]
+    assert a.go, a.reason
+
+
+def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_path):
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+
+    class Session:
+        capture = type("C", (), {"thread_id": "thread-1"})()
+
+    Session.home = home
+    carry = cc_lhc.BackgroundCarry(Session())
+    carry.notes.append("[runtime note] the job finished after the last prompt")
+    carry.close()
+    assert (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()
+    again = cc_lhc.BackgroundCarry(Session())
+    assert list(again.notes) == ["[runtime note] the job finished after the last prompt"]
+    assert not (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()

@@ -278,32 +278,6 @@ def test_claude_searches_the_thread_from_an_interactive_session(real_claude, tmu
     assert "m2 (t1, assistant_text, " in content and "\u00bb31337\u00ab" in content
 
 
-def test_a_seam_with_background_work_open_is_skipped_not_swapped(real_claude, tmux):
-    # Swapping would kill the job Claude started in the background: the seam is skipped
-    # and the session keeps running as it is, until the job has finished.
-    from fakeapi import text_reply, tool_use_reply
-    real_claude.api.script([
-        tool_use_reply("Bash", {"command": "sleep 30", "description": "wait in the background",
-                                "run_in_background": True}),
-        text_reply("started it", usage=OVER_USAGE),
-    ])
-    real_claude.api.responder = lambda body: "still here"
-    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
-             cols=120, rows=30, env=real_claude.env, cwd=real_claude.cwd)
-    t.wait_for(PROMPT)
-    type_line(t, "start the job")
-    t.wait_for("started it")
-    _wait_for_log(real_claude, "handoff_skipped")
-    type_line(t, "/exit")
-    t.wait_for("Exit and stop tasks")  # Claude itself asks about the job still running
-    t.send_keys("Enter")
-    assert t.wait_exit() == 0
-    log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
-    assert '"event": "handoff_spawned"' not in log
-    skipped = next(json.loads(line) for line in log.splitlines() if "handoff_skipped" in line)
-    assert skipped["items"] and skipped["items"][0].startswith("Bash m")
-
-
 def test_the_control_panel_shows_status_and_gives_claude_its_screen_back(real_claude, tmux):
     real_claude.api.script(["first answer", "second answer"])
     t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)

@@ -1,0 +1,134 @@
+"""Background work carried across a live Smart Compact swap (issue 12), with the real
+Claude Code CLI in tmux against the fake API."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from fakeapi import text_reply, tool_use_reply
+from test_interactive_real import OVER_USAGE, PROMPT, _wait_for_log, type_line
+
+CC_LHC = str(Path(__file__).resolve().parents[1] / "cc_lhc.py")
+
+
+def log_events(rc, event: str) -> list[dict]:
+    log = Path(rc.env["CC_LHC_HOME"]) / "wrapper.log"
+    return [json.loads(line) for line in log.read_text().splitlines() if f'"event": "{event}"' in line]
+
+
+def running(needle: str) -> list[int]:
+    """Pids whose command line holds ``needle``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if needle in cmd and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def wait_until(check, what: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout}s"
+        time.sleep(0.05)
+
+
+def start_in_background(rc, tmux, command: str):
+    """A session whose last answer, over the trigger, comes after starting ``command``."""
+    rc.api.script([tool_use_reply("Bash", {"command": command, "description": "in the background",
+                                           "run_in_background": True}),
+                   text_reply("started it", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: "noted"
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "start the job")
+    t.wait_for("started it")
+    return t
+
+
+def requests_holding(rc, text: str) -> list[dict]:
+    return [r for r in rc.api.message_requests if text in json.dumps(r["body"]["messages"])]
+
+
+def test_a_background_shell_job_outlives_the_swap_and_its_result_reaches_the_replacement(
+        real_claude, tmux):
+    marker = "DONE-7f3a"
+    t = start_in_background(real_claude, tmux, f"sleep 3; echo {marker}")
+    _wait_for_log(real_claude, "handoff_switched")
+    (carried,) = log_events(real_claude, "background_carried")
+    assert carried["items"][0].startswith("Bash m")
+    job = running(f"echo {marker}")
+    assert job, "the job is still running after the old Claude was ended"
+    # when it finishes, the replacement is told its result, marked as a runtime note
+    wait_until(lambda: requests_holding(real_claude, "has finished"), "the result reaching the replacement")
+    (said,) = [e for e in log_events(real_claude, "notice") if "carried across the swap" in e["text"]]
+    assert said["text"].startswith(f"carried across the swap: shell {carried['said'][0].split()[1]}")
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    first = real_claude.api.message_requests[0]
+    (told,) = [r for r in requests_holding(real_claude, "has finished") if marker in json.dumps(r)]
+    assert told["session_id"] != first["session_id"]  # the replacement, not the old child
+    note = json.dumps(told["body"]["messages"][-1])
+    assert "[runtime note]" in note and marker in note
+    output = re.search(r"Its output file is (\S+?\.output)", note).group(1)
+    content = Path(output).read_text()
+    assert marker in content and "[killed]" not in content  # it ran to its end, never killed
+    assert not running(f"echo {marker}")
+
+
+def test_the_session_end_stops_carried_jobs_and_keeps_what_was_not_told(real_claude, tmux):
+    t = start_in_background(real_claude, tmux, "sleep 300; echo NEVER-SEEN")
+    _wait_for_log(real_claude, "handoff_switched")
+    assert running("echo NEVER-SEEN"), "carried across the swap"
+    # the manifest reaches the replacement first: the job keeps running, cc-lhc watches it
+    wait_until(lambda: requests_holding(real_claude, "keeps running"), "the manifest")
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert not running("echo NEVER-SEEN")  # nobody asked for it to outlive the session
+    (stopped,) = log_events(real_claude, "carried_job_stopped")
+    assert stopped["pids"]
+    home = Path(real_claude.env["CC_LHC_HOME"])
+    (kept,) = home.glob("continuity/*/undelivered.json")
+    notes = json.loads(kept.read_text())
+    assert any("was stopped when the previous cc-lhc session ended" in n for n in notes)
+
+
+def test_a_too_long_rejection_while_a_job_runs_is_compacted_continued_once_and_carries_it(
+        real_claude, tmux):
+    from fakeapi import error_reply
+    too_long = error_reply(400, "prompt is too long: 1050000 tokens > 1000000 maximum")
+    real_claude.api.script([
+        tool_use_reply("Bash", {"command": "sleep 4; echo DONE-toolong", "description": "bg",
+                                "run_in_background": True}),
+        "job started",
+        tool_use_reply("Bash", {"command": "echo read-the-first-pdf", "description": "read"}),
+        too_long,
+    ])
+    real_claude.api.responder = lambda body: "noted"
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash"],
+             cols=120, rows=30, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "start the job")
+    t.wait_for("job started")
+    type_line(t, "now read every pdf")
+    _wait_for_log(real_claude, "too_long_continued")
+    wait_until(lambda: requests_holding(real_claude, "has finished"), "the job's result", timeout=40)
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert len(log_events(real_claude, "too_long_continued")) == 1
+    assert log_events(real_claude, "background_carried")[0]["items"][0].startswith("Bash m")
+    (told,) = [r for r in requests_holding(real_claude, "has finished") if "DONE-toolong" in json.dumps(r)]
+    assert told["session_id"] != real_claude.api.message_requests[0]["session_id"]
