@@ -150,6 +150,24 @@ def _wait_for_log(rc, event: str, count: int = 1, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+def _wait_for_settled(rc, timeout: float = 30) -> None:
+    """Until the only thread's record ends at a settled seam (its last turn closed)."""
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    deadline = time.monotonic() + timeout
+    while True:
+        threads = cc_lhc.Registry(home).threads() if (Path(rc.env["CC_LHC_HOME"]) / "registry.sqlite").exists() else []
+        if threads:
+            store = cc_lhc.ThreadStore(home, threads[0][0])
+            try:
+                if not cc_lhc.unsettled_reason(store) and store.db.execute(
+                        "SELECT count(*) FROM turns").fetchone()[0]:
+                    return
+            finally:
+                store.close()
+        assert time.monotonic() < deadline, f"the thread did not settle in {timeout}s"
+        time.sleep(0.05)
+
+
 def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_claude, tmux):
     from fakeapi import text_reply
     real_claude.api.script([text_reply("a very long answer", usage=OVER_USAGE), "after the swap"])
@@ -321,6 +339,9 @@ def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, 
     t.wait_for(PROMPT)
     type_line(t, "hello")
     t.wait_for("a small answer")
+    # Claude draws its answer a moment before it writes the turn's end; a manual Smart
+    # Compact needs that settled seam, so wait for it as a person would see the idle prompt.
+    _wait_for_settled(real_claude)
     t.send_keys("C-]")
     t.wait_for("cc-lhc control panel")
     type_line(t, "/smart-compact")

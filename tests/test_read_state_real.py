@@ -40,7 +40,7 @@ BANDS = {
     "full": (60_000, 0, False),
     "lean": (3_000, 0, False),
     "summary": (3_000, 2, True),
-    "omitted": (3_000, 14, False),
+    "omitted": (3_000, 10, True),
 }
 
 
