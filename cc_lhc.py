@@ -4088,9 +4088,9 @@ async function onRun($, e, next) {
   try {
     const r = await $.process.run(argvFor(e), { timeoutMs: 60000 })
     if (r.exitCode === 0) return { result: r.stdout }
-    return { result: (r.stderr || r.stdout || "").trim() || `cc-lhc exited with status ${r.exitCode}`, isError: true }
+    return { deny: (r.stderr || r.stdout || "").trim() || `cc-lhc exited with status ${r.exitCode}` }
   } catch (err) {
-    return { result: `cc-lhc could not be run: ${err}`, isError: true }
+    return { deny: `cc-lhc could not be run: ${err}` }
   }
 }
 
@@ -7304,6 +7304,7 @@ Environment:
   CC_LHC_TOKENIZER_FILE  o200k_base rank file for exact token counts
   CC_LHC_SUMMARIES     "off" stops background turn summaries (extractive ones are used)
   CC_LHC_LEADER        the key that opens the control panel (default ctrl-])
+  CC_LHC_MOD           "off" keeps the cc-lhc mod out of Claude (Smart Compact swaps)
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
   CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval; do not set it
