@@ -79,7 +79,7 @@ CLAUDE_SUBCOMMANDS = frozenset(
 # The wrapper's own subcommands. They are never forwarded to Claude.
 LHC_SUBCOMMANDS = (
     "get-turns", "get-messages", "search", "backfill-labels", "rollout",
-    "measure", "threads", "export", "doctor",
+    "measure", "threads", "export", "doctor", "mod-hello",
 )
 
 
@@ -4013,6 +4013,290 @@ def check_descriptor(home) -> dict:
             raise refuse(f"session {body['session_id']} is no longer the thread's current session")
     return body
 
+
+# -- The cc-lhc mod: Claude Code's hooks API, from the inside --------------------
+#
+# Claude Code 2.1.328 loads mods (`--plugin-dir`): a JavaScript hooks module running
+# inside the CLI. cc-lhc ships one as the files below, written at launch into a folder
+# named by their version and hash under the state home. It reports each session start
+# back to the owning wrapper (the handshake: until it arrives cc-lhc assumes nothing),
+# and it serves the retrieval commands as model-callable tools that need no approval.
+# Everything it does goes through the `cc-lhc` shim on the child's PATH, so the
+# descriptor checks and the page size are the commands' own.
+
+MOD_VERSION = "1"
+MOD_MEASURED_CLAUDE = (2, 1, 328)  # the version REAL-CLAUDE-MODS.md measured the API on
+MOD_HELLO_FILE = "mod-hello.json"  # in the descriptor's shim folder, removed with it
+MOD_TOOLS = ("lhc_get_turns", "lhc_get_messages", "lhc_search")
+MOD_FILES = {
+    ".claude-plugin/plugin.json": json.dumps({
+        "name": "cc-lhc", "version": f"{VERSION}+mod{MOD_VERSION}",
+        "description": "cc-lhc inside Claude Code: session handshake and lossless retrieval tools",
+    }, indent=2) + "\n",
+    "hooks/hooks.json": '{ "modules": ["./register.js"] }\n',
+    "hooks/register.js": r"""// The cc-lhc mod. Written by cc-lhc at launch; edits are overwritten.
+// Every action runs the `cc-lhc` on this session's PATH (the owning wrapper's shim), so
+// the wrapper checks its runtime descriptor before anything is read.
+
+const PAGE = { type: "integer", minimum: 0,
+  description: "Continue a result cut at the 24,000-byte page limit: the token offset its last line names." }
+const TOOLS = [
+  { name: "lhc_get_turns", mcp: false,
+    description: "Read whole turns of this cc-lhc thread back exactly as recorded (labels like t12, or ranges like t5-t7). Use it instead of guessing what an earlier turn said.",
+    inputSchema: { type: "object", required: ["turns"], properties: {
+      turns: { type: "array", minItems: 1, items: { type: "string" }, description: "Turn labels or ranges: [\"t12\", \"t14-t16\"]" },
+      from: PAGE } } },
+  { name: "lhc_get_messages", mcp: false,
+    description: "Read single messages of this cc-lhc thread back exactly as recorded (labels like m57, or ranges like m40-m60), such as a tool output the view shows as a stub.",
+    inputSchema: { type: "object", required: ["messages"], properties: {
+      messages: { type: "array", minItems: 1, items: { type: "string" }, description: "Message labels or ranges: [\"m57\", \"m40-m60\"]" },
+      from: PAGE } } },
+  { name: "lhc_search", mcp: false,
+    description: "Search this cc-lhc thread for an exact string (a command, an error line) or some words; answers the labels of matching messages to read back.",
+    inputSchema: { type: "object", required: ["text"], properties: {
+      text: { type: "string", description: "What to look for" },
+      limit: { type: "integer", minimum: 1, description: "How many matches at most" },
+      from: PAGE } } },
+]
+
+function argvFor(e) {
+  const from = Number.isInteger(e.from) ? ["--from", String(e.from)] : []
+  if (e.tool === "lhc_get_turns") return ["cc-lhc", "get-turns", ...(e.turns || []).map(String), ...from]
+  if (e.tool === "lhc_get_messages") return ["cc-lhc", "get-messages", ...(e.messages || []).map(String), ...from]
+  const limit = Number.isInteger(e.limit) ? ["--limit", String(e.limit)] : []
+  return ["cc-lhc", "search", ...limit, ...from, "--", String(e.text || "")]
+}
+
+async function onStart($, e, next) {
+  const started = await next(e)
+  try {
+    const sid = await $.session.id()
+    await $.process.run(["cc-lhc", "mod-hello", sid, e.isInteractive ? "interactive" : "print"], { timeoutMs: 10000 })
+  } catch (err) {
+    // No cc-lhc on PATH, or it refused: the wrapper sees no handshake and swaps as before.
+  }
+  return started
+}
+
+async function onList($, e, next) {
+  const listed = await next(e)
+  if (listed.value === undefined) return listed
+  return { value: [...listed.value.filter(t => !TOOLS.some(x => x.name === t.name)), ...TOOLS] }
+}
+
+async function onRun($, e, next) {
+  try {
+    const r = await $.process.run(argvFor(e), { timeoutMs: 60000 })
+    if (r.exitCode === 0) return { result: r.stdout }
+    return { deny: (r.stderr || r.stdout || "").trim() || `cc-lhc exited with status ${r.exitCode}` }
+  } catch (err) {
+    return { deny: `cc-lhc could not be run: ${err}` }
+  }
+}
+
+export function register(on, options) {
+  on("session.start", onStart)
+  on("tool.list", onList)
+  on("tool.run", { tool: "lhc_get_turns" }, onRun)
+  on("tool.run", { tool: "lhc_get_messages" }, onRun)
+  on("tool.run", { tool: "lhc_search" }, onRun)
+}
+""",
+}
+
+
+def mod_digest() -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for name in sorted(MOD_FILES):
+        h.update(name.encode() + b"\0" + MOD_FILES[name].encode("utf-8") + b"\0")
+    return h.hexdigest()
+
+
+def install_mod(home) -> str:
+    """The mod's folder under the state home, its files rewritten where they differ.
+
+    Only cc-lhc's own files are checked: Claude lays type declarations into a folder it
+    hot-reloads, and those are left alone.
+    """
+    folder = home.ensure("mods", f"{MOD_VERSION}-{mod_digest()[:12]}")
+    for name, text in MOD_FILES.items():
+        path = os.path.join(folder, *name.split("/"))
+        data = text.encode("utf-8")
+        try:
+            with open(path, "rb") as f:
+                if f.read(len(data) + 1) == data:
+                    continue
+        except OSError:
+            pass
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return folder
+
+
+def claude_version_of(binary: str):
+    """The installed Claude's version as (major, minor, patch), from where it lives.
+
+    npm installs keep it in the package's package.json, the native installer in the
+    file's own name; reading either costs no process start. None when neither says.
+    """
+    real = os.path.realpath(binary)
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)$", os.path.basename(real))
+    if found:
+        return tuple(int(x) for x in found.groups())
+    here = os.path.dirname(real)
+    for folder in (here, os.path.dirname(here)):
+        try:
+            body = load_json(read_small_file(os.path.join(folder, "package.json"), 1 << 20))
+        except (OSError, ValueError, LhcError):
+            continue
+        if isinstance(body, dict) and body.get("name") == "@anthropic-ai/claude-code":
+            m = re.match(r"(\d+)\.(\d+)\.(\d+)", str(body.get("version", "")))
+            return tuple(int(x) for x in m.groups()) if m else None
+    return None
+
+
+MOD_CONFLICTS = ("--bare", "--safe-mode")  # both leave plugins unloaded
+
+
+def mod_refusal(spec) -> str:
+    """Why a launch does not offer the mod to its Claude child ('' when it does)."""
+    if os.environ.get("CC_LHC_MOD", "on") == "off":
+        return "CC_LHC_MOD=off"
+    clash = [a for a in spec.claude_args if a.partition("=")[0] in MOD_CONFLICTS]
+    if clash:
+        return f"{clash[0]} loads no plugins"
+    have = claude_version_of(spec.child_argv[0])
+    if have is None:
+        return "the installed Claude's version could not be read"
+    if have < MOD_MEASURED_CLAUDE:
+        return (f"Claude {'.'.join(map(str, have))} is older than "
+                f"{'.'.join(map(str, MOD_MEASURED_CLAUDE))}, where the mod API was measured")
+    return ""
+
+
+def cmd_mod_hello(args) -> int:
+    """The mod's handshake, run by its session.start hook inside Claude: record which
+    session this Claude process says it is on, next to the descriptor that allows it."""
+    if not args or not is_uuid(args[0]):
+        raise usage_error("usage: cc-lhc mod-hello <session-id> [interactive|print]")
+    home = StateHome()
+    body = check_descriptor(home)
+    shim_dir = descriptor_paths(os.path.dirname(os.path.realpath(os.environ[RUNTIME_ENV])),
+                                body["token"])[1]
+    hello = {"token": body["token"], "session_id": args[0], "pid": os.getppid(),
+             "surface": args[1] if len(args) > 1 else "", "mod": MOD_VERSION, "at": utc_now_iso()}
+    path = os.path.join(shim_dir, MOD_HELLO_FILE)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(hello, f)
+    os.replace(tmp, path)  # a later hello (the same process on another session) replaces it
+    return EXIT_OK
+
+
+def read_mod_hello(descriptor: dict):
+    """The newest handshake left for a descriptor, or None."""
+    try:
+        body = load_json(read_small_file(os.path.join(descriptor["shim_dir"], MOD_HELLO_FILE),
+                                         DESCRIPTOR_FILE_LIMIT))
+    except (OSError, ValueError, LhcError):
+        return None
+    return body if isinstance(body, dict) and body.get("token") == descriptor["token"] else None
+
+
+class ModBridge:
+    """What cc-lhc knows of its mod in one interactive session.
+
+    Offered (``folder``) when the launch allows it; active only once the mod inside the
+    current Claude child has shaken hands for the session cc-lhc bound. Until then, and
+    whenever that fails, Smart Compact swaps processes and the view names the Bash
+    commands, as without a mod. Runs on the relay's thread.
+    """
+
+    HELLO_SECONDS = 8.0
+
+    def __init__(self, home, folder: str, refusal: str):
+        self.home, self.folder = home, folder
+        self.reason = refusal        # why the mod is not in use ('' while active or waiting)
+        self.active = False
+        self.hello = None
+        self.deadline = None
+        self.child_pid = None
+
+    @classmethod
+    def offer(cls, spec, home) -> "ModBridge":
+        """Decide at launch; an offered mod goes into the child's argv."""
+        refusal = mod_refusal(spec)
+        folder = ""
+        if not refusal:
+            try:
+                folder = install_mod(home)
+            except OSError as e:
+                refusal = f"its folder could not be written: {e}"
+        bridge = cls(home, folder, refusal)
+        if refusal:
+            bridge.settle(refusal)
+        return bridge
+
+    def argv(self, argv: list) -> list:
+        """A child's argv with the mod's folder given to it (after the program)."""
+        return [argv[0], "--plugin-dir", self.folder] + argv[1:] if self.folder else argv
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.folder) and not self.active and not self.reason
+
+    def expect(self, child_pid: int) -> None:
+        """A child was started with the mod: wait a few seconds for its handshake."""
+        import time
+        if not self.folder:
+            return
+        self.active, self.reason, self.child_pid = False, "", child_pid
+        self.deadline = time.monotonic() + self.HELLO_SECONDS
+
+    def on_tick(self, session, child_pid: int):
+        """Poll the handshake. Returns a session id the mod reports that is not the bound
+        one (Claude moved inside the process), else None."""
+        import time
+        if not self.folder or session.descriptor is None or self.reason:
+            return None
+        hello = read_mod_hello(session.descriptor)
+        if hello is None or hello == self.hello:
+            if self.waiting and self.deadline is not None and time.monotonic() > self.deadline:
+                self.settle(f"no handshake from the mod within {self.HELLO_SECONDS:g} s")
+            return None
+        self.hello = hello
+        pid = hello.get("pid")
+        if not isinstance(pid, int) or descends_from(pid, child_pid) is False:
+            self.settle("a handshake came from outside the current Claude process")
+            return None
+        sid = hello.get("session_id")
+        if sid != session.spec.session_id:
+            return sid if self.active else None
+        if not self.active:
+            self.active = True
+            self.home.log("mod_active", session=sid, claude_pid=child_pid, folder=self.folder)
+        return None
+
+    def settle(self, reason: str) -> None:
+        """The mod is not in use here: said once, in wrapper.log and in /details."""
+        was = self.active
+        self.active, self.reason = False, reason
+        self.home.log("mod_inactive", reason=reason, was_active=was)
+
+    def details(self) -> str:
+        if self.active:
+            return (f"active (Claude pid {self.child_pid}): retrieval tools "
+                    f"{', '.join(MOD_TOOLS)}")
+        if self.waiting:
+            return "loaded, waiting for its handshake"
+        return f"not in use ({self.reason}); Smart Compact swaps the Claude process"
+
+
 # == 11. Capture: tailing the live transcript into the store ====================
 
 
@@ -5394,6 +5678,7 @@ class ControlPanel:
             + ([f"  fallback: {MSG_CONFIG_FALLBACK}"] + [f"    {x}" for x in p.problems] if p.fell_back else [])
             + [f"retrieval descriptor: {self.session.descriptor['path'] if self.session.descriptor else 'none'}",
                f"Claude native Compact: {native}",
+               f"cc-lhc mod: {spec.mod.details() if spec.mod else 'not offered (one-shot)'}",
                f"running operation: {running}",
                f"last action: {self.last_action}"])
 
@@ -5558,13 +5843,16 @@ class InteractiveHost:
                            "(pip install ptyprocess==0.7.0)")
         spec, home = self.spec, self.home
         try:
+            argv = spec.mod.argv(spec.child_argv) if spec.mod else spec.child_argv
             self.child = ptyprocess.PtyProcess.spawn(
-                spec.child_argv, cwd=spec.cwd, env=child_environment(spec), dimensions=self.size(),
+                argv, cwd=spec.cwd, env=child_environment(spec), dimensions=self.size(),
                 preexec_fn=_death_link_preexec(os.getpid()))
         except (OSError, FileNotFoundError) as e:
             raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
         home.log("child_started", mode="interactive", child_pid=self.child.pid,
-                 session=spec.session_id, argv=spec.child_argv[1:])
+                 session=spec.session_id, argv=argv[1:])
+        if spec.mod:
+            spec.mod.expect(self.child.pid)
         if spec.after_spawn:
             spec.after_spawn()
         self.watch(self.child.pid)
@@ -5602,9 +5890,14 @@ class InteractiveHost:
             def tick(relay):
                 handoff.on_tick(relay)
                 panel.on_tick(relay)
+                if spec.mod and handoff.candidate is None:
+                    moved = spec.mod.on_tick(session, self.child.pid)
+                    if moved:  # the mod saw Claude start another session in this process
+                        follower.take(relay, moved)
                 follower.on_tick(relay)
-                relay.timeout = 0.05 if panel.wants_tick else (0.1 if handoff.wants_tick else
-                                                               SessionFollower.POLL_SECONDS)
+                relay.timeout = 0.05 if panel.wants_tick else (
+                    0.1 if handoff.wants_tick or (spec.mod and spec.mod.waiting)
+                    else SessionFollower.POLL_SECONDS)
 
             relay.on_tick = tick
             relay.timeout = SessionFollower.POLL_SECONDS
@@ -6248,6 +6541,8 @@ class LiveHandoff:
         env[RUNTIME_ENV] = descriptor["path"]
         env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
         argv = [spec.child_argv[0], "--resume", session_id] + kept
+        if spec.mod:
+            argv = spec.mod.argv(argv)
         self.candidate = ptyprocess.PtyProcess.spawn(
             argv, cwd=spec.cwd, env=env, dimensions=self.host.size(),
             preexec_fn=_death_link_preexec(os.getpid()))
@@ -6327,6 +6622,8 @@ class LiveHandoff:
         relay.timeout = None
         relay.switch_master(new.fd)
         self.host.child = new
+        if spec.mod:
+            spec.mod.expect(new.pid)  # the replacement's mod shakes hands anew
         rows, cols = self.host.size()
         # The old screen (and the notice, when input was dropped) scrolls up into the
         # terminal's history; the replacement's own first frame is drawn on a clean screen.
@@ -6517,7 +6814,11 @@ class SessionFollower:
         if now < self.next_poll or self.handoff.candidate is not None:
             return
         self.next_poll = now + self.POLL_SECONDS
-        sid = claude_session_of(self.host.child.pid)
+        self.take(relay, claude_session_of(self.host.child.pid))
+
+    def take(self, relay, sid) -> None:
+        """Follow Claude to ``sid`` when it is another session than the bound one; the
+        poll above and the mod's own session.start report both land here."""
         if sid and sid != self.session.spec.session_id and sid != self.refused:
             try:
                 self.follow(relay, sid)
@@ -7288,6 +7589,7 @@ class LaunchSpec:
             raise usage_error("the current folder no longer exists; cd to a folder first")
         self.flags = {}               # lhc launch flags: name -> value
         self.found = {}               # what scan_claude_args saw
+        self.mod = None               # the ModBridge of an interactive managed session
         self.extra_env = {}           # added to the child's environment
         self.after_spawn = None       # called once the child exists (failpoints)
         self.session = None           # the ManagedSession around the child, once there is one
@@ -7492,6 +7794,7 @@ Environment:
   CC_LHC_TOKENIZER_FILE  o200k_base rank file for exact token counts
   CC_LHC_SUMMARIES     "off" stops background turn summaries (extractive ones are used)
   CC_LHC_LEADER        the key that opens the control panel (default ctrl-])
+  CC_LHC_MOD           "off" keeps the cc-lhc mod out of Claude (Smart Compact swaps)
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
   CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval; do not set it
@@ -7613,6 +7916,8 @@ def cmd_launch(argv) -> int:
                                                    "minRunwayTokens", "profile")})
     if capture is None:
         return run_host(spec, home)
+    if not spec.print_mode:
+        spec.mod = ModBridge.offer(spec, home)
     with ManagedSession(spec, home, policy, capture):
         return run_host(spec, home)
 
@@ -8759,7 +9064,8 @@ def registry_check(home, repair: bool):
 
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
             "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout,
-            "measure": cmd_measure, "backfill-labels": cmd_backfill_labels, "doctor": cmd_doctor}
+            "measure": cmd_measure, "backfill-labels": cmd_backfill_labels, "doctor": cmd_doctor,
+            "mod-hello": cmd_mod_hello}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,123 @@
+"""The cc-lhc mod inside the real Claude Code CLI (2.1.328), in tmux against the fake API.
+
+The mod is a resource of cc_lhc.py written under the state home at launch and handed to
+Claude with --plugin-dir; cc-lhc counts it as active only after its session.start hook
+has reported back through the runtime descriptor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+from fakeapi import tool_use_reply
+from test_interactive_real import CC_LHC, PROMPT, _wait_for_log, exit_cleanly, type_line
+
+
+def log_events(rc, event: str) -> list[dict]:
+    log = Path(rc.env["CC_LHC_HOME"]) / "wrapper.log"
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if f'"event": "{event}"' in line]
+
+
+def details(t) -> str:
+    """Open the control panel, show /details, close it again."""
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    type_line(t, "/details")
+    screen = t.wait_for("running operation:")
+    t.send_keys("Escape")
+    t.wait_for(PROMPT)
+    return screen
+
+
+def start(rc, tmux, *args, env=None):
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", *args], cols=120, rows=36,
+             env={**rc.env, **(env or {})}, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    return t
+
+
+def test_the_mod_shakes_hands_from_the_claude_child_and_details_says_so(real_claude, tmux):
+    t = start(real_claude, tmux)
+    _wait_for_log(real_claude, "mod_active")
+    (started,) = log_events(real_claude, "child_started")
+    folder = started["argv"][started["argv"].index("--plugin-dir") + 1]
+    assert Path(folder).parent == Path(real_claude.env["CC_LHC_HOME"]) / "mods"
+    (active,) = log_events(real_claude, "mod_active")
+    assert active["claude_pid"] == started["child_pid"] and active["folder"] == folder
+    assert "cc-lhc mod: active" in details(t)
+    exit_cleanly(t)
+    assert not log_events(real_claude, "mod_inactive")
+
+
+def test_bare_gets_no_mod_and_says_why_once(real_claude, tmux):
+    t = start(real_claude, tmux, "--bare")
+    (started,) = log_events(real_claude, "child_started")
+    assert "--plugin-dir" not in started["argv"]
+    (inactive,) = log_events(real_claude, "mod_inactive")
+    assert inactive["reason"] == "--bare loads no plugins"
+    assert "cc-lhc mod: not in use (--bare loads no plugins)" in details(t)
+    exit_cleanly(t)
+    assert not log_events(real_claude, "mod_active")
+
+
+def _tool_result(request) -> dict:
+    (block,) = [b for b in request["body"]["messages"][-1]["content"] if b.get("type") == "tool_result"]
+    return block
+
+
+def _result_text(block) -> str:
+    content = block["content"]
+    return content if isinstance(content, str) else "".join(c.get("text", "") for c in content)
+
+
+def test_native_retrieval_tools_answer_byte_exact_without_an_approval_prompt(real_claude, tmux):
+    real_claude.api.script([
+        "first answer, to be read back",
+        tool_use_reply("lhc_get_messages", {"messages": ["m1-m2"]}),
+        tool_use_reply("Bash", {"command": "cc-lhc get-messages m1-m2", "description": "read back"}),
+        "read it back",
+        tool_use_reply("lhc_search", {"text": "to be read back"}),
+        "searched",
+        tool_use_reply("lhc_get_turns", {"turns": ["t1"]}),
+        "refused as it should be",
+    ])
+    t = start(real_claude, tmux, "--allowedTools", "Bash")
+    _wait_for_log(real_claude, "mod_active")
+    type_line(t, "hello, remember this")
+    t.wait_for("first answer, to be read back")
+    type_line(t, "read m1 and m2 back")
+    screen = t.wait_for("read it back")
+    assert "Do you want to proceed" not in screen
+    requests = real_claude.api.message_requests
+    assert set(cc_lhc.MOD_TOOLS) <= {tool["name"] for tool in requests[-1]["body"].get("tools", [])}
+    native, bash = _tool_result(requests[-2]), _tool_result(requests[-1])
+    assert not native.get("is_error") and not bash.get("is_error")
+    text = _result_text(native)
+    assert "hello, remember this" in text and "first answer, to be read back" in text
+    # the same bytes the command prints (Claude's Bash tool trims the final newline)
+    assert text.rstrip("\n") == _result_text(bash).rstrip("\n") and text.endswith("\n")
+
+    type_line(t, "search it")
+    t.wait_for("searched")
+    found = _tool_result(real_claude.api.message_requests[-1])
+    assert "m2" in _result_text(found) and not found.get("is_error")
+
+    # a forged descriptor at the path Claude inherited: the tool answers the refusal
+    (desc,) = (Path(real_claude.env["CC_LHC_HOME"]) / "runtime").glob("*.json")
+    real = desc.read_text()
+    desc.write_text(json.dumps(dict(json.loads(real), token="0" * 32)))
+    type_line(t, "read t1")
+    screen = t.wait_for("refused as it should be")
+    assert "Do you want to proceed" not in screen
+    refused = _tool_result(real_claude.api.message_requests[-1])
+    assert refused.get("is_error") and "retrieval refused" in _result_text(refused)
+    desc.write_text(real)
+    exit_cleanly(t)
