@@ -3823,6 +3823,21 @@ RUNTIME_ENV = "CC_LHC_RUNTIME_DESCRIPTOR"
 DESCRIPTOR_FILE_LIMIT = 64 << 10  # what cc-lhc writes is a few hundred bytes
 
 
+# The read-only retrieval commands, allowed to run through Bash without a permission
+# prompt. Claude Code 2.1.328 matches `Bash(<prefix>:*)` per part of a command line: a
+# compound (`;`, `&&`, `|`, a newline) still asks for every other part, and a nested
+# `$(...)` or backquote asks for the whole line. Rules given on the command line add to
+# the user's own (--allowedTools, --settings, settings files) and a user's deny rule
+# still wins. The `=` form keeps each rule one argument, so the variadic option cannot
+# swallow the user's first positional (the prompt).
+RETRIEVAL_COMMANDS = ("get-turns", "get-messages", "search")
+
+
+def retrieval_allow_args() -> list:
+    """The argv items that let Claude run exactly the retrieval commands unprompted (pure)."""
+    return [f"--allowedTools=Bash(cc-lhc {name}:*)" for name in RETRIEVAL_COMMANDS]
+
+
 def descriptor_paths(runtime: str, token: str):
     """(descriptor file, shim folder) of one token under runtime/."""
     name = token[:16]
@@ -5838,7 +5853,7 @@ class LiveHandoff:
         kept = with_runtime(kept, confirmed_runtime(self.session.capture.path))
         env[RUNTIME_ENV] = descriptor["path"]
         env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
-        argv = [spec.child_argv[0], "--resume", session_id] + kept
+        argv = [spec.child_argv[0], *retrieval_allow_args(), "--resume", session_id] + kept
         self.candidate = ptyprocess.PtyProcess.spawn(
             argv, cwd=spec.cwd, env=env, dimensions=self.host.size(),
             preexec_fn=_death_link_preexec(os.getpid()))
@@ -7169,6 +7184,7 @@ class ManagedSession:
                                                 spec.session_id)
             spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
             spec.extra_env["PATH"] = self.descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+            spec.child_argv[1:1] = retrieval_allow_args()
             if not spec.print_mode:
                 self.control_r, self.control_w = os.pipe()
                 os.set_blocking(self.control_r, False)

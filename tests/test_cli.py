@@ -404,6 +404,27 @@ def test_no_session_persistence_runs_unmanaged_with_claude_compaction_on(fake_cl
     assert "--no-session-persistence" in launch["argv"]
 
 
+RETRIEVAL_RULES = ["--allowedTools=Bash(cc-lhc get-turns:*)", "--allowedTools=Bash(cc-lhc get-messages:*)",
+                   "--allowedTools=Bash(cc-lhc search:*)"]
+
+
+@pytest.mark.parametrize("args", [["-p", "hi"], [], ["--allowedTools", "Bash(git:*)", "-p", "fix it"]])
+def test_managed_children_may_run_exactly_the_retrieval_commands(fake_claude, args):
+    """Each rule is one `=` argument ahead of the user's own, which follow unchanged."""
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    launch = only_launch(fake_claude)
+    assert launch["retrieval_rules"] == RETRIEVAL_RULES
+    assert launch["argv"][2:] == args  # after the --session-id pair
+
+
+@pytest.mark.parametrize("args", [["--no-session-persistence", "-p", "hi"], ["mcp", "list"], ["--version"]])
+def test_children_without_retrieval_get_no_allow_rules(fake_claude, args):
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    assert only_launch(fake_claude)["retrieval_rules"] == []
+
+
 # -- exit statuses ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("code", [0, 1, 3, 42])
