@@ -50,3 +50,32 @@ def test_retrieval_runs_unprompted_and_other_commands_still_ask(real_claude, tmu
     t.wait_for(PROMPT)
     exit_cleanly(t)
     assert not (real_claude.cwd / "made-by-claude").exists()
+
+
+def _bash_result(rc, command: str, *args: str) -> str:
+    """Run one `cc-lhc -p` whose model runs `command` through Bash; the tool result."""
+    rc.api.script([tool_use_reply("Bash", {"command": command, "description": "x"}), "done"])
+    seen = len(rc.api.message_requests)
+    p = rc.run([sys.executable, CC_LHC, *args, "-p", "go", "--permission-mode", "default"])
+    assert p.returncode == 0, p.stderr
+    (result,) = [b for r in rc.api.message_requests[seen:] for b in tool_results(r["body"])]
+    return block_text(result)
+
+
+def test_the_users_own_permission_rules_still_apply_beside_cc_lhcs(real_claude):
+    touch = json.dumps({"permissions": {"allow": ["Bash(touch:*)"]}})
+    assert "requires approval" not in _bash_result(real_claude, "cc-lhc search heliotrope")
+    # a user's allow rule, given either way, still allows what it names
+    _bash_result(real_claude, "touch by-flag", "--allowedTools", "Bash(touch:*)")
+    _bash_result(real_claude, "touch by-settings", "--settings", touch)
+    assert (real_claude.cwd / "by-flag").exists() and (real_claude.cwd / "by-settings").exists()
+    # a user's deny rule wins over cc-lhc's allow rule
+    denied = _bash_result(real_claude, "cc-lhc search heliotrope",
+                          "--disallowedTools", "Bash(cc-lhc search:*)")
+    assert "denied" in denied
+    # nothing else rides on the retrieval rule
+    for command in ("cc-lhc get-turns t1; touch chained", "cc-lhc get-turns $(touch nested)",
+                    "cc-lhc export all"):
+        refused = _bash_result(real_claude, command)
+        assert "approval" in refused or "can't be checked" in refused, (command, refused)
+    assert not (real_claude.cwd / "chained").exists() and not (real_claude.cwd / "nested").exists()
