@@ -5016,6 +5016,37 @@ class Relay:
 # (CSI-u) and xterm modifyOtherKeys encodings some terminals send for it.
 LEADER_SEQUENCES = (b"\x1d", b"\x1b[93;5u", b"\x1b[27;5;93~")
 LEADER_NAMES = {"ctrl-]": b"\x1d"}
+# Windows Terminal's win32-input-mode sends every key press and release as
+# ESC [ Vk ; Sc ; Uc ; Kd ; Cs ; Rc _ (virtual key, scan code, the character as a
+# number, 1 for down and 0 for up, modifier state, repeat count; an empty field is 0,
+# except the repeat count, which is then 1).
+WIN32_KEY = re.compile(rb"\x1b\[(\d*);(\d*);(\d*);(\d*);(\d*)(?:;(\d*))?_")
+WIN32_CTRL = 0x0008 | 0x0004   # LEFT_CTRL_PRESSED | RIGHT_CTRL_PRESSED
+VK_OEM_6 = 0xDD                # the "]" key on a US layout
+
+
+def win32_key(match) -> dict:
+    """The fields of one win32-input-mode key event (pure)."""
+    vk, sc, uc, kd, cs, rc = (int(g) if g else 0 for g in match.groups())
+    return {"vk": vk, "uc": uc, "down": kd == 1, "ctrl": bool(cs & WIN32_CTRL),
+            "repeat": max(1, rc) if match.group(6) else 1}
+
+
+def win32_is_leader(key: dict, leader: bytes) -> bool:
+    """Whether a win32 key event is the leader pressed (its release never is)."""
+    if not key["down"] or len(leader) != 1:
+        return False
+    if key["uc"] == leader[0]:
+        return True
+    # Some layouts report ctrl-] with no character: the key and the modifier say it.
+    return leader == b"\x1d" and key["uc"] == 0 and key["vk"] == VK_OEM_6 and key["ctrl"]
+
+
+def win32_to_bytes(key: dict) -> bytes:
+    """What a win32 key event types: its character on a press, nothing on a release."""
+    if not key["down"] or not key["uc"]:
+        return b""
+    return chr(key["uc"]).encode("utf-8", "replace") * key["repeat"]
 
 PANEL_COMMANDS = {
     "/status": "capture, retrieval and context-policy status",
@@ -5072,18 +5103,36 @@ class ControlPanel:
     def on_input(self, data: bytes) -> bytes:
         """Bytes for Claude; the leader and everything typed into the open panel stay here."""
         if not self.open:
-            cut = min(((data.find(s), s) for s in self.leaders if s in data), default=None)
+            cut = self._find_leader(data)
             if cut is None:
                 return data
-            at, seq = cut
+            at, end = cut
             self._show()
-            rest = data[at + len(seq):]
-            self._keys(rest)
+            self._keys(data[end:])
             return data[:at]
         self._keys(data)
         return b""
 
+    def _find_leader(self, data: bytes):
+        """(start, end) of the first leader key in data, in any encoding, or None."""
+        cuts = [(data.find(s), data.find(s) + len(s)) for s in self.leaders if s in data]
+        if b"\x1b[" in data:
+            cuts += [(m.start(), m.end()) for m in WIN32_KEY.finditer(data)
+                     if win32_is_leader(win32_key(m), self.leaders[0])][:1]
+        return min(cuts, default=None)
+
+    def _from_win32(self, data: bytes) -> bytes:
+        """The panel's keys with win32-input-mode events turned into what they type."""
+        if b"_" not in data:
+            return data
+
+        def typed(m):
+            key = win32_key(m)
+            return self.leaders[0] if win32_is_leader(key, self.leaders[0]) else win32_to_bytes(key)
+        return WIN32_KEY.sub(typed, data)
+
     def _keys(self, data: bytes) -> None:
+        data = self._from_win32(data)
         i = 0
         while i < len(data) and self.open:
             if any(data.startswith(s, i) for s in self.leaders):

@@ -42,6 +42,50 @@ def test_every_encoding_of_ctrl_bracket_opens_the_panel(monkeypatch, leader):
     assert p.on_input(b"hello") == b"hello"
 
 
+def win32(vk, sc, uc, down, cs=0, rc=1) -> bytes:
+    """One Windows Terminal win32-input-mode key event: ESC [ Vk;Sc;Uc;Kd;Cs;Rc _"""
+    return f"\x1b[{vk};{sc};{uc};{int(down)};{cs};{rc}_".encode()
+
+
+CTRL_BRACKET_DOWN = win32(221, 27, 29, True, cs=0x0008)   # left ctrl held
+CTRL_BRACKET_UP = win32(221, 27, 29, False, cs=0x0008)
+
+
+def test_the_win32_input_encoding_of_ctrl_bracket_opens_and_closes_the_panel(monkeypatch):
+    p = panel(monkeypatch)
+    ctrl_down = win32(17, 29, 0, True, cs=0x0008)
+    # ctrl pressed, then the leader's release alone: neither opens the panel, both reach Claude
+    assert p.on_input(ctrl_down + CTRL_BRACKET_UP) == ctrl_down + CTRL_BRACKET_UP and not p.open
+    assert p.on_input(b"ab" + CTRL_BRACKET_DOWN + CTRL_BRACKET_UP) == b"ab" and p.open
+    # keys typed in win32 mode edit the panel's line; releases type nothing
+    keys = b"".join(win32(0, 0, ord(c), True) + win32(0, 0, ord(c), False) for c in "/help")
+    p.on_input(keys + win32(13, 28, 13, True) + win32(13, 28, 13, False))
+    assert "/smart-compact" in p.output[0] and p.open
+    p.on_input(CTRL_BRACKET_DOWN)
+    assert not p.open
+    assert p.on_input(b"hello") == b"hello"
+
+
+@pytest.mark.parametrize("event", [
+    win32(221, 27, 0, True, cs=0x0004),           # right ctrl, a layout giving no character
+    b"\x1b[221;27;29;1;8_",                      # repeat count left out
+    win32(221, 27, 29, True, cs=0x0008, rc=2),
+])
+def test_win32_leader_variants_open_the_panel(monkeypatch, event):
+    p = panel(monkeypatch)
+    assert p.on_input(event) == b"" and p.open
+
+
+def test_win32_escape_closes_the_panel_and_a_custom_leader_is_matched_by_its_character(monkeypatch):
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d")
+    p.on_input(win32(27, 1, 27, True))
+    assert not p.open
+    p = panel(monkeypatch, "ctrl-g")
+    assert p.on_input(CTRL_BRACKET_DOWN) == CTRL_BRACKET_DOWN and not p.open
+    assert p.on_input(win32(71, 34, 7, True, cs=0x0008)) == b"" and p.open
+
+
 def test_cc_lhc_leader_changes_the_key(monkeypatch):
     p = panel(monkeypatch, "ctrl-g")
     assert p.on_input(b"\x1d") == b"\x1d"  # ctrl-] goes to Claude now
