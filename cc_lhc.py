@@ -5094,6 +5094,7 @@ class ControlPanel:
         self.line = ""
         self.output = []
         self.last_action = "none yet"
+        self.told_fallback = False  # the configuration fallback is said on the first opening
         leader = leader_key()
         self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
             if leader == b"\x1d" else (leader,)
@@ -5179,7 +5180,8 @@ class ControlPanel:
         relay = self.relay
         self.open = True
         relay.hold_output = True
-        self.output = ["Type a command (/help lists them); Esc or ctrl-] returns to Claude."]
+        self.output = self._opening_notes() + [
+            "Type a command (/help lists them); Esc or ctrl-] returns to Claude."]
         # Claude drawing inline: the panel goes on the alternate screen, keeping Claude's
         # as it is. Claude already on the alternate screen (its full-screen mode): the
         # panel draws over it, and Claude repaints when the panel closes.
@@ -5187,6 +5189,22 @@ class ControlPanel:
         if not self.over_alt:
             relay.to_user += b"\x1b[?1049h"
         self._render()
+
+    def _opening_notes(self) -> list:
+        """What the panel says before anything is typed: the configuration fallback (on
+        the first opening), the --autocompact advisory, and the thread's standing alarm."""
+        session = self.session
+        notes = []
+        policy = session.policy
+        if policy.fell_back and not self.told_fallback:
+            self.told_fallback = True
+            notes.append("\n".join([MSG_CONFIG_FALLBACK] + [f"  {x}" for x in policy.problems]))
+        if autocompact_arg(session.spec):
+            notes.append("advisory: Claude native Compact may run before Smart Compact "
+                         f"({autocompact_arg(session.spec)} was given; /details says more)")
+        notes += [f"alarm: {a}" for a in standing_alarms(session.home, session.capture.thread_id,
+                                                          session.alarms)]
+        return notes
 
     def _hide(self) -> None:
         import time
@@ -5348,9 +5366,14 @@ class ControlPanel:
 
     def cmd_details(self, _args) -> str:
         p, spec = self.session.policy, self.session.spec
-        native = ("allowed (--autocompact given, or the thread's standing alarm): Claude native "
-                  "Compact may run before Smart Compact; relaunch without --autocompact to go back"
-                  if spec.autocompact else "off for this session (DISABLE_AUTO_COMPACT=1)")
+        if autocompact_arg(spec):
+            native = (f"allowed: the launch gave {autocompact_arg(spec)}, so Claude native Compact "
+                      "may run before Smart Compact; relaunch without --autocompact to go back")
+        elif spec.autocompact:
+            native = ("allowed while the thread's standing alarm lasts (rebuilt sessions are not "
+                      "loading); the next accepted Smart Compact ends it")
+        else:
+            native = "off for this session (DISABLE_AUTO_COMPACT=1)"
         running = ("Smart Compact handoff under way" if self.handoff and self.handoff.candidate
                    else "none")
         return "\n".join(
@@ -5361,6 +5384,11 @@ class ControlPanel:
                f"Claude native Compact: {native}",
                f"running operation: {running}",
                f"last action: {self.last_action}"])
+
+
+def autocompact_arg(spec) -> str:
+    """The --autocompact argument the launch gave Claude, as written, or ""."""
+    return (getattr(spec, "found", None) or {}).get("autocompact_arg", "")
 
 
 LIFECYCLE_NOTES = {
@@ -6920,6 +6948,7 @@ def scan_claude_args(args):
             found["fork"] = True
         elif name == "--autocompact":
             found["autocompact"] = True
+            found["autocompact_arg"] = " ".join(args[i:i + consumed])  # as given, for /details
         elif name == "--no-session-persistence":
             found["no_persistence"] = True
         elif name in ("-h", "--help", "-v", "--version"):

@@ -393,6 +393,14 @@ def test_auto_compact_disabled_unless_user_asks(fake_claude, args, disabled):
         assert "--autocompact" in " ".join(launch["argv"])  # passed through unchanged
 
 
+@pytest.mark.parametrize("args, given", [
+    (["--autocompact", "auto", "-p", "hi"], "--autocompact auto"),
+    (["-p", "hi", "--autocompact=200000"], "--autocompact=200000"),
+])
+def test_the_autocompact_argument_is_kept_as_written_for_details(args, given):
+    assert cc_lhc.scan_claude_args(args)["autocompact_arg"] == given
+
+
 @pytest.mark.parametrize("args", [["--no-session-persistence", "-p", "hi"], ["--no-session-persistence"]])
 def test_no_session_persistence_runs_unmanaged_with_claude_compaction_on(fake_claude, args):
     """No transcript: nothing to capture or rebuild, so Claude's own compaction stays on."""

@@ -17,14 +17,18 @@ class FakeChild:
         self.sizes.append((rows, cols))
 
 
-def panel(monkeypatch, leader=None):
+def panel(monkeypatch, leader=None, policy=None, found=None, home=None):
     if leader is None:
         monkeypatch.delenv("CC_LHC_LEADER", raising=False)
     else:
         monkeypatch.setenv("CC_LHC_LEADER", leader)
+    found = found or {}
     session = types.SimpleNamespace(capture=types.SimpleNamespace(thread_id="t" * 36),
-                                    spec=types.SimpleNamespace(session_id="s" * 36),
-                                    home=None, alarms=[])
+                                    spec=types.SimpleNamespace(session_id="s" * 36, found=found,
+                                                               autocompact=bool(found)),
+                                    home=home, alarms=[], descriptor=None,
+                                    policy=policy or cc_lhc.Policy(dict(cc_lhc.BUILTIN_POLICY),
+                                                                     dict.fromkeys(cc_lhc.BUILTIN_POLICY, "builtin"), []))
     host = types.SimpleNamespace(size=lambda: (24, 80), child=FakeChild())
     p = cc_lhc.ControlPanel(session, host, handoff=None)
     p.relay = cc_lhc.Relay(0, None, 1)
@@ -110,3 +114,44 @@ def test_arrow_keys_do_not_type_into_the_panel(monkeypatch):
     p = panel(monkeypatch)
     p.on_input(b"\x1d/he\x1b[A\x1b[Dlp")
     assert p.line == "/help" and p.open
+
+
+def test_the_configuration_fallback_is_said_on_the_first_opening_only(monkeypatch, tmp_path):
+    (tmp_path / ".cc-lhc.json").write_text('{"upperBoundTokens": "lots"}')
+    policy = cc_lhc.load_policy(str(tmp_path), {})
+    assert policy.fell_back
+    p = panel(monkeypatch, policy=policy)
+    p.on_input(b"\x1d")
+    first = p.output[0]
+    assert first.startswith(cc_lhc.MSG_CONFIG_FALLBACK) and "upperBoundTokens" in first
+    p.on_input(b"\x1b")
+    p.on_input(b"\x1d")
+    assert not any(cc_lhc.MSG_CONFIG_FALLBACK in line for line in p.output)
+    p.on_input(b"/details\r")
+    assert cc_lhc.MSG_CONFIG_FALLBACK in p.output[0]  # still in /details whenever asked
+
+
+def test_autocompact_gives_one_advisory_and_details_names_the_argument_and_the_way_back(monkeypatch):
+    p = panel(monkeypatch, found={"autocompact": True, "autocompact_arg": "--autocompact auto"})
+    p.on_input(b"\x1d")
+    advisories = [line for line in p.output if "Claude native Compact may run before Smart Compact" in line]
+    assert len(advisories) == 1 and "--autocompact auto" in advisories[0]
+    p.on_input(b"/details\r")
+    assert "the launch gave --autocompact auto" in p.output[0]
+    assert "relaunch without --autocompact" in p.output[0]
+    quiet = panel(monkeypatch)
+    quiet.on_input(b"\x1d")
+    assert not any("may run before" in line for line in quiet.output)
+
+
+def test_a_standing_alarm_from_an_earlier_process_is_on_the_panel(monkeypatch, iso_env):
+    home = cc_lhc.StateHome(str(iso_env.lhc))
+    home.ensure()
+    registry = cc_lhc.Registry(home)
+    thread = registry.create_thread("s" * 36, str(iso_env.work), "fresh")
+    with cc_lhc.Tx(registry.db) as db:
+        db.execute("INSERT INTO thread_alarms VALUES (?, ?, ?)", (thread, "rebuilds not loading", "now"))
+    p = panel(monkeypatch, home=home)
+    p.session.capture.thread_id = thread
+    p.on_input(b"\x1d")
+    assert "alarm: rebuilds not loading" in p.output
