@@ -5052,6 +5052,7 @@ PANEL_COMMANDS = {
     "/status": "capture, retrieval and context-policy status",
     "/stats": "what the thread holds and what summaries cost",
     "/smart-compact": "run Smart Compact now and hand Claude over to the rebuilt session",
+    "/export": "write this session's transcript and the view Smart Compact would serve now to files",
     "/bounds": "/bounds <target> <trigger>: change them for this session",
     "/allocation": "/allocation [default|balanced|historical]: change the profile for this session",
     "/details": "configuration sources, Claude native Compact, the running operation, the last action",
@@ -5364,6 +5365,20 @@ class ControlPanel:
         p.values["profile"], p.sources["profile"] = args[0], "panel"
         return f"profile {args[0]} for the rest of this session"
 
+    def cmd_export(self, _args) -> str:
+        session = self.session
+        store = self._store()
+        try:
+            paths = write_session_export(session.home, store, session.capture.thread_id,
+                                         session.policy, session.capture.path, session.spec.cwd)
+        finally:
+            store.close()
+        session.home.log("panel_export", thread=session.capture.thread_id, **paths)
+        return "\n".join(["written (readable by you only):",
+                          f"  this session's transcript   {paths['rollout']}",
+                          f"  served view, as Claude reads it  {paths['view_jsonl']}",
+                          f"  served view, to read             {paths['view_markdown']}"])
+
     def cmd_details(self, _args) -> str:
         p, spec = self.session.policy, self.session.spec
         if autocompact_arg(spec):
@@ -5384,6 +5399,77 @@ class ControlPanel:
                f"Claude native Compact: {native}",
                f"running operation: {running}",
                f"last action: {self.last_action}"])
+
+
+def write_session_export(home, store, thread_id, policy, rollout, cwd) -> dict:
+    """Copy the live transcript and dump the view Smart Compact would serve now.
+
+    Everything goes to a new folder under exports/ (0700, files 0600), never into
+    Claude's projects folder, so Claude can never pick a dump up as a session. The view
+    is built exactly as a rebuild builds it (same policy, same envelope), but no
+    rebuild is recorded and no session is made current.
+    """
+    import time
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    folder = home.ensure("exports", f"{thread_id[:8]}-{stamp}-{os.getpid()}")
+    paths = {"rollout": os.path.join(folder, "rollout.jsonl"),
+             "view_jsonl": os.path.join(folder, "served-view.jsonl"),
+             "view_markdown": os.path.join(folder, "served-view.md")}
+    copy_private(rollout, paths["rollout"])
+    plan = plan_rebuild(home, store, thread_id, policy, new_session_id(), cwd, envelope_from=rollout)
+    write_atomic(paths["view_jsonl"], plan.data)
+    write_atomic(paths["view_markdown"], served_view_markdown(plan.data, thread_id).encode("utf-8"))
+    return paths
+
+
+def copy_private(source: str, dest: str) -> None:
+    """Copy a (possibly large, still growing) file to a new 0600 file, in chunks."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+    with os.fdopen(fd, "wb") as out, open_regular(source) as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            out.write(chunk)
+
+
+def served_view_markdown(data: bytes, thread_id: str) -> str:
+    """A served view's transcript lines as markdown to read: one heading per record (pure)."""
+    out = [f"# Served view of thread {thread_id}", ""]
+    for raw in data.splitlines():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("type") not in ("user", "assistant"):
+            continue
+        content = (rec.get("message") or {}).get("content")
+        out.append(f"## {rec['type']}")
+        out.append("")
+        for block in ([{"type": "text", "text": content}] if isinstance(content, str) else content or []):
+            out.append(_markdown_block(block))
+            out.append("")
+    return "\n".join(out)
+
+
+def _markdown_block(block) -> str:
+    if not isinstance(block, dict):
+        return f"`{json.dumps(block, ensure_ascii=False)}`"
+    kind = block.get("type")
+    if kind == "text":
+        return block.get("text") or ""
+    if kind == "thinking":
+        return "> (thinking) " + (block.get("thinking") or "").replace("\n", "\n> ")
+    if kind == "tool_use":
+        return (f"**tool call {block.get('name')}** (`{block.get('id')}`)\n\n```json\n"
+                + json.dumps(block.get("input"), indent=2, ensure_ascii=False) + "\n```")
+    if kind == "tool_result":
+        content = block.get("content")
+        if isinstance(content, list):
+            content = "\n".join(b.get("text", "") if isinstance(b, dict) else str(b) for b in content)
+        err = " · error" if block.get("is_error") else ""
+        return f"**tool result{err}** (`{block.get('tool_use_id')}`)\n\n```\n{content}\n```"
+    return f"`{json.dumps(block, ensure_ascii=False)}`"
 
 
 def autocompact_arg(spec) -> str:
