@@ -7592,27 +7592,36 @@ def cmd_threads(args) -> int:
     as_json = _take_flag(args, "--json")
     _no_more(args, "threads")
     home = StateHome()
+    broken = []
     if not registry_known(home):
         rows = []
     else:
         registry = Registry(home)
         rows = []
         for thread_id, cwd, created, origin, session in registry.threads():
-            store = ThreadStore(home, thread_id)
             try:
-                info = store.summary()
-                cost = derivation_cost(store)
-            finally:
-                store.close()
+                store = ThreadStore(home, thread_id)
+                try:
+                    info = store.summary()
+                    cost = derivation_cost(store)
+                finally:
+                    store.close()
+            except (LhcError, OSError, sqlite3_errors()) as e:
+                # One damaged file must not hide every other thread: name it and go on.
+                broken.append((thread_id, e))
+                continue
             rows.append({"id": thread_id, "cwd": cwd, "current_session": session, "origin": origin,
                          "created": created, **info, "degraded": bool(info["degraded"]),
                          "degraded_reason": info["degraded"], "summariser": cost})
+    for thread_id, e in broken:
+        say(f"thread {thread_id[:8]} left out of this list: {e}; cc-lhc doctor says how to fix it")
+    status = EXIT_ERROR if broken else EXIT_OK
     if as_json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
-        return EXIT_OK
+        return status
     if not rows:
-        print("no threads yet")
-        return EXIT_OK
+        print("no threads yet" if not broken else "no readable threads")
+        return status
     print(f"{'thread':<10} {'turns':>6} {'msgs':>7} {'captured':>10}  {'summaries':>18}  "
           f"{'last activity':<20} {'current session':<37} cwd")
     for r in rows:
@@ -7622,7 +7631,7 @@ def cmd_threads(args) -> int:
         print(f"{r['id'][:8]:<10} {r['turns']:>6} {r['messages']:>7} {r['captured_bytes']:>10}  "
               f"{spent:>18}  {(r['last_activity'] or '-')[:19]:<20} {r['current_session'] or '-':<37} "
               f"{r['cwd']}{flag}")
-    return EXIT_OK
+    return status
 
 
 def export_record(m: dict, agents=None) -> dict:
@@ -8350,27 +8359,65 @@ def cmd_backfill_labels(args) -> int:
     return EXIT_OK
 
 
+def store_file_check(path: str, what: str, migrations):
+    """(status, what, detail, fix) for doctor: can this SQLite file of ours be used?
+
+    Read only: no migration is applied and nothing is written (a quick_check reads
+    every page, which is what finds a damaged file before a session needs it).
+    """
+    import sqlite3
+    import shlex
+    try:
+        db = sqlite3.connect(path, timeout=5)
+        try:
+            have = db.execute("PRAGMA user_version").fetchone()[0]
+            damage = [r[0] for r in db.execute("PRAGMA quick_check(3)")]
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        damage, have = [str(e)], 0
+    except OSError as e:
+        return ("fail", what, f"{path}: {e}", f"make it readable and writable by you: chmod 600 {shlex.quote(path)}")
+    if damage != ["ok"]:
+        return ("fail", what, f"{path} is damaged: {'; '.join(damage)}",
+                f"restore it from a backup, or salvage it with `sqlite3 {shlex.quote(path)} .recover "
+                f"| sqlite3 {shlex.quote(path + '.recovered')}` and put the result in its place "
+                "(Claude's own transcripts are not affected)")
+    if have > len(migrations):
+        return ("fail", what, f"schema {have}, newer than the {len(migrations)} this cc-lhc knows",
+                "upgrade cc-lhc to the version that wrote it; the file is left unchanged")
+    return ("ok", what, f"schema {have} of {len(migrations)} known")
+
+
 def cmd_doctor(args) -> int:
-    """Check this installation; exit 1 when something is broken. --repair also rebuilds
-    registry entries from the thread files and refreshes every thread file's copy."""
+    """Check this installation; exit 1 when something is broken, saying how to fix it.
+    --repair also rebuilds registry entries from the thread files and refreshes every
+    thread file's copy."""
+    import shlex
     import subprocess
     repair = _take_flag(args, "--repair")
     _no_more(args, "doctor")
     home = StateHome()
     results = []
 
-    def check(status, what, detail=""):
+    def check(status, what, detail="", fix=""):
         results.append(status)
         print(f"[{status:>4}] {what}" + (f": {detail}" if detail else ""))
+        if fix and status != "ok":
+            print(f"       fix: {fix}")
 
     check("ok", "cc-lhc", render_version())
+    claude_fix = ("install Claude Code (npm install -g @anthropic-ai/claude-code) or point "
+                  "CC_LHC_CLAUDE_BIN at a working claude")
     try:
         claude = find_claude_binary()
         out = subprocess.run([claude, "--version"], capture_output=True, text=True, timeout=20,
                              stdin=subprocess.DEVNULL, env=outside_environment())
-        check("ok" if out.returncode == 0 else "fail", "claude", f"{claude} {out.stdout.strip()}")
+        check("ok" if out.returncode == 0 else "fail", "claude",
+              f"{claude} {out.stdout.strip()}" + (f" (exit {out.returncode})" if out.returncode else ""),
+              claude_fix)
     except (LhcError, OSError, subprocess.SubprocessError) as e:
-        check("fail", "claude", str(e))
+        check("fail", "claude", str(e), claude_fix)
     check("ok" if TOKENS.count("x") >= 0 and TOKENS.exact else "warn", "token counts", TOKENS.reason)
     import sqlite3
     check("ok" if trigram_available() else "warn", "exact-string search",
@@ -8378,7 +8425,7 @@ def cmd_doctor(args) -> int:
                                                   "no trigram tokenizer (3.34+), so search scans"))
     if not os.path.isdir(home.root):
         check("ok", "state home", f"{home.root} (not created yet)")
-        return EXIT_OK
+        return EXIT_ERROR if "fail" in results else EXIT_OK
     def readable_by_others(path):
         try:
             return bool(os.stat(path).st_mode & 0o077)
@@ -8394,14 +8441,22 @@ def cmd_doctor(args) -> int:
                       if not f.endswith(("-wal", "-shm")) and readable_by_others(os.path.join(d, f))]
     mode_ok = os.name != "posix" or not (os.stat(home.root).st_mode & 0o077)
     check("ok" if mode_ok and not loose else "warn", "state home permissions",
-          home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"))
+          home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"),
+          f"chmod -R go-rwx {shlex.quote(home.root)}")
     for name, migrations in (("registry.sqlite", REGISTRY_MIGRATIONS), ("cc-lhc.sqlite", HOST_MIGRATIONS)):
         path = home.path(name)
         if os.path.exists(path):
-            import sqlite3
-            have = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
-            status = "ok" if have <= len(migrations) else "fail"
-            check(status, f"schema {name}", f"{have} of {len(migrations)} known")
+            check(*store_file_check(path, f"schema {name}", migrations))
+    threads = sorted(_thread_file_ids(home))
+    unusable = 0
+    for thread_id in threads:  # each thread store on its own: one damaged file is named alone
+        found = store_file_check(home.path("threads", f"{thread_id}.sqlite"), f"thread {thread_id}",
+                                 THREAD_MIGRATIONS)
+        if found[0] != "ok":
+            unusable += 1
+            check(*found)
+    check("ok" if not unusable else "fail", "thread files",
+          f"{len(threads)} checked" + (f", {unusable} unusable (named above)" if unusable else ""))
     stale = 0
     folder = home.path("owners")
     if os.path.isdir(folder):
