@@ -155,3 +155,24 @@ def test_a_standing_alarm_from_an_earlier_process_is_on_the_panel(monkeypatch, i
     p.session.capture.thread_id = thread
     p.on_input(b"\x1d")
     assert "alarm: rebuilds not loading" in p.output
+
+
+def test_the_served_view_reads_as_markdown_with_every_block_kind():
+    records = [
+        {"type": "user", "message": {"role": "user", "content": "the opening message"}},
+        {"type": "assistant", "message": {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "first\nsecond", "signature": "sig"},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]}},
+        {"type": "user", "message": {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+             "content": [{"type": "text", "text": "no such file"}]}]}},
+        {"type": "permission-mode", "permissionMode": "default"},
+    ]
+    data = b"\n".join(cc_lhc.json.dumps(r).encode() for r in records) + b"\n"
+    text = cc_lhc.served_view_markdown(data, "t" * 36)
+    assert text.startswith("# Served view of thread " + "t" * 36)
+    assert text.count("## user") == 2 and text.count("## assistant") == 1
+    assert "the opening message" in text and "> (thinking) first\n> second" in text
+    assert "**tool call Bash** (`toolu_1`)" in text and '"command": "ls"' in text
+    assert "**tool result · error** (`toolu_1`)" in text and "no such file" in text
+    assert "permission-mode" not in text  # bookkeeping records are not part of the reading
