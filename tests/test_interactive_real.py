@@ -200,8 +200,10 @@ def test_replacements_that_will_not_load_leave_the_session_running_and_raise_the
     block.touch()
     shim = tmp_path / "claude"
     shim.write_text(f"""#!/bin/sh
-if [ "$1" = --resume ] && [ -e {block} ] && \\
-   grep -qs 'This conversation was rebuilt' "$CLAUDE_CONFIG_DIR"/projects/*/"$2".jsonl; then
+prev= ; sid=
+for a; do [ "$prev" = --resume ] && sid=$a; prev=$a; done
+if [ -n "$sid" ] && [ -e {block} ] && \\
+   grep -qs 'This conversation was rebuilt' "$CLAUDE_CONFIG_DIR"/projects/*/"$sid".jsonl; then
     echo 'refusing to load' >&2; exit 3
 fi
 exec {real_claude.claude} "$@"
