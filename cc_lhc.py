@@ -3823,6 +3823,21 @@ RUNTIME_ENV = "CC_LHC_RUNTIME_DESCRIPTOR"
 DESCRIPTOR_FILE_LIMIT = 64 << 10  # what cc-lhc writes is a few hundred bytes
 
 
+# The read-only retrieval commands, allowed to run through Bash without a permission
+# prompt. Claude Code 2.1.328 matches `Bash(<prefix>:*)` per part of a command line: a
+# compound (`;`, `&&`, `|`, a newline) still asks for every other part, and a nested
+# `$(...)` or backquote asks for the whole line. Rules given on the command line add to
+# the user's own (--allowedTools, --settings, settings files) and a user's deny rule
+# still wins. The `=` form keeps each rule one argument, so the variadic option cannot
+# swallow the user's first positional (the prompt).
+RETRIEVAL_COMMANDS = ("get-turns", "get-messages", "search")
+
+
+def retrieval_allow_args() -> list:
+    """The argv items that let Claude run exactly the retrieval commands unprompted (pure)."""
+    return [f"--allowedTools=Bash(cc-lhc {name}:*)" for name in RETRIEVAL_COMMANDS]
+
+
 def descriptor_paths(runtime: str, token: str):
     """(descriptor file, shim folder) of one token under runtime/."""
     name = token[:16]
@@ -5384,11 +5399,43 @@ class Relay:
 # (CSI-u) and xterm modifyOtherKeys encodings some terminals send for it.
 LEADER_SEQUENCES = (b"\x1d", b"\x1b[93;5u", b"\x1b[27;5;93~")
 LEADER_NAMES = {"ctrl-]": b"\x1d"}
+# Windows Terminal's win32-input-mode sends every key press and release as
+# ESC [ Vk ; Sc ; Uc ; Kd ; Cs ; Rc _ (virtual key, scan code, the character as a
+# number, 1 for down and 0 for up, modifier state, repeat count; an empty field is 0,
+# except the repeat count, which is then 1).
+WIN32_KEY = re.compile(rb"\x1b\[(\d*);(\d*);(\d*);(\d*);(\d*)(?:;(\d*))?_")
+WIN32_CTRL = 0x0008 | 0x0004   # LEFT_CTRL_PRESSED | RIGHT_CTRL_PRESSED
+VK_OEM_6 = 0xDD                # the "]" key on a US layout
+
+
+def win32_key(match) -> dict:
+    """The fields of one win32-input-mode key event (pure)."""
+    vk, sc, uc, kd, cs, rc = (int(g) if g else 0 for g in match.groups())
+    return {"vk": vk, "uc": uc, "down": kd == 1, "ctrl": bool(cs & WIN32_CTRL),
+            "repeat": max(1, rc) if match.group(6) else 1}
+
+
+def win32_is_leader(key: dict, leader: bytes) -> bool:
+    """Whether a win32 key event is the leader pressed (its release never is)."""
+    if not key["down"] or len(leader) != 1:
+        return False
+    if key["uc"] == leader[0]:
+        return True
+    # Some layouts report ctrl-] with no character: the key and the modifier say it.
+    return leader == b"\x1d" and key["uc"] == 0 and key["vk"] == VK_OEM_6 and key["ctrl"]
+
+
+def win32_to_bytes(key: dict) -> bytes:
+    """What a win32 key event types: its character on a press, nothing on a release."""
+    if not key["down"] or not key["uc"]:
+        return b""
+    return chr(key["uc"]).encode("utf-8", "replace") * key["repeat"]
 
 PANEL_COMMANDS = {
     "/status": "capture, retrieval and context-policy status",
     "/stats": "what the thread holds and what summaries cost",
     "/smart-compact": "run Smart Compact now and hand Claude over to the rebuilt session",
+    "/export": "write this session's transcript and the view Smart Compact would serve now to files",
     "/bounds": "/bounds <target> <trigger>: change them for this session",
     "/allocation": "/allocation [default|balanced|historical]: change the profile for this session",
     "/details": "configuration sources, Claude native Compact, the running operation, the last action",
@@ -5431,6 +5478,7 @@ class ControlPanel:
         self.line = ""
         self.output = []
         self.last_action = "none yet"
+        self.told_fallback = False  # the configuration fallback is said on the first opening
         leader = leader_key()
         self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
             if leader == b"\x1d" else (leader,)
@@ -5440,18 +5488,36 @@ class ControlPanel:
     def on_input(self, data: bytes) -> bytes:
         """Bytes for Claude; the leader and everything typed into the open panel stay here."""
         if not self.open:
-            cut = min(((data.find(s), s) for s in self.leaders if s in data), default=None)
+            cut = self._find_leader(data)
             if cut is None:
                 return data
-            at, seq = cut
+            at, end = cut
             self._show()
-            rest = data[at + len(seq):]
-            self._keys(rest)
+            self._keys(data[end:])
             return data[:at]
         self._keys(data)
         return b""
 
+    def _find_leader(self, data: bytes):
+        """(start, end) of the first leader key in data, in any encoding, or None."""
+        cuts = [(data.find(s), data.find(s) + len(s)) for s in self.leaders if s in data]
+        if b"\x1b[" in data:
+            cuts += [(m.start(), m.end()) for m in WIN32_KEY.finditer(data)
+                     if win32_is_leader(win32_key(m), self.leaders[0])][:1]
+        return min(cuts, default=None)
+
+    def _from_win32(self, data: bytes) -> bytes:
+        """The panel's keys with win32-input-mode events turned into what they type."""
+        if b"_" not in data:
+            return data
+
+        def typed(m):
+            key = win32_key(m)
+            return self.leaders[0] if win32_is_leader(key, self.leaders[0]) else win32_to_bytes(key)
+        return WIN32_KEY.sub(typed, data)
+
     def _keys(self, data: bytes) -> None:
+        data = self._from_win32(data)
         i = 0
         while i < len(data) and self.open:
             if any(data.startswith(s, i) for s in self.leaders):
@@ -5498,7 +5564,8 @@ class ControlPanel:
         relay = self.relay
         self.open = True
         relay.hold_output = True
-        self.output = ["Type a command (/help lists them); Esc or ctrl-] returns to Claude."]
+        self.output = self._opening_notes() + [
+            "Type a command (/help lists them); Esc or ctrl-] returns to Claude."]
         # Claude drawing inline: the panel goes on the alternate screen, keeping Claude's
         # as it is. Claude already on the alternate screen (its full-screen mode): the
         # panel draws over it, and Claude repaints when the panel closes.
@@ -5506,6 +5573,22 @@ class ControlPanel:
         if not self.over_alt:
             relay.to_user += b"\x1b[?1049h"
         self._render()
+
+    def _opening_notes(self) -> list:
+        """What the panel says before anything is typed: the configuration fallback (on
+        the first opening), the --autocompact advisory, and the thread's standing alarm."""
+        session = self.session
+        notes = []
+        policy = session.policy
+        if policy.fell_back and not self.told_fallback:
+            self.told_fallback = True
+            notes.append("\n".join([MSG_CONFIG_FALLBACK] + [f"  {x}" for x in policy.problems]))
+        if autocompact_arg(session.spec):
+            notes.append("advisory: Claude native Compact may run before Smart Compact "
+                         f"({autocompact_arg(session.spec)} was given; /details says more)")
+        notes += [f"alarm: {a}" for a in standing_alarms(session.home, session.capture.thread_id,
+                                                          session.alarms)]
+        return notes
 
     def _hide(self) -> None:
         import time
@@ -5665,11 +5748,30 @@ class ControlPanel:
         p.values["profile"], p.sources["profile"] = args[0], "panel"
         return f"profile {args[0]} for the rest of this session"
 
+    def cmd_export(self, _args) -> str:
+        session = self.session
+        store = self._store()
+        try:
+            paths = write_session_export(session.home, store, session.capture.thread_id,
+                                         session.policy, session.capture.path, session.spec.cwd)
+        finally:
+            store.close()
+        session.home.log("panel_export", thread=session.capture.thread_id, **paths)
+        return "\n".join(["written (readable by you only):",
+                          f"  this session's transcript   {paths['rollout']}",
+                          f"  served view, as Claude reads it  {paths['view_jsonl']}",
+                          f"  served view, to read             {paths['view_markdown']}"])
+
     def cmd_details(self, _args) -> str:
         p, spec = self.session.policy, self.session.spec
-        native = ("allowed (--autocompact given, or the thread's standing alarm): Claude native "
-                  "Compact may run before Smart Compact; relaunch without --autocompact to go back"
-                  if spec.autocompact else "off for this session (DISABLE_AUTO_COMPACT=1)")
+        if autocompact_arg(spec):
+            native = (f"allowed: the launch gave {autocompact_arg(spec)}, so Claude native Compact "
+                      "may run before Smart Compact; relaunch without --autocompact to go back")
+        elif spec.autocompact:
+            native = ("allowed while the thread's standing alarm lasts (rebuilt sessions are not "
+                      "loading); the next accepted Smart Compact ends it")
+        else:
+            native = "off for this session (DISABLE_AUTO_COMPACT=1)"
         running = ("Smart Compact handoff under way" if self.handoff and self.handoff.candidate
                    else "none")
         return "\n".join(
@@ -5681,6 +5783,82 @@ class ControlPanel:
                f"cc-lhc mod: {spec.mod.details() if spec.mod else 'not offered (one-shot)'}",
                f"running operation: {running}",
                f"last action: {self.last_action}"])
+
+
+def write_session_export(home, store, thread_id, policy, rollout, cwd) -> dict:
+    """Copy the live transcript and dump the view Smart Compact would serve now.
+
+    Everything goes to a new folder under exports/ (0700, files 0600), never into
+    Claude's projects folder, so Claude can never pick a dump up as a session. The view
+    is built exactly as a rebuild builds it (same policy, same envelope), but no
+    rebuild is recorded and no session is made current.
+    """
+    import time
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    folder = home.ensure("exports", f"{thread_id[:8]}-{stamp}-{os.getpid()}")
+    paths = {"rollout": os.path.join(folder, "rollout.jsonl"),
+             "view_jsonl": os.path.join(folder, "served-view.jsonl"),
+             "view_markdown": os.path.join(folder, "served-view.md")}
+    copy_private(rollout, paths["rollout"])
+    plan = plan_rebuild(home, store, thread_id, policy, new_session_id(), cwd, envelope_from=rollout)
+    write_atomic(paths["view_jsonl"], plan.data)
+    write_atomic(paths["view_markdown"], served_view_markdown(plan.data, thread_id).encode("utf-8"))
+    return paths
+
+
+def copy_private(source: str, dest: str) -> None:
+    """Copy a (possibly large, still growing) file to a new 0600 file, in chunks."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+    with os.fdopen(fd, "wb") as out, open_regular(source) as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            out.write(chunk)
+
+
+def served_view_markdown(data: bytes, thread_id: str) -> str:
+    """A served view's transcript lines as markdown to read: one heading per record (pure)."""
+    out = [f"# Served view of thread {thread_id}", ""]
+    for raw in data.splitlines():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("type") not in ("user", "assistant"):
+            continue
+        content = (rec.get("message") or {}).get("content")
+        out.append(f"## {rec['type']}")
+        out.append("")
+        for block in ([{"type": "text", "text": content}] if isinstance(content, str) else content or []):
+            out.append(_markdown_block(block))
+            out.append("")
+    return "\n".join(out)
+
+
+def _markdown_block(block) -> str:
+    if not isinstance(block, dict):
+        return f"`{json.dumps(block, ensure_ascii=False)}`"
+    kind = block.get("type")
+    if kind == "text":
+        return block.get("text") or ""
+    if kind == "thinking":
+        return "> (thinking) " + (block.get("thinking") or "").replace("\n", "\n> ")
+    if kind == "tool_use":
+        return (f"**tool call {block.get('name')}** (`{block.get('id')}`)\n\n```json\n"
+                + json.dumps(block.get("input"), indent=2, ensure_ascii=False) + "\n```")
+    if kind == "tool_result":
+        content = block.get("content")
+        if isinstance(content, list):
+            content = "\n".join(b.get("text", "") if isinstance(b, dict) else str(b) for b in content)
+        err = " · error" if block.get("is_error") else ""
+        return f"**tool result{err}** (`{block.get('tool_use_id')}`)\n\n```\n{content}\n```"
+    return f"`{json.dumps(block, ensure_ascii=False)}`"
+
+
+def autocompact_arg(spec) -> str:
+    """The --autocompact argument the launch gave Claude, as written, or ""."""
+    return (getattr(spec, "found", None) or {}).get("autocompact_arg", "")
 
 
 LIFECYCLE_NOTES = {
@@ -6540,7 +6718,7 @@ class LiveHandoff:
         kept = with_runtime(kept, confirmed_runtime(self.session.capture.path))
         env[RUNTIME_ENV] = descriptor["path"]
         env["PATH"] = descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
-        argv = [spec.child_argv[0], "--resume", session_id] + kept
+        argv = [spec.child_argv[0], *retrieval_allow_args(), "--resume", session_id] + kept
         if spec.mod:
             argv = spec.mod.argv(argv)
         self.candidate = ptyprocess.PtyProcess.spawn(
@@ -7648,6 +7826,7 @@ def scan_claude_args(args):
             found["fork"] = True
         elif name == "--autocompact":
             found["autocompact"] = True
+            found["autocompact_arg"] = " ".join(args[i:i + consumed])  # as given, for /details
         elif name == "--no-session-persistence":
             found["no_persistence"] = True
         elif name in ("-h", "--help", "-v", "--version"):
@@ -7964,6 +8143,7 @@ class ManagedSession:
                                                 spec.session_id)
             spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
             spec.extra_env["PATH"] = self.descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+            spec.child_argv[1:1] = retrieval_allow_args()
             if not spec.print_mode:
                 self.control_r, self.control_w = os.pipe()
                 os.set_blocking(self.control_r, False)
@@ -8208,27 +8388,36 @@ def cmd_threads(args) -> int:
     as_json = _take_flag(args, "--json")
     _no_more(args, "threads")
     home = StateHome()
+    broken = []
     if not registry_known(home):
         rows = []
     else:
         registry = Registry(home)
         rows = []
         for thread_id, cwd, created, origin, session in registry.threads():
-            store = ThreadStore(home, thread_id)
             try:
-                info = store.summary()
-                cost = derivation_cost(store)
-            finally:
-                store.close()
+                store = ThreadStore(home, thread_id)
+                try:
+                    info = store.summary()
+                    cost = derivation_cost(store)
+                finally:
+                    store.close()
+            except (LhcError, OSError, sqlite3_errors()) as e:
+                # One damaged file must not hide every other thread: name it and go on.
+                broken.append((thread_id, e))
+                continue
             rows.append({"id": thread_id, "cwd": cwd, "current_session": session, "origin": origin,
                          "created": created, **info, "degraded": bool(info["degraded"]),
                          "degraded_reason": info["degraded"], "summariser": cost})
+    for thread_id, e in broken:
+        say(f"thread {thread_id[:8]} left out of this list: {e}; cc-lhc doctor says how to fix it")
+    status = EXIT_ERROR if broken else EXIT_OK
     if as_json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
-        return EXIT_OK
+        return status
     if not rows:
-        print("no threads yet")
-        return EXIT_OK
+        print("no threads yet" if not broken else "no readable threads")
+        return status
     print(f"{'thread':<10} {'turns':>6} {'msgs':>7} {'captured':>10}  {'summaries':>18}  "
           f"{'last activity':<20} {'current session':<37} cwd")
     for r in rows:
@@ -8238,7 +8427,7 @@ def cmd_threads(args) -> int:
         print(f"{r['id'][:8]:<10} {r['turns']:>6} {r['messages']:>7} {r['captured_bytes']:>10}  "
               f"{spent:>18}  {(r['last_activity'] or '-')[:19]:<20} {r['current_session'] or '-':<37} "
               f"{r['cwd']}{flag}")
-    return EXIT_OK
+    return status
 
 
 def export_record(m: dict, agents=None) -> dict:
@@ -8966,27 +9155,65 @@ def cmd_backfill_labels(args) -> int:
     return EXIT_OK
 
 
+def store_file_check(path: str, what: str, migrations):
+    """(status, what, detail, fix) for doctor: can this SQLite file of ours be used?
+
+    Read only: no migration is applied and nothing is written (a quick_check reads
+    every page, which is what finds a damaged file before a session needs it).
+    """
+    import sqlite3
+    import shlex
+    try:
+        db = sqlite3.connect(path, timeout=5)
+        try:
+            have = db.execute("PRAGMA user_version").fetchone()[0]
+            damage = [r[0] for r in db.execute("PRAGMA quick_check(3)")]
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        damage, have = [str(e)], 0
+    except OSError as e:
+        return ("fail", what, f"{path}: {e}", f"make it readable and writable by you: chmod 600 {shlex.quote(path)}")
+    if damage != ["ok"]:
+        return ("fail", what, f"{path} is damaged: {'; '.join(damage)}",
+                f"restore it from a backup, or salvage it with `sqlite3 {shlex.quote(path)} .recover "
+                f"| sqlite3 {shlex.quote(path + '.recovered')}` and put the result in its place "
+                "(Claude's own transcripts are not affected)")
+    if have > len(migrations):
+        return ("fail", what, f"schema {have}, newer than the {len(migrations)} this cc-lhc knows",
+                "upgrade cc-lhc to the version that wrote it; the file is left unchanged")
+    return ("ok", what, f"schema {have} of {len(migrations)} known")
+
+
 def cmd_doctor(args) -> int:
-    """Check this installation; exit 1 when something is broken. --repair also rebuilds
-    registry entries from the thread files and refreshes every thread file's copy."""
+    """Check this installation; exit 1 when something is broken, saying how to fix it.
+    --repair also rebuilds registry entries from the thread files and refreshes every
+    thread file's copy."""
+    import shlex
     import subprocess
     repair = _take_flag(args, "--repair")
     _no_more(args, "doctor")
     home = StateHome()
     results = []
 
-    def check(status, what, detail=""):
+    def check(status, what, detail="", fix=""):
         results.append(status)
         print(f"[{status:>4}] {what}" + (f": {detail}" if detail else ""))
+        if fix and status != "ok":
+            print(f"       fix: {fix}")
 
     check("ok", "cc-lhc", render_version())
+    claude_fix = ("install Claude Code (npm install -g @anthropic-ai/claude-code) or point "
+                  "CC_LHC_CLAUDE_BIN at a working claude")
     try:
         claude = find_claude_binary()
         out = subprocess.run([claude, "--version"], capture_output=True, text=True, timeout=20,
                              stdin=subprocess.DEVNULL, env=outside_environment())
-        check("ok" if out.returncode == 0 else "fail", "claude", f"{claude} {out.stdout.strip()}")
+        check("ok" if out.returncode == 0 else "fail", "claude",
+              f"{claude} {out.stdout.strip()}" + (f" (exit {out.returncode})" if out.returncode else ""),
+              claude_fix)
     except (LhcError, OSError, subprocess.SubprocessError) as e:
-        check("fail", "claude", str(e))
+        check("fail", "claude", str(e), claude_fix)
     check("ok" if TOKENS.count("x") >= 0 and TOKENS.exact else "warn", "token counts", TOKENS.reason)
     import sqlite3
     check("ok" if trigram_available() else "warn", "exact-string search",
@@ -8994,7 +9221,7 @@ def cmd_doctor(args) -> int:
                                                   "no trigram tokenizer (3.34+), so search scans"))
     if not os.path.isdir(home.root):
         check("ok", "state home", f"{home.root} (not created yet)")
-        return EXIT_OK
+        return EXIT_ERROR if "fail" in results else EXIT_OK
     def readable_by_others(path):
         try:
             return bool(os.stat(path).st_mode & 0o077)
@@ -9010,14 +9237,22 @@ def cmd_doctor(args) -> int:
                       if not f.endswith(("-wal", "-shm")) and readable_by_others(os.path.join(d, f))]
     mode_ok = os.name != "posix" or not (os.stat(home.root).st_mode & 0o077)
     check("ok" if mode_ok and not loose else "warn", "state home permissions",
-          home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"))
+          home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"),
+          f"chmod -R go-rwx {shlex.quote(home.root)}")
     for name, migrations in (("registry.sqlite", REGISTRY_MIGRATIONS), ("cc-lhc.sqlite", HOST_MIGRATIONS)):
         path = home.path(name)
         if os.path.exists(path):
-            import sqlite3
-            have = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0]
-            status = "ok" if have <= len(migrations) else "fail"
-            check(status, f"schema {name}", f"{have} of {len(migrations)} known")
+            check(*store_file_check(path, f"schema {name}", migrations))
+    threads = sorted(_thread_file_ids(home))
+    unusable = 0
+    for thread_id in threads:  # each thread store on its own: one damaged file is named alone
+        found = store_file_check(home.path("threads", f"{thread_id}.sqlite"), f"thread {thread_id}",
+                                 THREAD_MIGRATIONS)
+        if found[0] != "ok":
+            unusable += 1
+            check(*found)
+    check("ok" if not unusable else "fail", "thread files",
+          f"{len(threads)} checked" + (f", {unusable} unusable (named above)" if unusable else ""))
     stale = 0
     folder = home.path("owners")
     if os.path.isdir(folder):

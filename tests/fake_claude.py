@@ -4,7 +4,9 @@
 Point cc-lhc at it with ``CC_LHC_CLAUDE_BIN=tests/fake_claude.py``. It accepts any argv.
 
 On start, when ``FAKE_CLAUDE_ARGV_FILE`` is set, it appends one JSON line to that file:
-``{"argv": [...], "env": {...}, "cwd": ..., "pid": ..., "ppid": ..., "tty": {...}}`` where
+``{"argv": [...], "retrieval_rules": [...], "env": {...}, "cwd": ..., "pid": ..., "ppid": ...,
+"tty": {...}}`` (the leading ``--allowedTools=Bash(cc-lhc ...)`` rules cc-lhc adds are moved
+from argv to retrieval_rules) where
 ``env`` holds HOME, TERM, DISABLE_AUTO_COMPACT and every CC_LHC_*, CLAUDE_* and ANTHROPIC_*
 variable it sees, and ``tty`` says which of stdin/stdout/stderr are terminals. One line
 per launch, so a test can see every child a wrapper started.
@@ -68,9 +70,18 @@ def argv_value(names):
     return ""
 
 
+RETRIEVAL_RULE = "--allowedTools=Bash(cc-lhc "
+
+
 def record_launch(path):
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
-    line = {"argv": sys.argv[1:], "env": env, "cwd": os.getcwd(), "pid": os.getpid(),
+    # cc-lhc's own allow rules for its retrieval commands lead every managed child's argv;
+    # they are kept apart so "argv" shows what the launch itself asked of Claude.
+    args = sys.argv[1:]
+    rules = []
+    while args and args[0].startswith(RETRIEVAL_RULE):
+        rules.append(args.pop(0))
+    line = {"argv": args, "retrieval_rules": rules, "env": env, "cwd": os.getcwd(), "pid": os.getpid(),
             "ppid": os.getppid(), "tty": {name: os.isatty(fd) for fd, name in
                                           ((0, "stdin"), (1, "stdout"), (2, "stderr"))}}
     with open(path, "a") as f:

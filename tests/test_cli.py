@@ -244,6 +244,58 @@ def test_double_dash_sends_a_reserved_word_to_claude(fake_claude):
     assert only_launch(fake_claude)["argv"][-2:] == ["-p", "doctor"]
 
 
+# -- doctor and a damaged thread file ---------------------------------------------------
+
+def _two_threads_one_damaged(fake_claude, iso_env):
+    for prompt in ("one", "two"):
+        assert lhc(fake_claude, "-p", prompt).returncode == 0
+    good, bad = sorted(p.stem for p in (iso_env.lhc / "threads").glob("*.sqlite"))
+    path = iso_env.lhc / "threads" / f"{bad}.sqlite"
+    for extra in ("-wal", "-shm"):
+        (iso_env.lhc / "threads" / f"{bad}.sqlite{extra}").unlink(missing_ok=True)
+    path.write_bytes(b"this is not a database, it was overwritten" * 100)
+    return good, bad, path
+
+
+def test_doctor_names_a_damaged_thread_file_says_how_to_fix_it_and_exits_1(fake_claude, iso_env):
+    good, bad, path = _two_threads_one_damaged(fake_claude, iso_env)
+    p = lhc(fake_claude, "doctor")
+    assert p.returncode == 1, out(p)
+    lines = out(p).splitlines()
+    (named,) = [i for i, line in enumerate(lines) if line.startswith("[fail]") and bad in line]
+    assert str(path) in lines[named] and "damaged" in lines[named]
+    assert lines[named + 1].strip().startswith("fix: restore it from a backup")
+    assert "[fail] thread files: 2 checked, 1 unusable" in out(p)
+    assert good not in out(p)  # the sound thread is not named
+    assert "Traceback" not in err(p)
+
+
+def test_threads_lists_the_rest_and_names_a_damaged_thread_file(fake_claude, iso_env):
+    good, bad, _path = _two_threads_one_damaged(fake_claude, iso_env)
+    p = lhc(fake_claude, "threads", "--json")
+    assert p.returncode == 1
+    assert [t["id"] for t in json.loads(p.stdout)] == [good]
+    (line,) = err(p).strip().splitlines()
+    assert bad[:8] in line and "cc-lhc doctor" in line
+    p = lhc(fake_claude, "threads")
+    assert p.returncode == 1 and good[:8] in out(p) and bad[:8] not in out(p)
+
+
+def test_doctor_exits_1_when_claude_cannot_be_found_even_before_any_state(fake_claude, tmp_path):
+    p = lhc(fake_claude, "doctor", env={"CC_LHC_CLAUDE_BIN": str(tmp_path / "no-claude"),
+                                        "CC_LHC_HOME": str(tmp_path / "never-used")})
+    assert p.returncode == 1
+    assert "(not created yet)" in out(p)
+    assert "[fail] claude" in out(p) and "fix: install Claude Code" in out(p)
+
+
+def test_doctor_exits_0_when_everything_is_sound(fake_claude):
+    assert lhc(fake_claude, "-p", "one").returncode == 0
+    p = lhc(fake_claude, "doctor")
+    assert p.returncode == 0, out(p)
+    assert "[fail]" not in out(p) and "[  ok] thread files: 1 checked" in out(p)
+
+
 # -- finding Claude -----------------------------------------------------------------------
 
 def test_claude_bin_override_pointing_nowhere_exits_127(fake_claude, tmp_path):
@@ -393,6 +445,14 @@ def test_auto_compact_disabled_unless_user_asks(fake_claude, args, disabled):
         assert "--autocompact" in " ".join(launch["argv"])  # passed through unchanged
 
 
+@pytest.mark.parametrize("args, given", [
+    (["--autocompact", "auto", "-p", "hi"], "--autocompact auto"),
+    (["-p", "hi", "--autocompact=200000"], "--autocompact=200000"),
+])
+def test_the_autocompact_argument_is_kept_as_written_for_details(args, given):
+    assert cc_lhc.scan_claude_args(args)["autocompact_arg"] == given
+
+
 @pytest.mark.parametrize("args", [["--no-session-persistence", "-p", "hi"], ["--no-session-persistence"]])
 def test_no_session_persistence_runs_unmanaged_with_claude_compaction_on(fake_claude, args):
     """No transcript: nothing to capture or rebuild, so Claude's own compaction stays on."""
@@ -402,6 +462,27 @@ def test_no_session_persistence_runs_unmanaged_with_claude_compaction_on(fake_cl
     assert "DISABLE_AUTO_COMPACT" not in launch["env"]
     assert cc_lhc.MSG_UNGOVERNED in err(p) and err(p).count(cc_lhc.MSG_UNGOVERNED) == 1
     assert "--no-session-persistence" in launch["argv"]
+
+
+RETRIEVAL_RULES = ["--allowedTools=Bash(cc-lhc get-turns:*)", "--allowedTools=Bash(cc-lhc get-messages:*)",
+                   "--allowedTools=Bash(cc-lhc search:*)"]
+
+
+@pytest.mark.parametrize("args", [["-p", "hi"], [], ["--allowedTools", "Bash(git:*)", "-p", "fix it"]])
+def test_managed_children_may_run_exactly_the_retrieval_commands(fake_claude, args):
+    """Each rule is one `=` argument ahead of the user's own, which follow unchanged."""
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    launch = only_launch(fake_claude)
+    assert launch["retrieval_rules"] == RETRIEVAL_RULES
+    assert launch["argv"][2:] == args  # after the --session-id pair
+
+
+@pytest.mark.parametrize("args", [["--no-session-persistence", "-p", "hi"], ["mcp", "list"], ["--version"]])
+def test_children_without_retrieval_get_no_allow_rules(fake_claude, args):
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    assert only_launch(fake_claude)["retrieval_rules"] == []
 
 
 # -- exit statuses ------------------------------------------------------------------------

@@ -17,14 +17,18 @@ class FakeChild:
         self.sizes.append((rows, cols))
 
 
-def panel(monkeypatch, leader=None):
+def panel(monkeypatch, leader=None, policy=None, found=None, home=None):
     if leader is None:
         monkeypatch.delenv("CC_LHC_LEADER", raising=False)
     else:
         monkeypatch.setenv("CC_LHC_LEADER", leader)
+    found = found or {}
     session = types.SimpleNamespace(capture=types.SimpleNamespace(thread_id="t" * 36),
-                                    spec=types.SimpleNamespace(session_id="s" * 36),
-                                    home=None, alarms=[])
+                                    spec=types.SimpleNamespace(session_id="s" * 36, found=found,
+                                                               autocompact=bool(found)),
+                                    home=home, alarms=[], descriptor=None,
+                                    policy=policy or cc_lhc.Policy(dict(cc_lhc.BUILTIN_POLICY),
+                                                                     dict.fromkeys(cc_lhc.BUILTIN_POLICY, "builtin"), []))
     host = types.SimpleNamespace(size=lambda: (24, 80), child=FakeChild())
     p = cc_lhc.ControlPanel(session, host, handoff=None)
     p.relay = cc_lhc.Relay(0, None, 1)
@@ -40,6 +44,50 @@ def test_every_encoding_of_ctrl_bracket_opens_the_panel(monkeypatch, leader):
     assert "/smart-compact" in p.output[0]
     assert p.on_input(b"\x1b") == b"" and not p.open
     assert p.on_input(b"hello") == b"hello"
+
+
+def win32(vk, sc, uc, down, cs=0, rc=1) -> bytes:
+    """One Windows Terminal win32-input-mode key event: ESC [ Vk;Sc;Uc;Kd;Cs;Rc _"""
+    return f"\x1b[{vk};{sc};{uc};{int(down)};{cs};{rc}_".encode()
+
+
+CTRL_BRACKET_DOWN = win32(221, 27, 29, True, cs=0x0008)   # left ctrl held
+CTRL_BRACKET_UP = win32(221, 27, 29, False, cs=0x0008)
+
+
+def test_the_win32_input_encoding_of_ctrl_bracket_opens_and_closes_the_panel(monkeypatch):
+    p = panel(monkeypatch)
+    ctrl_down = win32(17, 29, 0, True, cs=0x0008)
+    # ctrl pressed, then the leader's release alone: neither opens the panel, both reach Claude
+    assert p.on_input(ctrl_down + CTRL_BRACKET_UP) == ctrl_down + CTRL_BRACKET_UP and not p.open
+    assert p.on_input(b"ab" + CTRL_BRACKET_DOWN + CTRL_BRACKET_UP) == b"ab" and p.open
+    # keys typed in win32 mode edit the panel's line; releases type nothing
+    keys = b"".join(win32(0, 0, ord(c), True) + win32(0, 0, ord(c), False) for c in "/help")
+    p.on_input(keys + win32(13, 28, 13, True) + win32(13, 28, 13, False))
+    assert "/smart-compact" in p.output[0] and p.open
+    p.on_input(CTRL_BRACKET_DOWN)
+    assert not p.open
+    assert p.on_input(b"hello") == b"hello"
+
+
+@pytest.mark.parametrize("event", [
+    win32(221, 27, 0, True, cs=0x0004),           # right ctrl, a layout giving no character
+    b"\x1b[221;27;29;1;8_",                      # repeat count left out
+    win32(221, 27, 29, True, cs=0x0008, rc=2),
+])
+def test_win32_leader_variants_open_the_panel(monkeypatch, event):
+    p = panel(monkeypatch)
+    assert p.on_input(event) == b"" and p.open
+
+
+def test_win32_escape_closes_the_panel_and_a_custom_leader_is_matched_by_its_character(monkeypatch):
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d")
+    p.on_input(win32(27, 1, 27, True))
+    assert not p.open
+    p = panel(monkeypatch, "ctrl-g")
+    assert p.on_input(CTRL_BRACKET_DOWN) == CTRL_BRACKET_DOWN and not p.open
+    assert p.on_input(win32(71, 34, 7, True, cs=0x0008)) == b"" and p.open
 
 
 def test_cc_lhc_leader_changes_the_key(monkeypatch):
@@ -66,3 +114,65 @@ def test_arrow_keys_do_not_type_into_the_panel(monkeypatch):
     p = panel(monkeypatch)
     p.on_input(b"\x1d/he\x1b[A\x1b[Dlp")
     assert p.line == "/help" and p.open
+
+
+def test_the_configuration_fallback_is_said_on_the_first_opening_only(monkeypatch, tmp_path):
+    (tmp_path / ".cc-lhc.json").write_text('{"upperBoundTokens": "lots"}')
+    policy = cc_lhc.load_policy(str(tmp_path), {})
+    assert policy.fell_back
+    p = panel(monkeypatch, policy=policy)
+    p.on_input(b"\x1d")
+    first = p.output[0]
+    assert first.startswith(cc_lhc.MSG_CONFIG_FALLBACK) and "upperBoundTokens" in first
+    p.on_input(b"\x1b")
+    p.on_input(b"\x1d")
+    assert not any(cc_lhc.MSG_CONFIG_FALLBACK in line for line in p.output)
+    p.on_input(b"/details\r")
+    assert cc_lhc.MSG_CONFIG_FALLBACK in p.output[0]  # still in /details whenever asked
+
+
+def test_autocompact_gives_one_advisory_and_details_names_the_argument_and_the_way_back(monkeypatch):
+    p = panel(monkeypatch, found={"autocompact": True, "autocompact_arg": "--autocompact auto"})
+    p.on_input(b"\x1d")
+    advisories = [line for line in p.output if "Claude native Compact may run before Smart Compact" in line]
+    assert len(advisories) == 1 and "--autocompact auto" in advisories[0]
+    p.on_input(b"/details\r")
+    assert "the launch gave --autocompact auto" in p.output[0]
+    assert "relaunch without --autocompact" in p.output[0]
+    quiet = panel(monkeypatch)
+    quiet.on_input(b"\x1d")
+    assert not any("may run before" in line for line in quiet.output)
+
+
+def test_a_standing_alarm_from_an_earlier_process_is_on_the_panel(monkeypatch, iso_env):
+    home = cc_lhc.StateHome(str(iso_env.lhc))
+    home.ensure()
+    registry = cc_lhc.Registry(home)
+    thread = registry.create_thread("s" * 36, str(iso_env.work), "fresh")
+    with cc_lhc.Tx(registry.db) as db:
+        db.execute("INSERT INTO thread_alarms VALUES (?, ?, ?)", (thread, "rebuilds not loading", "now"))
+    p = panel(monkeypatch, home=home)
+    p.session.capture.thread_id = thread
+    p.on_input(b"\x1d")
+    assert "alarm: rebuilds not loading" in p.output
+
+
+def test_the_served_view_reads_as_markdown_with_every_block_kind():
+    records = [
+        {"type": "user", "message": {"role": "user", "content": "the opening message"}},
+        {"type": "assistant", "message": {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "first\nsecond", "signature": "sig"},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]}},
+        {"type": "user", "message": {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+             "content": [{"type": "text", "text": "no such file"}]}]}},
+        {"type": "permission-mode", "permissionMode": "default"},
+    ]
+    data = b"\n".join(cc_lhc.json.dumps(r).encode() for r in records) + b"\n"
+    text = cc_lhc.served_view_markdown(data, "t" * 36)
+    assert text.startswith("# Served view of thread " + "t" * 36)
+    assert text.count("## user") == 2 and text.count("## assistant") == 1
+    assert "the opening message" in text and "> (thinking) first\n> second" in text
+    assert "**tool call Bash** (`toolu_1`)" in text and '"command": "ls"' in text
+    assert "**tool result · error** (`toolu_1`)" in text and "no such file" in text
+    assert "permission-mode" not in text  # bookkeeping records are not part of the reading
