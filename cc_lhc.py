@@ -7613,8 +7613,9 @@ def thinking_refused(home, hostdb, store, policy) -> str:
     if not last or last[0] != "api_error" or not THINKING_REFUSAL.search(last[1] or ""):
         return ""
     known = hostdb.session(last[2])
-    answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? LIMIT 1",
-                                (last[2],)).fetchone()
+    # Claude gives its own error notice a synthetic usage of zeros: that is no answer.
+    answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND "
+                                "coalesce(model, '') != '<synthetic>' LIMIT 1", (last[2],)).fetchone()
     return last[2] if known and known["replayed_prefix_bytes"] and not answered else ""
 
 
