@@ -79,7 +79,6 @@ def test_smart_prune_from_the_panel_hands_over_to_a_pruned_session(real_claude, 
     t.wait_for("nothing changed")        # out of range: refused
     type_line(t, "/smart-prune 3000")
     _wait_for_log(rc, "handoff_switched")
-    t.wait_for("This conversation was rebuilt by Smart Compact")
     t.wait_for(PROMPT)
     type_line(t, "carry on")
     t.wait_for("answered on the pruned session")
@@ -89,7 +88,7 @@ def test_smart_prune_from_the_panel_hands_over_to_a_pruned_session(real_claude, 
     kept_from = omitted_upto(opening(request)) + 1
     assert 2 < kept_from <= 6
     assert_pruned(request, kept_from)
-    assert "carry on" in json.dumps(request["body"]["messages"][-1])
+    assert "carry on" in json.dumps([m for m in request["body"]["messages"] if m["role"] == "user"][-1])
     [row] = threads(rc)
     assert row["current_session"] == request["session_id"]
     assert boundary_of(rc, row["id"]) > 0
@@ -108,10 +107,9 @@ def test_automatic_prune_enabled_by_project_config_runs_at_a_live_seam(real_clau
     rc.api.script([text_reply("a long answer", usage=usage(120_000)), "after the prune"])
     t = tmux([sys.executable, CC_LHC, "--resume", old], cols=120, rows=32, env=rc.env, cwd=rc.cwd)
     t.wait_for(PROMPT)
-    type_line(t, f"question 7 {BIG[:200]}")
+    type_line(t, "question 7 go long")
     t.wait_for("a long answer")
     _wait_for_log(rc, "handoff_switched")
-    t.wait_for("This conversation was rebuilt by Smart Compact")
     t.wait_for(PROMPT)
     type_line(t, "next one")
     t.wait_for("after the prune")
