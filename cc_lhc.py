@@ -5974,6 +5974,12 @@ class LiveHandoff:
                     "anything you need with cc-lhc get-messages or get-turns.")
     SPLIT_NOTE = ("the API rejected a request as too long again after a rebuild; split the task "
                   "into smaller steps")
+    THINKING_NOTICE = ("the API refused the thinking replayed into rebuilt session {session}; "
+                       "rebuilding without it (thinking replay: omit for this thread from now on), "
+                       "nothing is lost")
+    THINKING_NOTE = ("[runtime note] The API refused your last request because of thinking replayed "
+                     "into this rebuilt session, so cc-lhc rebuilt it without thinking (Smart "
+                     "Compact); nothing was lost. Please answer the last request now.")
     ALARM = ("cc-lhc rebuilt sessions are not loading \u2014 likely a compatibility problem with "
              "the installed Claude version")
 
@@ -6010,6 +6016,14 @@ class LiveHandoff:
                 session.home.log("too_long_again", turn=turn)
                 return
             self.continue_note = self.RUNTIME_NOTE.format(ran=", ".join(ran) or "none")
+            if self.start(relay, manual=True):
+                self.continue_note = None
+            return
+        if b"k" in asked and session.thinking_refused:
+            refused, session.thinking_refused = session.thinking_refused, ""
+            session.announce(self.THINKING_NOTICE.format(session=refused), relay)
+            if not session.continued:
+                self.continue_note = self.THINKING_NOTE
             if self.start(relay, manual=True):
                 self.continue_note = None
             return
@@ -7424,6 +7438,7 @@ class ManagedSession:
         self.too_long = None              # (turn, tool calls that ran) of the newest rejection
         self.too_long_handled = set()
         self.continued = False            # the one automatic continuation has been used
+        self.thinking_refused = ""        # the rebuilt session whose thinking the API refused
         spec.session = self
 
     def __enter__(self):
@@ -7529,13 +7544,17 @@ class ManagedSession:
             self.announced.append(text)
             relay.to_user += f"\r\n{PROG}: {text}\r\n".encode("utf-8")
 
-    def request_handoff(self, too_long=None, prune=False) -> None:
+    def request_handoff(self, too_long=None, prune=False, thinking="") -> None:
         """Called on the capture thread: wake the relay to run a live handoff (Smart
-        Prune's when ``prune``)."""
+        Prune's when ``prune``; a rebuild without thinking when the API refused the
+        thinking replayed into session ``thinking``)."""
         if too_long is not None:
             self.too_long = too_long
+        if thinking:
+            self.thinking_refused = thinking
+        what = b"t" if too_long is not None else b"k" if thinking else b"p" if prune else b"h"
         try:
-            os.write(self.control_w, b"t" if too_long is not None else b"p" if prune else b"h")
+            os.write(self.control_w, what)
         except (BlockingIOError, OSError, TypeError):
             pass  # already asked, or the session is closing
 
@@ -7630,7 +7649,14 @@ def classify_live(capture, home, policy) -> dict:
         capture.hostdb = HostDB(home)
     a = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id, policy)
     rejected = rejected_too_long(capture.store)
-    if rejected is not None and capture.request_handoff is not None:
+    refused = thinking_refused(home, capture.hostdb, capture.store, policy) \
+        if capture.request_handoff is not None else ""
+    if refused:
+        _set_meta(capture.store, THINKING_KEY, "omit")
+        a.outcome("thinking refusal: live rebuild with omit requested")
+        home.log("thinking_refused", thread=capture.thread_id, session=refused)
+        capture.request_handoff(thinking=refused)
+    elif rejected is not None and capture.request_handoff is not None:
         a.outcome("too-long rejection: live handoff requested")
         home.log("too_long_rejection", thread=capture.thread_id, turn=rejected[0], ran=rejected[1])
         capture.request_handoff(too_long=rejected)

@@ -211,3 +211,37 @@ def test_a_refused_thinking_replay_is_rebuilt_with_omit_on_the_next_invocation(r
     p = ok(lhc(rc, "--resume", old, "-p", "later"))
     assert "refused the thinking" not in p.stderr
     assert [r["session_id"] for r in rc.api.message_requests[n:]] == [request["session_id"]]
+
+
+def test_a_running_session_whose_thinking_is_refused_is_rebuilt_with_omit_and_continues(
+        real_claude, tmux):
+    rc = real_claude
+
+    def answer(body):
+        if first_text(body["messages"][0]).startswith(cc_lhc.REBUILT_MARKER):
+            if _has_thinking(body):
+                return error_reply(400, REFUSAL)
+            return text_reply("answered without thinking", usage=SMALL)
+        return thinking_reply("a deep thought", "a long answer", signature="sig-" + "Q" * 60,
+                              usage=usage(371_000))
+
+    rc.api.responder = answer
+    t = tmux([sys.executable, CC_LHC], cols=120, rows=32, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "think hard")
+    t.wait_for("a long answer")
+    _wait_for_log(rc, "handoff_switched")     # Smart Compact over the trigger
+    t.wait_for(PROMPT)
+    type_line(t, "and then")                  # the rebuilt session's first request is refused
+    _wait_for_log(rc, "thinking_refused")
+    _wait_for_log(rc, "handoff_switched", count=2)
+    t.wait_for("answered without thinking")
+    exit_cleanly(t)
+    requests = rc.api.message_requests
+    last = requests[-1]
+    assert not _has_thinking(last["body"])
+    sent = json.dumps(last["body"]["messages"])
+    assert "think hard" in sent and "and then" in sent and "[runtime note]" in sent
+    screen = t.capture(history=True).replace("\n", "")
+    assert "thinking replay: omit" in screen
+    assert [r[2] for r in rebuilds(rc)] == ["accepted", "accepted"]
