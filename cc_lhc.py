@@ -350,8 +350,12 @@ BUILTIN_POLICY = {
     "pruneThresholdTokens": 300_000,
     "pruneTargetTokens": 150_000,
     "minRunwayTokens": 50_000,
+    "thinkingReplay": "signed_verbatim",
 }
 PROFILES = ("default", "balanced", "historical")
+# The thinking replay arms of a rebuilt session (section 6): replay signed thinking
+# blocks exactly as recorded, or leave all thinking out.
+THINKING_ARMS = ("signed_verbatim", "omit")
 _TOKEN_FIELDS = ("lowerBoundTokens", "upperBoundTokens", "pruneThresholdTokens",
                  "pruneTargetTokens", "minRunwayTokens")
 # Every token field lies in this range. Small values are allowed (they rebuild early and
@@ -416,6 +420,9 @@ def _check_field(name, value):
     elif name == "pruneEnabled":
         if not isinstance(value, bool):
             return f"expected true or false, got {_shown_value(value)}"
+    elif name == "thinkingReplay":
+        if value not in THINKING_ARMS:
+            return f"expected one of {', '.join(THINKING_ARMS)}, got {_shown_value(value)}"
     return None
 
 
@@ -1807,11 +1814,12 @@ PROFILE_SHARES = {
 
 BANDS = ("full", "lean", "summary")
 
-# Which arm of the thinking ladder rebuilt rollouts use. `signed_verbatim` replays the
-# tail's signed thinking blocks exactly as recorded; `omit` drops all thinking. The API
-# binds a signature to the history it was produced over, and some accounts reject a
-# replayed block after a rebuild with a prefix-mismatch 400: flip this to "omit" then.
-THINKING_REBUILD_ARM = "signed_verbatim"
+# Which arm of the thinking ladder rebuilt rollouts use when no arm is passed.
+# `signed_verbatim` replays the tail's signed thinking blocks exactly as recorded; `omit`
+# drops all thinking. The arm a rebuild uses comes from the policy (`thinkingReplay`,
+# --lhc-thinking-replay) or from the thread, once the API refused replayed thinking for
+# it (see thinking_arm): the API binds a signature to the history it was produced over.
+THINKING_REBUILD_ARM = BUILTIN_POLICY["thinkingReplay"]
 
 # Tool outputs at most this long stay verbatim in the lean band (a stub would be longer);
 # error outputs up to ERROR_KEEP_BYTES stay too, because the exact error is what matters.
@@ -2137,14 +2145,20 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), s
                        profile, summaries or {}, favoured)
 
 
-def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured):
-    """build_view over turns already cut into parts (turn n -> its parts, oldest first)."""
-    parts = [p for t in turns for p in by_turn[t.n]]
+def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured, hidden=frozenset()):
+    """build_view over turns already cut into parts (turn n -> its parts, oldest first).
+
+    ``hidden`` are the (turn, first seq) keys of parts before the visibility boundary:
+    they are out of view whatever room is left, and no band is spent on them.
+    """
+    parts = [p for t in turns for p in by_turn[t.n] if (p.n, p.first) not in hidden]
     placed, used, texts = _allocate(parts, budget, profile, summaries)
+    placed.update((key, "omitted") for key in hidden)
     by_n = {t.n: t for t in turns}
     lift, reserve = [], 0
     room = int(budget * PROFILE_SHARES[profile]["lean"])
-    for n in sorted(set(favoured) & set(by_turn), reverse=True):
+    favoured = set(favoured) - {n for n, _first in hidden}
+    for n in sorted(favoured & set(by_turn), reverse=True):
         got = {placed[(n, p.first)] for p in by_turn[n]}
         if got & {"summary", "omitted"} and "full" not in got:
             cost = band_cost(by_n[n], "lean")
@@ -2217,18 +2231,31 @@ def working_set(turns):
     return [(path, "edited" if edited else "read", label) for path, (edited, label) in rows[:WORKING_SET_LIMIT]]
 
 
-def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False):
+def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False,
+               boundary=0):
     """The view Claude will be served and its header, both inside ``budget``.
 
     The header is part of what Claude receives: its fixed part (instructions, working
     set, omitted-range lines, and for each long turn the lines naming its parts and the
     note where it resumes) comes out of the budget before the bands share the rest.
+    Messages up to ``boundary`` (the thread's visibility boundary, moved by Smart Prune)
+    are out of view, named like any other omitted range.
     """
     files = working_set(turns)
     soft = segment_tokens(budget, profile)
+    by_turn = {t.n: turn_parts(t, soft) for t in turns}
+    hidden = apply_boundary(turns, by_turn, boundary, soft)
+    view = _build_view(thread_id, turns, by_turn, max(0, budget - _header_reserve(
+        thread_id, turns, by_turn, profile, files, fell_back)), profile, summaries or {}, favoured,
+        hidden)
+    return view, render_header(view, files, fell_back)
+
+
+def _header_reserve(thread_id, turns, by_turn, profile, files, fell_back) -> int:
+    """Tokens the header can take at most: its fixed part with every turn named as out of
+    view, and the lines naming the parts of each long turn with the note where it resumes."""
     everything_omitted = View(thread_id, {t.n: "omitted" for t in turns}, {}, 0, profile, {})
     reserve = estimate_tokens(render_header(everything_omitted, files, fell_back))
-    by_turn = {t.n: turn_parts(t, soft) for t in turns}
     for turn in turns:
         parts = by_turn[turn.n]
         if len(parts) > 1:
@@ -2236,9 +2263,90 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
             widest = [(a, b, band) for band in BANDS + ("omitted",)]
             reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))
                                        + bridge_note(turn.n, a, b)) + 8
-    view = _build_view(thread_id, turns, by_turn, max(0, budget - reserve), profile, summaries or {},
-                       favoured)
-    return view, render_header(view, files, fell_back)
+    return reserve
+
+
+# -- the visibility boundary (Smart Prune) ---------------------------------------------
+#
+# The boundary is a message label: everything at or before it is out of view in every
+# later view of the thread (Smart Compact's too), named as not in view and retrievable.
+# Smart Prune only ever moves it forward. A pruned view holds everything after it
+# verbatim: prune summarises nothing and leans nothing, so a turn an earlier Smart
+# Compact had put lean or summarised is either verbatim again after the boundary or out
+# of view before it.
+
+def safe_cut(messages, boundary: int) -> int:
+    """The boundary moved forward, if need be, so that no tool call at or before it waits
+    for a result after it (a call and its result never fall on two sides)."""
+    paired = paired_tool_ids(messages)
+    waiting, cut = set(), 0
+    for m in messages:
+        if m["seq"] > boundary and not waiting:
+            break
+        if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
+            waiting.add(m["tool_use_id"])
+        elif m["kind"] == "tool_result":
+            waiting.discard(m["tool_use_id"])
+        cut = m["seq"]
+    return max(cut, boundary)
+
+
+def apply_boundary(turns, by_turn, boundary: int, soft: int) -> set:
+    """Cut the parts of the turn the boundary falls inside at the boundary (in place), and
+    return the (turn, first seq) keys of every part at or before it."""
+    hidden = set()
+    if boundary <= 0:
+        return hidden
+    for turn in turns:
+        parts = by_turn[turn.n]
+        if parts[-1].last <= boundary:
+            hidden.update((turn.n, p.first) for p in parts)
+            continue
+        if parts[0].first > boundary:
+            continue
+        cut = safe_cut(turn.messages, boundary)
+        before = [m for m in turn.messages if m["seq"] <= cut]
+        after = Turn(turn.n, turn.kind, turn.status, [m for m in turn.messages if m["seq"] > cut])
+        parts = [Part(turn, before, False)] + [Part(turn, p.messages, False)
+                                               for p in turn_parts(after, soft)]
+        by_turn[turn.n] = parts
+        hidden.add((turn.n, parts[0].first))
+    return hidden
+
+
+def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False):
+    """Smart Prune's view (pure): (view, header, new boundary).
+
+    Everything after the new boundary is verbatim; the boundary is the end of the newest
+    part that no longer fits ``budget`` with everything newer than it (the newest part
+    always stays), and never before ``boundary``. Parts end where no tool call waits, so
+    the boundary never separates a call from its result.
+    """
+    files = working_set(turns)
+    soft = segment_tokens(budget, profile)
+    by_turn = {t.n: turn_parts(t, soft) for t in turns}
+    room = max(0, budget - _header_reserve(thread_id, turns, by_turn, profile, files, fell_back))
+    parts = [p for t in turns for p in by_turn[t.n]]
+    cut, used, tools = boundary, 0, {}
+    for i in range(len(parts) - 1, -1, -1):
+        part = parts[i]
+        if part.n not in tools:
+            tools[part.n] = _tool_context(part.turn)
+        cost = band_cost(part.turn, "full", messages=part.messages, tools=tools[part.n])
+        if part.last <= boundary:
+            break  # already out of view
+        if used + cost > room and i < len(parts) - 1:
+            cut = part.last
+            break
+        used += cost
+    hidden = apply_boundary(turns, by_turn, cut, soft)
+    placed = {(p.n, p.first): "omitted" if (p.n, p.first) in hidden else "full"
+              for t in turns for p in by_turn[t.n]}
+    kept = sum(band_cost(p.turn, "full", messages=p.messages, tools=tools.get(p.n))
+               for t in turns for p in by_turn[t.n] if placed[(p.n, p.first)] == "full")
+    view = _assemble(thread_id, turns, by_turn, placed, {"full": kept, "lean": 0, "summary": 0},
+                     budget, profile, {}, {})
+    return view, render_header(view, files, fell_back), cut
 
 
 BAND_WORDS = (("full", "verbatim"),
@@ -2638,33 +2746,97 @@ def _envelope_line(raw: bytes, latest: dict, meta: dict) -> None:
 class Rebuild:
     """One rebuilt session, ready to write: its records and what it holds."""
 
-    def __init__(self, session_id, path, data, view):
+    def __init__(self, session_id, path, data, view, boundary=0, arm=None):
         self.session_id = session_id
         self.path = path
         self.data = data
         self.view = view
+        self.boundary = boundary  # the visibility boundary this view was built with
+        self.arm = arm
+
+
+class PruneUnchanged(LhcError):
+    """Smart Prune found nothing to move out of view: the boundary stays where it is."""
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
-                 envelope_from=None, now=None, arm=None) -> Rebuild:
+                 envelope_from=None, now=None, arm=None, prune_target=None) -> Rebuild:
     """Build the served view of a thread and the transcript bytes for a new session.
 
-    ``arm`` is the thinking replay arm (default: THINKING_REBUILD_ARM at call time).
+    ``arm`` is the thinking replay arm (default: the thread's, see thinking_arm).
+    ``prune_target`` makes it Smart Prune's view (prune_view) within that many tokens;
+    it raises PruneUnchanged when that would not move the visibility boundary.
     """
     turns = load_turns(store)
-    summaries = thread_summaries(store, turns)
-    favoured = recent_impression_turns(store)
+    boundary = visibility_boundary(store)
+    arm = arm or thinking_arm(store, policy)
+    budget = policy.effective_target if prune_target is None else prune_target
     # The file-state pairs are set aside first, as if none of them were in view.
-    carried, reserve = carried_file_state(turns, policy.effective_target)
-    view, header = serve_view(thread_id, turns, policy.effective_target - reserve, policy["profile"],
-                              summaries, favoured, policy.fell_back)
+    carried, reserve = carried_file_state(turns, budget)
+    if prune_target is None:
+        view, header = serve_view(thread_id, turns, budget - reserve, policy["profile"],
+                                  thread_summaries(store, turns), recent_impression_turns(store),
+                                  policy.fell_back, boundary)
+    else:
+        view, header, new_boundary = prune_view(thread_id, turns, boundary, budget - reserve,
+                                                policy["profile"], policy.fell_back)
+        if new_boundary <= boundary:
+            raise PruneUnchanged(f"nothing to prune: the view already fits {prune_target:,} tokens"
+                                 + (f" after m{boundary}" if boundary else ""))
+        boundary = new_boundary
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
                            arm=arm, carried=carried)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
-    return Rebuild(session_id, path, records_bytes(records), view)
+    return Rebuild(session_id, path, records_bytes(records), view, boundary, arm)
+
+
+def prune_planner(target: int):
+    """The plan_view `rebuild` takes for Smart Prune down to ``target`` tokens."""
+    return functools.partial(plan_rebuild, prune_target=target)
+
+
+# Per-thread view state lives in the thread's meta table: the visibility boundary in
+# force (moved only forward, once a pruned session was accepted), the boundary each
+# rebuilt session was built with until then, and the thinking arm once the API refused
+# replayed thinking for the thread.
+BOUNDARY_KEY = "visibility_boundary"
+THINKING_KEY = "thinking_replay"
+
+
+def _meta(store, key, default=None):
+    row = store.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else default
+
+
+def _set_meta(store, key, value) -> None:
+    with Tx(store.db) as db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+
+
+def visibility_boundary(store) -> int:
+    """The thread's visibility boundary: the newest message label out of view (0: none)."""
+    return int(_meta(store, BOUNDARY_KEY, 0))
+
+
+def note_built_boundary(store, session_id, boundary) -> None:
+    _set_meta(store, f"boundary:{session_id}", boundary)
+
+
+def advance_boundary(store, session_id) -> int:
+    """Once a rebuilt session is accepted, its boundary is the thread's (never backwards)."""
+    built = int(_meta(store, f"boundary:{session_id}", 0))
+    current = visibility_boundary(store)
+    if built > current:
+        _set_meta(store, BOUNDARY_KEY, built)
+    return max(built, current)
+
+
+def thinking_arm(store, policy) -> str:
+    """The thread's own arm once it had to give up replayed thinking, else the policy's."""
+    return _meta(store, THINKING_KEY) or policy.values.get("thinkingReplay", THINKING_REBUILD_ARM)
 
 
 def thread_summaries(store, turns) -> dict:
@@ -4991,23 +5163,37 @@ def _already_rebuilt(home, prior) -> str:
     return m.group(1) if row and row[0] in ("pending", "accepted") else ""
 
 
-def current_classification(store, session_id, policy, prompt_estimate=0, idle=False):
-    """The governor's classification of a session now, and why its seam is unsettled ('')."""
+def current_classification(store, session_id, policy, prompt_estimate=0, idle=False, prune=False):
+    """The governor's classification of a session now, and why its seam is unsettled ('').
+
+    ``prune`` classifies against Smart Prune's threshold instead of Smart Compact's trigger.
+    """
     reading = governor_reading(store, session_id, prompt_estimate)
     unsettled = unsettled_reason(store, idle)
-    return classify(reading, policy["upperBoundTokens"], not unsettled), unsettled
+    trigger = policy["pruneThresholdTokens"] if prune else policy["upperBoundTokens"]
+    return classify(reading, trigger, not unsettled), unsettled
+
+
+def automatic_prune_due(policy, c: dict) -> bool:
+    """Whether automatic Smart Prune may be assessed after a Smart Compact reading ``c``.
+
+    Off unless pruneEnabled. Over the Smart Compact trigger Smart Compact wins (it is what
+    runs, or waits for the seam), so prune is only ever the operation below the trigger.
+    """
+    return bool(policy["pruneEnabled"]) and c["pressure"] is not None and c["pressure"] < c["trigger"]
 
 
 def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimate=0,
-           manual=False, swap=False, idle=False) -> Assessment:
+           manual=False, swap=False, idle=False, prune=False) -> Assessment:
     """Read the pressure of a session, check its seam, classify and receipt it.
 
     ``manual`` (the panel) runs below the trigger too, but never off a settled seam;
     ``swap`` means the Claude process would be replaced, so background work it owns and
     that cannot be carried makes the seam skip. ``idle``: no Claude is writing the
-    transcript now (before a launch), see unsettled_reason.
+    transcript now (before a launch), see unsettled_reason. ``prune``: the operation is
+    Smart Prune, judged against pruneThresholdTokens.
     """
-    c, unsettled = current_classification(store, session_id, policy, prompt_estimate, idle)
+    c, unsettled = current_classification(store, session_id, policy, prompt_estimate, idle, prune)
     receipts = Receipts(hostdb, home)
     receipt = receipts.classified(store, thread_id, session_id, c)
     a = Assessment(c, receipt, receipts, unsettled, "")
@@ -5070,6 +5256,9 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     new_sid = session_id or new_session_id()
     plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, new_sid, cwd,
                                        projects_root=projects_root, envelope_from=envelope_from)
+    if plan.boundary:
+        # The thread's boundary moves to this one only once the session is accepted.
+        note_built_boundary(store, new_sid, plan.boundary)
     if not pending:
         if plan.view.empty:
             raise usage_error(f"thread {thread_id} has nothing to put in a view yet")
@@ -5094,9 +5283,12 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
         failpoint("after-rollout-write")
         if assessment is not None:
             assessment.outcome(f"rebuilt:{new_sid}")
+    else:
+        advance_boundary(store, new_sid)
     home.log("smart_compact_rebuilt" if pending else "rollout_written", thread=thread_id,
              old_session=from_session, new_session=new_sid, path=plan.path, bytes=len(plan.data),
-             bands={b: len(plan.view.turns_in(b)) for b in BANDS + ("omitted",)})
+             bands={b: len(plan.view.turns_in(b)) for b in BANDS + ("omitted",)},
+             boundary=plan.boundary, prune=plan_view is not None, thinking=plan.arm)
     return PendingRebuild(new_sid, from_session, plan.path, len(plan.data),
                           assessment.receipt if assessment is not None else None)
 
@@ -5140,7 +5332,13 @@ def accept(home, thread_id, pending) -> bool:
         home.log("pointer_write_failed", thread=thread_id, error=repr(e))
         return True
     failpoint("after-alias-advance")
-    home.log("smart_compact_accepted", thread=thread_id, session=pending.session_id)
+    store = ThreadStore(home, thread_id)
+    try:
+        boundary = advance_boundary(store, pending.session_id)
+    finally:
+        store.close()
+    home.log("smart_compact_accepted", thread=thread_id, session=pending.session_id,
+             boundary=boundary)
     return True
 
 
@@ -5435,6 +5633,8 @@ PANEL_COMMANDS = {
     "/status": "capture, retrieval and context-policy status",
     "/stats": "what the thread holds and what summaries cost",
     "/smart-compact": "run Smart Compact now and hand Claude over to the rebuilt session",
+    "/smart-prune": "/smart-prune [tokens]: move the oldest turns out of view, down to the prune "
+                    "target (or tokens), and hand over if the view changed",
     "/export": "write this session's transcript and the view Smart Compact would serve now to files",
     "/bounds": "/bounds <target> <trigger>: change them for this session",
     "/allocation": "/allocation [default|balanced|historical]: change the profile for this session",
@@ -5718,6 +5918,26 @@ class ControlPanel:
         self._hide()  # back to Claude's screen; the switch follows once the replacement is up
         return "Smart Compact started"
 
+    def cmd_smart_prune(self, args) -> str:
+        if len(args) > 1:
+            raise usage_error("usage: /smart-prune [tokens], e.g. /smart-prune 100000")
+        target = self.session.policy["pruneTargetTokens"]
+        if args:
+            try:
+                target = int(args[0].replace("_", "").replace(",", ""))
+            except ValueError:
+                target = args[0]
+            if token_count_problem(target):
+                raise usage_error(f"the prune target is a positive whole number of tokens up to "
+                                  f"{TOKEN_FIELD_MAX:,}; nothing changed")
+        if self.handoff is None:
+            return "Smart Prune is not available in this session"
+        why_not = self.handoff.start(self.relay, manual=True, prune=target)
+        if why_not:
+            return f"Smart Prune did not hand over: {why_not}"
+        self._hide()  # back to Claude's screen; the switch follows once the replacement is up
+        return f"Smart Prune started (down to {target:,} tokens)"
+
     def cmd_bounds(self, args) -> str:
         if len(args) != 2:
             raise usage_error("usage: /bounds <target> <trigger>, e.g. /bounds 150000 300000")
@@ -5774,9 +5994,18 @@ class ControlPanel:
             native = "off for this session (DISABLE_AUTO_COMPACT=1)"
         running = ("Smart Compact handoff under way" if self.handoff and self.handoff.candidate
                    else "none")
+        store = self._store()
+        try:
+            boundary, arm = visibility_boundary(store), _meta(store, THINKING_KEY)
+        finally:
+            store.close()
         return "\n".join(
             ["configuration (value, source):"]
             + [f"  {k:<21} {p.values[k]!s:<10} {p.sources[k]}" for k in BUILTIN_POLICY]
+            + ([f"  thread thinking replay: {arm} (the API refused replayed thinking for this "
+                "thread)"] if arm else [])
+            + [f"visibility boundary: m{boundary} (Smart Prune; earlier messages are not in view)"
+               if boundary else "visibility boundary: none (nothing pruned)"]
             + ([f"  fallback: {MSG_CONFIG_FALLBACK}"] + [f"    {x}" for x in p.problems] if p.fell_back else [])
             + [f"retrieval descriptor: {self.session.descriptor['path'] if self.session.descriptor else 'none'}",
                f"Claude native Compact: {native}",
@@ -6620,6 +6849,12 @@ class LiveHandoff:
                     "anything you need with cc-lhc get-messages or get-turns.")
     SPLIT_NOTE = ("the API rejected a request as too long again after a rebuild; split the task "
                   "into smaller steps")
+    THINKING_NOTICE = ("the API refused the thinking replayed into rebuilt session {session}; "
+                       "rebuilding without it (thinking replay: omit for this thread from now on), "
+                       "nothing is lost")
+    THINKING_NOTE = ("[runtime note] The API refused your last request because of thinking replayed "
+                     "into this rebuilt session, so cc-lhc rebuilt it without thinking (Smart "
+                     "Compact); nothing was lost. Please answer the last request now.")
     ALARM = ("cc-lhc rebuilt sessions are not loading \u2014 likely a compatibility problem with "
              "the installed Claude version")
 
@@ -6663,39 +6898,64 @@ class LiveHandoff:
             if self.start(relay, manual=True):
                 self.continue_note = None
             return
-        if b"h" not in asked or self.alarmed:
+        if b"k" in asked and session.thinking_refused:
+            refused, session.thinking_refused = session.thinking_refused, ""
+            session.announce(self.THINKING_NOTICE.format(session=refused), relay)
+            if not session.continued:
+                self.continue_note = self.THINKING_NOTE
+            if self.start(relay, manual=True):
+                self.continue_note = None
+            return
+        if self.alarmed or not (b"h" in asked or b"p" in asked):
             return  # after the alarm only manual Smart Compact runs; the automatic swap stops
-        self.start(relay)
+        if b"h" in asked:
+            self.start(relay)
+        else:
+            self.start(relay, prune=session.policy["pruneTargetTokens"])
 
-    def start(self, relay, manual=False) -> str:
-        """Begin a handoff if the seam allows; returns why not, or ''."""
+    def start(self, relay, manual=False, prune=None) -> str:
+        """Begin a handoff if the seam allows; returns why not, or ''.
+
+        ``prune`` (a target in tokens) makes it Smart Prune: the same steps with the
+        pruned view, and no handoff at all when the visibility boundary would not move.
+        """
         if self.candidate is not None:
             return "a Smart Compact is already under way"
         if self.session.detached:
             return self.session.detached
         try:
-            return self._begin(relay, manual) or ""
+            return self._begin(relay, manual, prune) or ""
         except Exception as e:  # a failed attempt must never take the session down
             self.session.home.log("handoff_error", error=repr(e))
             self._fail(relay, f"could not prepare the rebuild: {e}")
             return f"it could not start: {e}"
 
-    def _begin(self, relay, manual=False):
+    def _begin(self, relay, manual=False, prune=None):
         session, spec, home = self.session, self.session.spec, self.session.home
         capture = session.capture
         store = ThreadStore(home, capture.thread_id)
         try:
             a = assess(home, session.hostdb, store, capture.thread_id, spec.session_id, session.policy,
-                       manual=manual, swap=True)
+                       manual=manual, swap=True, prune=prune is not None)
             if not a.go:
                 return a.reason
             self.carrying = background_items(store)
             # From here Smart Compact owns the settled session: bytes bound for Claude are
             # dropped (never buffered or replayed) until the switch or the failure says so.
             relay.drop_input = True
+            held = bytes(relay.to_child)
             relay.to_child.clear()
-            pending = rebuild(home, session.hostdb, store, capture.thread_id, spec.session_id,
-                              session.policy, spec.cwd, envelope_from=capture.path, assessment=a)
+            try:
+                pending = rebuild(home, session.hostdb, store, capture.thread_id, spec.session_id,
+                                  session.policy, spec.cwd, envelope_from=capture.path, assessment=a,
+                                  plan_view=prune_planner(prune) if prune is not None else None)
+            except PruneUnchanged as e:
+                # Nothing was written and nothing swaps: Claude gets its input back.
+                relay.drop_input = False
+                relay.to_child[:0] = held
+                a.outcome(f"no_action: {e}")
+                home.log("prune_unchanged", thread=capture.thread_id, why=str(e))
+                return str(e)
         finally:
             store.close()
         pending.descriptor = create_descriptor(home, session.hostdb, capture.thread_id,
@@ -7308,18 +7568,37 @@ def smart_compact_before_launch(spec, home, policy, capture):
         say("context check skipped: capture is still catching up with the transcript; "
             "Smart Compact will run on the next invocation if needed")
         return capture, None
+    refused = thinking_refused(home, hostdb, capture.store, policy)
+    if refused:
+        # The rebuilt session's first request was refused over its replayed thinking: the
+        # thread gives up replaying thinking from now on and is rebuilt without it.
+        _set_meta(capture.store, THINKING_KEY, "omit")
+        say(f"the API refused the thinking replayed into rebuilt session {refused}; rebuilding "
+            "without it (thinking replay: omit for this thread from now on), nothing is lost")
+        home.log("thinking_refused", thread=capture.thread_id, session=refused)
     a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-               prompt_estimate=prompt_estimate(spec), idle=True)
+               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused))
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
+    plan_view = None
+    if not a.go and automatic_prune_due(policy, a.c):
+        a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
+                   prompt_estimate=prompt_estimate(spec), idle=True, prune=True)
+        home.log("governor", thread=capture.thread_id, session=spec.session_id, operation="prune",
+                 **a.c)
+        plan_view = prune_planner(policy["pruneTargetTokens"])
     if not a.go:
         if a.c["state"] == STATE_OVER_OPEN:
             say(f"over the trigger but {a.reason}; launching on the current session, "
                 "Smart Compact runs on the next invocation")
         return capture, None
-    say(f"Smart Compact: {describe_reading(a.c)}")
+    say(f"{'Smart Prune' if plan_view else 'Smart Compact'}: {describe_reading(a.c)}")
     try:
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-                          spec.cwd, envelope_from=capture.path, assessment=a)
+                          spec.cwd, envelope_from=capture.path, assessment=a, plan_view=plan_view)
+    except PruneUnchanged as e:
+        a.outcome(f"no_action: {e}")
+        say(f"Smart Prune: {e}")
+        return capture, None
     except LhcError as e:
         # The session Claude was on is still whole: launch on it rather than not at all.
         say(f"{e}; launching on the current session")
@@ -7870,6 +8149,8 @@ LHC_FLAGS = {
     "--lhc-trigger": ("upperBoundTokens", True, "context size that triggers Smart Compact (default 360000)"),
     "--lhc-min-runway": ("minRunwayTokens", True, "tokens kept free between the view and the trigger (default 50000)"),
     "--lhc-profile": ("profile", True, "allocation profile: default, balanced or historical"),
+    "--lhc-thinking-replay": ("thinkingReplay", True,
+                              "thinking in rebuilt sessions: signed_verbatim (default) or omit"),
     "--lhc-no-notifier": (None, False, "no advisory line when /clear, /resume or /compact is typed to Claude"),
 }
 
@@ -7981,7 +8262,8 @@ Environment:
 
 Configuration: ~/.config/cc-lhc/config.json, then .cc-lhc.json in the project,
 then the flags above. Fields: lowerBoundTokens, upperBoundTokens, profile,
-pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens. Token
+pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens,
+thinkingReplay (signed_verbatim or omit). Token
 values are whole numbers from 1 to 10,000,000; anything else falls back to the
 default. A flag value starting with `-` is refused: write --lhc-target=VALUE.
 
@@ -7994,7 +8276,7 @@ state folder, or when `doctor` finds something broken.
 def render_help() -> str:
     rows = []
     for flag, (_field, takes_value, text) in LHC_FLAGS.items():
-        left = f"{flag} N" if takes_value and flag != "--lhc-profile" else (
+        left = f"{flag} N" if takes_value and flag not in ("--lhc-profile", "--lhc-thinking-replay") else (
             f"{flag} NAME" if takes_value else flag)
         rows.append(f"  {left:<22} {text}")
     return HELP_TEXT.format(version=VERSION, flags="\n".join(rows))
@@ -8130,6 +8412,7 @@ class ManagedSession:
         self.too_long = None              # (turn, tool calls that ran) of the newest rejection
         self.too_long_handled = set()
         self.continued = False            # the one automatic continuation has been used
+        self.thinking_refused = ""        # the rebuilt session whose thinking the API refused
         spec.session = self
 
     def __enter__(self):
@@ -8236,12 +8519,17 @@ class ManagedSession:
             self.announced.append(text)
             relay.to_user += f"\r\n{PROG}: {text}\r\n".encode("utf-8")
 
-    def request_handoff(self, too_long=None) -> None:
-        """Called on the capture thread: wake the relay to run a live handoff."""
+    def request_handoff(self, too_long=None, prune=False, thinking="") -> None:
+        """Called on the capture thread: wake the relay to run a live handoff (Smart
+        Prune's when ``prune``; a rebuild without thinking when the API refused the
+        thinking replayed into session ``thinking``)."""
         if too_long is not None:
             self.too_long = too_long
+        if thinking:
+            self.thinking_refused = thinking
+        what = b"t" if too_long is not None else b"k" if thinking else b"p" if prune else b"h"
         try:
-            os.write(self.control_w, b"t" if too_long is not None else b"h")
+            os.write(self.control_w, what)
         except (BlockingIOError, OSError, TypeError):
             pass  # already asked, or the session is closing
 
@@ -8296,6 +8584,36 @@ def rejected_too_long(store):
     return row[0], ran
 
 
+# What the API says when a replayed thinking block does not match the history it is
+# now sent over ("Invalid `signature` in `thinking` block", "thinking blocks ... cannot
+# be modified"): a 400 invalid_request_error naming thinking or its signature.
+THINKING_REFUSAL = re.compile(r"(?=.*\b(?:400|invalid_request_error)\b)(?=.*\b(?:thinking|signature)\b)",
+                              re.I | re.S)
+
+
+def thinking_refused(home, hostdb, store, policy) -> str:
+    """The rebuilt session whose first request the API refused over replayed thinking, or ''.
+
+    Only a rebuild cc-lhc wrote (it has a replayed prefix) that never got an answer
+    counts, and only while the thread still replays thinking: once it rebuilt with
+    `omit`, a refusal has some other cause and is not rebuilt again.
+    """
+    if thinking_arm(store, policy) == "omit":
+        return ""
+    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    if not row or row[1] == "open":
+        return ""
+    last = store.db.execute("SELECT kind, text, source_session FROM messages WHERE turn = ? AND "
+                            "agent IS NULL ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
+    if not last or last[0] != "api_error" or not THINKING_REFUSAL.search(last[1] or ""):
+        return ""
+    known = hostdb.session(last[2])
+    # Claude gives its own error notice a synthetic usage of zeros: that is no answer.
+    answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND "
+                                "coalesce(model, '') != '<synthetic>' LIMIT 1", (last[2],)).fetchone()
+    return last[2] if known and known["replayed_prefix_bytes"] and not answered else ""
+
+
 def classify_live(capture, home, policy) -> dict:
     """Classify a running session after each new response, and receipt it once.
 
@@ -8307,7 +8625,14 @@ def classify_live(capture, home, policy) -> dict:
         capture.hostdb = HostDB(home)
     a = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id, policy)
     rejected = rejected_too_long(capture.store)
-    if rejected is not None and capture.request_handoff is not None:
+    refused = thinking_refused(home, capture.hostdb, capture.store, policy) \
+        if capture.request_handoff is not None else ""
+    if refused:
+        _set_meta(capture.store, THINKING_KEY, "omit")
+        a.outcome("thinking refusal: live rebuild with omit requested")
+        home.log("thinking_refused", thread=capture.thread_id, session=refused)
+        capture.request_handoff(thinking=refused)
+    elif rejected is not None and capture.request_handoff is not None:
         a.outcome("too-long rejection: live handoff requested")
         home.log("too_long_rejection", thread=capture.thread_id, turn=rejected[0], ran=rejected[1])
         capture.request_handoff(too_long=rejected)
@@ -8317,6 +8642,14 @@ def classify_live(capture, home, policy) -> dict:
         capture.request_handoff()
     elif a.c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
         home.log("governor", thread=capture.thread_id, session=capture.session_id, **a.c)
+    elif automatic_prune_due(policy, a.c) and capture.request_handoff is not None:
+        p = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id,
+                   policy, prune=True)
+        if p.go:
+            p.outcome("live prune requested")
+            home.log("governor", thread=capture.thread_id, session=capture.session_id,
+                     operation="prune", **p.c)
+            capture.request_handoff(prune=True)
     return a.c
 
 
