@@ -6552,7 +6552,10 @@ def _holders(path: str) -> list:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, start=None) -> bool:
+    """Whether pid still runs (and, given its start time, is still that same process)."""
+    if start is not None and process_start_time(pid) != start:
+        return False  # gone, and its pid may already belong to someone else
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -6566,8 +6569,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _stop_job(pid: int) -> None:
-    """End a carried job: its whole process group (Claude starts each in its own), never ours."""
+def _stop_job(pid: int, start) -> None:
+    """End a carried job: its whole process group (Claude starts each in its own), never ours.
+
+    Only while pid is still the process that was carried (same start time): pids are
+    reused quickly, and a signal to a reused one would end an unrelated program.
+    """
     import time
     try:
         group = os.getpgid(pid)
@@ -6575,14 +6582,16 @@ def _stop_job(pid: int) -> None:
         return
     kill = (lambda s: os.killpg(group, s)) if group != os.getpgrp() else (lambda s: os.kill(pid, s))
     for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
+        if not _alive(pid, start):
+            return
         try:
             kill(sig)
         except OSError:
             return
         deadline = time.monotonic() + wait
-        while _alive(pid) and time.monotonic() < deadline:
+        while _alive(pid, start) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not _alive(pid):
+        if not _alive(pid, start):
             return
 
 
@@ -6590,7 +6599,7 @@ def _stop_job(pid: int) -> None:
 class CarriedJob:
     """A shell job or monitor command that outlived the Claude process which started it."""
     item: BackgroundItem
-    pids: list
+    pids: list              # (pid, start time) of each process holding its output file
     offset: int = 0         # how much of the output file Claude has already been told about
     finished: bool = False
 
@@ -6640,7 +6649,8 @@ class BackgroundCarry:
                 except OSError:
                     size = 0
                 pids = _holders(item.output_file)
-                job = CarriedJob(item, pids, offset=size if item.kind == "monitor" else 0)
+                job = CarriedJob(item, [(p, process_start_time(p)) for p in pids],
+                                 offset=size if item.kind == "monitor" else 0)
                 self.jobs.append(job)
                 manifest.append(f"{'background command' if item.kind == 'shell' else 'monitor'} "
                                 f"{item.task_id or item.label} ({item.command}) keeps running; its "
@@ -6722,8 +6732,8 @@ class BackgroundCarry:
         for job in self.jobs:
             if job.finished:
                 continue
-            job.pids = [p for p in job.pids if _alive(p)] or [p for p in _holders(job.item.output_file)
-                                                           if _alive(p)]
+            job.pids = [(p, t) for p, t in job.pids if _alive(p, t)] or [
+                (p, process_start_time(p)) for p in _holders(job.item.output_file) if _alive(p)]
             done = not job.pids
             if job.item.kind == "monitor":
                 events = self._read_from(job)
@@ -6790,9 +6800,10 @@ class BackgroundCarry:
         for job in self.jobs:
             if job.finished:
                 continue
-            for pid in job.pids:
-                _stop_job(pid)
-            self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
+            for pid, start in job.pids:
+                _stop_job(pid, start)
+            self.session.home.log("carried_job_stopped", item=job.item.label,
+                                  pids=[pid for pid, _ in job.pids])
             self.notes.append(f"[runtime note] The background {job.item.kind} {job.item.task_id} "
                               f"({job.item.command}) was stopped when the previous cc-lhc session "
                               f"ended; its output so far is in {job.item.output_file}.")

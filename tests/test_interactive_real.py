@@ -182,7 +182,11 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     # the replacement continues with the effort and permission mode Claude last recorded
     assert "--effort" in spawned["argv"] and "--permission-mode" in spawned["argv"]
     # and keeps the rules that let retrieval run without a permission prompt
-    assert spawned["argv"][:3] == cc_lhc.retrieval_allow_args()
+    # the allow rules for retrieval lead the replacement's own arguments (after the mod's)
+    argv = spawned["argv"]
+    rules = cc_lhc.retrieval_allow_args()
+    at = argv.index(rules[0])
+    assert argv[at:at + len(rules)] == rules and at < argv.index("--resume")
     _wait_for_log(real_claude, "handoff_switched")
     # the replacement's own first frame is on screen: the rebuilt conversation
     t.wait_for("This conversation was rebuilt by Smart Compact")

@@ -23,9 +23,11 @@ def panel(monkeypatch, leader=None, policy=None, found=None, home=None):
     else:
         monkeypatch.setenv("CC_LHC_LEADER", leader)
     found = found or {}
+    # a real (isolated) state home: /details reads the thread's boundary and thinking arm
+    home = home or cc_lhc.StateHome()
     session = types.SimpleNamespace(capture=types.SimpleNamespace(thread_id="t" * 36),
                                     spec=types.SimpleNamespace(session_id="s" * 36, found=found,
-                                                               autocompact=bool(found)),
+                                                               autocompact=bool(found), mod=None),
                                     home=home, alarms=[], descriptor=None,
                                     policy=policy or cc_lhc.Policy(dict(cc_lhc.BUILTIN_POLICY),
                                                                      dict.fromkeys(cc_lhc.BUILTIN_POLICY, "builtin"), []))
