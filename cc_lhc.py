@@ -556,6 +556,61 @@ def _dump(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+# Each payload is stored once. A block whose text the message's text column already holds
+# (a tool result's output, a thinking block's thinking, a tool call's input) is kept as
+# JSON with a marker in that text's place; full_block_json() puts it back. A marker is a
+# JSON string starting with a NUL character. A block kept whole that holds such a string
+# anyway is stored behind a leading NUL (never the start of JSON), so a marker is never
+# guessed at; rows from before this scheme hold no marker and read as they are.
+PAYLOAD_AS_STRING = "\x00cc-lhc:text"   # the text column, written as a JSON string, stands here
+PAYLOAD_AS_JSON = "\x00cc-lhc:json"     # the text column, itself JSON, stands here
+MARKER_JSON = {PAYLOAD_AS_STRING: _dump(PAYLOAD_AS_STRING), PAYLOAD_AS_JSON: _dump(PAYLOAD_AS_JSON)}
+MARKER_PREFIX_JSON = '"\\u0000cc-lhc:'
+KEPT_WHOLE = "\x00"
+ELIDE_MIN_CHARS = 256  # below this the copy costs less than the marker's bookkeeping
+
+
+def _whole(data: str) -> str:
+    """A block's whole JSON as stored: behind KEPT_WHOLE when it holds marker-like text."""
+    return KEPT_WHOLE + data if MARKER_PREFIX_JSON in data else data
+
+
+def _dump_once(block: dict, key: str, marker: str, text) -> str:
+    """block's JSON with block[key] (whose payload is text) replaced by marker, when worth it."""
+    if text is None or len(text) < ELIDE_MIN_CHARS or key not in block:
+        return _whole(_dump(block))
+    elided = _dump({**block, key: marker})
+    return elided if elided.count(MARKER_PREFIX_JSON) == 1 else _whole(_dump(block))
+
+
+def _result_json_once(block: dict, text: str) -> str:
+    """A tool_result block's JSON, its output left out where the text column holds it whole."""
+    content = block.get("content")
+    if isinstance(content, str):
+        return _dump_once(block, "content", PAYLOAD_AS_STRING, text)
+    if (isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict)
+            and content[0].get("type") == "text" and content[0].get("text") == text
+            and len(text) >= ELIDE_MIN_CHARS):
+        elided = _dump({**block, "content": [{**content[0], "text": PAYLOAD_AS_STRING}]})
+        if elided.count(MARKER_PREFIX_JSON) == 1:
+            return elided
+    return _whole(_dump(block))
+
+
+def full_block_json(text, data):
+    """The block JSON as the transcript held it: the message's text back in its marker's place."""
+    if not data:
+        return data
+    if data[0] == KEPT_WHOLE:
+        return data[1:]
+    if MARKER_PREFIX_JSON not in data:
+        return data
+    as_string = MARKER_JSON[PAYLOAD_AS_STRING]
+    if as_string in data:
+        return data.replace(as_string, _dump(text), 1)
+    return data.replace(MARKER_JSON[PAYLOAD_AS_JSON], text, 1)
+
+
 class ParseState:
     """Everything the parser remembers between lines of one thread.
 
@@ -882,8 +937,9 @@ class RolloutParser:
                 else:
                     self.out.problems.append((self.session, line_no, offset, "tool_result_without_call",
                                               f"tool result for {tid} has no tool call in this thread"))
-                seq = self._message("user", "tool_result", flatten_tool_output(block.get("content")),
-                                    _dump(block), rec, i, line_no, tool_use_id=tid,
+                output = flatten_tool_output(block.get("content"))
+                seq = self._message("user", "tool_result", output,
+                                    _result_json_once(block, output), rec, i, line_no, tool_use_id=tid,
                                     is_error=1 if block.get("is_error") else 0)
                 if (self.agent is None and not self.s.outstanding
                         and self.s.segment_bytes >= self.soft and self.s.open_turn is not None):
@@ -917,12 +973,17 @@ class RolloutParser:
                 last = self._message("assistant", kind, block.get("text", ""), None, rec, i, line_no,
                                      response_id=response_id, model=model)
             elif btype == "thinking":
-                last = self._message("assistant", "thinking", block.get("thinking", ""), _dump(block),
+                thought = block.get("thinking", "")
+                data = (_dump_once(block, "thinking", PAYLOAD_AS_STRING, thought) if isinstance(thought, str)
+                        else _dump(block))
+                last = self._message("assistant", "thinking", thought, data,
                                      rec, i, line_no, response_id=response_id, model=model)
             elif btype == "tool_use":
                 tid = block.get("id")
-                last = self._message("assistant", "tool_call", _dump(block.get("input")),
-                                     _dump(block), rec, i, line_no, tool_use_id=tid,
+                call_input = _dump(block.get("input"))
+                last = self._message("assistant", "tool_call", call_input,
+                                     _dump_once(block, "input", PAYLOAD_AS_JSON, call_input), rec, i,
+                                     line_no, tool_use_id=tid,
                                      tool_name=block.get("name"), response_id=response_id,
                                      model=model)
                 self._calls()[tid] = last
@@ -1003,8 +1064,13 @@ def _require_text(*values):
 
 
 def segment_size(kind, text, data) -> int:
-    """What one message adds to its segment's size; the store rebuilds it the same way."""
-    return len(text or "") + (len(data) if data and kind == "tool_call" else 0)
+    """What one message adds to its segment's size; the store rebuilds it the same way.
+
+    Counted on the whole block JSON, so a block stored once weighs what it always did.
+    """
+    if data and kind == "tool_call":
+        return len(text or "") + len(full_block_json(text, data))
+    return len(text or "")
 
 
 def split_complete_lines(buf: bytes, base_offset: int):
@@ -1032,6 +1098,47 @@ def _touch_private(path: str) -> None:
         os.close(fd)
 
 
+# A tool result's output of this many characters or more is stored zlib-compressed (level
+# 1: most of the saving for a fraction of the time), as a BLOB: the column's type is the
+# flag, since every text the parser writes is TEXT. SQL reads it through lhc_text().
+COMPRESS_MIN_CHARS = 2048
+
+
+def stored_text(value):
+    """A text column's value as text: a compressed BLOB opened, anything else as it is."""
+    if isinstance(value, bytes):
+        import zlib
+        return zlib.decompress(value).decode("utf-8")
+    return value
+
+
+def _compressed(text: str):
+    """What the store keeps for a tool result's output: a BLOB when that saves a quarter."""
+    import zlib
+    raw = text.encode("utf-8")
+    packed = zlib.compress(raw, 1)
+    return packed if len(packed) * 4 < len(raw) * 3 else text
+
+
+def _stored_row(row: tuple) -> tuple:
+    """A parsed message row as the store keeps it (large tool output compressed)."""
+    text = row[5]
+    if row[4] == "tool_result" and text is not None and len(text) >= COMPRESS_MIN_CHARS:
+        packed = _compressed(text)
+        if packed is not text:
+            return row[:5] + (packed,) + row[6:]
+    return row
+
+
+def message_row(row) -> dict:
+    """A stored messages row (MESSAGE_COLUMNS) as the parser made it: text opened, block JSON whole."""
+    m = dict(zip(MESSAGE_COLUMNS, row))
+    text = m["text"] = stored_text(m["text"])
+    if m["data"]:
+        m["data"] = full_block_json(text, m["data"])
+    return m
+
+
 def open_db(path: str, migrations, *, synchronous="NORMAL"):
     """Open one of our SQLite files, applying missing migrations in order.
 
@@ -1045,6 +1152,7 @@ def open_db(path: str, migrations, *, synchronous="NORMAL"):
     import sqlite3
     _touch_private(path)
     db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    db.create_function("lhc_text", 1, stored_text, deterministic=True)
     try:
         db.execute("PRAGMA busy_timeout = 30000")
         db.execute("PRAGMA journal_mode = WAL")
@@ -1112,7 +1220,7 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
 SEARCH_BODY_SQL = """CASE
  WHEN m.kind = 'tool_call' AND json_valid(m.text) THEN (SELECT group_concat(j.value, char(10))
    FROM json_tree(m.text) j WHERE j.type = 'text')
- WHEN m.text IS NOT NULL THEN m.text
+ WHEN m.text IS NOT NULL THEN lhc_text(m.text)
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
    WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
  END"""
@@ -1140,6 +1248,16 @@ def _migrate_exact_search(db) -> None:
     """
     if trigram_available():
         db.execute(EXACT_INDEX_DDL)
+
+
+def _migrate_payload_once(db) -> None:
+    """Rows may now hold compressed output (see stored_text): the word index reads its
+    text through a view that opens it, and is filled again on the next index_search."""
+    db.execute("DROP TABLE IF EXISTS messages_fts")
+    db.execute("CREATE VIEW IF NOT EXISTS messages_plain AS SELECT seq, lhc_text(text) AS text FROM messages")
+    db.execute("CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages_plain', "
+               "content_rowid='seq')")
+    db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
 
 
 THREAD_MIGRATIONS = [
@@ -1221,6 +1339,7 @@ CREATE TABLE registry_rebuilds (
 CREATE TABLE registry_alarm (message TEXT NOT NULL, since TEXT NOT NULL)
 """),
     ("007_exact_search", _migrate_exact_search),
+    ("008_payload_once", _migrate_payload_once),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -1530,7 +1649,8 @@ class ThreadStore:
                 rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? "
                                   "AND segment = ? ORDER BY seq", (row[0], state.segment)).fetchall()
                 state.segment_first = rows[0][0] if rows else None
-                state.segment_bytes = sum(segment_size(kind, text, data) for _, kind, text, data in rows)
+                state.segment_bytes = sum(segment_size(kind, stored_text(text), data)
+                                          for _, kind, text, data in rows)
         else:
             state.closed_response = self._closed_response()
         unanswered = db.execute(
@@ -1584,7 +1704,7 @@ class ThreadStore:
         rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? AND segment = ? "
                           "ORDER BY seq", (row[0], last[2])).fetchall()
         return (last[1], row[0], last[2], rows[0][0] if rows else None,
-                sum(segment_size(kind, text, data) for _, kind, text, data in rows))
+                sum(segment_size(kind, stored_text(text), data) for _, kind, text, data in rows))
 
     def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int,
               prefix_sha256=None) -> None:
@@ -1602,7 +1722,7 @@ class ThreadStore:
                                "VALUES (?, ?, ?, ?, ?)", out.turns_opened)
             if out.messages:
                 db.executemany(f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES "
-                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})", out.messages)
+                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})", map(_stored_row, out.messages))
             if out.turns_closed:
                 db.executemany("UPDATE turns SET last_seq = ?, status = ?, stop_reason = ?, ended = ? "
                                "WHERE n = ?", [(last, status, stop, ended, n)
@@ -1694,7 +1814,7 @@ class ThreadStore:
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
         if top > done:
             with Tx(db):
-                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages "
+                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, lhc_text(text) FROM messages "
                            "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
         self._index_exact(top)
@@ -1743,7 +1863,7 @@ class ThreadStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         for row in self.db.execute(sql + " ORDER BY seq", args):
-            yield dict(zip(MESSAGE_COLUMNS, row))
+            yield message_row(row)
 
 
 class ThreadCopy:
@@ -4409,7 +4529,7 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
     def after(row):
         seq = row[3] if row else 0
         # Bytes, as estimate_tokens counts them (length() of text would count characters).
-        total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(text, data) AS BLOB))), 0) "
+        total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(lhc_text(text), data) AS BLOB))), 0) "
                            "FROM messages WHERE seq > ? AND agent IS NULL", (seq,)).fetchone()[0]
         return (total + 3) // 4
 
@@ -7691,7 +7811,7 @@ def _render_messages(store, numbers):
         if row is None:
             parts.append(f"--- m{n}: no such message in this thread\n")
             continue
-        m = dict(zip(MESSAGE_COLUMNS, row))
+        m = message_row(row)
         turns.add(m["turn"])
         parts.append(render_message_body(m))
     return parts, turns

@@ -64,6 +64,7 @@ CACHE = REPO / ".cache" / "bench"
 sys.path.insert(0, str(SCRIPTS))
 
 import gen_transcript  # noqa: E402
+import real_cli_transcript  # noqa: E402
 
 ORIG_ENV = dict(os.environ)   # for package installs (pip reads its config from the real home)
 CWD = "/home/user/proj"       # the project folder recorded in generated transcripts
@@ -151,6 +152,19 @@ class Ctx:
             t0 = time.perf_counter()
             gen_transcript.generate(str(path), size_mb, seed, **opts)
             print(f"# generated {path.relative_to(REPO)} in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+        return path
+
+    def real_transcript(self, size_mb: float) -> Path:
+        """A session the real CLI wrote (scripts/real_cli_transcript.py), grown to size_mb MiB.
+
+        Recorded once against the fake API and kept under .cache/bench/ with its grown
+        copies; tool output dominates it, as it does a real coding session.
+        """
+        CACHE.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        path = real_cli_transcript.transcript(CACHE, size_mb)
+        if time.perf_counter() - t0 > 1:
+            print(f"# made {path.relative_to(REPO)} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return path
 
     def result(self, name: str) -> dict:
@@ -558,6 +572,69 @@ def _intake(ctx: Ctx) -> dict:
     if floor:
         out["vs json floor"] = Ratio("intake / json floor", intake / floor, target=3)
         out["with index vs json floor"] = Ratio("(intake + index) / json floor", (intake + index) / floor)
+    return out
+
+
+def floor_seconds(path: Path, runs: int) -> float:
+    """The streaming parse floor of one file: json.loads of each line as it is read."""
+    loads = json.loads
+
+    def parse() -> None:
+        with open(path, "rb") as fh:
+            for line in fh:
+                loads(line)
+
+    parse()  # warm the page cache
+    return Ctx.median_time(parse, runs)[0]
+
+
+def store_bytes(home: Any, thread_id: str) -> int:
+    """A thread file's size on disk, its write-ahead log included."""
+    base = Path(home.path("threads", f"{thread_id}.sqlite"))
+    return sum(p.stat().st_size for p in (base, base.with_name(base.name + "-wal")) if p.exists())
+
+
+REAL_SIZES_MB = (1, 14, 40)
+
+
+@bench("intake-real", "real-CLI sessions of 1, 14 and 40 MiB into a fresh store: time vs the floor, store size, "
+                      "peak RSS at 40 MiB")
+def _intake_real(ctx: Ctx) -> dict:
+    ctx.need_cc()
+    out: dict[str, Any] = {}
+    for size_mb in REAL_SIZES_MB:
+        path = ctx.real_transcript(size_mb)
+        size = path.stat().st_size
+        runs = ctx.runs(3 if size_mb < 40 else 2)
+        floor = floor_seconds(path, runs)
+        rows, stored = [], 0
+        for i in range(runs + 1):          # the first run warms imports and caches, not counted
+            root = ctx.scratch("intake-real")
+            home, tid, _sid, row = intake_into(ctx, root, path)
+            stored = store_bytes(home, tid)
+            rows.append(row)
+            shutil.rmtree(root, ignore_errors=True)
+        rows = rows[1:]
+        intake = statistics.median(r["intake_s"] for r in rows)
+        index = statistics.median(r["index_s"] for r in rows)
+        tag = f"{size_mb} MiB"
+        out[f"{tag}: intake (median)"] = Figure(intake, "s", f"{spread([r['intake_s'] for r in rows], 's')}; "
+                                                          f"{rows[-1]['messages']:,} msgs")
+        out[f"{tag}: streaming json floor"] = Figure(floor, "s", f"{runs} runs, same file")
+        out[f"{tag}: intake vs floor"] = Ratio("intake / json floor", intake / floor, target=2.5)
+        out[f"{tag}: search index after"] = Figure(index, "s")
+        out[f"{tag}: store"] = Figure(stored / gen_transcript.MIB, "MiB", "thread file + WAL, indexes included")
+        out[f"{tag}: store vs transcript"] = Ratio("store / transcript", stored / size, target=0.6)
+    path = ctx.real_transcript(REAL_SIZES_MB[-1])
+    root = ctx.scratch("memory-real")
+    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(REPO), str(path), str(root / ".cc-lhc"),
+                           ctx.session_of(path)], cwd=root, env=sandbox_env(root),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    if proc.returncode:
+        raise CommandFailed(proc.stderr.decode(errors="replace").strip().splitlines()[-1][:160])
+    peak = json.loads(proc.stdout)["peak"]
+    out[f"{REAL_SIZES_MB[-1]} MiB: peak RSS"] = Figure(peak, "MB", "separate process, capture + index; "
+                                                       + target_note(peak, 80, "MB"))
     return out
 
 
