@@ -1139,14 +1139,41 @@ def message_row(row) -> dict:
     return m
 
 
-def open_db(path: str, migrations, *, synchronous="NORMAL"):
+def _migrate(db, migrations) -> None:
+    """Apply the migrations this file lacks, all in one transaction (a new file gets the
+    whole schema in one commit; a crash leaves it as it was)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        # Read again inside the transaction: another process may have migrated meanwhile.
+        current = db.execute("PRAGMA user_version").fetchone()[0]
+        if current >= len(migrations):
+            db.execute("COMMIT")
+            return
+        for index in range(current, len(migrations)):
+            name, sql = migrations[index]
+            if callable(sql):  # a step that depends on what this SQLite can do
+                sql(db)
+            else:
+                for statement in sql.split(";\n"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied TEXT)")
+            db.execute("INSERT INTO migrations VALUES (?, ?)", (name, utc_now_iso()))
+        db.execute(f"PRAGMA user_version = {len(migrations)}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None):
     """Open one of our SQLite files, applying missing migrations in order.
 
     ``migrations`` is a list of (name, sql) and is append-only: a shipped entry is
     never edited or reordered; ``sql`` may instead be a function of the connection.
     PRAGMA user_version counts applied migrations, so a
     file written by a newer cc-lhc is refused instead of being silently rewritten.
-    Each migration runs in its own explicit transaction (the sqlite3 module would
+    The missing migrations run in one explicit transaction (the sqlite3 module would
     otherwise commit DDL implicitly).
     """
     import sqlite3
@@ -1155,33 +1182,16 @@ def open_db(path: str, migrations, *, synchronous="NORMAL"):
     db.create_function("lhc_text", 1, stored_text, deterministic=True)
     try:
         db.execute("PRAGMA busy_timeout = 30000")
+        if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
+            db.execute(f"PRAGMA page_size = {int(page_size)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {synchronous}")
         have = db.execute("PRAGMA user_version").fetchone()[0]
         if have > len(migrations):
             raise LhcError(f"{path} was written by a newer cc-lhc (schema {have}; this version "
                            f"knows {len(migrations)}). Upgrade cc-lhc to open it; the file is unchanged.")
-        for index in range(have, len(migrations)):
-            name, sql = migrations[index]
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                current = db.execute("PRAGMA user_version").fetchone()[0]
-                if current > index:  # another process migrated while we waited
-                    db.execute("COMMIT")
-                    continue
-                if callable(sql):  # a step that depends on what this SQLite can do
-                    sql(db)
-                else:
-                    for statement in sql.split(";\n"):
-                        if statement.strip():
-                            db.execute(statement)
-                db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied TEXT)")
-                db.execute("INSERT INTO migrations VALUES (?, ?)", (name, utc_now_iso()))
-                db.execute(f"PRAGMA user_version = {index + 1}")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        if have < len(migrations):
+            _migrate(db, migrations)
     except sqlite3.DatabaseError as e:
         db.close()
         raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is")
@@ -1586,6 +1596,11 @@ class HostDB:
         return dict(zip(keys, row))
 
 
+# A thread file has some forty tables and indexes of at least one page each; 2 KiB pages
+# halve what an empty thread costs (180 KiB at 4 KiB) and are as quick for its rows.
+THREAD_PAGE_SIZE = 2048
+
+
 class ThreadStore:
     """threads/<id>.sqlite: one thread's append-only canonical record.
 
@@ -1598,7 +1613,7 @@ class ThreadStore:
         self.thread_id = thread_id
         home.ensure("threads")
         self.path = home.path("threads", f"{thread_id}.sqlite")
-        self.db = open_db(self.path, THREAD_MIGRATIONS)
+        self.db = open_db(self.path, THREAD_MIGRATIONS, page_size=THREAD_PAGE_SIZE)
         if not self.db.execute("SELECT 1 FROM meta WHERE key = 'thread_id'").fetchone():
             with Tx(self.db):
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('thread_id', ?)", (thread_id,))
