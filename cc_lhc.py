@@ -2146,6 +2146,8 @@ class View:
         self.profile = profile
         self.summaries = summaries
         self.pieces = pieces or {}
+        self.tokens = None          # what serve_view counted the served view at
+        self.counting = None
 
     def turns_in(self, band):
         return [n for n, b in sorted(self.bands.items()) if b == band]
@@ -2352,8 +2354,100 @@ def working_set(turns):
     return [(path, "edited" if edited else "read", label) for path, (edited, label) in rows[:WORKING_SET_LIMIT]]
 
 
-def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False):
-    """The view Claude will be served and its header, both inside ``budget``.
+# Bytes a token at least, for counts made without the tokenizer: the densest real-CLI
+# content measured against o200k_base (`ls -la` listings, 2.28 bytes a token; code and
+# tool output average 3.5-4.2) stays under this, so such a count never falls short.
+SAFE_BYTES_PER_TOKEN = 2.25
+MESSAGE_TOKENS = 4        # what each message adds beyond its text (as band_cost counts it)
+VIEW_FIT_ROUNDS = 4       # allocations tried to bring the counted view up to its budget
+VIEW_FIT_FILL = 0.97      # a view counted at this share of its budget or more is kept
+
+
+def safe_estimate(text) -> int:
+    """Tokens of text by SAFE_BYTES_PER_TOKEN, rounded up: never fewer than o200k counts."""
+    return -(-len(text.encode("utf-8")) * 4 // 9) if text else 0
+
+
+class ViewCounter:
+    """Counts what a view serves: exact o200k tokens when the tokenizer is there, else
+    safe_estimate. A message's count is kept by (label, stub), so fitting a view by
+    several allocations counts each message once."""
+
+    def __init__(self, tokens=None):
+        self.tokens = tokens or TOKENS
+        self._cache = {}
+
+    @property
+    def exact(self) -> bool:
+        self.tokens.count("")  # loads the tokenizer once
+        return self.tokens.exact
+
+    def text(self, text) -> int:
+        if not text:
+            return 0
+        return self.tokens.count(text) if self.exact else safe_estimate(text)
+
+    def message(self, m, stub) -> int:
+        key = (m["seq"], stub)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = self.text(stub if stub is not None else (m["text"] or m["data"] or "")) \
+                + MESSAGE_TOKENS
+        return got
+
+
+def view_tokens(view, header, turns, counter) -> dict:
+    """What a served view holds, counted: header (summaries included), full, lean, notes."""
+    out = {"header": counter.text(header), "full": 0, "lean": 0, "notes": 0}
+    for turn in turns:
+        if view.bands.get(turn.n, "omitted") in ("omitted", "summary"):
+            continue
+        note, items = turn_items(view, turn)
+        if note:
+            out["notes"] += counter.text(note) + MESSAGE_TOKENS
+        for m, stub in items:
+            out[view.band_of(turn.n, m["seq"])] += counter.message(m, stub)
+    out["total"] = out["header"] + out["full"] + out["lean"] + out["notes"]
+    return out
+
+
+def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False, counter=None):
+    """The view Claude will be served and its header, together inside ``budget`` as
+    ``counter`` counts them (exact o200k tokens when the tokenizer is there).
+
+    The bands are allocated by the quick estimate, then what the view holds is counted
+    and the allocation redone with its budget scaled by how far the count fell from
+    ``budget``, a few times; the fullest view within budget is served. ``view.tokens``
+    is its count (``view.counting`` says how it was counted).
+    """
+    counter = counter or ViewCounter()
+    alloc, best, before = budget, None, None
+    for _ in range(VIEW_FIT_ROUNDS):
+        view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back)
+        counted = view_tokens(view, header, turns, counter)
+        used = counted["total"]
+        if used <= budget and (best is None or used > best[0]):
+            best = (used, view, header, counted)
+        if budget * VIEW_FIT_FILL <= used <= budget or (used < budget and used == before):
+            break  # full enough, or a larger allocation changed nothing (all of it is in view)
+        before = used
+        alloc = max(0, int(alloc * budget / max(used, 1)) - (1 if used > budget else 0))
+    while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
+        alloc = int(alloc * budget / max(used, 1) * 0.9)
+        view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back)
+        counted = view_tokens(view, header, turns, counter)
+        used = counted["total"]
+        if used <= budget or alloc == 0:
+            best = (used, view, header, counted)
+    used, view, header, counted = best
+    view.tokens = used
+    view.counting = "exact o200k_base" if counter.exact else f"estimate ({SAFE_BYTES_PER_TOKEN} bytes a token)"
+    view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
+    return view, header
+
+
+def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_back):
+    """One allocation of the served view within ``budget`` by the quick estimate.
 
     The header is part of what Claude receives: its fixed part (instructions, working
     set, omitted-range lines, and for each long turn the lines naming its parts and the
@@ -8120,8 +8214,17 @@ def _count_many(texts):
     TOKENS.count("")  # loads the tokenizer once
     enc = TOKENS._encoding
     if enc is None:
-        return [estimate_tokens(t) for t in texts]
+        return [safe_estimate(t) for t in texts]
     return [len(ids) for ids in enc.encode_ordinary_batch(list(texts), num_threads=4)]
+
+
+class _EstimateOnly:
+    """A token counter that always estimates (what a view counts at without the tokenizer)."""
+
+    exact = False
+
+    def count(self, text) -> int:
+        return safe_estimate(text)
 
 
 def measure_transcript(path: str, profile: str, target: int) -> dict:
@@ -8171,16 +8274,13 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     counts = _count_many(texts)
     totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
-    view, header = serve_view(thread_id, turns, target, profile, summaries)
-    # What the view serves: full and lean messages, the notes where long turns resume,
-    # and the header (which holds the summaries).
-    in_view, notes = 0, [header]
-    for t, row in zip(turns, per_turn):
-        for band in ("full", "lean"):
-            if view.bands.get(t.n) in (band, SPLIT):
-                in_view += sum(counts[i] for seq, i in row[band] if view.band_of(t.n, seq) == band)
-        notes.append(turn_items(view, t)[0] or "")
-    in_view += sum(_count_many(notes))
+    counter = ViewCounter()
+    view, header = serve_view(thread_id, turns, target, profile, summaries, counter=counter)
+    in_view = view.tokens
+    # The same figures by the estimate used without the tokenizer, for comparison.
+    safe = [safe_estimate(t) for t in texts]
+    estimated_full = sum(safe[i] for row in per_turn for _, i in row["full"])
+    estimated_view = view_tokens(view, header, turns, ViewCounter(_EstimateOnly()))["total"]
     original = totals["full"]
 
     def cut(after):
@@ -8194,7 +8294,10 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),
         "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted", SPLIT)},
         "integrity_problems": problems, "exact": TOKENS.exact,
-        "counting": "exact o200k_base" if TOKENS.exact else "approximate (4 bytes a token)",
+        "counting": "exact o200k_base" if TOKENS.exact else f"approximate ({SAFE_BYTES_PER_TOKEN} bytes a token)",
+        "target": target, "view_within_target": in_view <= target,
+        "estimate": {"tokens": estimated_full, "smart_compact_tokens": estimated_view,
+                     "bytes_per_token": SAFE_BYTES_PER_TOKEN},
     }
 
 
