@@ -282,6 +282,65 @@ def _read_tokenizer_bytes():
     return None, None
 
 
+# The rank file parsed (200,000 base64 lines: most of what loading the tokenizer cost)
+# is kept in the state folder as marshal data, named by the rank file's hash and the
+# Python version, with a hash of its own bytes in front so a torn or altered copy is
+# parsed again instead of trusted.
+RANKS_CACHE_MAGIC = b"cc-lhc ranks 1\n"
+O200K_TOKENS = 199_998
+
+
+def _ranks_cache_path(data_sha256: str) -> str:
+    name = f"o200k_base-{data_sha256[:16]}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
+    return StateHome().path("cache", name)
+
+
+def _cached_ranks(data_sha256: str):
+    """The parsed ranks from the cache, or None when there is no sound copy."""
+    import hashlib
+    import marshal
+    try:
+        with open(_ranks_cache_path(data_sha256), "rb") as f:
+            blob = f.read()
+    except OSError:
+        return None
+    head = len(RANKS_CACHE_MAGIC)
+    payload = blob[head + 65:]
+    if (blob[:head] != RANKS_CACHE_MAGIC
+            or blob[head:head + 64].decode("ascii", "replace") != hashlib.sha256(payload).hexdigest()):
+        return None
+    try:
+        tokens = marshal.loads(payload)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if not isinstance(tokens, list) or len(tokens) != O200K_TOKENS:
+        return None
+    return dict(zip(tokens, range(len(tokens))))
+
+
+def _save_ranks(data_sha256: str, ranks: dict) -> None:
+    """Write the cache (atomically, privately); a folder that cannot take it is no error."""
+    import hashlib
+    import marshal
+    tokens = sorted(ranks, key=ranks.__getitem__)
+    if [ranks[t] for t in tokens[:1]] != [0] or ranks[tokens[-1]] != len(tokens) - 1:
+        return  # ranks are 0..n-1 in o200k_base; anything else is not cached
+    payload = marshal.dumps(tokens)
+    path = _ranks_cache_path(data_sha256)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        StateHome().ensure("cache")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(RANKS_CACHE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 class TokenCounter:
     """Counts tokens with tiktoken's o200k_base when it can, bytes/4 otherwise.
 
@@ -312,11 +371,14 @@ class TokenCounter:
         except ImportError:
             self.reason = "tiktoken is not installed (counts are approximate)"
             return
-        ranks = {}
-        for line in data.splitlines():
-            if line:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
+        ranks = _cached_ranks(O200K_SHA256)
+        if ranks is None:
+            ranks = {}
+            for line in data.splitlines():
+                if line:
+                    token, rank = line.split()
+                    ranks[base64.b64decode(token)] = int(rank)
+            _save_ranks(O200K_SHA256, ranks)
         # tiktoken's own o200k_base() would download the ranks; hand it ours instead so
         # the split pattern and special tokens still come from tiktoken itself.
         original = public.load_tiktoken_bpe
