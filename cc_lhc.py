@@ -282,6 +282,65 @@ def _read_tokenizer_bytes():
     return None, None
 
 
+# The rank file parsed (200,000 base64 lines: most of what loading the tokenizer cost)
+# is kept in the state folder as marshal data, named by the rank file's hash and the
+# Python version, with a hash of its own bytes in front so a torn or altered copy is
+# parsed again instead of trusted.
+RANKS_CACHE_MAGIC = b"cc-lhc ranks 1\n"
+O200K_TOKENS = 199_998
+
+
+def _ranks_cache_path(data_sha256: str) -> str:
+    name = f"o200k_base-{data_sha256[:16]}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
+    return StateHome().path("cache", name)
+
+
+def _cached_ranks(data_sha256: str):
+    """The parsed ranks from the cache, or None when there is no sound copy."""
+    import hashlib
+    import marshal
+    try:
+        with open(_ranks_cache_path(data_sha256), "rb") as f:
+            blob = f.read()
+    except OSError:
+        return None
+    head = len(RANKS_CACHE_MAGIC)
+    payload = blob[head + 65:]
+    if (blob[:head] != RANKS_CACHE_MAGIC
+            or blob[head:head + 64].decode("ascii", "replace") != hashlib.sha256(payload).hexdigest()):
+        return None
+    try:
+        tokens = marshal.loads(payload)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if not isinstance(tokens, list) or len(tokens) != O200K_TOKENS:
+        return None
+    return dict(zip(tokens, range(len(tokens))))
+
+
+def _save_ranks(data_sha256: str, ranks: dict) -> None:
+    """Write the cache (atomically, privately); a folder that cannot take it is no error."""
+    import hashlib
+    import marshal
+    tokens = sorted(ranks, key=ranks.__getitem__)
+    if [ranks[t] for t in tokens[:1]] != [0] or ranks[tokens[-1]] != len(tokens) - 1:
+        return  # ranks are 0..n-1 in o200k_base; anything else is not cached
+    payload = marshal.dumps(tokens)
+    path = _ranks_cache_path(data_sha256)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        StateHome().ensure("cache")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(RANKS_CACHE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 class TokenCounter:
     """Counts tokens with tiktoken's o200k_base when it can, bytes/4 otherwise.
 
@@ -312,11 +371,14 @@ class TokenCounter:
         except ImportError:
             self.reason = "tiktoken is not installed (counts are approximate)"
             return
-        ranks = {}
-        for line in data.splitlines():
-            if line:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
+        ranks = _cached_ranks(O200K_SHA256)
+        if ranks is None:
+            ranks = {}
+            for line in data.splitlines():
+                if line:
+                    token, rank = line.split()
+                    ranks[base64.b64decode(token)] = int(rank)
+            _save_ranks(O200K_SHA256, ranks)
         # tiktoken's own o200k_base() would download the ranks; hand it ours instead so
         # the split pattern and special tokens still come from tiktoken itself.
         original = public.load_tiktoken_bpe
@@ -561,6 +623,61 @@ def flatten_tool_output(content) -> str:
 
 def _dump(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+# Each payload is stored once. A block whose text the message's text column already holds
+# (a tool result's output, a thinking block's thinking, a tool call's input) is kept as
+# JSON with a marker in that text's place; full_block_json() puts it back. A marker is a
+# JSON string starting with a NUL character. A block kept whole that holds such a string
+# anyway is stored behind a leading NUL (never the start of JSON), so a marker is never
+# guessed at; rows from before this scheme hold no marker and read as they are.
+PAYLOAD_AS_STRING = "\x00cc-lhc:text"   # the text column, written as a JSON string, stands here
+PAYLOAD_AS_JSON = "\x00cc-lhc:json"     # the text column, itself JSON, stands here
+MARKER_JSON = {PAYLOAD_AS_STRING: _dump(PAYLOAD_AS_STRING), PAYLOAD_AS_JSON: _dump(PAYLOAD_AS_JSON)}
+MARKER_PREFIX_JSON = '"\\u0000cc-lhc:'
+KEPT_WHOLE = "\x00"
+ELIDE_MIN_CHARS = 256  # below this the copy costs less than the marker's bookkeeping
+
+
+def _whole(data: str) -> str:
+    """A block's whole JSON as stored: behind KEPT_WHOLE when it holds marker-like text."""
+    return KEPT_WHOLE + data if MARKER_PREFIX_JSON in data else data
+
+
+def _dump_once(block: dict, key: str, marker: str, text) -> str:
+    """block's JSON with block[key] (whose payload is text) replaced by marker, when worth it."""
+    if text is None or len(text) < ELIDE_MIN_CHARS or key not in block:
+        return _whole(_dump(block))
+    elided = _dump({**block, key: marker})
+    return elided if elided.count(MARKER_PREFIX_JSON) == 1 else _whole(_dump(block))
+
+
+def _result_json_once(block: dict, text: str) -> str:
+    """A tool_result block's JSON, its output left out where the text column holds it whole."""
+    content = block.get("content")
+    if isinstance(content, str):
+        return _dump_once(block, "content", PAYLOAD_AS_STRING, text)
+    if (isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict)
+            and content[0].get("type") == "text" and content[0].get("text") == text
+            and len(text) >= ELIDE_MIN_CHARS):
+        elided = _dump({**block, "content": [{**content[0], "text": PAYLOAD_AS_STRING}]})
+        if elided.count(MARKER_PREFIX_JSON) == 1:
+            return elided
+    return _whole(_dump(block))
+
+
+def full_block_json(text, data):
+    """The block JSON as the transcript held it: the message's text back in its marker's place."""
+    if not data:
+        return data
+    if data[0] == KEPT_WHOLE:
+        return data[1:]
+    if MARKER_PREFIX_JSON not in data:
+        return data
+    as_string = MARKER_JSON[PAYLOAD_AS_STRING]
+    if as_string in data:
+        return data.replace(as_string, _dump(text), 1)
+    return data.replace(MARKER_JSON[PAYLOAD_AS_JSON], text, 1)
 
 
 class ParseState:
@@ -889,8 +1006,9 @@ class RolloutParser:
                 else:
                     self.out.problems.append((self.session, line_no, offset, "tool_result_without_call",
                                               f"tool result for {tid} has no tool call in this thread"))
-                seq = self._message("user", "tool_result", flatten_tool_output(block.get("content")),
-                                    _dump(block), rec, i, line_no, tool_use_id=tid,
+                output = flatten_tool_output(block.get("content"))
+                seq = self._message("user", "tool_result", output,
+                                    _result_json_once(block, output), rec, i, line_no, tool_use_id=tid,
                                     is_error=1 if block.get("is_error") else 0)
                 if (self.agent is None and not self.s.outstanding
                         and self.s.segment_bytes >= self.soft and self.s.open_turn is not None):
@@ -924,12 +1042,17 @@ class RolloutParser:
                 last = self._message("assistant", kind, block.get("text", ""), None, rec, i, line_no,
                                      response_id=response_id, model=model)
             elif btype == "thinking":
-                last = self._message("assistant", "thinking", block.get("thinking", ""), _dump(block),
+                thought = block.get("thinking", "")
+                data = (_dump_once(block, "thinking", PAYLOAD_AS_STRING, thought) if isinstance(thought, str)
+                        else _dump(block))
+                last = self._message("assistant", "thinking", thought, data,
                                      rec, i, line_no, response_id=response_id, model=model)
             elif btype == "tool_use":
                 tid = block.get("id")
-                last = self._message("assistant", "tool_call", _dump(block.get("input")),
-                                     _dump(block), rec, i, line_no, tool_use_id=tid,
+                call_input = _dump(block.get("input"))
+                last = self._message("assistant", "tool_call", call_input,
+                                     _dump_once(block, "input", PAYLOAD_AS_JSON, call_input), rec, i,
+                                     line_no, tool_use_id=tid,
                                      tool_name=block.get("name"), response_id=response_id,
                                      model=model)
                 self._calls()[tid] = last
@@ -1010,8 +1133,13 @@ def _require_text(*values):
 
 
 def segment_size(kind, text, data) -> int:
-    """What one message adds to its segment's size; the store rebuilds it the same way."""
-    return len(text or "") + (len(data) if data and kind == "tool_call" else 0)
+    """What one message adds to its segment's size; the store rebuilds it the same way.
+
+    Counted on the whole block JSON, so a block stored once weighs what it always did.
+    """
+    if data and kind == "tool_call":
+        return len(text or "") + len(full_block_json(text, data))
+    return len(text or "")
 
 
 def split_complete_lines(buf: bytes, base_offset: int):
@@ -1039,48 +1167,100 @@ def _touch_private(path: str) -> None:
         os.close(fd)
 
 
-def open_db(path: str, migrations, *, synchronous="NORMAL"):
+# A tool result's output of this many characters or more is stored zlib-compressed (level
+# 1: most of the saving for a fraction of the time), as a BLOB: the column's type is the
+# flag, since every text the parser writes is TEXT. SQL reads it through lhc_text().
+COMPRESS_MIN_CHARS = 2048
+
+
+def stored_text(value):
+    """A text column's value as text: a compressed BLOB opened, anything else as it is."""
+    if isinstance(value, bytes):
+        import zlib
+        return zlib.decompress(value).decode("utf-8")
+    return value
+
+
+def _compressed(text: str):
+    """What the store keeps for a tool result's output: a BLOB when that saves a quarter."""
+    import zlib
+    raw = text.encode("utf-8")
+    packed = zlib.compress(raw, 1)
+    return packed if len(packed) * 4 < len(raw) * 3 else text
+
+
+def _stored_row(row: tuple) -> tuple:
+    """A parsed message row as the store keeps it (large tool output compressed)."""
+    text = row[5]
+    if row[4] == "tool_result" and text is not None and len(text) >= COMPRESS_MIN_CHARS:
+        packed = _compressed(text)
+        if packed is not text:
+            return row[:5] + (packed,) + row[6:]
+    return row
+
+
+def message_row(row) -> dict:
+    """A stored messages row (MESSAGE_COLUMNS) as the parser made it: text opened, block JSON whole."""
+    m = dict(zip(MESSAGE_COLUMNS, row))
+    text = m["text"] = stored_text(m["text"])
+    if m["data"]:
+        m["data"] = full_block_json(text, m["data"])
+    return m
+
+
+def _migrate(db, migrations) -> None:
+    """Apply the migrations this file lacks, all in one transaction (a new file gets the
+    whole schema in one commit; a crash leaves it as it was)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        # Read again inside the transaction: another process may have migrated meanwhile.
+        current = db.execute("PRAGMA user_version").fetchone()[0]
+        if current >= len(migrations):
+            db.execute("COMMIT")
+            return
+        for index in range(current, len(migrations)):
+            name, sql = migrations[index]
+            if callable(sql):  # a step that depends on what this SQLite can do
+                sql(db)
+            else:
+                for statement in sql.split(";\n"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied TEXT)")
+            db.execute("INSERT INTO migrations VALUES (?, ?)", (name, utc_now_iso()))
+        db.execute(f"PRAGMA user_version = {len(migrations)}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None):
     """Open one of our SQLite files, applying missing migrations in order.
 
     ``migrations`` is a list of (name, sql) and is append-only: a shipped entry is
     never edited or reordered; ``sql`` may instead be a function of the connection.
     PRAGMA user_version counts applied migrations, so a
     file written by a newer cc-lhc is refused instead of being silently rewritten.
-    Each migration runs in its own explicit transaction (the sqlite3 module would
+    The missing migrations run in one explicit transaction (the sqlite3 module would
     otherwise commit DDL implicitly).
     """
     import sqlite3
     _touch_private(path)
     db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    db.create_function("lhc_text", 1, stored_text, deterministic=True)
     try:
         db.execute("PRAGMA busy_timeout = 30000")
+        if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
+            db.execute(f"PRAGMA page_size = {int(page_size)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {synchronous}")
         have = db.execute("PRAGMA user_version").fetchone()[0]
         if have > len(migrations):
             raise LhcError(f"{path} was written by a newer cc-lhc (schema {have}; this version "
                            f"knows {len(migrations)}). Upgrade cc-lhc to open it; the file is unchanged.")
-        for index in range(have, len(migrations)):
-            name, sql = migrations[index]
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                current = db.execute("PRAGMA user_version").fetchone()[0]
-                if current > index:  # another process migrated while we waited
-                    db.execute("COMMIT")
-                    continue
-                if callable(sql):  # a step that depends on what this SQLite can do
-                    sql(db)
-                else:
-                    for statement in sql.split(";\n"):
-                        if statement.strip():
-                            db.execute(statement)
-                db.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied TEXT)")
-                db.execute("INSERT INTO migrations VALUES (?, ?)", (name, utc_now_iso()))
-                db.execute(f"PRAGMA user_version = {index + 1}")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        if have < len(migrations):
+            _migrate(db, migrations)
     except sqlite3.DatabaseError as e:
         db.close()
         raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is")
@@ -1119,7 +1299,7 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
 SEARCH_BODY_SQL = """CASE
  WHEN m.kind = 'tool_call' AND json_valid(m.text) THEN (SELECT group_concat(j.value, char(10))
    FROM json_tree(m.text) j WHERE j.type = 'text')
- WHEN m.text IS NOT NULL THEN m.text
+ WHEN m.text IS NOT NULL THEN lhc_text(m.text)
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
    WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
  END"""
@@ -1147,6 +1327,16 @@ def _migrate_exact_search(db) -> None:
     """
     if trigram_available():
         db.execute(EXACT_INDEX_DDL)
+
+
+def _migrate_payload_once(db) -> None:
+    """Rows may now hold compressed output (see stored_text): the word index reads its
+    text through a view that opens it, and is filled again on the next index_search."""
+    db.execute("DROP TABLE IF EXISTS messages_fts")
+    db.execute("CREATE VIEW IF NOT EXISTS messages_plain AS SELECT seq, lhc_text(text) AS text FROM messages")
+    db.execute("CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages_plain', "
+               "content_rowid='seq')")
+    db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
 
 
 THREAD_MIGRATIONS = [
@@ -1228,6 +1418,7 @@ CREATE TABLE registry_rebuilds (
 CREATE TABLE registry_alarm (message TEXT NOT NULL, since TEXT NOT NULL)
 """),
     ("007_exact_search", _migrate_exact_search),
+    ("008_payload_once", _migrate_payload_once),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -1474,6 +1665,11 @@ class HostDB:
         return dict(zip(keys, row))
 
 
+# A thread file has some forty tables and indexes of at least one page each; 2 KiB pages
+# halve what an empty thread costs (180 KiB at 4 KiB) and are as quick for its rows.
+THREAD_PAGE_SIZE = 2048
+
+
 class ThreadStore:
     """threads/<id>.sqlite: one thread's append-only canonical record.
 
@@ -1486,7 +1682,7 @@ class ThreadStore:
         self.thread_id = thread_id
         home.ensure("threads")
         self.path = home.path("threads", f"{thread_id}.sqlite")
-        self.db = open_db(self.path, THREAD_MIGRATIONS)
+        self.db = open_db(self.path, THREAD_MIGRATIONS, page_size=THREAD_PAGE_SIZE)
         if not self.db.execute("SELECT 1 FROM meta WHERE key = 'thread_id'").fetchone():
             with Tx(self.db):
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('thread_id', ?)", (thread_id,))
@@ -1537,7 +1733,8 @@ class ThreadStore:
                 rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? "
                                   "AND segment = ? ORDER BY seq", (row[0], state.segment)).fetchall()
                 state.segment_first = rows[0][0] if rows else None
-                state.segment_bytes = sum(segment_size(kind, text, data) for _, kind, text, data in rows)
+                state.segment_bytes = sum(segment_size(kind, stored_text(text), data)
+                                          for _, kind, text, data in rows)
         else:
             state.closed_response = self._closed_response()
         unanswered = db.execute(
@@ -1591,7 +1788,7 @@ class ThreadStore:
         rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? AND segment = ? "
                           "ORDER BY seq", (row[0], last[2])).fetchall()
         return (last[1], row[0], last[2], rows[0][0] if rows else None,
-                sum(segment_size(kind, text, data) for _, kind, text, data in rows))
+                sum(segment_size(kind, stored_text(text), data) for _, kind, text, data in rows))
 
     def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int,
               prefix_sha256=None) -> None:
@@ -1609,7 +1806,7 @@ class ThreadStore:
                                "VALUES (?, ?, ?, ?, ?)", out.turns_opened)
             if out.messages:
                 db.executemany(f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES "
-                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})", out.messages)
+                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})", map(_stored_row, out.messages))
             if out.turns_closed:
                 db.executemany("UPDATE turns SET last_seq = ?, status = ?, stop_reason = ?, ended = ? "
                                "WHERE n = ?", [(last, status, stop, ended, n)
@@ -1701,7 +1898,7 @@ class ThreadStore:
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
         if top > done:
             with Tx(db):
-                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages "
+                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, lhc_text(text) FROM messages "
                            "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
         self._index_exact(top)
@@ -1750,7 +1947,7 @@ class ThreadStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         for row in self.db.execute(sql + " ORDER BY seq", args):
-            yield dict(zip(MESSAGE_COLUMNS, row))
+            yield message_row(row)
 
 
 class ThreadCopy:
@@ -2019,6 +2216,8 @@ class View:
         self.profile = profile
         self.summaries = summaries
         self.pieces = pieces or {}
+        self.tokens = None          # what serve_view counted the served view at
+        self.counting = None
 
     def turns_in(self, band):
         return [n for n, b in sorted(self.bands.items()) if b == band]
@@ -2231,9 +2430,111 @@ def working_set(turns):
     return [(path, "edited" if edited else "read", label) for path, (edited, label) in rows[:WORKING_SET_LIMIT]]
 
 
+# Counts made without the tokenizer must not fall short of o200k_base. Measured on real
+# CLI content, code and tool output average 3.5-4.2 bytes a token, `ls -la` listings 2.3,
+# uuids and hashes 1.6-2.0: the estimate is the larger of bytes / SAFE_BYTES_PER_TOKEN
+# and the pieces o200k's splitter at least makes (letter runs, digits in threes, each
+# other sign, whitespace runs), which stays above the exact count on all of it (about
+# 1.6 times it on average).
+SAFE_BYTES_PER_TOKEN = 2.25
+TOKEN_PIECES = re.compile(r"[A-Za-z]+|\d{1,3}|[^\sA-Za-z\d]|\s+")
+MESSAGE_TOKENS = 4        # what each message adds beyond its text (as band_cost counts it)
+VIEW_FIT_ROUNDS = 4       # allocations tried to bring the counted view up to its budget
+VIEW_FIT_FILL = 0.97      # a view counted at this share of its budget or more is kept
+
+
+def safe_estimate(text) -> int:
+    """Tokens of text counted without the tokenizer, never fewer than o200k counts."""
+    if not text:
+        return 0
+    by_bytes = -(-len(text.encode("utf-8")) * 4 // 9)  # bytes / 2.25, rounded up
+    return max(by_bytes, sum(1 for _ in TOKEN_PIECES.finditer(text)))
+
+
+class ViewCounter:
+    """Counts what a view serves: exact o200k tokens when the tokenizer is there, else
+    safe_estimate. A message's count is kept by (label, stub), so fitting a view by
+    several allocations counts each message once."""
+
+    def __init__(self, tokens=None):
+        self.tokens = tokens or TOKENS
+        self._cache = {}
+
+    @property
+    def exact(self) -> bool:
+        self.tokens.count("")  # loads the tokenizer once
+        return self.tokens.exact
+
+    def text(self, text) -> int:
+        if not text:
+            return 0
+        return self.tokens.count(text) if self.exact else safe_estimate(text)
+
+    def message(self, m, stub) -> int:
+        key = (m["seq"], stub)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = self.text(stub if stub is not None else (m["text"] or m["data"] or "")) \
+                + MESSAGE_TOKENS
+        return got
+
+
+def view_tokens(view, header, turns, counter) -> dict:
+    """What a served view holds, counted: header (summaries included), full, lean, notes."""
+    out = {"header": counter.text(header), "full": 0, "lean": 0, "notes": 0}
+    for turn in turns:
+        if view.bands.get(turn.n, "omitted") in ("omitted", "summary"):
+            continue
+        note, items = turn_items(view, turn)
+        if note:
+            out["notes"] += counter.text(note) + MESSAGE_TOKENS
+        for m, stub in items:
+            out[view.band_of(turn.n, m["seq"])] += counter.message(m, stub)
+    out["total"] = out["header"] + out["full"] + out["lean"] + out["notes"]
+    return out
+
+
 def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False,
-               boundary=0):
-    """The view Claude will be served and its header, both inside ``budget``.
+               boundary=0, counter=None):
+    """The view Claude will be served and its header, together inside ``budget`` as
+    ``counter`` counts them (exact o200k tokens when the tokenizer is there).
+
+    The bands are allocated by the quick estimate, then what the view holds is counted
+    and the allocation redone with its budget scaled by how far the count fell from
+    ``budget``, a few times; the fullest view within budget is served. ``view.tokens``
+    is its count (``view.counting`` says how it was counted). Messages up to
+    ``boundary`` (the thread's visibility boundary, moved by Smart Prune) are out of view.
+    """
+    counter = counter or ViewCounter()
+    alloc, best, before = budget, None, None
+    for _ in range(VIEW_FIT_ROUNDS):
+        view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
+                                   boundary)
+        counted = view_tokens(view, header, turns, counter)
+        used = counted["total"]
+        if used <= budget and (best is None or used > best[0]):
+            best = (used, view, header, counted)
+        if budget * VIEW_FIT_FILL <= used <= budget or (used < budget and used == before):
+            break  # full enough, or a larger allocation changed nothing (all of it is in view)
+        before = used
+        alloc = max(0, int(alloc * budget / max(used, 1)) - (1 if used > budget else 0))
+    while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
+        alloc = int(alloc * budget / max(used, 1) * 0.9)
+        view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
+                                   boundary)
+        counted = view_tokens(view, header, turns, counter)
+        used = counted["total"]
+        if used <= budget or alloc == 0:
+            best = (used, view, header, counted)
+    used, view, header, counted = best
+    view.tokens = used
+    view.counting = "exact o200k_base" if counter.exact else "safe estimate"
+    view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
+    return view, header
+
+
+def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_back, boundary):
+    """One allocation of the served view within ``budget`` by the quick estimate.
 
     The header is part of what Claude receives: its fixed part (instructions, working
     set, omitted-range lines, and for each long turn the lines naming its parts and the
@@ -4880,7 +5181,7 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
     def after(row):
         seq = row[3] if row else 0
         # Bytes, as estimate_tokens counts them (length() of text would count characters).
-        total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(text, data) AS BLOB))), 0) "
+        total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(lhc_text(text), data) AS BLOB))), 0) "
                            "FROM messages WHERE seq > ? AND agent IS NULL", (seq,)).fetchone()[0]
         return (total + 3) // 4
 
@@ -9020,7 +9321,7 @@ def _render_messages(store, numbers):
         if row is None:
             parts.append(f"--- m{n}: no such message in this thread\n")
             continue
-        m = dict(zip(MESSAGE_COLUMNS, row))
+        m = message_row(row)
         turns.add(m["turn"])
         parts.append(render_message_body(m))
     return parts, turns
@@ -9314,8 +9615,17 @@ def _count_many(texts):
     TOKENS.count("")  # loads the tokenizer once
     enc = TOKENS._encoding
     if enc is None:
-        return [estimate_tokens(t) for t in texts]
+        return [safe_estimate(t) for t in texts]
     return [len(ids) for ids in enc.encode_ordinary_batch(list(texts), num_threads=4)]
+
+
+class _EstimateOnly:
+    """A token counter that always estimates (what a view counts at without the tokenizer)."""
+
+    exact = False
+
+    def count(self, text) -> int:
+        return safe_estimate(text)
 
 
 def measure_transcript(path: str, profile: str, target: int) -> dict:
@@ -9365,16 +9675,13 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     counts = _count_many(texts)
     totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
-    view, header = serve_view(thread_id, turns, target, profile, summaries)
-    # What the view serves: full and lean messages, the notes where long turns resume,
-    # and the header (which holds the summaries).
-    in_view, notes = 0, [header]
-    for t, row in zip(turns, per_turn):
-        for band in ("full", "lean"):
-            if view.bands.get(t.n) in (band, SPLIT):
-                in_view += sum(counts[i] for seq, i in row[band] if view.band_of(t.n, seq) == band)
-        notes.append(turn_items(view, t)[0] or "")
-    in_view += sum(_count_many(notes))
+    counter = ViewCounter()
+    view, header = serve_view(thread_id, turns, target, profile, summaries, counter=counter)
+    in_view = view.tokens
+    # The same figures by the estimate used without the tokenizer, for comparison.
+    safe = [safe_estimate(t) for t in texts]
+    estimated_full = sum(safe[i] for row in per_turn for _, i in row["full"])
+    estimated_view = view_tokens(view, header, turns, ViewCounter(_EstimateOnly()))["total"]
     original = totals["full"]
 
     def cut(after):
@@ -9388,7 +9695,10 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),
         "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted", SPLIT)},
         "integrity_problems": problems, "exact": TOKENS.exact,
-        "counting": "exact o200k_base" if TOKENS.exact else "approximate (4 bytes a token)",
+        "counting": "exact o200k_base" if TOKENS.exact else "approximate (a safe estimate, never under)",
+        "target": target, "view_within_target": in_view <= target,
+        "estimate": {"tokens": estimated_full, "smart_compact_tokens": estimated_view,
+                     "method": "safe estimate (never under o200k)"},
     }
 
 

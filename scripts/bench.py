@@ -64,6 +64,7 @@ CACHE = REPO / ".cache" / "bench"
 sys.path.insert(0, str(SCRIPTS))
 
 import gen_transcript  # noqa: E402
+import real_cli_transcript  # noqa: E402
 
 ORIG_ENV = dict(os.environ)   # for package installs (pip reads its config from the real home)
 CWD = "/home/user/proj"       # the project folder recorded in generated transcripts
@@ -151,6 +152,19 @@ class Ctx:
             t0 = time.perf_counter()
             gen_transcript.generate(str(path), size_mb, seed, **opts)
             print(f"# generated {path.relative_to(REPO)} in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+        return path
+
+    def real_transcript(self, size_mb: float) -> Path:
+        """A session the real CLI wrote (scripts/real_cli_transcript.py), grown to size_mb MiB.
+
+        Recorded once against the fake API and kept under .cache/bench/ with its grown
+        copies; tool output dominates it, as it does a real coding session.
+        """
+        CACHE.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        path = real_cli_transcript.transcript(CACHE, size_mb)
+        if time.perf_counter() - t0 > 1:
+            print(f"# made {path.relative_to(REPO)} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return path
 
     def result(self, name: str) -> dict:
@@ -400,14 +414,17 @@ def intake_into(ctx: Ctx, root: Path, path: Path, thread_id: str | None = None,
                 session_id: str | None = None, index: bool = True) -> tuple[Any, str, str, dict]:
     """A whole transcript into a fresh thread store under root/.cc-lhc, as capture does it.
 
-    Timed: Capture.catch_up(index=False) (store creation included), then
-    ThreadStore.index_search() separately. Returns (home, thread_id, session_id, figures).
+    Timed: the thread file's creation (ThreadStore: schema and migrations), then
+    Capture.catch_up(index=False) on it, then ThreadStore.index_search(), each apart.
+    Returns (home, thread_id, session_id, figures).
     """
     cc = ctx.need_cc()
     home = cc.StateHome(str(root / ".cc-lhc"))
     home.ensure()
     thread_id = thread_id or str(uuid.uuid4())
     session_id = session_id or ctx.session_of(path)
+    t_made = time.perf_counter()
+    cc.ThreadStore(home, thread_id).close()
     t0 = time.perf_counter()
     cap = cc.Capture(home, thread_id, session_id, str(path))
     lines = cap.catch_up(index=False)
@@ -417,6 +434,7 @@ def intake_into(ctx: Ctx, root: Path, path: Path, thread_id: str | None = None,
     summary = cap.store.summary()
     cap.stop()
     return home, thread_id, session_id, {"lines": lines, "intake_s": t1 - t0, "index_s": t2 - t1,
+                                         "create_s": t0 - t_made,
                                          "indexed": indexed, **summary}
 
 
@@ -547,7 +565,9 @@ def _intake(ctx: Ctx) -> dict:
     last = rows[-1]
     out: dict[str, Any] = {
         "intake (median)": Figure(intake, "s", f"{spread([r['intake_s'] for r in rows], 's')}; "
-                                               "catch_up(index=False), store creation included"),
+                                               "catch_up(index=False) into a new thread file"),
+        "thread file creation": Figure(statistics.median(r["create_s"] for r in rows), "s",
+                                       "schema and migrations, before intake"),
         "search index after intake": Figure(index, "s", f"{last['indexed']:,} rows; ThreadStore.index_search"),
         "searchable after": Figure(intake + index, "s", target_note(intake + index, 2, "s")),
         "throughput": Figure(path.stat().st_size / gen_transcript.MIB / intake, "MiB/s"),
@@ -558,6 +578,71 @@ def _intake(ctx: Ctx) -> dict:
     if floor:
         out["vs json floor"] = Ratio("intake / json floor", intake / floor, target=3)
         out["with index vs json floor"] = Ratio("(intake + index) / json floor", (intake + index) / floor)
+    return out
+
+
+def floor_seconds(path: Path, runs: int) -> float:
+    """The streaming parse floor of one file: json.loads of each line as it is read."""
+    loads = json.loads
+
+    def parse() -> None:
+        with open(path, "rb") as fh:
+            for line in fh:
+                loads(line)
+
+    parse()  # warm the page cache
+    return Ctx.median_time(parse, runs)[0]
+
+
+def store_bytes(home: Any, thread_id: str) -> int:
+    """A thread file's size on disk, its write-ahead log included."""
+    base = Path(home.path("threads", f"{thread_id}.sqlite"))
+    return sum(p.stat().st_size for p in (base, base.with_name(base.name + "-wal")) if p.exists())
+
+
+REAL_SIZES_MB = (1, 14, 40)
+
+
+@bench("intake-real", "real-CLI sessions of 1, 14 and 40 MiB into a fresh store: time vs the floor, store size, "
+                      "peak RSS at 40 MiB")
+def _intake_real(ctx: Ctx) -> dict:
+    ctx.need_cc()
+    out: dict[str, Any] = {}
+    for size_mb in REAL_SIZES_MB:
+        path = ctx.real_transcript(size_mb)
+        size = path.stat().st_size
+        runs = ctx.runs(3 if size_mb < 40 else 2)
+        floor = floor_seconds(path, runs)
+        rows, stored = [], 0
+        for i in range(runs + 1):          # the first run warms imports and caches, not counted
+            root = ctx.scratch("intake-real")
+            home, tid, _sid, row = intake_into(ctx, root, path)
+            stored = store_bytes(home, tid)
+            rows.append(row)
+            shutil.rmtree(root, ignore_errors=True)
+        rows = rows[1:]
+        intake = statistics.median(r["intake_s"] for r in rows)
+        index = statistics.median(r["index_s"] for r in rows)
+        tag = f"{size_mb} MiB"
+        out[f"{tag}: intake (median)"] = Figure(intake, "s", f"{spread([r['intake_s'] for r in rows], 's')}; "
+                                                          f"{rows[-1]['messages']:,} msgs")
+        out[f"{tag}: streaming json floor"] = Figure(floor, "s", f"{runs} runs, same file")
+        out[f"{tag}: intake vs floor"] = Ratio("intake / json floor", intake / floor, target=2.5)
+        out[f"{tag}: thread file creation"] = Figure(statistics.median(r["create_s"] for r in rows), "s",
+                                                    "schema and migrations, once per thread, not in intake")
+        out[f"{tag}: search index after"] = Figure(index, "s")
+        out[f"{tag}: store"] = Figure(stored / gen_transcript.MIB, "MiB", "thread file + WAL, indexes included")
+        out[f"{tag}: store vs transcript"] = Ratio("store / transcript", stored / size, target=0.6)
+    path = ctx.real_transcript(REAL_SIZES_MB[-1])
+    root = ctx.scratch("memory-real")
+    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(REPO), str(path), str(root / ".cc-lhc"),
+                           ctx.session_of(path)], cwd=root, env=sandbox_env(root),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    if proc.returncode:
+        raise CommandFailed(proc.stderr.decode(errors="replace").strip().splitlines()[-1][:160])
+    peak = json.loads(proc.stdout)["peak"]
+    out[f"{REAL_SIZES_MB[-1]} MiB: peak RSS"] = Figure(peak, "MB", "separate process, capture + index; "
+                                                       + target_note(peak, 80, "MB"))
     return out
 
 

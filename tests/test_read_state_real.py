@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import tempfile
+import uuid
 
 import pytest
 
@@ -33,15 +34,45 @@ OVER = {"input_tokens": 119_000, "cache_creation_input_tokens": 600,
 # Filler replies: each a long answer (about 1,500 tokens verbatim, ~100 summarised).
 FILLER = " ".join(f"filler sentence {i} about nothing in particular." for i in range(140))
 
-# band of t1 -> (view target in tokens, filler turns after the Read, a long first prompt).
-# Lean keeps a prompt verbatim, so only a turn whose prompt is long is cheaper summarised
-# than lean: that is the one way into the summary band for a turn this small.
+# band of t1's Read -> (filler turns after the Read, a long first prompt). Lean keeps a
+# prompt verbatim, so only a turn whose prompt is long is cheaper summarised than lean.
+# The view target that puts the Read in the band is then found by building the view
+# in process (see target_for), so the test does not hang on exact token counts.
 BANDS = {
-    "full": (60_000, 0, False),
-    "lean": (3_000, 0, False),
-    "summary": (3_000, 2, True),
-    "omitted": (3_000, 10, True),
+    "full": (0, False),
+    "lean": (6, True),
+    "summary": (6, True),
+    "omitted": (14, True),
 }
+CONFIG = {"upperBoundTokens": 100_000, "minRunwayTokens": 30_000}
+
+
+def target_for(rc, sid: str, band: str, read_seq: int = 3) -> int:
+    """A view target (well inside the widest run of them) that puts the Read's result in
+    ``band``, found with the same planner cc-lhc runs before the next launch."""
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread = cc_lhc.Registry(home).thread_for_session(sid)
+    store = cc_lhc.ThreadStore(home, thread)
+    runs, current = [], []
+    try:
+        for target in range(500, 65_000, 250):
+            (rc.cwd / ".cc-lhc.json").write_text(json.dumps(dict(CONFIG, lowerBoundTokens=target)))
+            policy = cc_lhc.load_policy(str(rc.cwd), {})
+            plan = cc_lhc.plan_rebuild(home, store, thread, policy, str(uuid.uuid4()), str(rc.cwd),
+                                       projects_root=str(rc.iso.root / "scratch-projects"))
+            if plan.view.band_of(1, read_seq) == band:
+                current.append(target)
+            elif current:
+                runs.append(current)
+                current = []
+    finally:
+        store.close()
+    runs.append(current)
+    widest = max(runs, key=len)
+    assert widest, f"no view target puts the Read in the {band} band"
+    # three quarters up the run: away from its edges, and as large as that allows, since
+    # the carried file-state pairs get a share of the target
+    return widest[len(widest) * 3 // 4]
 
 
 def ok(p):
@@ -83,9 +114,8 @@ def read_then_compact_then_edit(rc, band: str, edit_first=False):
     With ``edit_first`` the turn after the Read edits the file too (beta -> BETA), and
     the Edit after the rebuild changes gamma instead. Returns (path, the Edit's
     tool_result, the first request body of the rebuilt session)."""
-    target, fillers, long_prompt = BANDS[band]
-    (rc.cwd / ".cc-lhc.json").write_text(json.dumps(
-        {"lowerBoundTokens": target, "upperBoundTokens": 100_000, "minRunwayTokens": 30_000}))
+    fillers, long_prompt = BANDS[band]
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps(dict(CONFIG, lowerBoundTokens=60_000)))
     # A folder whose path is the same length in every run: the path is part of what the
     # view holds, and a few bytes more or less would move the turn across a band edge.
     outside = Path(tempfile.mkdtemp(prefix="lhc-read-", dir="/tmp"))
@@ -111,6 +141,8 @@ def read_then_compact_then_edit(rc, band: str, edit_first=False):
         rc.api.script([text_reply(f"answer {i}: {FILLER}", usage=OVER if last else SMALL)])
         ok(rc.run_lhc("--resume", sid, "-p", f"filler question {i}"))
 
+    target = target_for(rc, sid, band)
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps(dict(CONFIG, lowerBoundTokens=target)))
     n = len(rc.api.message_requests)
     old, new = ("gamma", "GAMMA") if edit_first else ("beta", "BETA")
     rc.api.script([tool_use_reply("Edit", {"file_path": str(path), "old_string": old,

@@ -774,7 +774,9 @@ def test_retrieved_turns_are_favoured_by_the_next_view(tmp_path, monkeypatch, ca
         tr.prompt(f"question {i}")
         c = tr.response(tool_use("Bash", command=f"cat log{i}"), stop="tool_use")
         tr.results((c[0]["id"], "\n".join(f"log line {j}" for j in range(300)), False))
-        tr.response(text(f"answer {i} " + "z" * 2000))
+        # words, not one repeated letter: the view is fitted by exact count, and a run of
+        # one letter costs twice the estimate, which would leave no room to favour anything
+        tr.response(text(f"answer {i} " + "the value was fine " * 105))
     thread = intake_transcript(tr, tmp_path)
     grant(thread, monkeypatch)
     policy = cc_lhc.resolve_policy([("test", {"lowerBoundTokens": 4000, "upperBoundTokens": 100_000,

@@ -1,0 +1,215 @@
+"""Each payload is stored once (large tool output compressed), and views are counted exactly.
+
+Export, get-messages and search read what the transcript held, whether a row was written
+in the stored-once form or by an older cc-lhc (text and block JSON both whole); views are
+within their budget by exact o200k count, and the estimate used without the tokenizer
+never counts fewer tokens than o200k on real CLI content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+import zlib
+from pathlib import Path
+
+import pytest
+
+import cc_lhc
+from test_search import hits_of, search
+from test_views import Transcript, grant, intake_transcript, retrieve, text, thinking, tool_use
+
+SAMPLES = Path(__file__).resolve().parent / "fixtures" / "samples"
+NEEDLE = "qz-unique-needle-7731"
+
+
+def _log(n: int) -> str:
+    return "\n".join(f"{i:05d} worker-{i % 7} wrote block {i * 37 % 1009} in {i % 83} ms" for i in range(n))
+
+
+@pytest.fixture
+def big(tmp_path):
+    """A thread whose tool outputs are large (compressed), small, and held in a list block."""
+    tr = Transcript()
+    tr.prompt("look at the logs")
+    calls = tr.response(thinking("I will read the logs first, then the list output. " * 12),
+                        tool_use("Bash", command="cat big.log", description="x" * 400),
+                        tool_use("Bash", command="echo hi"),
+                        stop="tool_use")
+    tr.results((calls[1]["id"], _log(400) + f"\n{NEEDLE} at the end\n", False),
+               (calls[2]["id"], "hi", False))
+    calls = tr.response(tool_use("Read", file_path="/w/a.py"), stop="tool_use")
+    tr.results((calls[0]["id"], [{"type": "text", "text": _log(300)}], False))
+    tr.response(text("done"))
+    return intake_transcript(tr, tmp_path)
+
+
+def _export(capsys, thread) -> str:
+    capsys.readouterr()
+    assert cc_lhc.main(["export", thread.id]) == 0
+    return capsys.readouterr().out
+
+
+def test_each_payload_is_stored_once_and_large_output_compressed(big):
+    rows = big.store.db.execute("SELECT kind, typeof(text), data FROM messages ORDER BY seq").fetchall()
+    kinds = [(k, t) for k, t, _ in rows]
+    assert ("tool_result", "blob") in kinds and ("tool_result", "text") in kinds
+    for kind, _type, data in rows:
+        if kind in ("tool_result", "thinking", "tool_call") and data and len(data) > 300:
+            pytest.fail(f"{kind} block JSON holds its payload again: {data[:80]}")
+    # every row reads back as the parser made it
+    raw = big.store.db.execute(f"SELECT {', '.join(cc_lhc.MESSAGE_COLUMNS)} FROM messages").fetchall()
+    for row in raw:
+        m = cc_lhc.message_row(row)
+        assert isinstance(m["text"], (str, type(None)))
+        if m["data"]:
+            json.loads(m["data"])
+
+
+def test_export_is_byte_exact_for_stored_once_and_older_rows(big, capsys):
+    now = _export(capsys, big)
+    # The same thread as an older cc-lhc wrote it: text plain, block JSON whole.
+    db = big.store.db
+    rows = db.execute("SELECT seq, text, data FROM messages").fetchall()
+    with cc_lhc.Tx(db):
+        for seq, stored, data in rows:
+            plain = cc_lhc.stored_text(stored)
+            db.execute("UPDATE messages SET text = ?, data = ? WHERE seq = ?",
+                       (plain, cc_lhc.full_block_json(plain, data), seq))
+    assert db.execute("SELECT count(*) FROM messages WHERE typeof(text) = 'blob' "
+                      "OR data LIKE '%cc-lhc:%'").fetchone()[0] == 0
+    assert _export(capsys, big) == now
+    exported = json.loads(now)
+    outputs = [r["output"] for r in exported if r["kind"] == "tool_result"]
+    assert outputs[0].endswith(f"{NEEDLE} at the end\n") and outputs[1] == "hi"
+    assert outputs[2] == [{"type": "text", "text": _log(300)}]
+
+
+def test_a_block_holding_marker_like_text_is_kept_whole():
+    marker = cc_lhc.PAYLOAD_AS_STRING
+    for block, payload in (
+            ({"tool_use_id": marker, "type": "tool_result", "content": "a" * 400}, "a" * 400),
+            ({"tool_use_id": "t", "type": "tool_result", "content": marker * 40}, marker * 40),
+            ({"tool_use_id": "t", "type": "tool_result", "content": [{"type": "text", "text": "b"},
+                                                                    {"type": "text", "text": marker}]},
+             "b\n" + marker)):
+        stored = cc_lhc._result_json_once(block, payload)
+        assert cc_lhc.full_block_json(payload, stored) == cc_lhc._dump(block)
+
+
+def test_compressed_output_round_trips_through_get_messages_and_search(big, monkeypatch, capsysbinary):
+    seq = big.store.db.execute("SELECT seq FROM messages WHERE typeof(text) = 'blob' ORDER BY seq").fetchone()[0]
+    packed = big.store.db.execute("SELECT text FROM messages WHERE seq = ?", (seq,)).fetchone()[0]
+    grant(big, monkeypatch)
+    body, _ = retrieve(capsysbinary, "get-messages", f"m{seq}")
+    assert zlib.decompress(packed).decode() in body.decode()
+    status, out, _ = search(capsysbinary, NEEDLE)
+    assert status == 0 and [h["seq"] for h in hits_of(out)][:1] == [str(seq)]
+    status, out, _ = search(capsysbinary, "worker-3 wrote block")  # the word index reads it too
+    assert status == 0 and f"m{seq}" in out
+
+
+def test_an_older_thread_is_migrated_and_its_word_index_refilled(big, monkeypatch, capsysbinary):
+    db = big.store.db
+    assert db.execute("SELECT sql FROM sqlite_master WHERE name = 'messages_fts'").fetchone()[0].count(
+        "messages_plain") == 1
+    # A thread from before: the word index read the messages table itself.
+    names = [n for n, _ in cc_lhc.THREAD_MIGRATIONS]
+    before = names.index("008_payload_once")
+    db.execute("DROP TABLE messages_fts")
+    db.execute("DROP VIEW messages_plain")
+    db.execute("CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages', content_rowid='seq')")
+    db.executemany("DELETE FROM migrations WHERE name = ?", [(n,) for n in names[before:]])
+    db.execute(f"PRAGMA user_version = {before}")
+    big.store.close()
+    grant(big, monkeypatch)
+    status, out, _ = search(capsysbinary, "worker-5 wrote block")
+    assert status == 0 and hits_of(out)
+
+
+@pytest.fixture
+def exact_tokens():
+    counter = cc_lhc.TokenCounter()
+    counter.count("")
+    if not counter.exact:
+        pytest.skip(f"needs the o200k_base tokenizer: {counter.reason}")
+    return counter
+
+
+def test_views_are_within_budget_by_exact_count(tmp_path, exact_tokens):
+    # Content denser than 4 bytes a token (numbers, listings): the quick estimate undercounts it.
+    tr = Transcript()
+    for i in range(24):
+        tr.prompt(f"step {i}")
+        calls = tr.response(tool_use("Bash", command=f"ls -la /srv/{i}"), stop="tool_use")
+        tr.results((calls[0]["id"], _log(60 + i * 7), False))
+        tr.response(text(f"step {i} done: " + " ".join(str(i * j) for j in range(80))))
+    thread = intake_transcript(tr, tmp_path)
+    turns = cc_lhc.load_turns(thread.store)
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    counter = cc_lhc.ViewCounter(exact_tokens)
+    over = []
+    for budget in (2_000, 6_000, 15_000):
+        view, header = cc_lhc.serve_view(thread.id, turns, budget, "default", summaries, counter=counter)
+        exact = exact_tokens.count(header)
+        for t in turns:
+            note, items = cc_lhc.turn_items(view, t)
+            exact += (exact_tokens.count(note) + cc_lhc.MESSAGE_TOKENS) if note else 0
+            exact += sum(exact_tokens.count(stub if stub is not None else (m["text"] or m["data"] or ""))
+                         + cc_lhc.MESSAGE_TOKENS for m, stub in items)
+        assert view.tokens == exact <= budget, (budget, exact)
+        assert view.counting == "exact o200k_base"
+        # allocated by the quick estimate alone, the same view counts over its budget
+        quick, quick_header = cc_lhc._serve_view(thread.id, turns, budget, "default", summaries, (), False)
+        over.append(cc_lhc.view_tokens(quick, quick_header, turns, counter)["total"] > budget)
+    assert any(over)
+
+
+def _real_cli_texts():
+    """Every payload of the real CLI's sample transcripts, and each whole line."""
+    out = []
+    for path in sorted(SAMPLES.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            out.append(line)
+            content = (json.loads(line).get("message") or {}).get("content")
+            for block in content if isinstance(content, list) else [{"type": "text", "text": content}]:
+                if not isinstance(block, dict):
+                    continue
+                value = {"tool_result": lambda: cc_lhc.flatten_tool_output(block.get("content")),
+                         "tool_use": lambda: cc_lhc._dump(block.get("input")),
+                         "text": lambda: block.get("text"),
+                         "thinking": lambda: block.get("thinking")}.get(block.get("type"), lambda: None)()
+                if isinstance(value, str) and value:
+                    out.append(value)
+    # what dense tool output looks like: a long listing, numbered file lines, JSON
+    out.append("\n".join(f"-rw-r--r-- 1 root root {i * 977 % 65536:6d} Dec  1 08:{i % 60:02d} f{i}.py"
+                         for i in range(300)))
+    out.append("\n".join(f"{i:6d}\t    return self._x{i}[{i}]" for i in range(1, 400)))
+    out.append(json.dumps({f"k{i}": [i, i * 2, None, True] for i in range(300)}))
+    out.append("\n".join(f"{uuid.UUID(int=i * 7919 << 64 | i)} {hashlib.sha1(bytes([i])).hexdigest()} ok"
+                         for i in range(200)))  # ids and hashes: the densest output seen
+    return out
+
+
+def test_the_safe_estimate_never_undercounts_real_cli_content(exact_tokens):
+    texts = _real_cli_texts()
+    assert len(texts) > 50
+    short = [(exact_tokens.count(t), cc_lhc.safe_estimate(t), t[:60]) for t in texts
+             if cc_lhc.safe_estimate(t) < exact_tokens.count(t)]
+    assert short == []
+
+
+def test_the_tokenizer_loads_from_its_cache_with_the_same_counts(exact_tokens, tmp_path, monkeypatch):
+    path = cc_lhc._ranks_cache_path(cc_lhc.O200K_SHA256)
+    assert Path(path).exists()  # the first load wrote it
+    fresh = cc_lhc.TokenCounter()
+    sample = "Hello, world! 12345 ünïcödé 日本語 <tag>\n\n  x"
+    assert fresh.count(sample) == exact_tokens.count(sample) == 18
+    # a damaged cache is not trusted: it is parsed again from the rank file and rewritten
+    blob = Path(path).read_bytes()
+    Path(path).write_bytes(blob[:-10] + b"0123456789")
+    assert cc_lhc._cached_ranks(cc_lhc.O200K_SHA256) is None
+    again = cc_lhc.TokenCounter()
+    assert again.count(sample) == 18 and again.exact
+    assert cc_lhc._cached_ranks(cc_lhc.O200K_SHA256) is not None
