@@ -132,3 +132,71 @@ def test_a_too_long_rejection_while_a_job_runs_is_compacted_continued_once_and_c
     assert log_events(real_claude, "background_carried")[0]["items"][0].startswith("Bash m")
     (told,) = [r for r in requests_holding(real_claude, "has finished") if "DONE-toolong" in json.dumps(r)]
     assert told["session_id"] != real_claude.api.message_requests[0]["session_id"]
+
+
+def new_input(request: dict) -> str:
+    """What a request brings after the model's last answer: the prompt it was sent for."""
+    messages = request["body"]["messages"]
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return json.dumps(messages[answers[-1] + 1 if answers else 0:])
+
+
+def over_once(rc, flag):
+    """A responder answering "noted", over the trigger once each time ``flag`` is set."""
+    def answer(body):
+        if flag.is_set():
+            flag.clear()
+            return text_reply("noted", usage=OVER_USAGE)
+        return "noted"
+    rc.api.responder = answer
+
+
+def test_a_monitor_is_relaunched_keeps_its_pid_across_two_swaps_and_each_event_arrives_once(
+        real_claude, tmux):
+    import threading
+    rc, marker = real_claude, "MON-4c1e"
+    command = f"for i in $(seq 1 60); do echo {marker}-$i; sleep 2; done"
+    rc.api.script([tool_use_reply("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+                   tool_use_reply("Monitor", {"description": "count", "timeout_ms": 120000,
+                                              "command": command}),
+                   text_reply("monitoring", usage=OVER_USAGE)])
+    again = threading.Event()
+    over_once(rc, again)
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Monitor"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "watch the counter")
+    _wait_for_log(rc, "handoff_switched")
+    (relaunched,) = log_events(rc, "monitor_relaunched")
+    pid = relaunched["pid"]
+    assert relaunched["output"].endswith(".output") and "/continuity/" in relaunched["output"]
+    assert "/monitors/" in relaunched["output"]
+    # only the relaunched copy runs: the old Claude's own copy was stopped with it
+    wait_until(lambda: running(marker) == [pid], "one copy of the monitor, cc-lhc's")
+    first = rc.api.message_requests[0]["session_id"]
+    wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] != first
+                        and f"event: {marker}-" in new_input(r)], "an event reaching the replacement")
+    again.set()  # the next answer is over the trigger: a second swap
+    _wait_for_log(rc, "handoff_switched", count=2, timeout=40)
+    assert len(log_events(rc, "monitor_relaunched")) == 1
+    assert running(marker) == [pid]  # the same process lives through the second swap
+    second = log_events(rc, "handoff_switched")[1]["new_session"]
+    wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] == second
+                        and f"event: {marker}-" in new_input(r)], "an event reaching the second replacement")
+    said = [e["text"] for e in log_events(rc, "notice") if "carried across the swap" in e["text"]]
+    assert said == [f"carried across the swap: monitor {relaunched['task']} (relaunched, pid {pid})",
+                    f"carried across the swap: monitor {relaunched['task']} (still running, pid {pid})"]
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert not running(marker)  # stopped when the session ended
+    (stopped,) = log_events(rc, "carried_job_stopped")
+    assert stopped["pids"] == [pid]
+    # each event the relaunched command wrote reached Claude exactly once (told on a
+    # prompt, or kept for the next launch when the session ended first)
+    emitted = [line for line in Path(relaunched["output"]).read_text().splitlines() if line]
+    told = "".join(new_input(r) for r in rc.api.message_requests if r["session_id"] != first)
+    home = Path(rc.env["CC_LHC_HOME"])
+    kept = "".join("".join(json.loads(p.read_text())) for p in home.glob("continuity/*/undelivered.json"))
+    said = [m.group(1) for m in re.finditer(rf"event: ({marker}-\d+)", told + kept)]
+    assert sorted(said) == sorted(set(said)), "an event was told twice"
+    assert set(said) == set(emitted), "an event was never told"

@@ -137,7 +137,12 @@ def test_what_a_swap_cannot_carry_is_named():
                                   "/tmp/b1.output")
     blind = cc_lhc.BackgroundItem("monitor", "Monitor", 9, "toolu_2", {"ws": {"url": "wss://x"}})
     assert cc_lhc.uncarriable(shell) == ""
-    assert "no output file" in cc_lhc.uncarriable(blind)
+    assert "WebSocket" in cc_lhc.uncarriable(blind)
+    unwatched = cc_lhc.BackgroundItem("shell", "Bash", 4, "toolu_3", {"command": "x"}, "b2")
+    assert "no output file" in cc_lhc.uncarriable(unwatched)
+    # a monitor's command is relaunched by cc-lhc: no output file of Claude's is needed
+    relaunched = cc_lhc.BackgroundItem("monitor", "Monitor", 9, "toolu_4", {"command": "tail -f x"}, "b3")
+    assert cc_lhc.uncarriable(relaunched) == ""
     assert "platform" in cc_lhc.uncarriable(shell, posix=False)
     for kind in ("workflow", "wakeup", "agent"):
         assert cc_lhc.uncarriable(cc_lhc.BackgroundItem(kind, "X", 1, "t", {})) == ""
@@ -167,7 +172,7 @@ def test_a_seam_with_an_item_a_swap_cannot_carry_is_skipped_with_a_receipt_sayin
     t.user("and now?")
     t.assistant(text("over the trigger"), usage=OVER)
     a, outcome = assessed(tmp_path, t)
-    assert not a.go and "Monitor m2" in a.reason and "no output file" in a.reason
+    assert not a.go and "Monitor m2" in a.reason and "WebSocket" in a.reason
     assert outcome.startswith("skipped: background work open: Monitor m2")
 
 
