@@ -200,3 +200,66 @@ def test_a_monitor_is_relaunched_keeps_its_pid_across_two_swaps_and_each_event_a
     said = [m.group(1) for m in re.finditer(rf"event: ({marker}-\d+)", told + kept)]
     assert sorted(said) == sorted(set(said)), "an event was told twice"
     assert set(said) == set(emitted), "an event was never told"
+
+
+def start_agent(rc, tmux, task: str, answer):
+    """A session whose last answer, over the trigger, comes after launching a background
+    agent on ``task``; the agent's own requests get ``answer(body)``."""
+    rc.api.script([tool_use_reply("Agent", {"description": "look around", "prompt": task,
+                                            "run_in_background": True}),
+                   text_reply("agent started", usage=OVER_USAGE)])
+
+    def respond(body):
+        first = json.dumps(body["messages"][:1])
+        return answer(body) if task in first and "agent started" not in json.dumps(body) else "noted"
+    rc.api.responder = respond
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "start the agent")
+    return t
+
+
+def replacement_told(rc, text: str, timeout: float = 30) -> str:
+    first = rc.api.message_requests[0]["session_id"]
+    found = wait_until(lambda: [new_input(r) for r in rc.api.message_requests
+                                if r["session_id"] != first and text in new_input(r)],
+                       f"{text!r} reaching the replacement", timeout)
+    return found[0]
+
+
+def test_an_unfinished_background_agent_is_reported_interrupted_with_its_id(real_claude, tmux):
+    import threading
+    busy = threading.Event()  # never set before the end: the agent is still working at the swap
+    t = start_agent(real_claude, tmux, "AGENT-TASK-busy",
+                    lambda body: text_reply("never", hold=busy))
+    try:
+        _wait_for_log(real_claude, "handoff_switched")
+        told = replacement_told(real_claude, "was interrupted by the swap")
+        (said,) = log_events(real_claude, "background_carried")[0]["said"]
+        agent = re.search(r"agent (a\w+)", said).group(1)
+        assert "[runtime note]" in told and f"SendMessage({agent})" in told
+        assert said == f"agent {agent} (interrupted, resume offered)"
+    finally:
+        busy.set()
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
+def test_a_background_agent_that_finished_during_the_swap_has_its_result_told(real_claude, tmux):
+    import threading
+    done = threading.Event()
+    t = start_agent(real_claude, tmux, "AGENT-TASK-done",
+                    lambda body: text_reply("AGENT-RESULT-42", hold=done))
+    try:
+        # it finishes while the replacement comes up: the old Claude hears of it, the
+        # replacement would not, so cc-lhc tells it the final result
+        _wait_for_log(real_claude, "handoff_spawned")
+        done.set()
+        _wait_for_log(real_claude, "handoff_switched")
+        told = replacement_told(real_claude, "its final result")
+        assert "had finished" in told and "AGENT-RESULT-42" in told
+    finally:
+        done.set()
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
