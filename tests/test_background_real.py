@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fakeapi import text_reply, tool_use_reply
 from test_interactive_real import OVER_USAGE, PROMPT, _wait_for_log, type_line
 
@@ -263,3 +265,37 @@ def test_a_background_agent_that_finished_during_the_swap_has_its_result_told(re
         done.set()
     type_line(t, "/exit")
     assert t.wait_exit() == 0
+
+
+
+@pytest.mark.parametrize("ending", ["terminal closed", "wrapper SIGTERM"])
+def test_when_the_session_ends_abruptly_carried_work_is_stopped_and_kept_for_the_next_launch(
+        real_claude, tmux, ending):
+    import signal
+    rc, job, watch = real_claude, "END-9d2b", "MEND-9d2b"
+    rc.api.script([tool_use_reply("Bash", {"command": f"sleep 300; echo {job}", "description": "bg",
+                                           "run_in_background": True}),
+                   tool_use_reply("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+                   tool_use_reply("Monitor", {"description": "tick", "timeout_ms": 120000,
+                                              "command": f"while true; do echo {watch}; sleep 2; done"}),
+                   text_reply("both started", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: "noted"
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash,Monitor"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "start both")
+    _wait_for_log(rc, "handoff_switched")
+    (relaunched,) = log_events(rc, "monitor_relaunched")
+    assert running(job) and running(watch) == [relaunched["pid"]]
+    wrapper = log_events(rc, "handoff_switched")[0]["pid"]
+    if ending == "terminal closed":
+        t.kill()
+    else:
+        os.kill(wrapper, signal.SIGTERM)
+    wait_until(lambda: wrapper not in running(CC_LHC), "the wrapper ending")
+    assert not running(job) and not running(watch)  # nobody asked for them to outlive the session
+    home = Path(rc.env["CC_LHC_HOME"])
+    (kept,) = home.glob("continuity/*/undelivered.json")
+    notes = "".join(json.loads(kept.read_text()))
+    assert notes.count("was stopped when the previous cc-lhc session ended") == 2
+    assert f"echo {job}" in notes and watch in notes
