@@ -5289,6 +5289,7 @@ BACKGROUND_TOOLS = ("Bash", "Agent", "Task", "Monitor", "Workflow", "ScheduleWak
 SHELL_LAUNCHED = re.compile(r"running in background with ID: (\w+)")
 OUTPUT_FILE = re.compile(r"(?:written to|output_file):? (\S+?\.output)\b")
 AGENT_LAUNCHED = re.compile(r"agentId: (\w+)")
+MONITOR_LAUNCHED = re.compile(r"Monitor started \(task (\w+)")
 WORKFLOW_RUN = re.compile(r"\b(wf_\w+)")
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
 
@@ -5330,6 +5331,11 @@ def _launched(name, args, ack):
         if args.get("stop"):
             return None
         kind, task_id = "wakeup", ""
+    elif name == "Monitor":
+        # Its acknowledgement names the task but no output file: Claude reads the command's
+        # stdout through a socket and writes the events into the task's file itself.
+        m = MONITOR_LAUNCHED.search(ack)
+        kind, task_id = "monitor", m.group(1) if m else ""
     else:
         kind, task_id = name.lower(), ""
     out = OUTPUT_FILE.search(ack)
@@ -5414,15 +5420,20 @@ def open_background_work(store) -> list:
 def uncarriable(item, posix: bool = True) -> str:
     """Why a swap could not carry this item into the replacement ('' when it can).
 
-    Shell jobs and monitor commands are processes that outlive the old child only when it
-    is SIGKILLed (POSIX), and the wrapper must know the output file to watch; workflows
-    and wake-ups continue from the manifest, agents are reported (see BackgroundCarry).
+    Shell jobs are processes that outlive the old child only when it is SIGKILLed (POSIX),
+    and the wrapper must know the output file to watch. A monitor's command dies with the
+    old child (its stdout is a socket to it), so cc-lhc relaunches its command (one that
+    then fails to start is recorded as failed); a WebSocket monitor it cannot reopen.
+    Workflows and wake-ups continue from the manifest, agents are reported (see
+    BackgroundCarry).
     """
-    if item.kind in ("shell", "monitor"):
+    if item.kind == "shell":
         if not posix:
             return f"{item.label}: its process would not outlive the old Claude on this platform"
         if not item.output_file:
             return f"{item.label}: its launch acknowledgement names no output file to watch"
+    if item.kind == "monitor" and not item.args.get("command"):
+        return f"{item.label}: it watches a WebSocket (no command), which cc-lhc cannot reopen"
     return ""
 
 
@@ -6192,6 +6203,7 @@ class ControlPanel:
           + [f"Claude native Compact ran: its summary is turn t{turn} ({when})"
              for turn, when in session.native_compacts]
           + [f"alarm: {a}" for a in standing_alarms(session.home, capture.thread_id, session.alarms)]
+          + (self.handoff.carry.status() if self.handoff is not None else [])
           + [f"notice: {line}" for line in session.announced[-5:]])
 
     def cmd_stats(self, _args) -> str:
@@ -6898,11 +6910,60 @@ def _stop_job(pid: int, start) -> None:
 
 @dataclasses.dataclass
 class CarriedJob:
-    """A shell job or monitor command that outlived the Claude process which started it."""
+    """A shell job that outlived the Claude process which started it, or a monitor command
+    cc-lhc relaunched for the replacement."""
     item: BackgroundItem
-    pids: list              # (pid, start time) of each process holding its output file
+    pids: list              # each process holding its output file (or our relaunched monitor)
     offset: int = 0         # how much of the output file Claude has already been told about
     finished: bool = False
+    output: str = ""        # the file to watch: Claude's own for a shell job, ours for a monitor
+    process: object = None  # a relaunched monitor: our child, reaped here
+    deadline: float = 0.0   # a monitor's timeout_ms, counted from its first launch (time.time)
+    starts: dict = dataclasses.field(default_factory=dict)  # pid -> start time, when seen
+
+    def __post_init__(self):
+        self.watch(self.pids)
+
+    def watch(self, pids) -> None:
+        """Take these pids as the job's, remembering each one's start time: a pid is
+        reused quickly, and only the process that was carried may ever be signalled."""
+        self.pids = list(pids)
+        for pid in self.pids:
+            self.starts.setdefault(pid, process_start_time(pid))
+
+    def alive(self, pid) -> bool:
+        return _alive(pid, self.starts.get(pid))
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            _stop_job(pid, self.starts.get(pid))
+
+    @property
+    def name(self) -> str:
+        return self.item.task_id or self.item.label
+
+
+MONITOR_TIMEOUT_CAP_MS = 1800000  # Claude caps a monitor's deadline at 30 minutes
+
+
+def _children_running(parent: int, command: str) -> list:
+    """Pids of ``parent``'s children whose command line holds ``command`` (Linux /proc)."""
+    found = []
+    if not command or not os.path.isdir("/proc/self"):
+        return found
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if command in cmdline:
+            found.append(int(pid))
+    return found
 
 
 class BackgroundCarry:
@@ -6926,6 +6987,7 @@ class BackgroundCarry:
     def __init__(self, session):
         self.session = session
         self.jobs = []
+        self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.notes = collections.deque()
         self.next_poll = 0.0
@@ -6935,34 +6997,48 @@ class BackgroundCarry:
 
     @property
     def holds_processes(self) -> bool:
-        return any(not j.finished for j in self.jobs)
+        """Whether a shell job Claude started is still running (a monitor we relaunched is
+        our own child and needs no special end of the old Claude)."""
+        return any(not j.finished and j.process is None for j in self.jobs)
 
     # -- at the swap -------------------------------------------------------------
 
-    def take(self, items, old_session: str, old_path: str) -> str:
+    def take(self, items, old_session: str, old_path: str, old_pid=None) -> str:
         """Carry the open items of the session being replaced; returns the line to show."""
-        import time
-        said, manifest = [], []
+        said, failed, manifest = [], [], []
         for item in items:
-            if item.kind in ("shell", "monitor"):
-                try:
-                    size = os.path.getsize(item.output_file)
-                except OSError:
-                    size = 0
+            if item.tool_use_id in self.taken:
+                # Carried at an earlier swap: it goes on as it is (a relaunched monitor
+                # keeps its process), and nothing is said to Claude again.
+                job = next((j for j in self.jobs if j.item.tool_use_id == item.tool_use_id), None)
+                if job is not None and not job.finished:
+                    said.append(f"{item.kind} {job.name} (still running, pid "
+                                f"{', '.join(map(str, job.pids))})")
+                continue
+            self.taken.add(item.tool_use_id)
+            if item.kind == "shell":
                 pids = _holders(item.output_file)
-                job = CarriedJob(item, [(p, process_start_time(p)) for p in pids],
-                                 offset=size if item.kind == "monitor" else 0)
-                self.jobs.append(job)
-                manifest.append(f"{'background command' if item.kind == 'shell' else 'monitor'} "
-                                f"{item.task_id or item.label} ({item.command}) keeps running; its "
-                                f"output is in {item.output_file}; cc-lhc will tell you "
-                                + ("when it finishes" if item.kind == "shell" else "each new event"))
-                said.append(f"{item.kind} {item.task_id or item.label} (pid "
+                self.jobs.append(CarriedJob(item, pids, output=item.output_file))
+                manifest.append(f"background command {item.task_id or item.label} ({item.command}) "
+                                f"keeps running; its output is in {item.output_file}; cc-lhc will "
+                                "tell you when it finishes")
+                said.append(f"shell {item.task_id or item.label} (pid "
                             f"{', '.join(map(str, pids)) or 'already finished'})")
+            elif item.kind == "monitor":
+                job, why = self._relaunch(item, old_pid)
+                name = item.task_id or item.label
+                if job is None:
+                    manifest.append(f"monitor {name} ({item.command}) could not be restarted after "
+                                    f"the swap ({why}); start it again with Monitor if you still need it")
+                    failed.append(f"monitor {name} ({why})")
+                    continue
+                self.jobs.append(job)
+                manifest.append(f"monitor {name} ({item.command}) stopped with the previous Claude "
+                                f"process, so cc-lhc started its command again; cc-lhc will tell you "
+                                f"each new event (its output is in {job.output})")
+                said.append(f"monitor {name} (relaunched, pid {job.pids[0]})")
             elif item.kind == "wakeup":
-                delay = item.args.get("delaySeconds") or 60
-                due = time.time() + max(0, self._launched_at(item) + float(delay) - time.time())
-                self.wakeups.append((due, item))
+                self.wakeups.append((self._wakeup_due(item), item))
                 manifest.append(f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) "
                                 "is still pending; cc-lhc will deliver its prompt when it falls due")
                 said.append("wake-up")
@@ -6971,16 +7047,66 @@ class BackgroundCarry:
                 manifest.append(f"workflow {item.args.get('name') or item.label} stopped with the "
                                 f"previous Claude process; continue it with Workflow and "
                                 f"resumeFromRunId {run}")
-                said.append(f"workflow {item.run_id or item.label}")
+                said.append(f"workflow {item.run_id or item.label} (resume offered)")
             elif item.kind == "agent":
-                manifest.append(self._agent_report(item, old_session, old_path))
-                said.append(f"agent {item.task_id or item.label} (reported)")
+                report = self._agent_report(item, old_session, old_path)
+                manifest.append(report)
+                said.append(f"agent {item.task_id or item.label} "
+                            f"({'finished, result told' if ' had finished' in report else 'interrupted, resume offered'})")
         if manifest:
             self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
                               "Background work from before: " + "; ".join(manifest) + ".")
-        self.carried = ("carried across the swap: " + ", ".join(said)) if said else ""
-        self.session.home.log("background_carried", items=[i.label for i in items], said=said)
+        parts = (["carried across the swap: " + ", ".join(said)] if said else []) + (
+            ["could not carry: " + ", ".join(failed)] if failed else [])
+        self.carried = "; ".join(parts)
+        self.session.home.log("background_carried", items=[i.label for i in items], said=said,
+                              failed=failed)
         return self.carried
+
+    def _relaunch(self, item, old_pid):
+        """Start a monitor's command again under continuity/<thread>/monitors/, as our own
+        child: (the job, '') or (None, why it could not be)."""
+        import shutil
+        import subprocess
+        import time
+        command = str(item.args.get("command") or "")
+        if old_pid:
+            # The old copy dies at its next line anyway (its stdout is the old Claude's
+            # socket); stopping it now keeps one copy of the command running, never two.
+            for pid in _children_running(old_pid, command):
+                _stop_job(pid, process_start_time(pid))
+        if not command:
+            return None, ("it watches a WebSocket, which cc-lhc cannot reopen" if item.args.get("ws")
+                          else "its launch names no command")
+        timeout = min(float(item.args.get("timeout_ms") or 300000), MONITOR_TIMEOUT_CAP_MS) / 1000
+        deadline = self._launched_at(item) + timeout
+        if time.time() >= deadline:
+            return None, "its timeout_ms had run out"
+        folder = self.session.home.ensure("continuity", self.thread_id, "monitors")
+        output = os.path.join(folder, f"{item.task_id or item.tool_use_id}.output")
+        try:
+            offset = os.path.getsize(output) if os.path.exists(output) else 0
+            with open(output, "ab") as out, open(output[:-len(".output")] + ".stderr", "ab") as err:
+                process = subprocess.Popen(
+                    [shutil.which("bash") or "/bin/sh", "-c", command], cwd=self.session.spec.cwd,
+                    env=child_environment(self.session.spec), stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=err, start_new_session=True, preexec_fn=_death_link_preexec(os.getpid()))
+        except OSError as e:
+            return None, f"its command could not be started again: {e}"
+        self.session.home.log("monitor_relaunched", item=item.label, task=item.task_id,
+                              pid=process.pid, output=output)
+        return CarriedJob(item, [process.pid], offset=offset, output=output, process=process,
+                          deadline=deadline), ""
+
+    def _wakeup_due(self, item) -> float:
+        """When Claude would have fired it: the first whole minute after launch + delay,
+        the delay clamped to [60, 3600] s as Claude clamps it."""
+        import math
+        try:
+            delay = float(item.args.get("delaySeconds") or 60)
+        except (TypeError, ValueError):
+            delay = 60.0
+        return math.ceil((self._launched_at(item) + min(3600.0, max(60.0, delay))) / 60) * 60
 
     def _launched_at(self, item) -> float:
         store = ThreadStore(self.session.home, self.thread_id)
@@ -7020,6 +7146,17 @@ class BackgroundCarry:
         return (f"{name} was interrupted by the swap (it ran inside the previous Claude process); "
                 f"resume it with SendMessage({item.task_id or item.label})")
 
+    def status(self) -> list:
+        """The /status rows: the last swap's line and what cc-lhc is watching now."""
+        rows = [f"background: {self.carried}"] if self.carried else []
+        running = [f"{j.item.kind} {j.name} (pid {', '.join(map(str, j.pids))})"
+                   for j in self.jobs if not j.finished]
+        running += [f"wake-up due {datetime.datetime.fromtimestamp(due).strftime('%H:%M')}"
+                    for due, _item in self.wakeups]
+        if running:
+            rows.append("background carried now: " + ", ".join(running))
+        return rows
+
     def end_signal(self):
         """How the old Claude must end: SIGKILL while it leaves carried jobs behind."""
         return signal.SIGKILL if self.holds_processes else None
@@ -7031,23 +7168,8 @@ class BackgroundCarry:
         import time
         now = time.time()
         for job in self.jobs:
-            if job.finished:
-                continue
-            job.pids = [(p, t) for p, t in job.pids if _alive(p, t)] or [
-                (p, process_start_time(p)) for p in _holders(job.item.output_file) if _alive(p)]
-            done = not job.pids
-            if job.item.kind == "monitor":
-                events = self._read_from(job)
-                if events:
-                    self.notes.append(f"[runtime note] monitor {job.item.task_id or job.item.label} "
-                                      f"({job.item.command}) reported: " + " | ".join(events))
-                if done:
-                    job.finished = True
-                    self.notes.append(f"[runtime note] monitor {job.item.task_id or job.item.label} "
-                                      "has ended.")
-            elif done:
-                job.finished = True
-                self.notes.append(self._shell_result(job))
+            if not job.finished:
+                self._poll_job(job, now)
         for due, item in list(self.wakeups):
             if now >= due:
                 self.wakeups.remove((due, item))
@@ -7055,9 +7177,40 @@ class BackgroundCarry:
                                   f"({item.args.get('reason') or 'no reason given'}): "
                                   f"{item.args.get('prompt') or ''}")
 
+    def _poll_job(self, job, now) -> None:
+        if job.process is not None:
+            running = job.process.poll() is None
+        else:
+            job.watch([p for p in job.pids if job.alive(p)]
+                      or [p for p in _holders(job.output) if _alive(p)])
+            running = bool(job.pids)
+        if job.item.kind != "monitor":
+            if not running:
+                job.finished = True
+                self.notes.append(self._shell_result(job))
+            return
+        for event in self._read_from(job):
+            self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) event: {event}")
+        if running and job.deadline and now >= job.deadline:
+            self._stop(job)
+            self.notes.append(f"[runtime note] monitor {job.name} expired (its timeout_ms ran out); "
+                              "start it again with Monitor if you still need it.")
+        elif not running:
+            job.finished = True
+            self.notes.append(f"[runtime note] monitor {job.name} has ended.")
+
+    def _stop(self, job) -> None:
+        job.stop()
+        if job.process is not None:
+            try:
+                job.process.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - one that will not die is logged, never waited on
+                self.session.home.log("carried_job_survived", item=job.item.label, pids=job.pids)
+        job.finished = True
+
     def _read_from(self, job) -> list:
         try:
-            with open_regular(job.item.output_file) as f:
+            with open_regular(job.output) as f:
                 f.seek(job.offset)
                 data = f.read(1 << 20)
         except OSError:
@@ -7090,7 +7243,10 @@ class BackgroundCarry:
             self.poll()
         if not self.notes or not settled():
             return ""
-        return self.notes.popleft()
+        # Everything waiting goes in one prompt: each event once, none held back a turn.
+        told = "\n".join(self.notes)
+        self.notes.clear()
+        return told
 
     # -- at the end ----------------------------------------------------------------------
 
@@ -7101,13 +7257,14 @@ class BackgroundCarry:
         for job in self.jobs:
             if job.finished:
                 continue
-            for pid, start in job.pids:
-                _stop_job(pid, start)
-            self.session.home.log("carried_job_stopped", item=job.item.label,
-                                  pids=[pid for pid, _ in job.pids])
-            self.notes.append(f"[runtime note] The background {job.item.kind} {job.item.task_id} "
+            self._stop(job)
+            for event in self._read_from(job):  # written between the last poll and the stop
+                self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) "
+                                  f"event: {event}")
+            self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
+            self.notes.append(f"[runtime note] The background {job.item.kind} {job.name} "
                               f"({job.item.command}) was stopped when the previous cc-lhc session "
-                              f"ended; its output so far is in {job.item.output_file}.")
+                              f"ended; its output so far is in {job.output}.")
         for _due, item in self.wakeups:
             self.notes.append(f"[runtime note] a wake-up was still pending when the previous "
                               f"session ended ({item.args.get('reason') or 'no reason given'}): "
@@ -7233,6 +7390,10 @@ class LiveHandoff:
         """
         if self.candidate is not None:
             return "a Smart Compact is already under way"
+        if self.submit_at is not None:
+            # A runtime note or the continuation is typed but not yet submitted: a swap now
+            # would drop it with the old Claude. The next settled seam asks again.
+            return "a message to Claude is being typed"
         if self.session.detached:
             return self.session.detached
         try:
@@ -7396,7 +7557,7 @@ class LiveHandoff:
         # capture generation and descriptor move with the routing
         lease = old_capture.lease
         old_capture.lease = None
-        carried = self.carry.take(self.carrying, spec.session_id, old_capture.path)
+        carried = self.carry.take(self.carrying, spec.session_id, old_capture.path, old_child.pid)
         self.carrying = []
         spec.session_id = spec.resume = pending.session_id
         fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,

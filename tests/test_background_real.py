@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fakeapi import text_reply, tool_use_reply
 from test_interactive_real import OVER_USAGE, PROMPT, _wait_for_log, type_line
 
@@ -132,3 +134,168 @@ def test_a_too_long_rejection_while_a_job_runs_is_compacted_continued_once_and_c
     assert log_events(real_claude, "background_carried")[0]["items"][0].startswith("Bash m")
     (told,) = [r for r in requests_holding(real_claude, "has finished") if "DONE-toolong" in json.dumps(r)]
     assert told["session_id"] != real_claude.api.message_requests[0]["session_id"]
+
+
+def new_input(request: dict) -> str:
+    """What a request brings after the model's last answer: the prompt it was sent for."""
+    messages = request["body"]["messages"]
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return json.dumps(messages[answers[-1] + 1 if answers else 0:])
+
+
+def over_once(rc, flag):
+    """A responder answering "noted", over the trigger once each time ``flag`` is set."""
+    def answer(body):
+        if flag.is_set():
+            flag.clear()
+            return text_reply("noted", usage=OVER_USAGE)
+        return "noted"
+    rc.api.responder = answer
+
+
+def test_a_monitor_is_relaunched_keeps_its_pid_across_two_swaps_and_each_event_arrives_once(
+        real_claude, tmux):
+    import threading
+    rc, marker = real_claude, "MON-4c1e"
+    command = f"for i in $(seq 1 60); do echo {marker}-$i; sleep 2; done"
+    rc.api.script([tool_use_reply("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+                   tool_use_reply("Monitor", {"description": "count", "timeout_ms": 120000,
+                                              "command": command}),
+                   text_reply("monitoring", usage=OVER_USAGE)])
+    again = threading.Event()
+    over_once(rc, again)
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Monitor"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "watch the counter")
+    _wait_for_log(rc, "handoff_switched")
+    (relaunched,) = log_events(rc, "monitor_relaunched")
+    pid = relaunched["pid"]
+    assert relaunched["output"].endswith(".output") and "/continuity/" in relaunched["output"]
+    assert "/monitors/" in relaunched["output"]
+    # only the relaunched copy runs: the old Claude's own copy was stopped with it
+    wait_until(lambda: running(marker) == [pid], "one copy of the monitor, cc-lhc's")
+    first = rc.api.message_requests[0]["session_id"]
+    wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] != first
+                        and f"event: {marker}-" in new_input(r)], "an event reaching the replacement")
+    again.set()  # the next answer is over the trigger: a second swap
+    _wait_for_log(rc, "handoff_switched", count=2, timeout=40)
+    assert len(log_events(rc, "monitor_relaunched")) == 1
+    assert running(marker) == [pid]  # the same process lives through the second swap
+    second = log_events(rc, "handoff_switched")[1]["new_session"]
+    wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] == second
+                        and f"event: {marker}-" in new_input(r)], "an event reaching the second replacement")
+    said = [e["text"] for e in log_events(rc, "notice") if "carried across the swap" in e["text"]]
+    assert said == [f"carried across the swap: monitor {relaunched['task']} (relaunched, pid {pid})",
+                    f"carried across the swap: monitor {relaunched['task']} (still running, pid {pid})"]
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert not running(marker)  # stopped when the session ended
+    (stopped,) = log_events(rc, "carried_job_stopped")
+    assert stopped["pids"] == [pid]
+    # each event the relaunched command wrote reached Claude exactly once (told on a
+    # prompt, or kept for the next launch when the session ended first)
+    emitted = [line for line in Path(relaunched["output"]).read_text().splitlines() if line]
+    told = "".join(new_input(r) for r in rc.api.message_requests if r["session_id"] != first)
+    home = Path(rc.env["CC_LHC_HOME"])
+    kept = "".join("".join(json.loads(p.read_text())) for p in home.glob("continuity/*/undelivered.json"))
+    said = [m.group(1) for m in re.finditer(rf"event: ({marker}-\d+)", told + kept)]
+    assert sorted(said) == sorted(set(said)), "an event was told twice"
+    assert set(said) == set(emitted), "an event was never told"
+
+
+def start_agent(rc, tmux, task: str, answer):
+    """A session whose last answer, over the trigger, comes after launching a background
+    agent on ``task``; the agent's own requests get ``answer(body)``."""
+    rc.api.script([tool_use_reply("Agent", {"description": "look around", "prompt": task,
+                                            "run_in_background": True}),
+                   text_reply("agent started", usage=OVER_USAGE)])
+
+    def respond(body):
+        first = json.dumps(body["messages"][:1])
+        return answer(body) if task in first and "agent started" not in json.dumps(body) else "noted"
+    rc.api.responder = respond
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "start the agent")
+    return t
+
+
+def replacement_told(rc, text: str, timeout: float = 30) -> str:
+    first = rc.api.message_requests[0]["session_id"]
+    found = wait_until(lambda: [new_input(r) for r in rc.api.message_requests
+                                if r["session_id"] != first and text in new_input(r)],
+                       f"{text!r} reaching the replacement", timeout)
+    return found[0]
+
+
+def test_an_unfinished_background_agent_is_reported_interrupted_with_its_id(real_claude, tmux):
+    import threading
+    busy = threading.Event()  # never set before the end: the agent is still working at the swap
+    t = start_agent(real_claude, tmux, "AGENT-TASK-busy",
+                    lambda body: text_reply("never", hold=busy))
+    try:
+        _wait_for_log(real_claude, "handoff_switched")
+        told = replacement_told(real_claude, "was interrupted by the swap")
+        (said,) = log_events(real_claude, "background_carried")[0]["said"]
+        agent = re.search(r"agent (a\w+)", said).group(1)
+        assert "[runtime note]" in told and f"SendMessage({agent})" in told
+        assert said == f"agent {agent} (interrupted, resume offered)"
+    finally:
+        busy.set()
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
+def test_a_background_agent_that_finished_during_the_swap_has_its_result_told(real_claude, tmux):
+    import threading
+    done = threading.Event()
+    t = start_agent(real_claude, tmux, "AGENT-TASK-done",
+                    lambda body: text_reply("AGENT-RESULT-42", hold=done))
+    try:
+        # it finishes while the replacement comes up: the old Claude hears of it, the
+        # replacement would not, so cc-lhc tells it the final result
+        _wait_for_log(real_claude, "handoff_spawned")
+        done.set()
+        _wait_for_log(real_claude, "handoff_switched")
+        told = replacement_told(real_claude, "its final result")
+        assert "had finished" in told and "AGENT-RESULT-42" in told
+    finally:
+        done.set()
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
+
+@pytest.mark.parametrize("ending", ["terminal closed", "wrapper SIGTERM"])
+def test_when_the_session_ends_abruptly_carried_work_is_stopped_and_kept_for_the_next_launch(
+        real_claude, tmux, ending):
+    import signal
+    rc, job, watch = real_claude, "END-9d2b", "MEND-9d2b"
+    rc.api.script([tool_use_reply("Bash", {"command": f"sleep 300; echo {job}", "description": "bg",
+                                           "run_in_background": True}),
+                   tool_use_reply("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+                   tool_use_reply("Monitor", {"description": "tick", "timeout_ms": 120000,
+                                              "command": f"while true; do echo {watch}; sleep 2; done"}),
+                   text_reply("both started", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: "noted"
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash,Monitor"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "start both")
+    _wait_for_log(rc, "handoff_switched")
+    (relaunched,) = log_events(rc, "monitor_relaunched")
+    assert running(job) and running(watch) == [relaunched["pid"]]
+    wrapper = log_events(rc, "handoff_switched")[0]["pid"]
+    if ending == "terminal closed":
+        t.kill()
+    else:
+        os.kill(wrapper, signal.SIGTERM)
+    wait_until(lambda: wrapper not in running(CC_LHC), "the wrapper ending")
+    assert not running(job) and not running(watch)  # nobody asked for them to outlive the session
+    home = Path(rc.env["CC_LHC_HOME"])
+    (kept,) = home.glob("continuity/*/undelivered.json")
+    notes = "".join(json.loads(kept.read_text()))
+    assert notes.count("was stopped when the previous cc-lhc session ended") == 2
+    assert f"echo {job}" in notes and watch in notes

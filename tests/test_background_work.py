@@ -137,7 +137,12 @@ def test_what_a_swap_cannot_carry_is_named():
                                   "/tmp/b1.output")
     blind = cc_lhc.BackgroundItem("monitor", "Monitor", 9, "toolu_2", {"ws": {"url": "wss://x"}})
     assert cc_lhc.uncarriable(shell) == ""
-    assert "no output file" in cc_lhc.uncarriable(blind)
+    assert "WebSocket" in cc_lhc.uncarriable(blind)
+    unwatched = cc_lhc.BackgroundItem("shell", "Bash", 4, "toolu_3", {"command": "x"}, "b2")
+    assert "no output file" in cc_lhc.uncarriable(unwatched)
+    # a monitor's command is relaunched by cc-lhc: no output file of Claude's is needed
+    relaunched = cc_lhc.BackgroundItem("monitor", "Monitor", 9, "toolu_4", {"command": "tail -f x"}, "b3")
+    assert cc_lhc.uncarriable(relaunched) == ""
     assert "platform" in cc_lhc.uncarriable(shell, posix=False)
     for kind in ("workflow", "wakeup", "agent"):
         assert cc_lhc.uncarriable(cc_lhc.BackgroundItem(kind, "X", 1, "t", {})) == ""
@@ -167,7 +172,7 @@ def test_a_seam_with_an_item_a_swap_cannot_carry_is_skipped_with_a_receipt_sayin
     t.user("and now?")
     t.assistant(text("over the trigger"), usage=OVER)
     a, outcome = assessed(tmp_path, t)
-    assert not a.go and "Monitor m2" in a.reason and "no output file" in a.reason
+    assert not a.go and "Monitor m2" in a.reason and "WebSocket" in a.reason
     assert outcome.startswith("skipped: background work open: Monitor m2")
 
 
@@ -197,3 +202,32 @@ def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_
     again = cc_lhc.BackgroundCarry(Session())
     assert list(again.notes) == ["[runtime note] the job finished after the last prompt"]
     assert not (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()
+
+
+def test_the_recorded_monitor_launch_opens_an_item_named_by_its_task(tmp_path):
+    # The records the real CLI wrote for Monitor: the acknowledgement names the task and
+    # no output file; each event is its own notification, none terminal.
+    path = tmp_path / "t.jsonl"
+    path.write_text((FIXTURES / "monitor-2.1.328.jsonl").read_text())
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
+    cap.catch_up()
+    try:
+        (item,) = cc_lhc.background_items(cap.store)
+    finally:
+        cap.stop()
+    assert (item.kind, item.task_id, item.output_file) == ("monitor", "bdz3tukym", "")
+    assert item.command.startswith("for i in") and cc_lhc.uncarriable(item) == ""
+
+
+def test_a_monitor_closes_on_its_completed_notification(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_mon", "Monitor", "Monitor started (task bm1, expires in 1m)", description="d",
+           timeout_ms=60000, command="tail -f log")
+    assert [i.task_id for i in open_items(tmp_path / "a", t)] == ["bm1"]
+    t.user("<task-notification>\n<task-id>bm1</task-id>\n<summary>Monitor event</summary>\n"
+           "<event>x</event>\n</task-notification>")
+    assert [i.task_id for i in open_items(tmp_path / "b", t)] == ["bm1"]  # an event is no end
+    t.user("<task-notification>\n<task-id>bm1</task-id>\n<status>completed</status>\n</task-notification>")
+    assert open_items(tmp_path / "c", t) == []
