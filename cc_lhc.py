@@ -351,6 +351,9 @@ BUILTIN_POLICY = {
     "pruneTargetTokens": 150_000,
     "minRunwayTokens": 50_000,
     "thinkingReplay": "signed_verbatim",
+    # A person's own /compact runs through the cc-lhc mod's hook as a Smart Compact; true
+    # leaves it to Claude's own summary.
+    "nativeCompact": False,
 }
 PROFILES = ("default", "balanced", "historical")
 # The thinking replay arms of a rebuilt session (section 6): replay signed thinking
@@ -417,7 +420,7 @@ def _check_field(name, value):
     elif name == "profile":
         if value not in PROFILES:
             return f"expected one of {', '.join(PROFILES)}, got {_shown_value(value)}"
-    elif name == "pruneEnabled":
+    elif name in ("pruneEnabled", "nativeCompact"):
         if not isinstance(value, bool):
             return f"expected true or false, got {_shown_value(value)}"
     elif name == "thinkingReplay":
@@ -591,6 +594,8 @@ class ParseState:
         self.last_seq = None         # newest main-chain message
         self.sidechains = {}         # uuid of a sidechain record -> the agent it belongs to
         self.agent_calls = {}        # agent -> {tool_use_id: seq} of its unanswered calls
+        self.after_boundary = False  # a compact_boundary was the last main-chain record
+        self.replaying = False       # inside a view the cc-lhc mod served back (see _replayed)
 
 
 class ParseOutput:
@@ -608,6 +613,22 @@ class ParseOutput:
         self.events = []         # ("native_compact", turn) and similar, for the host to report
         self.agents = []         # (agent_id, source, kind, tool_use_id, prompt) seen or linked
         self.raw_lines = []      # (session, line, offset, reason, raw bytes): lines kept verbatim
+
+
+# An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
+# Claude write a compact_boundary and then the view cc-lhc served: its header, the older
+# turns as cc-lhc rendered them, the newest records again under new uuids, and last the
+# closing line below. All of it is already in the thread. The telemetry counts of the
+# views opened and closed in a session tell a restarted parser whether it stopped inside one.
+IN_PROCESS_VIEW_END = "[cc-lhc] End of the rebuilt view; the conversation goes on from here."
+VIEW_OPENED, VIEW_CLOSED = "in_process_view_opened", "in_process_view_closed"
+
+
+def _closes_view(rec) -> bool:
+    message = rec.get("message") or {}
+    content = message.get("content")
+    return (message.get("model") == "<synthetic>" and isinstance(content, list) and len(content) == 1
+            and isinstance(content[0], dict) and content[0].get("text") == IN_PROCESS_VIEW_END)
 
 
 class RolloutParser:
@@ -705,6 +726,8 @@ class RolloutParser:
             self._dispatch(rec, rtype, size, line_no, offset)
 
     def _dispatch(self, rec, rtype, size, line_no, offset):
+        if self.agent is None and self._replayed(rec, rtype, size):
+            return
         if rtype == "user":
             if self.agent is None:
                 self.s.closed_response = None
@@ -723,6 +746,34 @@ class RolloutParser:
             elif rtype == "system" and rec.get("subtype") in TURN_END_SUBTYPES and self.agent is None:
                 self._turn_ended(rec)
             self._count(label, size)
+
+    def _replayed(self, rec, rtype, size) -> bool:
+        """Whether a main-chain record belongs to a view cc-lhc served back into Claude.
+
+        Such a record is a rebuild of the thread, never new content and never Claude's
+        own Compact turn: it is counted, not captured. The view opens with cc-lhc's header
+        as the first user record after a compact_boundary and ends on IN_PROCESS_VIEW_END.
+        """
+        s = self.s
+        if rtype == "system" and rec.get("subtype") == "compact_boundary":
+            s.after_boundary = True
+            return False
+        if s.after_boundary and rtype == "user":
+            s.after_boundary = False
+            content = (rec.get("message") or {}).get("content")
+            if isinstance(content, str) and content.startswith(REBUILT_MARKER):
+                s.replaying = True
+                self._count(VIEW_OPENED, size)
+                return True
+        if not s.replaying:
+            return False
+        if rtype == "assistant" and _closes_view(rec):
+            s.replaying = False
+            self._count(VIEW_CLOSED, size)
+            self.out.events.append(("in_process_view", max(0, s.next_turn - 1)))
+        else:
+            self._count("in_process_view_record", size)
+        return True
 
     # -- agents ------------------------------------------------------------------
 
@@ -1552,6 +1603,9 @@ class ThreadStore:
                                            "NULL AND source_session = ?", (session_id,)).fetchall())
         state.sidechains.update((a, a) for (a,) in db.execute(
             "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
+        views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
+                                (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
+        state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
         return state
 
     def agent_parse_state(self, source_key, agent_id) -> ParseState:
@@ -1866,12 +1920,18 @@ def _human_size(n: int) -> str:
     return f"{n / (1024 * 1024):.1f} MB"
 
 
-def tool_stub(m: dict, tool_name: str) -> str:
+def read_back(seq: int, native: bool = False) -> str:
+    """How a stub names the way back to message m<seq>: the mod's tool when it is active
+    (``native``), the Bash command otherwise."""
+    return f"lhc_get_messages m{seq}" if native else f"cc-lhc get-messages m{seq}"
+
+
+def tool_stub(m: dict, tool_name: str, native: bool = False) -> str:
     """The lean band's stand-in for a tool output: its size and the exact way back."""
     text = m["text"] or ""
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     size = _human_size(len(text.encode("utf-8")))
-    return f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size} · cc-lhc get-messages m{m['seq']}]"
+    return f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size} · {read_back(m['seq'], native)}]"
 
 
 def _keeps_verbatim(m: dict) -> bool:
@@ -1892,7 +1952,8 @@ def _tool_context(turn: Turn):
     return names, paired_tool_ids(turn.messages)
 
 
-def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tools=None):
+def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tools=None,
+                     native=False):
     """The messages a band keeps of a turn, each as (message, rendered_text_or_None).
 
     rendered_text is the stub that replaces a tool output in the lean band; None means
@@ -1900,6 +1961,8 @@ def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tool
     (read at each call, so flipping the constant takes effect at once). ``messages``
     narrows it to one part of the turn; pairing is still judged over the whole turn
     (``tools``, from _tool_context, saves working that out again for every part).
+    ``native``: stubs name the mod's retrieval tool instead of the Bash command (a stub
+    costs no more that way, so band costs are worked out without it).
     """
     arm = arm or THINKING_REBUILD_ARM
     names, paired = tools or _tool_context(turn)
@@ -1914,10 +1977,10 @@ def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tool
             if band != "full" or arm != "signed_verbatim" or not _signature(m):
                 continue  # never invent a signature; lean drops thinking
         if kind == "tool_result" and band == "lean" and not _keeps_verbatim(m):
-            out.append((m, tool_stub(m, names.get(m["tool_use_id"]))))
+            out.append((m, tool_stub(m, names.get(m["tool_use_id"]), native)))
             continue
         if kind.startswith("user_") and kind not in ("user_text", "user_meta") and band == "lean":
-            out.append((m, f"[{kind[5:]} m{m['seq']} · cc-lhc get-messages m{m['seq']}]"))
+            out.append((m, f"[{kind[5:]} m{m['seq']} · {read_back(m['seq'], native)}]"))
             continue
         out.append((m, None))
     return out
@@ -2232,14 +2295,15 @@ def working_set(turns):
 
 
 def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False,
-               boundary=0):
+               boundary=0, native=False):
     """The view Claude will be served and its header, both inside ``budget``.
 
     The header is part of what Claude receives: its fixed part (instructions, working
     set, omitted-range lines, and for each long turn the lines naming its parts and the
     note where it resumes) comes out of the budget before the bands share the rest.
     Messages up to ``boundary`` (the thread's visibility boundary, moved by Smart Prune)
-    are out of view, named like any other omitted range.
+    are out of view, named like any other omitted range. ``native``: the header names the
+    cc-lhc mod's tools (see render_header).
     """
     files = working_set(turns)
     soft = segment_tokens(budget, profile)
@@ -2248,7 +2312,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     view = _build_view(thread_id, turns, by_turn, max(0, budget - _header_reserve(
         thread_id, turns, by_turn, profile, files, fell_back)), profile, summaries or {}, favoured,
         hidden)
-    return view, render_header(view, files, fell_back)
+    return view, render_header(view, files, fell_back, native)
 
 
 def _header_reserve(thread_id, turns, by_turn, profile, files, fell_back) -> int:
@@ -2314,7 +2378,7 @@ def apply_boundary(turns, by_turn, boundary: int, soft: int) -> set:
     return hidden
 
 
-def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False):
+def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False, native=False):
     """Smart Prune's view (pure): (view, header, new boundary).
 
     Everything after the new boundary is verbatim; the boundary is the end of the newest
@@ -2346,7 +2410,7 @@ def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False):
                for t in turns for p in by_turn[t.n] if placed[(p.n, p.first)] == "full")
     view = _assemble(thread_id, turns, by_turn, placed, {"full": kept, "lean": 0, "summary": 0},
                      budget, profile, {}, {})
-    return view, render_header(view, files, fell_back), cut
+    return view, render_header(view, files, fell_back, native), cut
 
 
 BAND_WORDS = (("full", "verbatim"),
@@ -2374,11 +2438,11 @@ def bridge_note(n: int, a: int, b: int) -> str:
             f"{message_request(a, b)} reads them back exactly.")
 
 
-def turn_items(view: View, turn: Turn, arm=None):
+def turn_items(view: View, turn: Turn, arm=None, native=False):
     """(bridge note or None, visible (message, stub) items) of a turn as the view serves it."""
     band = view.bands.get(turn.n)
     if band in ("full", "lean"):
-        return None, visible_messages(turn, band, arm)
+        return None, visible_messages(turn, band, arm, native=native)
     if band != SPLIT:
         return None, []
     tools = _tool_context(turn)
@@ -2387,15 +2451,29 @@ def turn_items(view: View, turn: Turn, arm=None):
     for a, b, band in runs:
         if band in ("full", "lean"):
             chosen = [m for m in turn.messages if a <= m["seq"] <= b]
-            items += visible_messages(turn, band, arm, chosen, tools)
+            items += visible_messages(turn, band, arm, chosen, tools, native)
     hidden = [(a, b) for a, b, band in runs if band not in ("full", "lean")]
     if items and hidden:
         note = bridge_note(turn.n, hidden[0][0], hidden[-1][1])
     return note, items
 
 
-def render_header(view: View, files, fallback_note: bool) -> str:
-    """The opening message of a rebuilt session: what is in view and how to get the rest."""
+# How the header names the way back when the cc-lhc mod is active: its tools, each line
+# no longer than the Bash line it replaces (the header's reserve is measured on those).
+NATIVE_READ_BACK = [
+    "To read anything back exactly, call these tools:",
+    "  lhc_get_turns [t12, t13]     whole turns as recorded",
+    "  lhc_get_messages [m57]       single messages, such as a stubbed tool output",
+    "  lhc_get_messages [m40-m60]   a run of messages, such as part of a long turn",
+    "  lhc_search \"some text\"      where an exact string (a command, an error line) or some words appear",
+]
+
+
+def render_header(view: View, files, fallback_note: bool, native: bool = False) -> str:
+    """The opening message of a rebuilt session: what is in view and how to get the rest.
+
+    ``native``: the cc-lhc mod is active, so the way back is its tools, not Bash.
+    """
     lines = [
         f"[cc-lhc] This conversation was rebuilt by Smart Compact from thread {view.thread_id}. "
         "Nothing was deleted: every earlier turn is stored word for word and can be read back.",
@@ -2408,14 +2486,14 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         lines.append(omitted_line(a, b))
     for n in view.turns_in(SPLIT):
         lines += split_lines(n, view.pieces[n])
-    lines += [
+    lines += NATIVE_READ_BACK if native else [
         "To read anything back exactly, run these through Bash:",
         "  cc-lhc get-turns t12 t13     whole turns as recorded",
         "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
         "  cc-lhc get-messages m40-m60  a run of messages, such as part of a long turn",
         "  cc-lhc search \"some text\"    where an exact string (a command, an error line) or some words appear",
-        "Use them instead of guessing what an earlier turn said.",
     ]
+    lines.append("Use them instead of guessing what an earlier turn said.")
     if files:
         lines.append("Working set (edited first; the label last showed the file):")
         lines += [f"  {state:<6} {path}  ({'m' + str(label)})" for path, state, label in files]
@@ -2478,7 +2556,7 @@ def _block_of(m: dict, stub):
 
 
 def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
-                 envelope=(), version="2.1.328", git_branch="", arm=None, carried=()):
+                 envelope=(), version="2.1.328", git_branch="", arm=None, carried=(), native=False):
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
@@ -2526,7 +2604,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         return role, m["response_id"] if role == "assistant" else m["source_uuid"]
 
     for turn in turns:
-        note, visible = turn_items(view, turn, arm)
+        note, visible = turn_items(view, turn, arm, native)
         if note:
             # A long turn whose oldest part is out of view resumes after a user-side note,
             # so its next response does not follow the previous one with nothing between.
@@ -2760,12 +2838,13 @@ class PruneUnchanged(LhcError):
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
-                 envelope_from=None, now=None, arm=None, prune_target=None) -> Rebuild:
+                 envelope_from=None, now=None, arm=None, prune_target=None, native=False) -> Rebuild:
     """Build the served view of a thread and the transcript bytes for a new session.
 
     ``arm`` is the thinking replay arm (default: the thread's, see thinking_arm).
     ``prune_target`` makes it Smart Prune's view (prune_view) within that many tokens;
     it raises PruneUnchanged when that would not move the visibility boundary.
+    ``native``: the cc-lhc mod is active, so the view names its tools (serve_view).
     """
     turns = load_turns(store)
     boundary = visibility_boundary(store)
@@ -2776,10 +2855,10 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     if prune_target is None:
         view, header = serve_view(thread_id, turns, budget - reserve, policy["profile"],
                                   thread_summaries(store, turns), recent_impression_turns(store),
-                                  policy.fell_back, boundary)
+                                  policy.fell_back, boundary, native)
     else:
         view, header, new_boundary = prune_view(thread_id, turns, boundary, budget - reserve,
-                                                policy["profile"], policy.fell_back)
+                                                policy["profile"], policy.fell_back, native)
         if new_boundary <= boundary:
             raise PruneUnchanged(f"nothing to prune: the view already fits {prune_target:,} tokens"
                                  + (f" after m{boundary}" if boundary else ""))
@@ -2787,7 +2866,7 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
-                           arm=arm, carried=carried)
+                           arm=arm, carried=carried, native=native)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
     return Rebuild(session_id, path, records_bytes(records), view, boundary, arm)
@@ -8263,7 +8342,7 @@ Environment:
 Configuration: ~/.config/cc-lhc/config.json, then .cc-lhc.json in the project,
 then the flags above. Fields: lowerBoundTokens, upperBoundTokens, profile,
 pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens,
-thinkingReplay (signed_verbatim or omit). Token
+thinkingReplay (signed_verbatim or omit), nativeCompact (true or false). Token
 values are whole numbers from 1 to 10,000,000; anything else falls back to the
 default. A flag value starting with `-` is refused: write --lhc-target=VALUE.
 
