@@ -79,7 +79,7 @@ CLAUDE_SUBCOMMANDS = frozenset(
 # The wrapper's own subcommands. They are never forwarded to Claude.
 LHC_SUBCOMMANDS = (
     "get-turns", "get-messages", "search", "backfill-labels", "rollout",
-    "measure", "threads", "export", "doctor", "mod-hello",
+    "measure", "threads", "export", "doctor", "mod-hello", "mod-compact",
 )
 
 
@@ -2556,7 +2556,8 @@ def _block_of(m: dict, stub):
 
 
 def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
-                 envelope=(), version="2.1.328", git_branch="", arm=None, carried=(), native=False):
+                 envelope=(), version="2.1.328", git_branch="", arm=None, carried=(), native=False,
+                 sources=None):
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
@@ -2565,7 +2566,9 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     Claude Code itself writes them. Usage on replayed records is zero: the old counts
     would make the new session look as full as the one it replaces. ``carried`` are
     file-state pairs (see carried_file_state); those whose call is not already in view
-    go right after the envelope.
+    go right after the envelope. ``sources``, a list, receives one entry per record: None
+    for what cc-lhc wrote itself, else (source uuid, whether it is verbatim, how many
+    recorded messages it holds); it is only given without ``carried``.
     """
     counter = [0]
     parent = [None]
@@ -2581,9 +2584,11 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
 
     records = []
 
-    def emit(rec):
+    def emit(rec, source=None):
         records.append(rec)
         parent[0] = rec["uuid"]
+        if sources is not None:
+            sources.append(source)
 
     header_rec = common("user", now)
     header_rec.update({"message": {"role": "user", "content": header}, "uuid": next_uuid(),
@@ -2624,7 +2629,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                             "timestamp": first["created"] or now})
                 if first["kind"] == "user_meta":
                     rec["isMeta"] = True
-                emit(rec)
+                emit(rec, (first["source_uuid"], all(stub is None for _, stub in group), len(group)))
                 continue
             has_tool = any(m["kind"] == "tool_call" for m, _ in group)
             for m, stub in group:  # one record per block, sharing the response's id
@@ -2635,7 +2640,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                                         "stop_reason": "tool_use" if has_tool else "end_turn",
                                         "stop_sequence": None, "usage": dict(ZERO_USAGE)},
                             "uuid": next_uuid(), "timestamp": m["created"] or now})
-                emit(rec)
+                emit(rec, (m["source_uuid"], stub is None, 1))
     if records[-1]["type"] != "assistant":
         # A session must end on Claude's side: otherwise the header, or a prompt left
         # unanswered, would be answered as if the user had just sent it. The model named
@@ -2838,13 +2843,16 @@ class PruneUnchanged(LhcError):
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
-                 envelope_from=None, now=None, arm=None, prune_target=None, native=False) -> Rebuild:
+                 envelope_from=None, now=None, arm=None, prune_target=None, native=False,
+                 sources=None) -> Rebuild:
     """Build the served view of a thread and the transcript bytes for a new session.
 
     ``arm`` is the thinking replay arm (default: the thread's, see thinking_arm).
     ``prune_target`` makes it Smart Prune's view (prune_view) within that many tokens;
     it raises PruneUnchanged when that would not move the visibility boundary.
     ``native``: the cc-lhc mod is active, so the view names its tools (serve_view).
+    ``sources`` (a list) is filled as view_records fills it, for a view served in process:
+    that Claude process still knows every file it read, so no file-state pairs are carried.
     """
     turns = load_turns(store)
     boundary = visibility_boundary(store)
@@ -2866,7 +2874,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
-                           arm=arm, carried=carried, native=native)
+                           arm=arm, carried=carried if sources is None else (), native=native,
+                           sources=sources)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
     return Rebuild(session_id, path, records_bytes(records), view, boundary, arm)
@@ -4290,14 +4299,22 @@ def check_descriptor(home) -> dict:
 # Everything it does goes through the `cc-lhc` shim on the child's PATH, so the
 # descriptor checks and the page size are the commands' own.
 
-MOD_VERSION = "1"
+MOD_VERSION = "2"
 MOD_MEASURED_CLAUDE = (2, 1, 328)  # the version REAL-CLAUDE-MODS.md measured the API on
 MOD_HELLO_FILE = "mod-hello.json"  # in the descriptor's shim folder, removed with it
+# An in-process Smart Compact, beside the handshake: the view the wrapper prepared (0600),
+# renamed once the hook has taken it; the hook's own request when a person typed /compact;
+# and the wrapper's refusal of such a request.
+MOD_VIEW_FILE = "mod-view.json"
+MOD_SERVED_FILE = "mod-view.served.json"
+MOD_REQUEST_FILE = "mod-compact-request.json"
+MOD_REFUSED_FILE = "mod-compact-refused.json"
+MOD_COMPACT_WAIT = 15.0  # how long the hook waits for the wrapper to prepare a view
 MOD_TOOLS = ("lhc_get_turns", "lhc_get_messages", "lhc_search")
 MOD_FILES = {
     ".claude-plugin/plugin.json": json.dumps({
         "name": "cc-lhc", "version": f"{VERSION}+mod{MOD_VERSION}",
-        "description": "cc-lhc inside Claude Code: session handshake and lossless retrieval tools",
+        "description": "cc-lhc inside Claude Code: session handshake, lossless retrieval tools, Smart Compact in process",
     }, indent=2) + "\n",
     "hooks/hooks.json": '{ "modules": ["./register.js"] }\n',
     "hooks/register.js": r"""// The cc-lhc mod. Written by cc-lhc at launch; edits are overwritten.
@@ -4360,8 +4377,46 @@ async function onRun($, e, next) {
   }
 }
 
+// A compaction of the main conversation (a /compact cc-lhc typed at a settled seam, or
+// the person's own) answers with the view cc-lhc built: built messages for its header and
+// older content, and the newest messages by handle, so Claude sends them whole (signed
+// thinking included). `cc-lhc mod-compact` fails when cc-lhc leaves this compaction to
+// Claude (nativeCompact, or it could not build a view): then Claude's own runs.
+async function onCompact($, e, next) {
+  if (e.agentId !== undefined || e.trigger === "precompute") return next(e)
+  let r
+  try {
+    const sid = await $.session.id()
+    const words = e.instructions ? ["--", String(e.instructions)] : []
+    r = await $.process.run(["cc-lhc", "mod-compact", sid, String(e.trigger), ...words], { timeoutMs: 30000 })
+  } catch (err) {
+    return next(e)
+  }
+  if (r.exitCode !== 0) return next(e)
+  let view
+  try {
+    view = JSON.parse(r.stdout)
+  } catch (err) {
+    return { skip: "cc-lhc: its view could not be read" }
+  }
+  const byHandle = new Map(e.messages.map(m => [m.handle, m]))
+  const out = []
+  for (const m of view.messages || []) {
+    if (m.handle === undefined) {
+      out.push({ role: m.role, text: String(m.text), toolUses: [] })
+      continue
+    }
+    const kept = byHandle.get(m.handle)
+    // Never a view with a hole in it: cc-lhc swaps the process instead.
+    if (kept === undefined) return { skip: `cc-lhc: message ${m.handle} is not in this conversation` }
+    out.push(kept)
+  }
+  return { messages: out }
+}
+
 export function register(on, options) {
   on("session.start", onStart)
+  on("session.compact", onCompact)
   on("tool.list", onList)
   on("tool.run", { tool: "lhc_get_turns" }, onRun)
   on("tool.run", { tool: "lhc_get_messages" }, onRun)
@@ -4462,6 +4517,77 @@ def cmd_mod_hello(args) -> int:
         json.dump(hello, f)
     os.replace(tmp, path)  # a later hello (the same process on another session) replaces it
     return EXIT_OK
+
+
+def _write_private_json(path: str, body: dict) -> None:
+    """Replace a small JSON file in one step, readable by this user only."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f)
+    os.replace(tmp, path)
+
+
+def _read_bound_json(folder: str, name: str, token: str, limit=DESCRIPTOR_FILE_LIMIT):
+    """A JSON file beside a descriptor, only when it names that descriptor's token."""
+    try:
+        body = load_json(read_small_file(os.path.join(folder, name), limit))
+    except (OSError, ValueError, LhcError):
+        return None
+    return body if isinstance(body, dict) and body.get("token") == token else None
+
+
+MOD_VIEW_LIMIT = 64 << 20  # a view is at most the trigger's worth of text, with room
+
+
+def cmd_mod_compact(args) -> int:
+    """Run by the mod's session.compact hook inside Claude: print the view cc-lhc prepared
+    for this compaction (JSON), asking the owning wrapper for one when none is waiting.
+
+    Exit 1 with the reason when cc-lhc leaves this compaction to Claude's own summary.
+    """
+    import time
+    if len(args) < 2 or not is_uuid(args[0]) or (len(args) > 2 and args[2] != "--"):
+        raise usage_error("usage: cc-lhc mod-compact <session-id> <trigger> [-- instructions]")
+    home = StateHome()
+    body = check_descriptor(home)
+    if args[0] != body["session_id"]:
+        raise refuse(f"session {args[0]} is not the session this descriptor serves")
+    folder = descriptor_paths(os.path.dirname(os.path.realpath(os.environ[RUNTIME_ENV])),
+                              body["token"])[1]
+    view = _claim_view(folder, body)
+    if view is None:
+        _write_private_json(os.path.join(folder, MOD_REQUEST_FILE), {
+            "token": body["token"], "session_id": args[0], "trigger": args[1],
+            "instructions": " ".join(args[3:]), "id": uuid.uuid4().hex, "at": utc_now_iso()})
+        deadline = time.monotonic() + MOD_COMPACT_WAIT
+        while view is None:
+            refused = _read_bound_json(folder, MOD_REFUSED_FILE, body["token"])
+            if refused is not None:
+                os.unlink(os.path.join(folder, MOD_REFUSED_FILE))
+                print(f"{PROG}: {refused.get('reason')}", file=sys.stderr)
+                return EXIT_ERROR
+            if time.monotonic() > deadline:
+                print(f"{PROG}: no view from the cc-lhc session within {MOD_COMPACT_WAIT:g} s",
+                      file=sys.stderr)
+                return EXIT_ERROR
+            time.sleep(0.05)
+            view = _claim_view(folder, body)
+    sys.stdout.write(json.dumps({"messages": view["messages"]}, ensure_ascii=False))
+    return EXIT_OK
+
+
+def _claim_view(folder: str, body: dict):
+    """Take the prepared view for this descriptor's session, once: it is renamed as it is
+    read, which is how the wrapper learns the hook has it."""
+    view = _read_bound_json(folder, MOD_VIEW_FILE, body["token"], MOD_VIEW_LIMIT)
+    if view is None or view.get("session_id") != body["session_id"]:
+        return None
+    try:
+        os.replace(os.path.join(folder, MOD_VIEW_FILE), os.path.join(folder, MOD_SERVED_FILE))
+    except OSError:
+        return None
+    return view
 
 
 def read_mod_hello(descriptor: dict):
@@ -5213,6 +5339,7 @@ class PendingRebuild:
     prefix: int                  # bytes cc-lhc wrote; Claude accepting it writes past them
     receipt: object = None       # the governor receipt this rebuild answers
     descriptor: dict | None = None
+    in_process: bool = False     # served through the mod's hook: same process, same session
 
 
 class Assessment:
@@ -5239,7 +5366,7 @@ def _already_rebuilt(home, prior) -> str:
         return ""
     row = Registry(home).db.execute("SELECT status FROM rebuilds WHERE session_id = ?",
                               (m.group(1),)).fetchone()
-    return m.group(1) if row and row[0] in ("pending", "accepted") else ""
+    return m.group(1) if row and row[0] in ("pending", "inprocess", "accepted") else ""
 
 
 def current_classification(store, session_id, policy, prompt_estimate=0, idle=False, prune=False):
@@ -5326,12 +5453,19 @@ def write_rebuild(path: str, data: bytes) -> None:
 
 def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelope_from=None,
             assessment=None, session_id=None, projects_root=None, pending=True,
-            plan_view=None) -> PendingRebuild:
+            plan_view=None, native=False, in_process=None, instructions="") -> PendingRebuild:
     """Build the view, record it as pending, write it, and record its lineage.
 
     ``pending=False`` is `rollout write`: the caller makes the session current at once.
     ``plan_view`` replaces the Smart Compact view (Smart Prune passes its own).
+    ``native``: the view names the cc-lhc mod's tools. ``in_process`` (the live session's
+    descriptor) serves the view through the mod's session.compact hook instead: see
+    rebuild_in_process; ``instructions`` are the person's words after their /compact.
     """
+    if in_process is not None:
+        return rebuild_in_process(home, store, thread_id, from_session, policy, cwd, in_process,
+                                  assessment=assessment, plan_view=plan_view, envelope_from=envelope_from,
+                                  instructions=instructions)
     new_sid = session_id or new_session_id()
     plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, new_sid, cwd,
                                        projects_root=projects_root, envelope_from=envelope_from)
@@ -5385,6 +5519,153 @@ def record_pending(registry, thread_id, from_session, plan, cwd):
     registry.save_copy(thread_id)
 
 
+# -- In process: the view served back through the cc-lhc mod ---------------------------
+#
+# The same view, but handed to the running Claude by the mod's session.compact hook
+# (REAL-CLAUDE-MODS.md): nothing is written into Claude's projects folder and no process
+# is replaced. The registry row (status 'inprocess', keyed <session>#<id>) names the view
+# file beside the descriptor; acceptance is Claude's next request on the compacted
+# conversation, and recovery settles a dead owner's row without moving any file.
+
+IN_PROCESS_ACK = ("Understood: the older turns above are cc-lhc's rendering of the thread; "
+                  "the newest follow exactly as they were.")
+
+
+def handle_floor(store, session_id) -> int:
+    """The newest message of a session that Claude no longer holds under its own uuid.
+
+    Records captured before the session's last compaction (Claude's own, or a view
+    cc-lhc served) were written again under new uuids, so the hook cannot hand them back.
+    """
+    row = store.db.execute("SELECT max(seq) FROM messages WHERE source_session = ? AND kind = "
+                           "'compact_summary'", (session_id,)).fetchone()
+    return max(row[0] or 0, int(_meta(store, f"handles_after:{session_id}", 0)))
+
+
+def live_handles(store, session_id) -> dict:
+    """Source uuid -> how many recorded messages it holds, for the records of a session
+    Claude still has under their own uuids (what the hook gets as handles)."""
+    return dict(store.db.execute(
+        "SELECT source_uuid, count(*) FROM messages WHERE source_session = ? AND agent IS NULL "
+        "AND seq > ? GROUP BY source_uuid", (session_id, handle_floor(store, session_id))).fetchall())
+
+
+def _opens_turn(rec) -> bool:
+    content = rec["message"]["content"]
+    return rec["type"] == "user" and not rec.get("isMeta") and not (isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content))
+
+
+def in_process_messages(records, sources, handles, instructions="") -> list:
+    """The view as the mod's hook returns it (pure): cc-lhc's header with the older records
+    rendered as text in one built message, then the newest records by handle, from a user
+    prompt on, each one whole and verbatim in the view, and last the closing line
+    IN_PROCESS_VIEW_END by which capture knows where the view ends."""
+    n = len(records)
+    if n > 1 and sources[n - 1] is None and records[n - 1]["type"] == "assistant":
+        n -= 1  # the closing line the swap's view adds when it ends on the user's side
+    start = n
+    for i in range(n - 1, 0, -1):
+        src = sources[i]
+        if src is None or not src[1] or handles.get(src[0]) != src[2]:
+            break
+        if _opens_turn(records[i]):
+            start = i
+    header = records[0]["message"]["content"]
+    if instructions:
+        header += f"\nThe person asked for this compaction with: {instructions}"
+    older = [_rendered_record(r) for r in records[1:start] if r.get("type") in ("user", "assistant")]
+    text = "\n\n".join([header] + [o for o in older if o])
+    out = [{"role": "user", "text": text}]
+    if start < n:
+        out.append({"role": "assistant", "text": IN_PROCESS_ACK})
+        for i in range(start, n):
+            if i == start or sources[i][0] != sources[i - 1][0]:
+                out.append({"handle": sources[i][0]})
+    out.append({"role": "assistant", "text": IN_PROCESS_VIEW_END})
+    return out
+
+
+def _rendered_record(rec) -> str:
+    """One older view record as text: thinking cannot go back unsigned, so it is left out."""
+    content = rec["message"]["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    parts = [_markdown_block(b) for b in blocks if not (isinstance(b, dict) and b.get("type") in (
+        "thinking", "redacted_thinking"))]
+    parts = [p for p in parts if p]
+    return f"[{rec['type']}]\n" + "\n".join(parts) if parts else ""
+
+
+def rebuild_in_process(home, store, thread_id, from_session, policy, cwd, descriptor, *,
+                       assessment=None, plan_view=None, envelope_from=None, instructions=""):
+    """Record an in-process rebuild as pending, build the view and leave it for the hook."""
+    import time
+    key = f"{from_session}#{uuid.uuid4().hex[:12]}"
+    sources = []
+    plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, from_session, cwd,
+                                       envelope_from=envelope_from, native=True, sources=sources)
+    records = [json.loads(line) for line in plan.data.splitlines()]
+    messages = in_process_messages(records, sources, live_handles(store, from_session), instructions)
+    if plan.boundary:
+        note_built_boundary(store, key, plan.boundary)
+    path = os.path.join(descriptor["shim_dir"], MOD_VIEW_FILE)
+    registry = Registry(home)
+    now = utc_now_iso()
+    with Tx(registry.db) as db:
+        db.execute("INSERT INTO rebuilds (session_id, thread_id, from_session, path, cwd, owner, status, "
+                   "created) VALUES (?, ?, ?, ?, ?, ?, 'inprocess', ?)",
+                   (key, thread_id, from_session, path, cwd, json.dumps(process_identity()), now))
+    registry.save_copy(thread_id)
+    if assessment is not None:
+        assessment.outcome(f"scheduled:{key}")
+    failpoint("after-pending-record")
+    body = {"token": descriptor["token"], "session_id": from_session, "key": key,
+            "messages": messages}
+    for attempt in range(1, REBUILD_WRITE_ATTEMPTS + 1):
+        try:
+            _write_private_json(path, body)
+            break
+        except OSError as e:
+            if attempt == REBUILD_WRITE_ATTEMPTS:
+                abandon(home, registry, key, f"its view could not be written: {e}")
+                if assessment is not None:
+                    assessment.outcome(f"failed: write: {e}")
+                raise LhcError(f"the in-process view could not be written: {e}")
+            time.sleep(0.05 * attempt)
+    failpoint("after-view-write")
+    if assessment is not None:
+        assessment.outcome(f"rebuilt:{key}")
+    home.log("smart_compact_rebuilt", thread=thread_id, old_session=from_session, new_session=from_session,
+             key=key, in_process=True, path=path, messages=len(messages),
+             kept=sum(1 for m in messages if "handle" in m),
+             bands={b: len(plan.view.turns_in(b)) for b in BANDS + ("omitted",)},
+             boundary=plan.boundary, prune=plan_view is not None, thinking=plan.arm)
+    return PendingRebuild(key, from_session, path, 0,
+                          assessment.receipt if assessment is not None else None, descriptor,
+                          in_process=True)
+
+
+def accept_in_process(home, thread_id, pending, replayed_at: int) -> bool:
+    """Settle an in-process rebuild Claude has sent a request on: the session stays the
+    same, so nothing advances but the row, the prune boundary and the handle floor."""
+    registry = Registry(home)
+    failpoint("before-acceptance")
+    with Tx(registry.db) as db:
+        db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ? "
+                   "AND status = 'inprocess'", (utc_now_iso(), pending.session_id))
+        db.execute("DELETE FROM thread_alarms WHERE thread_id = ?", (thread_id,))
+    registry.save_copy(thread_id)
+    store = ThreadStore(home, thread_id)
+    try:
+        boundary = advance_boundary(store, pending.session_id)
+        _set_meta(store, f"handles_after:{pending.from_session}", replayed_at)
+    finally:
+        store.close()
+    home.log("smart_compact_accepted", thread=thread_id, session=pending.from_session,
+             key=pending.session_id, in_process=True, boundary=boundary)
+    return True
+
+
 def accept(home, thread_id, pending) -> bool:
     """Advance the thread to the rebuilt session only if Claude was seen accepting it."""
     registry, hostdb = Registry(home), HostDB(home)
@@ -5427,13 +5708,20 @@ def abandon(home, registry, session_id, reason):
     Only a file proven to be this rebuild is moved; anything else the record names is
     left in place (and logged), while the record itself is still settled as abandoned.
     """
-    row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
+    row = registry.db.execute("SELECT path, cwd, thread_id, status FROM rebuilds WHERE session_id = ?",
                               (session_id,)).fetchone()
     if row is None:
         return
-    path, cwd, thread_id = row
+    path, cwd, thread_id, status = row
     moved = None
-    if isinstance(path, str) and os.path.lexists(path):
+    if status == "inprocess":
+        # Its view lies beside the descriptor, never in Claude's folder: an unused one is
+        # removed so no later /compact is answered with it.
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    elif isinstance(path, str) and os.path.lexists(path):
         known = HostDB(home).session(session_id)
         lineage = (known["replayed_prefix_bytes"], known["replayed_prefix_sha256"]) if known else None
         unproven = unproven_rebuild_reason(path, thread_id, lineage)
@@ -6368,7 +6656,13 @@ class InteractiveHost:
             if spec.flags.get("--lhc-no-notifier"):
                 relay.on_input = panel.on_input
             else:
-                notifier = LifecycleNotifier(lambda text: session.announce(text, relay))
+                def advise(text):
+                    # The mod answers a person's /compact itself and says so (InProcessCompact).
+                    if not (text == LIFECYCLE_NOTES["compact"] and handoff.inproc.usable
+                            and not session.policy["nativeCompact"]):
+                        session.announce(text, relay)
+
+                notifier = LifecycleNotifier(advise)
                 relay.on_input = lambda data: notifier.observe(panel.on_input(data))
 
             handoff.listen(relay)
@@ -6393,6 +6687,8 @@ class InteractiveHost:
         finally:
             if handoff is not None and handoff.candidate is not None:
                 handoff._fail(relay, "the session ended during the handoff")
+            if handoff is not None:
+                handoff.inproc.close()
             status = _reap(self.child)
             if handoff is not None:
                 handoff.carry.close()
@@ -6953,6 +7249,7 @@ class LiveHandoff:
         self.carrying = []          # the open background items of the seam being swapped
         self.told_at_turn = None    # a note was typed: the next one waits for a newer settled turn
         self.last_input = 0.0       # when the person last typed (monotonic)
+        self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
 
@@ -6998,7 +7295,7 @@ class LiveHandoff:
         ``prune`` (a target in tokens) makes it Smart Prune: the same steps with the
         pruned view, and no handoff at all when the visibility boundary would not move.
         """
-        if self.candidate is not None:
+        if self.candidate is not None or self.inproc.pending is not None:
             return "a Smart Compact is already under way"
         if self.session.detached:
             return self.session.detached
@@ -7011,6 +7308,11 @@ class LiveHandoff:
 
     def _begin(self, relay, manual=False, prune=None):
         session, spec, home = self.session, self.session.spec, self.session.home
+        if self.inproc.usable and not self.continue_note:
+            # In process when the mod is active: no swap unless that is refused.
+            why = self.inproc.start(relay, manual, prune)
+            if why is not None:
+                return why
         capture = session.capture
         store = ThreadStore(home, capture.thread_id)
         try:
@@ -7109,10 +7411,11 @@ class LiveHandoff:
 
     @property
     def wants_tick(self) -> bool:
-        return self.candidate is not None or self.submit_at is not None
+        return self.candidate is not None or self.submit_at is not None or self.inproc.wants_tick
 
     def on_tick(self, relay) -> None:
         import time
+        self.inproc.on_tick(relay)
         now = time.monotonic()
         if self.submit_at is not None and now >= self.submit_at:
             self.submit_at = None
@@ -7302,6 +7605,194 @@ class LiveHandoff:
             except Exception as e:  # the old child keeps running either way
                 self.survival = False
                 home.log("survival_relaunch_failed", why=repr(e))
+
+
+class InProcessCompact:
+    """Smart Compact inside the running Claude, through the cc-lhc mod (DESIGN step 6).
+
+    Same assessment and view as a swap (section 12, rebuild with ``in_process``), but the
+    view goes to the mod's session.compact hook: cc-lhc types `/compact` into the PTY it
+    owns under the swap's input-drop rule and notice, the hook takes the view, Claude
+    installs it on the same session and process, and capture sees it written back. The
+    first request Claude sends afterwards accepts it. A person's own /compact reaches
+    here as the hook's request. Anything refused (no view taken, nothing installed within
+    SERVE_SECONDS) settles the row and falls back to the swap, said once. Relay's thread.
+    """
+
+    SERVE_SECONDS = 10.0
+    SUBMIT_DELAY = 0.3    # Enter apart from the text, or Claude reads both as one paste
+    FALLBACK = "in-process Smart Compact was refused ({why}); cc-lhc swaps the Claude process instead"
+    PERSON = ("your /compact runs as a cc-lhc Smart Compact through the cc-lhc mod: the newest turns "
+              "stay word for word, nothing is summarised away")
+    PERSON_NATIVE = "your /compact runs Claude's own summary ({why}); cc-lhc still keeps every turn"
+
+    def __init__(self, handoff):
+        self.handoff = handoff
+        self.session = handoff.session
+        self.pending = None
+        self.deadline = None
+        self.submit_at = None
+        self.typed = False         # cc-lhc typed this /compact (its input is dropped until served)
+        self.replayed = None       # the newest seq when capture saw the view written back
+        self.refused = ""          # once refused in this window, the swap serves from then on
+        self.started = None
+        self.seen = 0              # views capture had seen when this one started
+
+    @property
+    def usable(self) -> bool:
+        mod = self.session.spec.mod
+        return bool(mod and mod.active and not self.refused and self.session.descriptor)
+
+    @property
+    def wants_tick(self) -> bool:
+        return self.pending is not None or self.usable
+
+    def start(self, relay, manual=False, prune=None, person=None):
+        """'' once the in-process path runs, a reason when nothing should run now, or None
+        when it was refused and the swap should go ahead."""
+        session, spec, home = self.session, self.session.spec, self.session.home
+        capture = session.capture
+        store = ThreadStore(home, capture.thread_id)
+        try:
+            a = assess(home, session.hostdb, store, capture.thread_id, spec.session_id, session.policy,
+                       manual=manual or person is not None, prune=prune is not None)
+            if not a.go:
+                return a.reason
+            if person is None:
+                relay.drop_input = True
+                relay.to_child.clear()
+            try:
+                self.pending = rebuild(home, session.hostdb, store, capture.thread_id, spec.session_id,
+                                       session.policy, spec.cwd, envelope_from=capture.path, assessment=a,
+                                       plan_view=prune_planner(prune) if prune is not None else None,
+                                       in_process=session.descriptor, instructions=person or "")
+            except PruneUnchanged as e:
+                relay.drop_input = False
+                a.outcome(f"no_action: {e}")
+                home.log("prune_unchanged", thread=capture.thread_id, why=str(e))
+                return str(e)
+            except LhcError as e:
+                relay.drop_input = False
+                self._refuse(relay, str(e), swap=False)  # the caller goes on with the swap
+                return None
+        finally:
+            store.close()
+        import time
+        self.started = time.monotonic()
+        self.deadline = self.started + self.SERVE_SECONDS
+        self.replayed, self.typed = None, person is None
+        self.seen = len(session.views_replayed)
+        if self.typed:
+            # ctrl-u first: a draft left in Claude's box must not become part of the command
+            relay.to_child += b"\x15/compact"
+            self.submit_at = time.monotonic() + self.SUBMIT_DELAY
+        home.log("in_process_compact_started", thread=capture.thread_id, session=spec.session_id,
+                 key=self.pending.session_id, typed=self.typed, **a.c)
+        return ""
+
+    def on_tick(self, relay) -> None:
+        import time
+        if self.pending is None:
+            if self.usable:
+                self._answer_request(relay)
+            return
+        now = time.monotonic()
+        if self.submit_at is not None and now >= self.submit_at:
+            self.submit_at = None
+            relay.to_child += b"\r"
+            failpoint("after-compact-typed")
+        session = self.session
+        if self.replayed is None:
+            if len(session.views_replayed) > self.seen:
+                self.replayed = session.views_replayed[-1]
+                self._release(relay)
+                session.home.log("in_process_compact_served", session=session.spec.session_id,
+                                 key=self.pending.session_id, seconds=round(now - self.started, 3))
+                failpoint("after-view-replayed")
+            elif now > self.deadline:
+                took = not os.path.exists(self.pending.path)
+                self._refuse(relay, ("the hook took the view but Claude did not install it" if took else
+                                     "the hook did not take the view") + f" within {self.SERVE_SECONDS:g} s",
+                             swap=self.typed)
+            return
+        store = ThreadStore(session.home, session.capture.thread_id)
+        try:
+            answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND seq > ? LIMIT 1",
+                                        (session.spec.session_id, self.replayed)).fetchone()
+        finally:
+            store.close()
+        if answered:
+            pending, self.pending = self.pending, None
+            accept_in_process(session.home, session.capture.thread_id, pending, self.replayed)
+
+    def _release(self, relay) -> None:
+        """Input reaches Claude again; what was dropped meanwhile is said once."""
+        if not self.typed:
+            return
+        relay.drop_input = False
+        if relay.dropped:
+            self.session.notices.append(LiveHandoff.NOTICE)
+            self.session.announce(LiveHandoff.NOTICE, relay)
+            relay.dropped = 0
+
+    def _refuse(self, relay, why: str, swap: bool = True) -> None:
+        session, home = self.session, self.session.home
+        if self.pending is not None:
+            abandon(home, Registry(home), self.pending.session_id, why)
+            Receipts(session.hostdb, home).outcome(self.pending.receipt, f"failed: {why}")
+        self.pending, self.submit_at = None, None
+        self._release(relay)
+        relay.drop_input = False
+        self.refused = why
+        home.log("in_process_compact_refused", why=why)
+        session.announce(self.FALLBACK.format(why=why), relay)
+        if swap:
+            self.handoff.start(relay, manual=True)
+
+    def _answer_request(self, relay) -> None:
+        """A person's own /compact: the hook asks for a view; prepare one or refuse it."""
+        descriptor = self.session.descriptor
+        folder = descriptor["shim_dir"]
+        request = _read_bound_json(folder, MOD_REQUEST_FILE, descriptor["token"])
+        if request is None:
+            return
+        try:
+            os.unlink(os.path.join(folder, MOD_REQUEST_FILE))
+        except OSError:
+            pass
+        why = ""
+        if request.get("session_id") != self.session.spec.session_id:
+            why = "it came from another session"
+        elif request.get("trigger") != "manual":
+            why = f"cc-lhc leaves a compaction triggered {request.get('trigger')!r} to Claude"
+        elif self.session.policy["nativeCompact"]:
+            why = "nativeCompact is on"
+        else:
+            try:
+                why = self.start(relay, person=str(request.get("instructions") or ""))
+            except Exception as e:  # a failed attempt must never take the session down
+                self.session.home.log("in_process_compact_error", error=repr(e))
+                why = f"its view could not be built: {e}"
+            if why is None:
+                why = self.refused
+        if why:
+            _write_private_json(os.path.join(folder, MOD_REFUSED_FILE),
+                                {"token": descriptor["token"], "reason": why})
+            self.session.announce(self.PERSON_NATIVE.format(why=why), relay)
+        else:
+            self.session.announce(self.PERSON, relay)
+
+    def close(self) -> None:
+        """The session ends: a view Claude installed stands (its transcript holds it and a
+        resume continues from it); one it never took is settled as unused."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        home = self.session.home
+        if self.replayed is not None:
+            accept_in_process(home, self.session.capture.thread_id, pending, self.replayed)
+        else:
+            abandon(home, Registry(home), pending.session_id, "the session ended before Claude took the view")
 
 
 CLEAR_COMMAND = "<command-name>/clear</command-name>"
@@ -7608,6 +8099,12 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
 
     def on_event(event, capture):
         kind, turn = event
+        if kind == "in_process_view":
+            # The capture thread: the relay's InProcessCompact reads it at its next tick.
+            if spec.session is not None:
+                newest = capture.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+                spec.session.views_replayed.append(newest or 0)
+            home.log("in_process_view_captured", thread=capture.thread_id, turn=turn)
         if kind == "native_compact":
             note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
                     f"as turn t{turn} and every earlier turn stays in the thread")
@@ -7859,6 +8356,16 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
         moved = abandon(home, registry, session_id, "its Smart Compact was interrupted")
         say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
             "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else ""))
+    for key, owner in registry.db.execute(
+            "SELECT session_id, owner FROM rebuilds WHERE thread_id = ? AND status = 'inprocess'",
+            (thread_id,)).fetchall():
+        if owner_alive(owner):
+            continue
+        # The session never changed: whether or not Claude took the view, it is the
+        # thread's current one and its transcript says what happened. Nothing is moved.
+        abandon(home, registry, key, "its in-process Smart Compact was interrupted")
+        say(f"an interrupted in-process Smart Compact of thread {thread_id[:8]} was settled; "
+            "the thread stays on its session")
     import shutil
     for name in os.listdir(home.ensure("recovery")):
         if name.startswith(thread_id):
@@ -8485,6 +8992,7 @@ class ManagedSession:
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
         self.detached = ""                # why cc-lhc no longer follows this Claude, if so
         self.native_compacts = []         # (turn, when) of each Claude native Compact seen
+        self.views_replayed = []          # newest seq when capture saw a view served in process
         # Turn summaries are written in the background while a person works; a one-shot
         # exits too soon for them and keeps its one prompt's cost predictable.
         self.summaries = not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off"
@@ -9712,7 +10220,7 @@ def registry_check(home, repair: bool):
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
             "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout,
             "measure": cmd_measure, "backfill-labels": cmd_backfill_labels, "doctor": cmd_doctor,
-            "mod-hello": cmd_mod_hello}
+            "mod-hello": cmd_mod_hello, "mod-compact": cmd_mod_compact}
 
 
 def main(argv=None) -> int:
