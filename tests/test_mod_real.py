@@ -121,3 +121,78 @@ def test_native_retrieval_tools_answer_byte_exact_without_an_approval_prompt(rea
     assert refused.get("is_error") and "retrieval refused" in _result_text(refused)
     desc.write_text(real)
     exit_cleanly(t)
+
+
+# -- In-process Smart Compact ------------------------------------------------------------
+
+from fakeapi import text_reply, thinking_reply  # noqa: E402
+from test_interactive_real import OVER_USAGE  # noqa: E402
+
+SMALL_USAGE = {"input_tokens": 1_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+               "output_tokens": 5}
+
+
+def _thinking_blocks(messages) -> list[dict]:
+    return [b for m in messages if m["role"] == "assistant" and isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "thinking"]
+
+
+def _rows(rc, sql, *args):
+    from test_smart_compact_real import registry_rows
+    return registry_rows(rc, sql, args)
+
+
+def over_the_trigger_with_the_mod(rc, tmux, *args, env=None):
+    """A session with the mod active whose second answer (signed thinking) goes over the
+    trigger at a settled seam; returns the pane once cc-lhc served the view in process."""
+    rc.api.script([thinking_reply("first thought", "first answer", signature="SIG-FIRST", usage=SMALL_USAGE),
+                   thinking_reply("second thought", "second answer", signature="SIG-SECOND",
+                                  usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("answered on the compacted conversation", usage=SMALL_USAGE)
+    t = start(rc, tmux, *args, env=env)
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "first prompt")
+    t.wait_for("first answer")
+    type_line(t, "second prompt")
+    t.wait_for("second answer")
+    return t
+
+
+def test_over_the_trigger_the_view_is_served_in_process_on_the_same_session_and_pid(real_claude, tmux):
+    rc = real_claude
+    t = over_the_trigger_with_the_mod(rc, tmux)
+    _wait_for_log(rc, "in_process_compact_served")
+    before = rc.api.message_requests[-1]
+    type_line(t, "third prompt")
+    t.wait_for("answered on the compacted conversation")
+    _wait_for_log(rc, "smart_compact_accepted")
+    request = rc.api.message_requests[-1]
+    (started,) = log_events(rc, "child_started")
+    # the same session, the same Claude process: nothing was swapped
+    assert request["session_id"] == before["session_id"] == started["session"]
+    assert not log_events(rc, "handoff_spawned")
+    (served,) = log_events(rc, "in_process_compact_started")
+    assert served["session"] == started["session"]
+    messages = request["body"]["messages"]
+    first = messages[0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "lhc_get_messages" in first
+    assert "cc-lhc get-messages" not in first  # the header names the mod's tools
+    # the kept messages went back by handle: their signed thinking is byte-identical
+    assert _thinking_blocks(messages) == _thinking_blocks(before["body"]["messages"]) + [
+        {"type": "thinking", "thinking": "second thought", "signature": "SIG-SECOND"}]
+    texts = json.dumps(messages)
+    assert cc_lhc.IN_PROCESS_VIEW_END in texts and "third prompt" in texts
+    # the row is settled as accepted, and the thread did not move
+    ((key, status, from_session),) = _rows(rc, "SELECT session_id, status, from_session FROM rebuilds")
+    assert status == "accepted" and from_session == started["session"] and key.startswith(from_session + "#")
+    # capture took the view as a rebuild: nothing of it is new content, and it goes on after
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
+    said = [m["text"] for m in record if m["kind"] == "user_text"]
+    assert said.count("first prompt") == 1 and said.count("second prompt") == 1
+    assert "third prompt" in said
+    assert not any(cc_lhc.REBUILT_MARKER in (m["text"] or "") for m in record)
+    assert not any(m["kind"] == "compact_summary" for m in record)
+    assert [m["text"] for m in record if m["kind"] == "assistant_text"].count("second answer") == 1
+    exit_cleanly(t)
