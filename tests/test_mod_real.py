@@ -196,3 +196,99 @@ def test_over_the_trigger_the_view_is_served_in_process_on_the_same_session_and_
     assert not any(m["kind"] == "compact_summary" for m in record)
     assert [m["text"] for m in record if m["kind"] == "assistant_text"].count("second answer") == 1
     exit_cleanly(t)
+
+
+def test_a_background_job_started_before_runs_on_and_its_notification_arrives(real_claude, tmux):
+    from fakeapi import tool_use_reply
+    rc = real_claude
+    rc.api.script([tool_use_reply("Bash", {"command": "sleep 8; echo DONE", "description": "wait",
+                                           "run_in_background": True}),
+                   text_reply("started it", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("noted", usage=SMALL_USAGE)
+    t = start(rc, tmux, "--allowedTools", "Bash")
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "start the job")
+    t.wait_for("started it")
+    _wait_for_log(rc, "in_process_compact_served")
+    (started,) = log_events(rc, "child_started")
+    deadline = __import__("time").monotonic() + 30
+    while True:  # Claude tells itself the job finished, on the compacted conversation
+        told = [r for r in rc.api.message_requests if "<task-notification>" in json.dumps(r["body"]["messages"])]
+        if told:
+            break
+        assert __import__("time").monotonic() < deadline, "no task notification reached the API"
+        __import__("time").sleep(0.1)
+    request = told[0]
+    assert request["session_id"] == started["session"]
+    assert "DONE" in json.dumps(request["body"]["messages"]) or "completed" in json.dumps(request["body"]["messages"])
+    first = request["body"]["messages"][0]["content"]
+    assert (first if isinstance(first, str) else first[0]["text"]).startswith(cc_lhc.REBUILT_MARKER)
+    assert not log_events(rc, "handoff_spawned")
+    exit_cleanly(t)
+
+
+def test_with_bare_the_same_session_is_handled_by_the_swap(real_claude, tmux):
+    rc = real_claude
+    rc.api.script([text_reply("a long answer", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("on the swapped session", usage=SMALL_USAGE)
+    t = start(rc, tmux, "--bare")
+    type_line(t, "go long")
+    _wait_for_log(rc, "handoff_switched")
+    assert not log_events(rc, "in_process_compact_started")
+    type_line(t, "next")
+    t.wait_for("on the swapped session")
+    (started,) = log_events(rc, "child_started")
+    assert rc.api.message_requests[-1]["session_id"] != started["session"]
+    first = rc.api.message_requests[-1]["body"]["messages"][0]["content"]
+    text = first if isinstance(first, str) else first[0]["text"]
+    assert "cc-lhc get-messages" in text and "lhc_get_messages" not in text
+    exit_cleanly(t)
+
+
+def test_a_persons_own_compact_runs_through_the_hook_with_their_instructions(real_claude, tmux):
+    rc = real_claude
+    rc.api.script([thinking_reply("a thought", "first answer", signature="SIG-A", usage=SMALL_USAGE)])
+    rc.api.responder = lambda body: text_reply("after my compact", usage=SMALL_USAGE)
+    t = start(rc, tmux)
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "first prompt")
+    t.wait_for("first answer")
+    n = len(rc.api.message_requests)
+    type_line(t, "/compact keep the plan")
+    _wait_for_log(rc, "in_process_compact_served")
+    # announced on screen (Claude redraws over it at once, so the log says what was shown)
+    assert cc_lhc.InProcessCompact.PERSON in [e["text"] for e in log_events(rc, "notice")]
+    assert cc_lhc.LIFECYCLE_NOTES["compact"] not in [e["text"] for e in log_events(rc, "notice")]
+    assert len(rc.api.message_requests) == n  # no summary was asked for
+    type_line(t, "go on")
+    rc.api.wait_for_requests(n + 1)  # the notice drawn over Claude's frame garbles the screen
+    messages = rc.api.message_requests[-1]["body"]["messages"]
+    first = messages[0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "keep the plan" in first
+    assert {"type": "thinking", "thinking": "a thought", "signature": "SIG-A"} in _thinking_blocks(messages)
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
+    assert any("keep the plan" in (m["text"] or "") for m in record)  # the instructions are in the thread
+    exit_cleanly(t)
+
+
+def test_native_compact_keeps_claudes_own_summary(real_claude, tmux):
+    rc = real_claude
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps({"nativeCompact": True}))
+    rc.api.script([text_reply("first answer", usage=SMALL_USAGE)])
+    rc.api.responder = lambda body: text_reply("a summary of it all", usage=SMALL_USAGE)
+    t = start(rc, tmux)
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "first prompt")
+    t.wait_for("first answer")
+    n = len(rc.api.message_requests)
+    type_line(t, "/compact")
+    deadline = __import__("time").monotonic() + 30
+    while len(rc.api.message_requests) == n:  # Claude asked for its own summary
+        assert __import__("time").monotonic() < deadline
+        __import__("time").sleep(0.1)
+    assert not log_events(rc, "in_process_compact_started")
+    shown = [e["text"] for e in log_events(rc, "notice")]
+    assert cc_lhc.InProcessCompact.PERSON_NATIVE.format(why="nativeCompact is on") in shown
+    exit_cleanly(t)
