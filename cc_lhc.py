@@ -4000,6 +4000,9 @@ FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-spawn", "bef
 # The live swap's steps: the rebuild's own two, then the replacement's life until accepted.
 LIVE_FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-candidate-spawn",
                    "before-switch", "after-switch-before-accept", "after-alias-advance")
+# ...and of an in-process Smart Compact through the cc-lhc mod (InProcessCompact).
+IN_PROCESS_FAILPOINTS = ("after-pending-record", "after-view-write", "after-compact-typed",
+                         "after-view-replayed", "before-acceptance")
 
 
 def failpoint(name: str) -> None:

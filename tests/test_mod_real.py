@@ -292,3 +292,53 @@ def test_native_compact_keeps_claudes_own_summary(real_claude, tmux):
     shown = [e["text"] for e in log_events(rc, "notice")]
     assert cc_lhc.InProcessCompact.PERSON_NATIVE.format(why="nativeCompact is on") in shown
     exit_cleanly(t)
+
+
+def test_in_process_failpoints_name_every_step():
+    source = Path(cc_lhc.__file__).read_text()
+    for point in cc_lhc.IN_PROCESS_FAILPOINTS:
+        assert f'failpoint("{point}")' in source, point
+
+
+@pytest.mark.parametrize("point", cc_lhc.IN_PROCESS_FAILPOINTS)
+def test_in_process_kill_matrix(real_claude, tmux, point):
+    import signal
+    from test_smart_compact_real import process_gone
+    rc = real_claude
+    t = over_the_trigger_with_the_mod(rc, tmux, env={cc_lhc.FAILPOINT_ENV: point})
+    if point == "before-acceptance":
+        _wait_for_log(rc, "in_process_compact_served")
+        type_line(t, "third prompt")  # acceptance is Claude's next request
+    assert t.wait_exit(timeout=40) == 128 + signal.SIGKILL
+    assert [e["name"] for e in log_events(rc, "failpoint")] == [point]
+    (started,) = log_events(rc, "child_started")
+    sid = started["session"]
+    assert process_gone(started["child_pid"]), "claude outlived the killed cc-lhc"
+    assert [s for (s,) in _rows(rc, "SELECT status FROM rebuilds")] == ["inprocess"]
+    # what Claude wrote before any compaction: every prompt and answer must stay captured
+    transcript = rc.project_dir / f"{sid}.jsonl"
+    kept = set()
+    for line in transcript.read_bytes().splitlines():
+        rec = json.loads(line)
+        if rec.get("subtype") == "compact_boundary":
+            break
+        if rec.get("type") in ("user", "assistant") and rec.get("uuid"):
+            kept.add(rec["uuid"])
+    files_before = sorted(p.name for p in rc.project_dir.glob("*.jsonl"))
+
+    # the next launch settles the row without moving any file, and Claude answers
+    again = rc.run_lhc("--resume", sid, "-p", "next")
+    assert again.returncode == 0, again.stderr
+    assert "answered on the compacted conversation" in again.stdout
+    assert "Traceback" not in again.stderr
+    assert "in-process Smart Compact" in again.stderr
+    statuses = [s for (s,) in _rows(rc, "SELECT status FROM rebuilds WHERE session_id LIKE ?", sid + "#%")]
+    assert statuses == ["abandoned"]
+    assert set(files_before) <= {p.name for p in rc.project_dir.glob("*.jsonl")}
+    assert not (rc.iso.lhc / "abandoned-rebuilds").exists() or not list(
+        (rc.iso.lhc / "abandoned-rebuilds").rglob(f"{sid}*"))
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
+    exported = {m["source_uuid"] for m in record if m["source_session"] == sid}
+    assert kept <= exported, f"lost from the thread: {sorted(kept - exported)}"
+    assert not any(cc_lhc.REBUILT_MARKER in (m["text"] or "") and m["source_session"] == sid for m in record)
