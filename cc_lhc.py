@@ -7623,7 +7623,7 @@ class InProcessCompact:
     """
 
     SERVE_SECONDS = 10.0
-    SUBMIT_DELAY = 0.3    # Enter apart from the text, or Claude reads both as one paste
+    SUBMIT_DELAY = 0.1    # Enter apart from the text, or Claude reads both as one paste
     FALLBACK = "in-process Smart Compact was refused ({why}); cc-lhc swaps the Claude process instead"
     PERSON = ("your /compact runs as a cc-lhc Smart Compact through the cc-lhc mod: the newest turns "
               "stay word for word, nothing is summarised away")

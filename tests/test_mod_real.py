@@ -163,6 +163,9 @@ def test_over_the_trigger_the_view_is_served_in_process_on_the_same_session_and_
     t = over_the_trigger_with_the_mod(rc, tmux)
     _wait_for_log(rc, "in_process_compact_served")
     before = rc.api.message_requests[-1]
+    if os.environ.get("H14_TIMING"):
+        import datetime
+        print("OVER REQUEST", datetime.datetime.utcfromtimestamp(before["time"]).isoformat())
     type_line(t, "third prompt")
     t.wait_for("answered on the compacted conversation")
     _wait_for_log(rc, "smart_compact_accepted")
