@@ -39,7 +39,7 @@ def details(t) -> str:
 
 def start(rc, tmux, *args, env=None):
     t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", *args], cols=120, rows=36,
-             env={**rc.env, **(env or {})}, cwd=rc.cwd)
+             env={**rc.env, "CC_LHC_MOD": "on", **(env or {})}, cwd=rc.cwd)
     t.wait_for(PROMPT)
     return t
 
@@ -142,7 +142,7 @@ def _rows(rc, sql, *args):
     return registry_rows(rc, sql, args)
 
 
-def over_the_trigger_with_the_mod(rc, tmux, *args, env=None):
+def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
     """A session with the mod active whose second answer (signed thinking) goes over the
     trigger at a settled seam; returns the pane once cc-lhc served the view in process."""
     rc.api.script([thinking_reply("first thought", "first answer", signature="SIG-FIRST", usage=SMALL_USAGE),
@@ -154,7 +154,8 @@ def over_the_trigger_with_the_mod(rc, tmux, *args, env=None):
     type_line(t, "first prompt")
     t.wait_for("first answer")
     type_line(t, "second prompt")
-    t.wait_for("second answer")
+    if wait_last:  # (a failpoint may end cc-lhc before Claude has drawn it)
+        t.wait_for("second answer")
     return t
 
 
@@ -308,7 +309,7 @@ def test_in_process_kill_matrix(real_claude, tmux, point):
     import signal
     from test_smart_compact_real import process_gone
     rc = real_claude
-    t = over_the_trigger_with_the_mod(rc, tmux, env={cc_lhc.FAILPOINT_ENV: point})
+    t = over_the_trigger_with_the_mod(rc, tmux, env={cc_lhc.FAILPOINT_ENV: point}, wait_last=False)
     if point == "before-acceptance":
         _wait_for_log(rc, "in_process_compact_served")
         type_line(t, "third prompt")  # acceptance is Claude's next request
