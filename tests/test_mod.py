@@ -195,3 +195,12 @@ def test_a_view_served_in_process_is_a_rebuild_of_the_thread_even_across_a_resta
     assert said == [("user_text", "first prompt"), ("assistant_text", "first answer"),
                     ("user_text", "second prompt"), ("assistant_text", "second answer")]
     assert [e[0] for e in events] == ["in_process_view"]
+
+
+def test_mod_compact_refuses_bad_arguments_and_a_missing_descriptor(iso_env, capsys, monkeypatch):
+    assert cc_lhc.main(["mod-compact", "not-a-session"]) == cc_lhc.EXIT_USAGE
+    assert "usage: cc-lhc mod-compact" in capsys.readouterr().err
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV, raising=False)
+    assert cc_lhc.main(["mod-compact", "0" * 8 + "-0000-0000-0000-" + "0" * 12, "manual"]) == cc_lhc.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "retrieval refused" in err and "Traceback" not in err
