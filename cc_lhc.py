@@ -79,7 +79,7 @@ CLAUDE_SUBCOMMANDS = frozenset(
 # The wrapper's own subcommands. They are never forwarded to Claude.
 LHC_SUBCOMMANDS = (
     "get-turns", "get-messages", "search", "backfill-labels", "rollout",
-    "measure", "threads", "export", "doctor", "mod-hello",
+    "measure", "threads", "export", "doctor", "mod-hello", "mod-compact",
 )
 
 
@@ -413,6 +413,9 @@ BUILTIN_POLICY = {
     "pruneTargetTokens": 150_000,
     "minRunwayTokens": 50_000,
     "thinkingReplay": "signed_verbatim",
+    # A person's own /compact runs through the cc-lhc mod's hook as a Smart Compact; true
+    # leaves it to Claude's own summary.
+    "nativeCompact": False,
 }
 PROFILES = ("default", "balanced", "historical")
 # The thinking replay arms of a rebuilt session (section 6): replay signed thinking
@@ -479,7 +482,7 @@ def _check_field(name, value):
     elif name == "profile":
         if value not in PROFILES:
             return f"expected one of {', '.join(PROFILES)}, got {_shown_value(value)}"
-    elif name == "pruneEnabled":
+    elif name in ("pruneEnabled", "nativeCompact"):
         if not isinstance(value, bool):
             return f"expected true or false, got {_shown_value(value)}"
     elif name == "thinkingReplay":
@@ -708,6 +711,8 @@ class ParseState:
         self.last_seq = None         # newest main-chain message
         self.sidechains = {}         # uuid of a sidechain record -> the agent it belongs to
         self.agent_calls = {}        # agent -> {tool_use_id: seq} of its unanswered calls
+        self.after_boundary = False  # a compact_boundary was the last main-chain record
+        self.replaying = False       # inside a view the cc-lhc mod served back (see _replayed)
 
 
 class ParseOutput:
@@ -725,6 +730,22 @@ class ParseOutput:
         self.events = []         # ("native_compact", turn) and similar, for the host to report
         self.agents = []         # (agent_id, source, kind, tool_use_id, prompt) seen or linked
         self.raw_lines = []      # (session, line, offset, reason, raw bytes): lines kept verbatim
+
+
+# An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
+# Claude write a compact_boundary and then the view cc-lhc served: its header, the older
+# turns as cc-lhc rendered them, the newest records again under new uuids, and last the
+# closing line below. All of it is already in the thread. The telemetry counts of the
+# views opened and closed in a session tell a restarted parser whether it stopped inside one.
+IN_PROCESS_VIEW_END = "[cc-lhc] End of the rebuilt view; the conversation goes on from here."
+VIEW_OPENED, VIEW_CLOSED = "in_process_view_opened", "in_process_view_closed"
+
+
+def _closes_view(rec) -> bool:
+    message = rec.get("message") or {}
+    content = message.get("content")
+    return (message.get("model") == "<synthetic>" and isinstance(content, list) and len(content) == 1
+            and isinstance(content[0], dict) and content[0].get("text") == IN_PROCESS_VIEW_END)
 
 
 class RolloutParser:
@@ -822,6 +843,8 @@ class RolloutParser:
             self._dispatch(rec, rtype, size, line_no, offset)
 
     def _dispatch(self, rec, rtype, size, line_no, offset):
+        if self.agent is None and self._replayed(rec, rtype, size):
+            return
         if rtype == "user":
             if self.agent is None:
                 self.s.closed_response = None
@@ -840,6 +863,34 @@ class RolloutParser:
             elif rtype == "system" and rec.get("subtype") in TURN_END_SUBTYPES and self.agent is None:
                 self._turn_ended(rec)
             self._count(label, size)
+
+    def _replayed(self, rec, rtype, size) -> bool:
+        """Whether a main-chain record belongs to a view cc-lhc served back into Claude.
+
+        Such a record is a rebuild of the thread, never new content and never Claude's
+        own Compact turn: it is counted, not captured. The view opens with cc-lhc's header
+        as the first user record after a compact_boundary and ends on IN_PROCESS_VIEW_END.
+        """
+        s = self.s
+        if rtype == "system" and rec.get("subtype") == "compact_boundary":
+            s.after_boundary = True
+            return False
+        if s.after_boundary and rtype == "user":
+            s.after_boundary = False
+            content = (rec.get("message") or {}).get("content")
+            if isinstance(content, str) and content.startswith(REBUILT_MARKER):
+                s.replaying = True
+                self._count(VIEW_OPENED, size)
+                return True
+        if not s.replaying:
+            return False
+        if rtype == "assistant" and _closes_view(rec):
+            s.replaying = False
+            self._count(VIEW_CLOSED, size)
+            self.out.events.append(("in_process_view", max(0, s.next_turn - 1)))
+        else:
+            self._count("in_process_view_record", size)
+        return True
 
     # -- agents ------------------------------------------------------------------
 
@@ -1749,6 +1800,9 @@ class ThreadStore:
                                            "NULL AND source_session = ?", (session_id,)).fetchall())
         state.sidechains.update((a, a) for (a,) in db.execute(
             "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
+        views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
+                                (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
+        state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
         return state
 
     def agent_parse_state(self, source_key, agent_id) -> ParseState:
@@ -2063,12 +2117,18 @@ def _human_size(n: int) -> str:
     return f"{n / (1024 * 1024):.1f} MB"
 
 
-def tool_stub(m: dict, tool_name: str) -> str:
+def read_back(seq: int, native: bool = False) -> str:
+    """How a stub names the way back to message m<seq>: the mod's tool when it is active
+    (``native``), the Bash command otherwise."""
+    return f"lhc_get_messages m{seq}" if native else f"cc-lhc get-messages m{seq}"
+
+
+def tool_stub(m: dict, tool_name: str, native: bool = False) -> str:
     """The lean band's stand-in for a tool output: its size and the exact way back."""
     text = m["text"] or ""
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     size = _human_size(len(text.encode("utf-8")))
-    return f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size} · cc-lhc get-messages m{m['seq']}]"
+    return f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size} · {read_back(m['seq'], native)}]"
 
 
 def _keeps_verbatim(m: dict) -> bool:
@@ -2089,7 +2149,8 @@ def _tool_context(turn: Turn):
     return names, paired_tool_ids(turn.messages)
 
 
-def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tools=None):
+def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tools=None,
+                     native=False):
     """The messages a band keeps of a turn, each as (message, rendered_text_or_None).
 
     rendered_text is the stub that replaces a tool output in the lean band; None means
@@ -2097,6 +2158,8 @@ def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tool
     (read at each call, so flipping the constant takes effect at once). ``messages``
     narrows it to one part of the turn; pairing is still judged over the whole turn
     (``tools``, from _tool_context, saves working that out again for every part).
+    ``native``: stubs name the mod's retrieval tool instead of the Bash command (a stub
+    costs no more that way, so band costs are worked out without it).
     """
     arm = arm or THINKING_REBUILD_ARM
     names, paired = tools or _tool_context(turn)
@@ -2111,10 +2174,10 @@ def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tool
             if band != "full" or arm != "signed_verbatim" or not _signature(m):
                 continue  # never invent a signature; lean drops thinking
         if kind == "tool_result" and band == "lean" and not _keeps_verbatim(m):
-            out.append((m, tool_stub(m, names.get(m["tool_use_id"]))))
+            out.append((m, tool_stub(m, names.get(m["tool_use_id"]), native)))
             continue
         if kind.startswith("user_") and kind not in ("user_text", "user_meta") and band == "lean":
-            out.append((m, f"[{kind[5:]} m{m['seq']} · cc-lhc get-messages m{m['seq']}]"))
+            out.append((m, f"[{kind[5:]} m{m['seq']} · {read_back(m['seq'], native)}]"))
             continue
         out.append((m, None))
     return out
@@ -2495,7 +2558,7 @@ def view_tokens(view, header, turns, counter) -> dict:
 
 
 def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_back=False,
-               boundary=0, counter=None):
+               boundary=0, counter=None, native=False):
     """The view Claude will be served and its header, together inside ``budget`` as
     ``counter`` counts them (exact o200k tokens when the tokenizer is there).
 
@@ -2503,13 +2566,14 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     and the allocation redone with its budget scaled by how far the count fell from
     ``budget``, a few times; the fullest view within budget is served. ``view.tokens``
     is its count (``view.counting`` says how it was counted). Messages up to
-    ``boundary`` (the thread's visibility boundary, moved by Smart Prune) are out of view.
+    ``boundary`` (the thread's visibility boundary, moved by Smart Prune) are out of view;
+    ``native``: the header names the cc-lhc mod's tools (see render_header).
     """
     counter = counter or ViewCounter()
     alloc, best, before = budget, None, None
     for _ in range(VIEW_FIT_ROUNDS):
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary)
+                                   boundary, native)
         counted = view_tokens(view, header, turns, counter)
         used = counted["total"]
         if used <= budget and (best is None or used > best[0]):
@@ -2521,7 +2585,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
         alloc = int(alloc * budget / max(used, 1) * 0.9)
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary)
+                                   boundary, native)
         counted = view_tokens(view, header, turns, counter)
         used = counted["total"]
         if used <= budget or alloc == 0:
@@ -2533,14 +2597,16 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     return view, header
 
 
-def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_back, boundary):
+def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_back, boundary,
+                native=False):
     """One allocation of the served view within ``budget`` by the quick estimate.
 
     The header is part of what Claude receives: its fixed part (instructions, working
     set, omitted-range lines, and for each long turn the lines naming its parts and the
     note where it resumes) comes out of the budget before the bands share the rest.
     Messages up to ``boundary`` (the thread's visibility boundary, moved by Smart Prune)
-    are out of view, named like any other omitted range.
+    are out of view, named like any other omitted range. ``native``: the header names the
+    cc-lhc mod's tools (see render_header).
     """
     files = working_set(turns)
     soft = segment_tokens(budget, profile)
@@ -2549,7 +2615,7 @@ def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_bac
     view = _build_view(thread_id, turns, by_turn, max(0, budget - _header_reserve(
         thread_id, turns, by_turn, profile, files, fell_back)), profile, summaries or {}, favoured,
         hidden)
-    return view, render_header(view, files, fell_back)
+    return view, render_header(view, files, fell_back, native)
 
 
 def _header_reserve(thread_id, turns, by_turn, profile, files, fell_back) -> int:
@@ -2615,7 +2681,7 @@ def apply_boundary(turns, by_turn, boundary: int, soft: int) -> set:
     return hidden
 
 
-def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False):
+def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False, native=False):
     """Smart Prune's view (pure): (view, header, new boundary).
 
     Everything after the new boundary is verbatim; the boundary is the end of the newest
@@ -2647,7 +2713,7 @@ def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False):
                for t in turns for p in by_turn[t.n] if placed[(p.n, p.first)] == "full")
     view = _assemble(thread_id, turns, by_turn, placed, {"full": kept, "lean": 0, "summary": 0},
                      budget, profile, {}, {})
-    return view, render_header(view, files, fell_back), cut
+    return view, render_header(view, files, fell_back, native), cut
 
 
 BAND_WORDS = (("full", "verbatim"),
@@ -2675,11 +2741,11 @@ def bridge_note(n: int, a: int, b: int) -> str:
             f"{message_request(a, b)} reads them back exactly.")
 
 
-def turn_items(view: View, turn: Turn, arm=None):
+def turn_items(view: View, turn: Turn, arm=None, native=False):
     """(bridge note or None, visible (message, stub) items) of a turn as the view serves it."""
     band = view.bands.get(turn.n)
     if band in ("full", "lean"):
-        return None, visible_messages(turn, band, arm)
+        return None, visible_messages(turn, band, arm, native=native)
     if band != SPLIT:
         return None, []
     tools = _tool_context(turn)
@@ -2688,15 +2754,29 @@ def turn_items(view: View, turn: Turn, arm=None):
     for a, b, band in runs:
         if band in ("full", "lean"):
             chosen = [m for m in turn.messages if a <= m["seq"] <= b]
-            items += visible_messages(turn, band, arm, chosen, tools)
+            items += visible_messages(turn, band, arm, chosen, tools, native)
     hidden = [(a, b) for a, b, band in runs if band not in ("full", "lean")]
     if items and hidden:
         note = bridge_note(turn.n, hidden[0][0], hidden[-1][1])
     return note, items
 
 
-def render_header(view: View, files, fallback_note: bool) -> str:
-    """The opening message of a rebuilt session: what is in view and how to get the rest."""
+# How the header names the way back when the cc-lhc mod is active: its tools, each line
+# no longer than the Bash line it replaces (the header's reserve is measured on those).
+NATIVE_READ_BACK = [
+    "To read anything back exactly, call these tools:",
+    "  lhc_get_turns [t12, t13]     whole turns as recorded",
+    "  lhc_get_messages [m57]       single messages, such as a stubbed tool output",
+    "  lhc_get_messages [m40-m60]   a run of messages, such as part of a long turn",
+    "  lhc_search \"some text\"      where an exact string (a command, an error line) or some words appear",
+]
+
+
+def render_header(view: View, files, fallback_note: bool, native: bool = False) -> str:
+    """The opening message of a rebuilt session: what is in view and how to get the rest.
+
+    ``native``: the cc-lhc mod is active, so the way back is its tools, not Bash.
+    """
     lines = [
         f"[cc-lhc] This conversation was rebuilt by Smart Compact from thread {view.thread_id}. "
         "Nothing was deleted: every earlier turn is stored word for word and can be read back.",
@@ -2709,14 +2789,14 @@ def render_header(view: View, files, fallback_note: bool) -> str:
         lines.append(omitted_line(a, b))
     for n in view.turns_in(SPLIT):
         lines += split_lines(n, view.pieces[n])
-    lines += [
+    lines += NATIVE_READ_BACK if native else [
         "To read anything back exactly, run these through Bash:",
         "  cc-lhc get-turns t12 t13     whole turns as recorded",
         "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
         "  cc-lhc get-messages m40-m60  a run of messages, such as part of a long turn",
         "  cc-lhc search \"some text\"    where an exact string (a command, an error line) or some words appear",
-        "Use them instead of guessing what an earlier turn said.",
     ]
+    lines.append("Use them instead of guessing what an earlier turn said.")
     if files:
         lines.append("Working set (edited first; the label last showed the file):")
         lines += [f"  {state:<6} {path}  ({'m' + str(label)})" for path, state, label in files]
@@ -2779,7 +2859,8 @@ def _block_of(m: dict, stub):
 
 
 def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
-                 envelope=(), version="2.1.328", git_branch="", arm=None, carried=()):
+                 envelope=(), version="2.1.328", git_branch="", arm=None, carried=(), native=False,
+                 sources=None):
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
@@ -2788,7 +2869,9 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     Claude Code itself writes them. Usage on replayed records is zero: the old counts
     would make the new session look as full as the one it replaces. ``carried`` are
     file-state pairs (see carried_file_state); those whose call is not already in view
-    go right after the envelope.
+    go right after the envelope. ``sources``, a list, receives one entry per record: None
+    for what cc-lhc wrote itself, else (source uuid, whether it is verbatim, how many
+    recorded messages it holds); it is only given without ``carried``.
     """
     counter = [0]
     parent = [None]
@@ -2804,9 +2887,11 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
 
     records = []
 
-    def emit(rec):
+    def emit(rec, source=None):
         records.append(rec)
         parent[0] = rec["uuid"]
+        if sources is not None:
+            sources.append(source)
 
     header_rec = common("user", now)
     header_rec.update({"message": {"role": "user", "content": header}, "uuid": next_uuid(),
@@ -2827,7 +2912,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         return role, m["response_id"] if role == "assistant" else m["source_uuid"]
 
     for turn in turns:
-        note, visible = turn_items(view, turn, arm)
+        note, visible = turn_items(view, turn, arm, native)
         if note:
             # A long turn whose oldest part is out of view resumes after a user-side note,
             # so its next response does not follow the previous one with nothing between.
@@ -2847,7 +2932,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                             "timestamp": first["created"] or now})
                 if first["kind"] == "user_meta":
                     rec["isMeta"] = True
-                emit(rec)
+                emit(rec, (first["source_uuid"], all(stub is None for _, stub in group), len(group)))
                 continue
             has_tool = any(m["kind"] == "tool_call" for m, _ in group)
             for m, stub in group:  # one record per block, sharing the response's id
@@ -2858,7 +2943,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                                         "stop_reason": "tool_use" if has_tool else "end_turn",
                                         "stop_sequence": None, "usage": dict(ZERO_USAGE)},
                             "uuid": next_uuid(), "timestamp": m["created"] or now})
-                emit(rec)
+                emit(rec, (m["source_uuid"], stub is None, 1))
     if records[-1]["type"] != "assistant":
         # A session must end on Claude's side: otherwise the header, or a prompt left
         # unanswered, would be answered as if the user had just sent it. The model named
@@ -3061,12 +3146,16 @@ class PruneUnchanged(LhcError):
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
-                 envelope_from=None, now=None, arm=None, prune_target=None) -> Rebuild:
+                 envelope_from=None, now=None, arm=None, prune_target=None, native=False,
+                 sources=None) -> Rebuild:
     """Build the served view of a thread and the transcript bytes for a new session.
 
     ``arm`` is the thinking replay arm (default: the thread's, see thinking_arm).
     ``prune_target`` makes it Smart Prune's view (prune_view) within that many tokens;
     it raises PruneUnchanged when that would not move the visibility boundary.
+    ``native``: the cc-lhc mod is active, so the view names its tools (serve_view).
+    ``sources`` (a list) is filled as view_records fills it, for a view served in process:
+    that Claude process still knows every file it read, so no file-state pairs are carried.
     """
     turns = load_turns(store)
     boundary = visibility_boundary(store)
@@ -3077,10 +3166,10 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     if prune_target is None:
         view, header = serve_view(thread_id, turns, budget - reserve, policy["profile"],
                                   thread_summaries(store, turns), recent_impression_turns(store),
-                                  policy.fell_back, boundary)
+                                  policy.fell_back, boundary=boundary, native=native)
     else:
         view, header, new_boundary = prune_view(thread_id, turns, boundary, budget - reserve,
-                                                policy["profile"], policy.fell_back)
+                                                policy["profile"], policy.fell_back, native)
         if new_boundary <= boundary:
             raise PruneUnchanged(f"nothing to prune: the view already fits {prune_target:,} tokens"
                                  + (f" after m{boundary}" if boundary else ""))
@@ -3088,7 +3177,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
-                           arm=arm, carried=carried)
+                           arm=arm, carried=carried if sources is None else (), native=native,
+                           sources=sources)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
     return Rebuild(session_id, path, records_bytes(records), view, boundary, arm)
@@ -4213,6 +4303,9 @@ FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-spawn", "bef
 # The live swap's steps: the rebuild's own two, then the replacement's life until accepted.
 LIVE_FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-candidate-spawn",
                    "before-switch", "after-switch-before-accept", "after-alias-advance")
+# ...and of an in-process Smart Compact through the cc-lhc mod (InProcessCompact).
+IN_PROCESS_FAILPOINTS = ("after-pending-record", "after-view-write", "after-compact-typed",
+                         "after-view-replayed", "before-acceptance")
 
 
 def failpoint(name: str) -> None:
@@ -4512,14 +4605,22 @@ def check_descriptor(home) -> dict:
 # Everything it does goes through the `cc-lhc` shim on the child's PATH, so the
 # descriptor checks and the page size are the commands' own.
 
-MOD_VERSION = "1"
+MOD_VERSION = "2"
 MOD_MEASURED_CLAUDE = (2, 1, 328)  # the version REAL-CLAUDE-MODS.md measured the API on
 MOD_HELLO_FILE = "mod-hello.json"  # in the descriptor's shim folder, removed with it
+# An in-process Smart Compact, beside the handshake: the view the wrapper prepared (0600),
+# renamed once the hook has taken it; the hook's own request when a person typed /compact;
+# and the wrapper's refusal of such a request.
+MOD_VIEW_FILE = "mod-view.json"
+MOD_SERVED_FILE = "mod-view.served.json"
+MOD_REQUEST_FILE = "mod-compact-request.json"
+MOD_REFUSED_FILE = "mod-compact-refused.json"
+MOD_COMPACT_WAIT = 15.0  # how long the hook waits for the wrapper to prepare a view
 MOD_TOOLS = ("lhc_get_turns", "lhc_get_messages", "lhc_search")
 MOD_FILES = {
     ".claude-plugin/plugin.json": json.dumps({
         "name": "cc-lhc", "version": f"{VERSION}+mod{MOD_VERSION}",
-        "description": "cc-lhc inside Claude Code: session handshake and lossless retrieval tools",
+        "description": "cc-lhc inside Claude Code: session handshake, lossless retrieval tools, Smart Compact in process",
     }, indent=2) + "\n",
     "hooks/hooks.json": '{ "modules": ["./register.js"] }\n',
     "hooks/register.js": r"""// The cc-lhc mod. Written by cc-lhc at launch; edits are overwritten.
@@ -4582,8 +4683,46 @@ async function onRun($, e, next) {
   }
 }
 
+// A compaction of the main conversation (a /compact cc-lhc typed at a settled seam, or
+// the person's own) answers with the view cc-lhc built: built messages for its header and
+// older content, and the newest messages by handle, so Claude sends them whole (signed
+// thinking included). `cc-lhc mod-compact` fails when cc-lhc leaves this compaction to
+// Claude (nativeCompact, or it could not build a view): then Claude's own runs.
+async function onCompact($, e, next) {
+  if (e.agentId !== undefined || e.trigger === "precompute") return next(e)
+  let r
+  try {
+    const sid = await $.session.id()
+    const words = e.instructions ? ["--", String(e.instructions)] : []
+    r = await $.process.run(["cc-lhc", "mod-compact", sid, String(e.trigger), ...words], { timeoutMs: 30000 })
+  } catch (err) {
+    return next(e)
+  }
+  if (r.exitCode !== 0) return next(e)
+  let view
+  try {
+    view = JSON.parse(r.stdout)
+  } catch (err) {
+    return { skip: "cc-lhc: its view could not be read" }
+  }
+  const byHandle = new Map(e.messages.map(m => [m.handle, m]))
+  const out = []
+  for (const m of view.messages || []) {
+    if (m.handle === undefined) {
+      out.push({ role: m.role, text: String(m.text), toolUses: [] })
+      continue
+    }
+    const kept = byHandle.get(m.handle)
+    // Never a view with a hole in it: cc-lhc swaps the process instead.
+    if (kept === undefined) return { skip: `cc-lhc: message ${m.handle} is not in this conversation` }
+    out.push(kept)
+  }
+  return { messages: out }
+}
+
 export function register(on, options) {
   on("session.start", onStart)
+  on("session.compact", onCompact)
   on("tool.list", onList)
   on("tool.run", { tool: "lhc_get_turns" }, onRun)
   on("tool.run", { tool: "lhc_get_messages" }, onRun)
@@ -4684,6 +4823,77 @@ def cmd_mod_hello(args) -> int:
         json.dump(hello, f)
     os.replace(tmp, path)  # a later hello (the same process on another session) replaces it
     return EXIT_OK
+
+
+def _write_private_json(path: str, body: dict) -> None:
+    """Replace a small JSON file in one step, readable by this user only."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f)
+    os.replace(tmp, path)
+
+
+def _read_bound_json(folder: str, name: str, token: str, limit=DESCRIPTOR_FILE_LIMIT):
+    """A JSON file beside a descriptor, only when it names that descriptor's token."""
+    try:
+        body = load_json(read_small_file(os.path.join(folder, name), limit))
+    except (OSError, ValueError, LhcError):
+        return None
+    return body if isinstance(body, dict) and body.get("token") == token else None
+
+
+MOD_VIEW_LIMIT = 64 << 20  # a view is at most the trigger's worth of text, with room
+
+
+def cmd_mod_compact(args) -> int:
+    """Run by the mod's session.compact hook inside Claude: print the view cc-lhc prepared
+    for this compaction (JSON), asking the owning wrapper for one when none is waiting.
+
+    Exit 1 with the reason when cc-lhc leaves this compaction to Claude's own summary.
+    """
+    import time
+    if len(args) < 2 or not is_uuid(args[0]) or (len(args) > 2 and args[2] != "--"):
+        raise usage_error("usage: cc-lhc mod-compact <session-id> <trigger> [-- instructions]")
+    home = StateHome()
+    body = check_descriptor(home)
+    if args[0] != body["session_id"]:
+        raise refuse(f"session {args[0]} is not the session this descriptor serves")
+    folder = descriptor_paths(os.path.dirname(os.path.realpath(os.environ[RUNTIME_ENV])),
+                              body["token"])[1]
+    view = _claim_view(folder, body)
+    if view is None:
+        _write_private_json(os.path.join(folder, MOD_REQUEST_FILE), {
+            "token": body["token"], "session_id": args[0], "trigger": args[1],
+            "instructions": " ".join(args[3:]), "id": uuid.uuid4().hex, "at": utc_now_iso()})
+        deadline = time.monotonic() + MOD_COMPACT_WAIT
+        while view is None:
+            refused = _read_bound_json(folder, MOD_REFUSED_FILE, body["token"])
+            if refused is not None:
+                os.unlink(os.path.join(folder, MOD_REFUSED_FILE))
+                print(f"{PROG}: {refused.get('reason')}", file=sys.stderr)
+                return EXIT_ERROR
+            if time.monotonic() > deadline:
+                print(f"{PROG}: no view from the cc-lhc session within {MOD_COMPACT_WAIT:g} s",
+                      file=sys.stderr)
+                return EXIT_ERROR
+            time.sleep(0.05)
+            view = _claim_view(folder, body)
+    sys.stdout.write(json.dumps({"messages": view["messages"]}, ensure_ascii=False))
+    return EXIT_OK
+
+
+def _claim_view(folder: str, body: dict):
+    """Take the prepared view for this descriptor's session, once: it is renamed as it is
+    read, which is how the wrapper learns the hook has it."""
+    view = _read_bound_json(folder, MOD_VIEW_FILE, body["token"], MOD_VIEW_LIMIT)
+    if view is None or view.get("session_id") != body["session_id"]:
+        return None
+    try:
+        os.replace(os.path.join(folder, MOD_VIEW_FILE), os.path.join(folder, MOD_SERVED_FILE))
+    except OSError:
+        return None
+    return view
 
 
 def read_mod_hello(descriptor: dict):
@@ -5446,6 +5656,7 @@ class PendingRebuild:
     prefix: int                  # bytes cc-lhc wrote; Claude accepting it writes past them
     receipt: object = None       # the governor receipt this rebuild answers
     descriptor: dict | None = None
+    in_process: bool = False     # served through the mod's hook: same process, same session
 
 
 class Assessment:
@@ -5472,7 +5683,7 @@ def _already_rebuilt(home, prior) -> str:
         return ""
     row = Registry(home).db.execute("SELECT status FROM rebuilds WHERE session_id = ?",
                               (m.group(1),)).fetchone()
-    return m.group(1) if row and row[0] in ("pending", "accepted") else ""
+    return m.group(1) if row and row[0] in ("pending", "inprocess", "accepted") else ""
 
 
 def current_classification(store, session_id, policy, prompt_estimate=0, idle=False, prune=False):
@@ -5559,12 +5770,19 @@ def write_rebuild(path: str, data: bytes) -> None:
 
 def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelope_from=None,
             assessment=None, session_id=None, projects_root=None, pending=True,
-            plan_view=None) -> PendingRebuild:
+            plan_view=None, native=False, in_process=None, instructions="") -> PendingRebuild:
     """Build the view, record it as pending, write it, and record its lineage.
 
     ``pending=False`` is `rollout write`: the caller makes the session current at once.
     ``plan_view`` replaces the Smart Compact view (Smart Prune passes its own).
+    ``native``: the view names the cc-lhc mod's tools. ``in_process`` (the live session's
+    descriptor) serves the view through the mod's session.compact hook instead: see
+    rebuild_in_process; ``instructions`` are the person's words after their /compact.
     """
+    if in_process is not None:
+        return rebuild_in_process(home, store, thread_id, from_session, policy, cwd, in_process,
+                                  assessment=assessment, plan_view=plan_view, envelope_from=envelope_from,
+                                  instructions=instructions)
     new_sid = session_id or new_session_id()
     plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, new_sid, cwd,
                                        projects_root=projects_root, envelope_from=envelope_from)
@@ -5618,6 +5836,153 @@ def record_pending(registry, thread_id, from_session, plan, cwd):
     registry.save_copy(thread_id)
 
 
+# -- In process: the view served back through the cc-lhc mod ---------------------------
+#
+# The same view, but handed to the running Claude by the mod's session.compact hook
+# (REAL-CLAUDE-MODS.md): nothing is written into Claude's projects folder and no process
+# is replaced. The registry row (status 'inprocess', keyed <session>#<id>) names the view
+# file beside the descriptor; acceptance is Claude's next request on the compacted
+# conversation, and recovery settles a dead owner's row without moving any file.
+
+IN_PROCESS_ACK = ("Understood: the older turns above are cc-lhc's rendering of the thread; "
+                  "the newest follow exactly as they were.")
+
+
+def handle_floor(store, session_id) -> int:
+    """The newest message of a session that Claude no longer holds under its own uuid.
+
+    Records captured before the session's last compaction (Claude's own, or a view
+    cc-lhc served) were written again under new uuids, so the hook cannot hand them back.
+    """
+    row = store.db.execute("SELECT max(seq) FROM messages WHERE source_session = ? AND kind = "
+                           "'compact_summary'", (session_id,)).fetchone()
+    return max(row[0] or 0, int(_meta(store, f"handles_after:{session_id}", 0)))
+
+
+def live_handles(store, session_id) -> dict:
+    """Source uuid -> how many recorded messages it holds, for the records of a session
+    Claude still has under their own uuids (what the hook gets as handles)."""
+    return dict(store.db.execute(
+        "SELECT source_uuid, count(*) FROM messages WHERE source_session = ? AND agent IS NULL "
+        "AND seq > ? GROUP BY source_uuid", (session_id, handle_floor(store, session_id))).fetchall())
+
+
+def _opens_turn(rec) -> bool:
+    content = rec["message"]["content"]
+    return rec["type"] == "user" and not rec.get("isMeta") and not (isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content))
+
+
+def in_process_messages(records, sources, handles, instructions="") -> list:
+    """The view as the mod's hook returns it (pure): cc-lhc's header with the older records
+    rendered as text in one built message, then the newest records by handle, from a user
+    prompt on, each one whole and verbatim in the view, and last the closing line
+    IN_PROCESS_VIEW_END by which capture knows where the view ends."""
+    n = len(records)
+    if n > 1 and sources[n - 1] is None and records[n - 1]["type"] == "assistant":
+        n -= 1  # the closing line the swap's view adds when it ends on the user's side
+    start = n
+    for i in range(n - 1, 0, -1):
+        src = sources[i]
+        if src is None or not src[1] or handles.get(src[0]) != src[2]:
+            break
+        if _opens_turn(records[i]):
+            start = i
+    header = records[0]["message"]["content"]
+    if instructions:
+        header += f"\nThe person asked for this compaction with: {instructions}"
+    older = [_rendered_record(r) for r in records[1:start] if r.get("type") in ("user", "assistant")]
+    text = "\n\n".join([header] + [o for o in older if o])
+    out = [{"role": "user", "text": text}]
+    if start < n:
+        out.append({"role": "assistant", "text": IN_PROCESS_ACK})
+        for i in range(start, n):
+            if i == start or sources[i][0] != sources[i - 1][0]:
+                out.append({"handle": sources[i][0]})
+    out.append({"role": "assistant", "text": IN_PROCESS_VIEW_END})
+    return out
+
+
+def _rendered_record(rec) -> str:
+    """One older view record as text: thinking cannot go back unsigned, so it is left out."""
+    content = rec["message"]["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    parts = [_markdown_block(b) for b in blocks if not (isinstance(b, dict) and b.get("type") in (
+        "thinking", "redacted_thinking"))]
+    parts = [p for p in parts if p]
+    return f"[{rec['type']}]\n" + "\n".join(parts) if parts else ""
+
+
+def rebuild_in_process(home, store, thread_id, from_session, policy, cwd, descriptor, *,
+                       assessment=None, plan_view=None, envelope_from=None, instructions=""):
+    """Record an in-process rebuild as pending, build the view and leave it for the hook."""
+    import time
+    key = f"{from_session}#{uuid.uuid4().hex[:12]}"
+    sources = []
+    plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, from_session, cwd,
+                                       envelope_from=envelope_from, native=True, sources=sources)
+    records = [json.loads(line) for line in plan.data.splitlines()]
+    messages = in_process_messages(records, sources, live_handles(store, from_session), instructions)
+    if plan.boundary:
+        note_built_boundary(store, key, plan.boundary)
+    path = os.path.join(descriptor["shim_dir"], MOD_VIEW_FILE)
+    registry = Registry(home)
+    now = utc_now_iso()
+    with Tx(registry.db) as db:
+        db.execute("INSERT INTO rebuilds (session_id, thread_id, from_session, path, cwd, owner, status, "
+                   "created) VALUES (?, ?, ?, ?, ?, ?, 'inprocess', ?)",
+                   (key, thread_id, from_session, path, cwd, json.dumps(process_identity()), now))
+    registry.save_copy(thread_id)
+    if assessment is not None:
+        assessment.outcome(f"scheduled:{key}")
+    failpoint("after-pending-record")
+    body = {"token": descriptor["token"], "session_id": from_session, "key": key,
+            "messages": messages}
+    for attempt in range(1, REBUILD_WRITE_ATTEMPTS + 1):
+        try:
+            _write_private_json(path, body)
+            break
+        except OSError as e:
+            if attempt == REBUILD_WRITE_ATTEMPTS:
+                abandon(home, registry, key, f"its view could not be written: {e}")
+                if assessment is not None:
+                    assessment.outcome(f"failed: write: {e}")
+                raise LhcError(f"the in-process view could not be written: {e}")
+            time.sleep(0.05 * attempt)
+    failpoint("after-view-write")
+    if assessment is not None:
+        assessment.outcome(f"rebuilt:{key}")
+    home.log("smart_compact_rebuilt", thread=thread_id, old_session=from_session, new_session=from_session,
+             key=key, in_process=True, path=path, messages=len(messages),
+             kept=sum(1 for m in messages if "handle" in m),
+             bands={b: len(plan.view.turns_in(b)) for b in BANDS + ("omitted",)},
+             boundary=plan.boundary, prune=plan_view is not None, thinking=plan.arm)
+    return PendingRebuild(key, from_session, path, 0,
+                          assessment.receipt if assessment is not None else None, descriptor,
+                          in_process=True)
+
+
+def accept_in_process(home, thread_id, pending, replayed_at: int) -> bool:
+    """Settle an in-process rebuild Claude has sent a request on: the session stays the
+    same, so nothing advances but the row, the prune boundary and the handle floor."""
+    registry = Registry(home)
+    failpoint("before-acceptance")
+    with Tx(registry.db) as db:
+        db.execute("UPDATE rebuilds SET status = 'accepted', settled = ? WHERE session_id = ? "
+                   "AND status = 'inprocess'", (utc_now_iso(), pending.session_id))
+        db.execute("DELETE FROM thread_alarms WHERE thread_id = ?", (thread_id,))
+    registry.save_copy(thread_id)
+    store = ThreadStore(home, thread_id)
+    try:
+        boundary = advance_boundary(store, pending.session_id)
+        _set_meta(store, f"handles_after:{pending.from_session}", replayed_at)
+    finally:
+        store.close()
+    home.log("smart_compact_accepted", thread=thread_id, session=pending.from_session,
+             key=pending.session_id, in_process=True, boundary=boundary)
+    return True
+
+
 def accept(home, thread_id, pending) -> bool:
     """Advance the thread to the rebuilt session only if Claude was seen accepting it."""
     registry, hostdb = Registry(home), HostDB(home)
@@ -5660,13 +6025,20 @@ def abandon(home, registry, session_id, reason):
     Only a file proven to be this rebuild is moved; anything else the record names is
     left in place (and logged), while the record itself is still settled as abandoned.
     """
-    row = registry.db.execute("SELECT path, cwd, thread_id FROM rebuilds WHERE session_id = ?",
+    row = registry.db.execute("SELECT path, cwd, thread_id, status FROM rebuilds WHERE session_id = ?",
                               (session_id,)).fetchone()
     if row is None:
         return
-    path, cwd, thread_id = row
+    path, cwd, thread_id, status = row
     moved = None
-    if isinstance(path, str) and os.path.lexists(path):
+    if status == "inprocess":
+        # Its view lies beside the descriptor, never in Claude's folder: an unused one is
+        # removed so no later /compact is answered with it.
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    elif isinstance(path, str) and os.path.lexists(path):
         known = HostDB(home).session(session_id)
         lineage = (known["replayed_prefix_bytes"], known["replayed_prefix_sha256"]) if known else None
         unproven = unproven_rebuild_reason(path, thread_id, lineage)
@@ -6602,7 +6974,13 @@ class InteractiveHost:
             if spec.flags.get("--lhc-no-notifier"):
                 relay.on_input = panel.on_input
             else:
-                notifier = LifecycleNotifier(lambda text: session.announce(text, relay))
+                def advise(text):
+                    # The mod answers a person's /compact itself and says so (InProcessCompact).
+                    if not (text == LIFECYCLE_NOTES["compact"] and handoff.inproc.usable
+                            and not session.policy["nativeCompact"]):
+                        session.announce(text, relay)
+
+                notifier = LifecycleNotifier(advise)
                 relay.on_input = lambda data: notifier.observe(panel.on_input(data))
 
             handoff.listen(relay)
@@ -6627,6 +7005,8 @@ class InteractiveHost:
         finally:
             if handoff is not None and handoff.candidate is not None:
                 handoff._fail(relay, "the session ended during the handoff")
+            if handoff is not None:
+                handoff.inproc.close()
             status = _reap(self.child)
             if handoff is not None:
                 handoff.carry.close()
@@ -7343,6 +7723,7 @@ class LiveHandoff:
         self.carrying = []          # the open background items of the seam being swapped
         self.told_at_turn = None    # a note was typed: the next one waits for a newer settled turn
         self.last_input = 0.0       # when the person last typed (monotonic)
+        self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
 
@@ -7388,7 +7769,7 @@ class LiveHandoff:
         ``prune`` (a target in tokens) makes it Smart Prune: the same steps with the
         pruned view, and no handoff at all when the visibility boundary would not move.
         """
-        if self.candidate is not None:
+        if self.candidate is not None or self.inproc.pending is not None:
             return "a Smart Compact is already under way"
         if self.submit_at is not None:
             # A runtime note or the continuation is typed but not yet submitted: a swap now
@@ -7405,6 +7786,11 @@ class LiveHandoff:
 
     def _begin(self, relay, manual=False, prune=None):
         session, spec, home = self.session, self.session.spec, self.session.home
+        if self.inproc.usable and not self.continue_note:
+            # In process when the mod is active: no swap unless that is refused.
+            why = self.inproc.start(relay, manual, prune)
+            if why is not None:
+                return why
         capture = session.capture
         store = ThreadStore(home, capture.thread_id)
         try:
@@ -7503,10 +7889,11 @@ class LiveHandoff:
 
     @property
     def wants_tick(self) -> bool:
-        return self.candidate is not None or self.submit_at is not None
+        return self.candidate is not None or self.submit_at is not None or self.inproc.wants_tick
 
     def on_tick(self, relay) -> None:
         import time
+        self.inproc.on_tick(relay)
         now = time.monotonic()
         if self.submit_at is not None and now >= self.submit_at:
             self.submit_at = None
@@ -7696,6 +8083,194 @@ class LiveHandoff:
             except Exception as e:  # the old child keeps running either way
                 self.survival = False
                 home.log("survival_relaunch_failed", why=repr(e))
+
+
+class InProcessCompact:
+    """Smart Compact inside the running Claude, through the cc-lhc mod (DESIGN step 6).
+
+    Same assessment and view as a swap (section 12, rebuild with ``in_process``), but the
+    view goes to the mod's session.compact hook: cc-lhc types `/compact` into the PTY it
+    owns under the swap's input-drop rule and notice, the hook takes the view, Claude
+    installs it on the same session and process, and capture sees it written back. The
+    first request Claude sends afterwards accepts it. A person's own /compact reaches
+    here as the hook's request. Anything refused (no view taken, nothing installed within
+    SERVE_SECONDS) settles the row and falls back to the swap, said once. Relay's thread.
+    """
+
+    SERVE_SECONDS = 10.0
+    SUBMIT_DELAY = 0.1    # Enter apart from the text, or Claude reads both as one paste
+    FALLBACK = "in-process Smart Compact was refused ({why}); cc-lhc swaps the Claude process instead"
+    PERSON = ("your /compact runs as a cc-lhc Smart Compact through the cc-lhc mod: the newest turns "
+              "stay word for word, nothing is summarised away")
+    PERSON_NATIVE = "your /compact runs Claude's own summary ({why}); cc-lhc still keeps every turn"
+
+    def __init__(self, handoff):
+        self.handoff = handoff
+        self.session = handoff.session
+        self.pending = None
+        self.deadline = None
+        self.submit_at = None
+        self.typed = False         # cc-lhc typed this /compact (its input is dropped until served)
+        self.replayed = None       # the newest seq when capture saw the view written back
+        self.refused = ""          # once refused in this window, the swap serves from then on
+        self.started = None
+        self.seen = 0              # views capture had seen when this one started
+
+    @property
+    def usable(self) -> bool:
+        mod = self.session.spec.mod
+        return bool(mod and mod.active and not self.refused and self.session.descriptor)
+
+    @property
+    def wants_tick(self) -> bool:
+        return self.pending is not None or self.usable
+
+    def start(self, relay, manual=False, prune=None, person=None):
+        """'' once the in-process path runs, a reason when nothing should run now, or None
+        when it was refused and the swap should go ahead."""
+        session, spec, home = self.session, self.session.spec, self.session.home
+        capture = session.capture
+        store = ThreadStore(home, capture.thread_id)
+        try:
+            a = assess(home, session.hostdb, store, capture.thread_id, spec.session_id, session.policy,
+                       manual=manual or person is not None, prune=prune is not None)
+            if not a.go:
+                return a.reason
+            if person is None:
+                relay.drop_input = True
+                relay.to_child.clear()
+            try:
+                self.pending = rebuild(home, session.hostdb, store, capture.thread_id, spec.session_id,
+                                       session.policy, spec.cwd, envelope_from=capture.path, assessment=a,
+                                       plan_view=prune_planner(prune) if prune is not None else None,
+                                       in_process=session.descriptor, instructions=person or "")
+            except PruneUnchanged as e:
+                relay.drop_input = False
+                a.outcome(f"no_action: {e}")
+                home.log("prune_unchanged", thread=capture.thread_id, why=str(e))
+                return str(e)
+            except LhcError as e:
+                relay.drop_input = False
+                self._refuse(relay, str(e), swap=False)  # the caller goes on with the swap
+                return None
+        finally:
+            store.close()
+        import time
+        self.started = time.monotonic()
+        self.deadline = self.started + self.SERVE_SECONDS
+        self.replayed, self.typed = None, person is None
+        self.seen = len(session.views_replayed)
+        if self.typed:
+            # ctrl-u first: a draft left in Claude's box must not become part of the command
+            relay.to_child += b"\x15/compact"
+            self.submit_at = time.monotonic() + self.SUBMIT_DELAY
+        home.log("in_process_compact_started", thread=capture.thread_id, session=spec.session_id,
+                 key=self.pending.session_id, typed=self.typed, **a.c)
+        return ""
+
+    def on_tick(self, relay) -> None:
+        import time
+        if self.pending is None:
+            if self.usable:
+                self._answer_request(relay)
+            return
+        now = time.monotonic()
+        if self.submit_at is not None and now >= self.submit_at:
+            self.submit_at = None
+            relay.to_child += b"\r"
+            failpoint("after-compact-typed")
+        session = self.session
+        if self.replayed is None:
+            if len(session.views_replayed) > self.seen:
+                self.replayed = session.views_replayed[-1]
+                self._release(relay)
+                session.home.log("in_process_compact_served", session=session.spec.session_id,
+                                 key=self.pending.session_id, seconds=round(now - self.started, 3))
+                failpoint("after-view-replayed")
+            elif now > self.deadline:
+                took = not os.path.exists(self.pending.path)
+                self._refuse(relay, ("the hook took the view but Claude did not install it" if took else
+                                     "the hook did not take the view") + f" within {self.SERVE_SECONDS:g} s",
+                             swap=self.typed)
+            return
+        store = ThreadStore(session.home, session.capture.thread_id)
+        try:
+            answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND seq > ? LIMIT 1",
+                                        (session.spec.session_id, self.replayed)).fetchone()
+        finally:
+            store.close()
+        if answered:
+            pending, self.pending = self.pending, None
+            accept_in_process(session.home, session.capture.thread_id, pending, self.replayed)
+
+    def _release(self, relay) -> None:
+        """Input reaches Claude again; what was dropped meanwhile is said once."""
+        if not self.typed:
+            return
+        relay.drop_input = False
+        if relay.dropped:
+            self.session.notices.append(LiveHandoff.NOTICE)
+            self.session.announce(LiveHandoff.NOTICE, relay)
+            relay.dropped = 0
+
+    def _refuse(self, relay, why: str, swap: bool = True) -> None:
+        session, home = self.session, self.session.home
+        if self.pending is not None:
+            abandon(home, Registry(home), self.pending.session_id, why)
+            Receipts(session.hostdb, home).outcome(self.pending.receipt, f"failed: {why}")
+        self.pending, self.submit_at = None, None
+        self._release(relay)
+        relay.drop_input = False
+        self.refused = why
+        home.log("in_process_compact_refused", why=why)
+        session.announce(self.FALLBACK.format(why=why), relay)
+        if swap:
+            self.handoff.start(relay, manual=True)
+
+    def _answer_request(self, relay) -> None:
+        """A person's own /compact: the hook asks for a view; prepare one or refuse it."""
+        descriptor = self.session.descriptor
+        folder = descriptor["shim_dir"]
+        request = _read_bound_json(folder, MOD_REQUEST_FILE, descriptor["token"])
+        if request is None:
+            return
+        try:
+            os.unlink(os.path.join(folder, MOD_REQUEST_FILE))
+        except OSError:
+            pass
+        why = ""
+        if request.get("session_id") != self.session.spec.session_id:
+            why = "it came from another session"
+        elif request.get("trigger") != "manual":
+            why = f"cc-lhc leaves a compaction triggered {request.get('trigger')!r} to Claude"
+        elif self.session.policy["nativeCompact"]:
+            why = "nativeCompact is on"
+        else:
+            try:
+                why = self.start(relay, person=str(request.get("instructions") or ""))
+            except Exception as e:  # a failed attempt must never take the session down
+                self.session.home.log("in_process_compact_error", error=repr(e))
+                why = f"its view could not be built: {e}"
+            if why is None:
+                why = self.refused
+        if why:
+            _write_private_json(os.path.join(folder, MOD_REFUSED_FILE),
+                                {"token": descriptor["token"], "reason": why})
+            self.session.announce(self.PERSON_NATIVE.format(why=why), relay)
+        else:
+            self.session.announce(self.PERSON, relay)
+
+    def close(self) -> None:
+        """The session ends: a view Claude installed stands (its transcript holds it and a
+        resume continues from it); one it never took is settled as unused."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        home = self.session.home
+        if self.replayed is not None:
+            accept_in_process(home, self.session.capture.thread_id, pending, self.replayed)
+        else:
+            abandon(home, Registry(home), pending.session_id, "the session ended before Claude took the view")
 
 
 CLEAR_COMMAND = "<command-name>/clear</command-name>"
@@ -8002,6 +8577,12 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
 
     def on_event(event, capture):
         kind, turn = event
+        if kind == "in_process_view":
+            # The capture thread: the relay's InProcessCompact reads it at its next tick.
+            if spec.session is not None:
+                newest = capture.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+                spec.session.views_replayed.append(newest or 0)
+            home.log("in_process_view_captured", thread=capture.thread_id, turn=turn)
         if kind == "native_compact":
             note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
                     f"as turn t{turn} and every earlier turn stays in the thread")
@@ -8253,6 +8834,16 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
         moved = abandon(home, registry, session_id, "its Smart Compact was interrupted")
         say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
             "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else ""))
+    for key, owner in registry.db.execute(
+            "SELECT session_id, owner FROM rebuilds WHERE thread_id = ? AND status = 'inprocess'",
+            (thread_id,)).fetchall():
+        if owner_alive(owner):
+            continue
+        # The session never changed: whether or not Claude took the view, it is the
+        # thread's current one and its transcript says what happened. Nothing is moved.
+        abandon(home, registry, key, "its in-process Smart Compact was interrupted")
+        say(f"an interrupted in-process Smart Compact of thread {thread_id[:8]} was settled; "
+            "the thread stays on its session")
     import shutil
     for name in os.listdir(home.ensure("recovery")):
         if name.startswith(thread_id):
@@ -8736,7 +9327,7 @@ Environment:
 Configuration: ~/.config/cc-lhc/config.json, then .cc-lhc.json in the project,
 then the flags above. Fields: lowerBoundTokens, upperBoundTokens, profile,
 pruneEnabled, pruneThresholdTokens, pruneTargetTokens, minRunwayTokens,
-thinkingReplay (signed_verbatim or omit). Token
+thinkingReplay (signed_verbatim or omit), nativeCompact (true or false). Token
 values are whole numbers from 1 to 10,000,000; anything else falls back to the
 default. A flag value starting with `-` is refused: write --lhc-target=VALUE.
 
@@ -8879,6 +9470,7 @@ class ManagedSession:
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
         self.detached = ""                # why cc-lhc no longer follows this Claude, if so
         self.native_compacts = []         # (turn, when) of each Claude native Compact seen
+        self.views_replayed = []          # newest seq when capture saw a view served in process
         # Turn summaries are written in the background while a person works; a one-shot
         # exits too soon for them and keeps its one prompt's cost predictable.
         self.summaries = not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off"
@@ -10115,7 +10707,7 @@ def registry_check(home, repair: bool):
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
             "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout,
             "measure": cmd_measure, "backfill-labels": cmd_backfill_labels, "doctor": cmd_doctor,
-            "mod-hello": cmd_mod_hello}
+            "mod-hello": cmd_mod_hello, "mod-compact": cmd_mod_compact}
 
 
 def main(argv=None) -> int:

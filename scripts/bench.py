@@ -1423,6 +1423,75 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
     return out
 
 
+def _live_compact_once(root: Path, bare: bool) -> float:
+    """One interactive session (real CLI, fake API, tmux) whose answer goes over the
+    trigger at a settled seam: seconds from that answer to Claude's first request on the
+    compacted conversation, the next prompt typed as soon as cc-lhc says it is done."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from claude_install import ensure_claude
+    from conftest import FAKE_AUTH_TOKEN, QUIET_ENV, first_run_config
+    from fakeapi import FakeAPI, text_reply
+    from tmuxdrive import Tmux
+    dirs = {n: root / n for n in ("home", "config", "lhc", "xdg", "work", "tmp")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    (dirs["config"] / ".claude.json").write_text(json.dumps(first_run_config([dirs["work"], root])))
+    small = {"input_tokens": 1_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+             "output_tokens": 5}
+    over = dict(small, input_tokens=365_000)
+    log = dirs["lhc"] / "wrapper.log"
+    done = "handoff_switched" if bare else "in_process_compact_served"
+    with FakeAPI() as api:
+        env = {k: v for k, v in ORIG_ENV.items() if not k.startswith(("CC_LHC", "CLAUDE", "ANTHROPIC"))}
+        env.update(HOME=str(dirs["home"]), CLAUDE_CONFIG_DIR=str(dirs["config"]), CC_LHC_HOME=str(dirs["lhc"]),
+                   XDG_CONFIG_HOME=str(dirs["xdg"]), TMPDIR=str(dirs["tmp"]), PWD=str(dirs["work"]),
+                   CC_LHC_SUMMARIES="off", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_AUTH_TOKEN=FAKE_AUTH_TOKEN,
+                   CC_LHC_CLAUDE_BIN=str(ensure_claude()), **QUIET_ENV)
+        api.script([text_reply("first answer", usage=small), text_reply("over the trigger", usage=over)])
+        api.responder = lambda body: text_reply("on the compacted conversation", usage=small)
+        with Tmux([sys.executable, str(REPO / "cc_lhc.py"), *(["--bare"] if bare else [])],
+                  cols=120, rows=30, env=env, cwd=dirs["work"]) as t:
+            t.wait_for("❯", timeout=30)
+            if not bare:
+                while '"event": "mod_active"' not in (log.read_text() if log.exists() else ""):
+                    time.sleep(0.02)
+            for prompt, answer in (("first", "first answer"), ("second", "over the trigger")):
+                t.send_text(prompt)
+                t.send_keys("Enter")
+                t.wait_for(answer, timeout=30)
+            seam = api.message_requests[-1]["time"]
+            deadline = time.monotonic() + 30
+            while f'"event": "{done}"' not in log.read_text():
+                if time.monotonic() > deadline:
+                    raise NotAvailable(f"no {done} in wrapper.log")
+                time.sleep(0.02)
+            n = len(api.message_requests)
+            t.send_text("third")
+            t.send_keys("Enter")
+            first = api.wait_for_requests(n + 1, answered=False)[n]
+            t.send_text("/exit")
+            t.send_keys("Enter")
+            t.wait_exit(timeout=15)
+    return first["time"] - seam
+
+
+@bench("live-compact", "seam over the trigger -> Claude's first request on the compacted conversation: "
+       "in process through the cc-lhc mod, and the swap (--bare)")
+def _live_compact(ctx: Ctx) -> dict:
+    if shutil.which("tmux") is None:
+        raise NotAvailable("tmux is needed")
+    runs = ctx.runs(3)
+    times = {"in_process": [], "swap": []}
+    for i in range(runs):
+        for kind in times:
+            times[kind].append(_live_compact_once(ctx.scratch(f"live-{kind}-{i}"), kind == "swap"))
+    inproc = statistics.median(times["in_process"])
+    swap = statistics.median(times["swap"])
+    return {"in process (mod)": ms(inproc, 500, spread(times["in_process"])),
+            "swap (--bare)": ms(swap, None, spread(times["swap"])),
+            "ratio": Ratio("in process / swap", inproc / swap)}
+
+
 def _dist_bundle_exe() -> Path | None:
     dist = REPO / "dist"
     if not dist.is_dir():

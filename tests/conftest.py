@@ -225,8 +225,11 @@ def real_claude(iso_env: IsoEnv, fake_api: FakeAPI, claude_bin: Path,
                 monkeypatch: pytest.MonkeyPatch) -> RealClaude:
     config = first_run_config([iso_env.work, iso_env.root])
     (iso_env.config / ".claude.json").write_text(json.dumps(config, indent=2))
+    # CC_LHC_MOD=off: with the cc-lhc mod active a live Smart Compact runs inside Claude
+    # instead of swapping it; the swap is the fallback the other real-CLI tests cover, and
+    # tests/test_mod_real.py turns the mod on.
     wiring = {"ANTHROPIC_BASE_URL": fake_api.url, "ANTHROPIC_AUTH_TOKEN": FAKE_AUTH_TOKEN,
-              "CC_LHC_CLAUDE_BIN": str(claude_bin)}
+              "CC_LHC_CLAUDE_BIN": str(claude_bin), "CC_LHC_MOD": "off"}
     for name, value in wiring.items():
         monkeypatch.setenv(name, value)
     return RealClaude(iso=iso_env, api=fake_api, claude=claude_bin,

@@ -125,6 +125,7 @@ def test_effective_target_keeps_the_runway_clear_of_the_trigger(iso_env):
     ({"profile": "fancy"}, "profile", "default, balanced, historical"),
     ({"profile": None}, "profile", "default, balanced, historical"),
     ({"pruneEnabled": "yes"}, "pruneEnabled", "true or false"),
+    ({"nativeCompact": 1}, "nativeCompact", "true or false"),
 ])
 @pytest.mark.parametrize("where", ["user", "project"])
 def test_bad_field_falls_back_alone_naming_field_and_source(iso_env, layer, field, words, where):

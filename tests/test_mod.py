@@ -99,3 +99,108 @@ def test_no_handshake_in_time_falls_back_and_says_so(iso_env, monkeypatch):
     bridge.on_tick(_Session(descriptor, "sid-1"), os.getpid())
     assert not bridge.waiting and "no handshake" in bridge.details()
     assert "Smart Compact swaps the Claude process" in bridge.details()
+
+
+# -- In-process Smart Compact: the pure parts ------------------------------------------
+
+def _rec(rtype, content, **extra):
+    return {"type": rtype, "message": {"role": rtype, "content": content}, **extra}
+
+
+def test_in_process_view_keeps_the_newest_records_by_handle_from_a_prompt_and_renders_the_rest():
+    records = [
+        _rec("user", cc_lhc.REBUILT_MARKER + " from thread T."),
+        _rec("user", "old prompt"),
+        _rec("assistant", [{"type": "thinking", "thinking": "old thought", "signature": "S0"}]),
+        _rec("assistant", [{"type": "text", "text": "old answer"}]),
+        _rec("user", "lean prompt"),
+        _rec("assistant", [{"type": "tool_use", "id": "tu1", "name": "Bash", "input": {"command": "ls"}}]),
+        _rec("user", [{"type": "tool_result", "tool_use_id": "tu1", "content": "[output of Bash m7 · ...]"}]),
+        _rec("user", "new prompt"),
+        _rec("assistant", [{"type": "thinking", "thinking": "new thought", "signature": "S1"}]),
+        _rec("assistant", [{"type": "text", "text": "new answer"}]),
+    ]
+    sources = [None, ("u1", True, 1), ("a1", True, 1), ("a2", True, 1), ("u2", True, 1),
+               ("a3", True, 1), ("u3", False, 1), ("u4", True, 1), ("a4", True, 1), ("a5", True, 1)]
+    # u1..a2 were written before the session's last compaction: Claude has no handle for them
+    handles = {"u2": 1, "a3": 1, "u3": 1, "u4": 1, "a4": 1, "a5": 1}
+    out = cc_lhc.in_process_messages(records, sources, handles, instructions="keep the plan")
+    assert [m.get("handle") for m in out] == [None, None, "u4", "a4", "a5", None]
+    header = out[0]["text"]
+    assert header.startswith(cc_lhc.REBUILT_MARKER) and "keep the plan" in header
+    # the older records are in the header as text, the stubbed result as cc-lhc rendered it,
+    # and no thinking that could not go back signed
+    assert "old answer" in header and "[output of Bash m7" in header and "old thought" not in header
+    assert out[1] == {"role": "assistant", "text": cc_lhc.IN_PROCESS_ACK}
+    assert out[-1] == {"role": "assistant", "text": cc_lhc.IN_PROCESS_VIEW_END}
+
+
+def test_a_record_holding_more_than_the_view_shows_is_not_handed_back():
+    records = [_rec("user", cc_lhc.REBUILT_MARKER), _rec("user", "p"), _rec("assistant", [{"type": "text", "text": "a"}])]
+    sources = [None, ("u", True, 1), ("a", True, 1)]
+    out = cc_lhc.in_process_messages(records, sources, {"u": 1, "a": 2})  # "a" holds a block the view left out
+    assert not any("handle" in m for m in out) and "[assistant]\na" in out[0]["text"]
+
+
+def test_the_view_names_the_mod_tools_only_when_asked_and_is_unchanged_otherwise():
+    m = {"seq": 57, "text": "x\ny\n"}
+    assert cc_lhc.tool_stub(m, "Bash") == "[output of Bash m57: 2 lines, 4 B · cc-lhc get-messages m57]"
+    assert cc_lhc.tool_stub(m, "Bash", native=True) == "[output of Bash m57: 2 lines, 4 B · lhc_get_messages m57]"
+    view = cc_lhc.View("T", {1: "full"}, {}, 0, "default", {})
+    plain, native = cc_lhc.render_header(view, [], False), cc_lhc.render_header(view, [], False, True)
+    assert "run these through Bash:" in plain and "cc-lhc get-turns t12 t13" in plain
+    assert "lhc_get_turns" in native and "cc-lhc get-" not in native
+    assert len(native) <= len(plain)  # the header's reserve is measured on the Bash wording
+
+
+def _line(**rec):
+    return json.dumps({"uuid": rec.pop("uuid"), "parentUuid": rec.pop("parent", None),
+                       "timestamp": "2026-01-01T00:00:00Z", "sessionId": "sess-1", **rec}).encode()
+
+
+def test_a_view_served_in_process_is_a_rebuild_of_the_thread_even_across_a_restart(tmp_path):
+    lines = [
+        _line(uuid="p1", type="user", message={"role": "user", "content": "first prompt"}),
+        _line(uuid="a1", parent="p1", type="assistant",
+              message={"id": "r1", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                       "content": [{"type": "text", "text": "first answer"}]}),
+        _line(uuid="b", type="system", subtype="compact_boundary", content="Conversation compacted"),
+        _line(uuid="h", parent="b", type="user",
+              message={"role": "user", "content": cc_lhc.REBUILT_MARKER + " from thread T."}),
+        _line(uuid="p1b", parent="h", type="user", message={"role": "user", "content": "first prompt"}),
+        _line(uuid="a1b", parent="p1b", type="assistant",
+              message={"id": "r1", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                       "content": [{"type": "text", "text": "first answer"}]}),
+        _line(uuid="e", parent="a1b", type="assistant",
+              message={"id": "x", "role": "assistant", "model": "<synthetic>",
+                       "content": [{"type": "text", "text": cc_lhc.IN_PROCESS_VIEW_END}]}),
+        _line(uuid="p2", parent="e", type="user", message={"role": "user", "content": "second prompt"}),
+        _line(uuid="a2", parent="p2", type="assistant",
+              message={"id": "r2", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                       "content": [{"type": "text", "text": "second answer"}]}),
+    ]
+    transcript = tmp_path / "sess-1.jsonl"
+    home = cc_lhc.StateHome(str(tmp_path / "lhc"))
+    home.ensure()
+    events = []
+    # capture stops inside the view (a kill), and a new capture picks up from the record
+    for part in (lines[:5], lines[5:]):
+        with open(transcript, "ab") as f:
+            f.write(b"\n".join(part) + b"\n")
+        capture = cc_lhc.Capture(home, "thread-1", "sess-1", str(transcript), None,
+                                 on_event=lambda event, _c: events.append(event))
+        capture.catch_up()
+        said = [(m["kind"], m["text"]) for m in capture.store.messages()]
+        capture.stop()
+    assert said == [("user_text", "first prompt"), ("assistant_text", "first answer"),
+                    ("user_text", "second prompt"), ("assistant_text", "second answer")]
+    assert [e[0] for e in events] == ["in_process_view"]
+
+
+def test_mod_compact_refuses_bad_arguments_and_a_missing_descriptor(iso_env, capsys, monkeypatch):
+    assert cc_lhc.main(["mod-compact", "not-a-session"]) == cc_lhc.EXIT_USAGE
+    assert "usage: cc-lhc mod-compact" in capsys.readouterr().err
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV, raising=False)
+    assert cc_lhc.main(["mod-compact", "0" * 8 + "-0000-0000-0000-" + "0" * 12, "manual"]) == cc_lhc.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "retrieval refused" in err and "Traceback" not in err

@@ -39,7 +39,7 @@ def details(t) -> str:
 
 def start(rc, tmux, *args, env=None):
     t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", *args], cols=120, rows=36,
-             env={**rc.env, **(env or {})}, cwd=rc.cwd)
+             env={**rc.env, "CC_LHC_MOD": "on", **(env or {})}, cwd=rc.cwd)
     t.wait_for(PROMPT)
     return t
 
@@ -121,3 +121,228 @@ def test_native_retrieval_tools_answer_byte_exact_without_an_approval_prompt(rea
     assert refused.get("is_error") and "retrieval refused" in _result_text(refused)
     desc.write_text(real)
     exit_cleanly(t)
+
+
+# -- In-process Smart Compact ------------------------------------------------------------
+
+from fakeapi import text_reply, thinking_reply  # noqa: E402
+from test_interactive_real import OVER_USAGE  # noqa: E402
+
+SMALL_USAGE = {"input_tokens": 1_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+               "output_tokens": 5}
+
+
+def _thinking_blocks(messages) -> list[dict]:
+    return [b for m in messages if m["role"] == "assistant" and isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "thinking"]
+
+
+def _rows(rc, sql, *args):
+    from test_smart_compact_real import registry_rows
+    return registry_rows(rc, sql, args)
+
+
+def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
+    """A session with the mod active whose second answer (signed thinking) goes over the
+    trigger at a settled seam; returns the pane once cc-lhc served the view in process."""
+    rc.api.script([thinking_reply("first thought", "first answer", signature="SIG-FIRST", usage=SMALL_USAGE),
+                   thinking_reply("second thought", "second answer", signature="SIG-SECOND",
+                                  usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("answered on the compacted conversation", usage=SMALL_USAGE)
+    t = start(rc, tmux, *args, env=env)
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "first prompt")
+    t.wait_for("first answer")
+    type_line(t, "second prompt")
+    if wait_last:  # (a failpoint may end cc-lhc before Claude has drawn it)
+        t.wait_for("second answer")
+    return t
+
+
+def test_over_the_trigger_the_view_is_served_in_process_on_the_same_session_and_pid(real_claude, tmux):
+    rc = real_claude
+    t = over_the_trigger_with_the_mod(rc, tmux)
+    _wait_for_log(rc, "in_process_compact_served")
+    before = rc.api.message_requests[-1]
+    if os.environ.get("H14_TIMING"):
+        import datetime
+        print("OVER REQUEST", datetime.datetime.utcfromtimestamp(before["time"]).isoformat())
+    type_line(t, "third prompt")
+    t.wait_for("answered on the compacted conversation")
+    _wait_for_log(rc, "smart_compact_accepted")
+    request = rc.api.message_requests[-1]
+    (started,) = log_events(rc, "child_started")
+    # the same session, the same Claude process: nothing was swapped
+    assert request["session_id"] == before["session_id"] == started["session"]
+    assert not log_events(rc, "handoff_spawned")
+    (served,) = log_events(rc, "in_process_compact_started")
+    assert served["session"] == started["session"]
+    messages = request["body"]["messages"]
+    first = messages[0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "lhc_get_messages" in first
+    assert "cc-lhc get-messages" not in first  # the header names the mod's tools
+    # the kept messages went back by handle: their signed thinking is byte-identical
+    assert _thinking_blocks(messages) == _thinking_blocks(before["body"]["messages"]) + [
+        {"type": "thinking", "thinking": "second thought", "signature": "SIG-SECOND"}]
+    texts = json.dumps(messages)
+    assert cc_lhc.IN_PROCESS_VIEW_END in texts and "third prompt" in texts
+    # the row is settled as accepted, and the thread did not move
+    ((key, status, from_session),) = _rows(rc, "SELECT session_id, status, from_session FROM rebuilds")
+    assert status == "accepted" and from_session == started["session"] and key.startswith(from_session + "#")
+    # capture took the view as a rebuild: nothing of it is new content, and it goes on after
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
+    said = [m["text"] for m in record if m["kind"] == "user_text"]
+    assert said.count("first prompt") == 1 and said.count("second prompt") == 1
+    assert "third prompt" in said
+    assert not any(cc_lhc.REBUILT_MARKER in (m["text"] or "") for m in record)
+    assert not any(m["kind"] == "compact_summary" for m in record)
+    assert [m["text"] for m in record if m["kind"] == "assistant_text"].count("second answer") == 1
+    exit_cleanly(t)
+
+
+def test_a_background_job_started_before_runs_on_and_its_notification_arrives(real_claude, tmux):
+    from fakeapi import tool_use_reply
+    rc = real_claude
+    rc.api.script([tool_use_reply("Bash", {"command": "sleep 8; echo DONE", "description": "wait",
+                                           "run_in_background": True}),
+                   text_reply("started it", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("noted", usage=SMALL_USAGE)
+    t = start(rc, tmux, "--allowedTools", "Bash")
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "start the job")
+    t.wait_for("started it")
+    _wait_for_log(rc, "in_process_compact_served")
+    (started,) = log_events(rc, "child_started")
+    deadline = __import__("time").monotonic() + 30
+    while True:  # Claude tells itself the job finished, on the compacted conversation
+        told = [r for r in rc.api.message_requests if "<task-notification>" in json.dumps(r["body"]["messages"])]
+        if told:
+            break
+        assert __import__("time").monotonic() < deadline, "no task notification reached the API"
+        __import__("time").sleep(0.1)
+    request = told[0]
+    assert request["session_id"] == started["session"]
+    assert "DONE" in json.dumps(request["body"]["messages"]) or "completed" in json.dumps(request["body"]["messages"])
+    first = request["body"]["messages"][0]["content"]
+    assert (first if isinstance(first, str) else first[0]["text"]).startswith(cc_lhc.REBUILT_MARKER)
+    assert not log_events(rc, "handoff_spawned")
+    exit_cleanly(t)
+
+
+def test_with_bare_the_same_session_is_handled_by_the_swap(real_claude, tmux):
+    rc = real_claude
+    rc.api.script([text_reply("a long answer", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("on the swapped session", usage=SMALL_USAGE)
+    t = start(rc, tmux, "--bare")
+    type_line(t, "go long")
+    _wait_for_log(rc, "handoff_switched")
+    assert not log_events(rc, "in_process_compact_started")
+    type_line(t, "next")
+    t.wait_for("on the swapped session")
+    (started,) = log_events(rc, "child_started")
+    assert rc.api.message_requests[-1]["session_id"] != started["session"]
+    first = rc.api.message_requests[-1]["body"]["messages"][0]["content"]
+    text = first if isinstance(first, str) else first[0]["text"]
+    assert "cc-lhc get-messages" in text and "lhc_get_messages" not in text
+    exit_cleanly(t)
+
+
+def test_a_persons_own_compact_runs_through_the_hook_with_their_instructions(real_claude, tmux):
+    rc = real_claude
+    rc.api.script([thinking_reply("a thought", "first answer", signature="SIG-A", usage=SMALL_USAGE)])
+    rc.api.responder = lambda body: text_reply("after my compact", usage=SMALL_USAGE)
+    t = start(rc, tmux)
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "first prompt")
+    t.wait_for("first answer")
+    n = len(rc.api.message_requests)
+    type_line(t, "/compact keep the plan")
+    _wait_for_log(rc, "in_process_compact_served")
+    # announced on screen (Claude redraws over it at once, so the log says what was shown)
+    assert cc_lhc.InProcessCompact.PERSON in [e["text"] for e in log_events(rc, "notice")]
+    assert cc_lhc.LIFECYCLE_NOTES["compact"] not in [e["text"] for e in log_events(rc, "notice")]
+    assert len(rc.api.message_requests) == n  # no summary was asked for
+    type_line(t, "go on")
+    rc.api.wait_for_requests(n + 1)  # the notice drawn over Claude's frame garbles the screen
+    messages = rc.api.message_requests[-1]["body"]["messages"]
+    first = messages[0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "keep the plan" in first
+    assert {"type": "thinking", "thinking": "a thought", "signature": "SIG-A"} in _thinking_blocks(messages)
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
+    assert any("keep the plan" in (m["text"] or "") for m in record)  # the instructions are in the thread
+    exit_cleanly(t)
+
+
+def test_native_compact_keeps_claudes_own_summary(real_claude, tmux):
+    rc = real_claude
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps({"nativeCompact": True}))
+    rc.api.script([text_reply("first answer", usage=SMALL_USAGE)])
+    rc.api.responder = lambda body: text_reply("a summary of it all", usage=SMALL_USAGE)
+    t = start(rc, tmux)
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "first prompt")
+    t.wait_for("first answer")
+    n = len(rc.api.message_requests)
+    type_line(t, "/compact")
+    deadline = __import__("time").monotonic() + 30
+    while len(rc.api.message_requests) == n:  # Claude asked for its own summary
+        assert __import__("time").monotonic() < deadline
+        __import__("time").sleep(0.1)
+    assert not log_events(rc, "in_process_compact_started")
+    shown = [e["text"] for e in log_events(rc, "notice")]
+    assert cc_lhc.InProcessCompact.PERSON_NATIVE.format(why="nativeCompact is on") in shown
+    exit_cleanly(t)
+
+
+def test_in_process_failpoints_name_every_step():
+    source = Path(cc_lhc.__file__).read_text()
+    for point in cc_lhc.IN_PROCESS_FAILPOINTS:
+        assert f'failpoint("{point}")' in source, point
+
+
+@pytest.mark.parametrize("point", cc_lhc.IN_PROCESS_FAILPOINTS)
+def test_in_process_kill_matrix(real_claude, tmux, point):
+    import signal
+    from test_smart_compact_real import process_gone
+    rc = real_claude
+    t = over_the_trigger_with_the_mod(rc, tmux, env={cc_lhc.FAILPOINT_ENV: point}, wait_last=False)
+    if point == "before-acceptance":
+        _wait_for_log(rc, "in_process_compact_served")
+        type_line(t, "third prompt")  # acceptance is Claude's next request
+    assert t.wait_exit(timeout=40) == 128 + signal.SIGKILL
+    assert [e["name"] for e in log_events(rc, "failpoint")] == [point]
+    (started,) = log_events(rc, "child_started")
+    sid = started["session"]
+    assert process_gone(started["child_pid"]), "claude outlived the killed cc-lhc"
+    assert [s for (s,) in _rows(rc, "SELECT status FROM rebuilds")] == ["inprocess"]
+    # what Claude wrote before any compaction: every prompt and answer must stay captured
+    transcript = rc.project_dir / f"{sid}.jsonl"
+    kept = set()
+    for line in transcript.read_bytes().splitlines():
+        rec = json.loads(line)
+        if rec.get("subtype") == "compact_boundary":
+            break
+        if rec.get("type") in ("user", "assistant") and rec.get("uuid"):
+            kept.add(rec["uuid"])
+    files_before = sorted(p.name for p in rc.project_dir.glob("*.jsonl"))
+
+    # the next launch settles the row without moving any file, and Claude answers
+    again = rc.run_lhc("--resume", sid, "-p", "next")
+    assert again.returncode == 0, again.stderr
+    assert "answered on the compacted conversation" in again.stdout
+    assert "Traceback" not in again.stderr
+    assert "in-process Smart Compact" in again.stderr
+    statuses = [s for (s,) in _rows(rc, "SELECT status FROM rebuilds WHERE session_id LIKE ?", sid + "#%")]
+    assert statuses == ["abandoned"]
+    assert set(files_before) <= {p.name for p in rc.project_dir.glob("*.jsonl")}
+    assert not (rc.iso.lhc / "abandoned-rebuilds").exists() or not list(
+        (rc.iso.lhc / "abandoned-rebuilds").rglob(f"{sid}*"))
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
+    exported = {m["source_uuid"] for m in record if m["source_session"] == sid}
+    assert kept <= exported, f"lost from the thread: {sorted(kept - exported)}"
+    assert not any(cc_lhc.REBUILT_MARKER in (m["text"] or "") and m["source_session"] == sid for m in record)

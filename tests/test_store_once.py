@@ -161,7 +161,7 @@ def test_views_are_within_budget_by_exact_count(tmp_path, exact_tokens):
         assert view.tokens == exact <= budget, (budget, exact)
         assert view.counting == "exact o200k_base"
         # allocated by the quick estimate alone, the same view counts over its budget
-        quick, quick_header = cc_lhc._serve_view(thread.id, turns, budget, "default", summaries, (), False)
+        quick, quick_header = cc_lhc._serve_view(thread.id, turns, budget, "default", summaries, (), False, 0)
         over.append(cc_lhc.view_tokens(quick, quick_header, turns, counter)["total"] > budget)
     assert any(over)
 
