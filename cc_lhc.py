@@ -328,8 +328,11 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
     payload = marshal.dumps(tokens)
     path = _ranks_cache_path(data_sha256)
     tmp = f"{path}.{os.getpid()}.tmp"
+    home = StateHome()
+    if not os.path.isdir(home.root):
+        return  # a cache is no reason to create the state folder (doctor reports it missing)
     try:
-        StateHome().ensure("cache")
+        home.ensure("cache")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(RANKS_CACHE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
