@@ -234,21 +234,6 @@ def awaiting_repair(home):
         db.close()
 
 
-def replayed_prefixes(home):
-    """session id -> bytes cc-lhc wrote into that session's transcript (cc-lhc.sqlite)."""
-    path = os.path.join(home, "cc-lhc.sqlite")
-    if not os.path.exists(path):
-        return {}
-    db = connect(path)
-    try:
-        if not has_table(db, "sessions"):
-            return {}
-        return {r[0]: r[1] for r in db.execute(
-            "SELECT session_id, replayed_prefix_bytes FROM sessions")}
-    finally:
-        db.close()
-
-
 def lineages(home):
     """session id -> (bytes, sha256) of the prefix cc-lhc wrote into that transcript."""
     path = os.path.join(home, "cc-lhc.sqlite")
@@ -465,8 +450,8 @@ def run(apply, out, discard_unsaved=False):
             out.write("nothing to do: no unaccepted rebuilds\n")
             return EXIT_OK
         repairs = awaiting_repair(home)
-        prefixes = replayed_prefixes(home)
         lineage_of = lineages(home)
+        prefixes = {sid: size for sid, (size, _sha) in lineage_of.items()}
         done = 0
         skips = {RUNNING: 0, AWAITING_REPAIR: 0, GROWN: 0, MALFORMED: 0, UNPROVEN: 0}
         for row in rows:
