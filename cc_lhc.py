@@ -9313,7 +9313,8 @@ Commands (handled by cc-lhc, never passed to Claude):
   measure <transcript|folder>    what Smart Compact would do, counts only
   rollout write ...              write a thread's view as a Claude session
   backfill-labels <thread>       add stable labels to older stored renderings
-  doctor                         check this installation
+  doctor [--repair]              check this installation (--repair: rebuild the
+                                 registry from the thread files)
 
 Environment:
   CC_LHC_HOME          state folder (default ~/.cc-lhc)
@@ -9345,7 +9346,7 @@ def render_help() -> str:
     for flag, (_field, takes_value, text) in LHC_FLAGS.items():
         left = f"{flag} N" if takes_value and flag not in ("--lhc-profile", "--lhc-thinking-replay") else (
             f"{flag} NAME" if takes_value else flag)
-        rows.append(f"  {left:<22} {text}")
+        rows.append(f"  {left:<27} {text}")
     return HELP_TEXT.format(version=VERSION, flags="\n".join(rows))
 
 
