@@ -4983,6 +4983,19 @@ class ModBridge:
             self.home.log("mod_active", session=sid, claude_pid=child_pid, folder=self.folder)
         return None
 
+    def rebind(self, session_id: str) -> None:
+        """Claude moved to another session inside the same process (/clear, /resume).
+
+        The mod counts for the new session only if its own handshake named it; /clear
+        sends none, so until the mod says so Smart Compact swaps for that session. Typing
+        /compact for a session the mod does not serve would run Claude's own lossy one.
+        """
+        named = bool(self.hello) and self.hello.get("session_id") == session_id
+        if self.active and not named:
+            self.active, self.deadline = False, None
+            self.home.log("mod_unbound", session=session_id,
+                          reason="Claude changed session and the mod has not shaken hands for it")
+
     def settle(self, reason: str) -> None:
         """The mod is not in use here: said once, in wrapper.log and in /details."""
         was = self.active
@@ -8350,6 +8363,8 @@ class SessionFollower:
         fresh.lease = lease
         fresh.request_handoff = old.request_handoff
         spec.session_id = spec.resume = new_sid
+        if spec.mod:
+            spec.mod.rebind(new_sid)
         session.capture, session.detached = fresh, ""
         session.descriptor = rebind_descriptor(home, session.hostdb, session.descriptor, thread, new_sid)
         fresh.start()

@@ -346,3 +346,28 @@ def test_in_process_kill_matrix(real_claude, tmux, point):
     exported = {m["source_uuid"] for m in record if m["source_session"] == sid}
     assert kept <= exported, f"lost from the thread: {sorted(kept - exported)}"
     assert not any(cc_lhc.REBUILT_MARKER in (m["text"] or "") and m["source_session"] == sid for m in record)
+
+
+def test_after_clear_the_new_conversation_is_compacted_without_claudes_own_summary(real_claude, tmux):
+    """/clear sends the mod no handshake for the new session: cc-lhc must not type /compact
+    for a session the mod does not serve (Claude's own lossy summary would run); it swaps."""
+    from fakeapi import text_reply
+    from test_interactive_real import OVER_USAGE
+    rc = real_claude
+    rc.api.script(["before the clear", text_reply("after the clear, a long answer", usage=OVER_USAGE),
+                   "on the rebuilt session"])
+    t = start(rc, tmux)
+    _wait_for_log(rc, "mod_active")
+    type_line(t, "one")
+    t.wait_for("before the clear")
+    type_line(t, "/clear")
+    _wait_for_log(rc, "session_followed")
+    type_line(t, "two")
+    t.wait_for("after the clear, a long answer")
+    _wait_for_log(rc, "handoff_switched")
+    t.wait_for(PROMPT)
+    type_line(t, "three")
+    t.wait_for("on the rebuilt session")
+    exit_cleanly(t)
+    assert log_events(rc, "mod_unbound") and not log_events(rc, "native_compact")
+    assert not log_events(rc, "in_process_compact_started")
