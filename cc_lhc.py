@@ -4608,7 +4608,7 @@ def check_descriptor(home) -> dict:
 # Everything it does goes through the `cc-lhc` shim on the child's PATH, so the
 # descriptor checks and the page size are the commands' own.
 
-MOD_VERSION = "2"
+MOD_VERSION = "3"
 MOD_MEASURED_CLAUDE = (2, 1, 328)  # the version REAL-CLAUDE-MODS.md measured the API on
 MOD_HELLO_FILE = "mod-hello.json"  # in the descriptor's shim folder, removed with it
 # An in-process Smart Compact, beside the handshake: the view the wrapper prepared (0600),
@@ -4662,6 +4662,11 @@ function argvFor(e) {
 async function onStart($, e, next) {
   const started = await next(e)
   try {
+    await ownFiles($)
+  } catch (err) {
+    // Read again at the first compaction.
+  }
+  try {
     const sid = await $.session.id()
     await $.process.run(["cc-lhc", "mod-hello", sid, e.isInteractive ? "interactive" : "print"], { timeoutMs: 10000 })
   } catch (err) {
@@ -4689,25 +4694,108 @@ async function onRun($, e, next) {
 // A compaction of the main conversation (a /compact cc-lhc typed at a settled seam, or
 // the person's own) answers with the view cc-lhc built: built messages for its header and
 // older content, and the newest messages by handle, so Claude sends them whole (signed
-// thinking included). `cc-lhc mod-compact` fails when cc-lhc leaves this compaction to
-// Claude (nativeCompact, or it could not build a view): then Claude's own runs.
+// thinking included). A view cc-lhc typed /compact for is read straight from its file
+// beside this session's runtime descriptor (no process to start on the way); anything
+// else asks `cc-lhc mod-compact`, which fails when cc-lhc leaves this compaction to
+// Claude (nativeCompact, or it could not build a view): then Claude's own runs. A view
+// the hook cannot use is declined in its file, so cc-lhc swaps the process at once,
+// and the conversation is left as it is ({ skip }), never summarised.
+const VIEW_FILE = "mod-view.json"
+const VIEW_WAIT_MS = 15000
+const READ_MAX = 4 * 1024 * 1024
+
+// This process's runtime descriptor and the view file beside it (its environment is
+// fixed for the process's life, so it is read once), and whether compaction is declined.
+let own
+
+async function ownFiles($) {
+  if (own !== undefined) return own
+  const descriptor = await $.env.get("CC_LHC_RUNTIME_DESCRIPTOR")
+  const declineAll = (await $.env.get("CC_LHC_MOD_COMPACT")) === "decline"
+  if (!descriptor || !descriptor.endsWith(".json")) return own = { declineAll }
+  const cut = Math.max(descriptor.lastIndexOf("/"), descriptor.lastIndexOf("\\"))
+  const folder = `${descriptor.slice(0, cut + 1)}bin-${descriptor.slice(cut + 1, -5)}`
+  return own = { descriptor, declineAll, view: `${folder}${descriptor[cut]}${VIEW_FILE}` }
+}
+
+async function readWhole($, path) {
+  try {
+    return await $.fs.read(path)
+  } catch (err) {
+    const { size } = await $.fs.stat(path)  // missing: rejects again, as it should
+    if (size <= READ_MAX) throw err
+    const all = new Uint8Array(size)
+    for (let at = 0; at < size; at += READ_MAX) {
+      const { base64 } = await $.fs.read(path, { as: "bytes", offset: at, length: READ_MAX })
+      all.set(Uint8Array.fromBase64(base64), at)
+    }
+    return new TextDecoder().decode(all)
+  }
+}
+
+// The view cc-lhc is preparing or has prepared for this session, waited for while it is
+// being built; undefined when there is none (a person's own /compact).
+async function preparedView($, sid, files) {
+  if (files.descriptor === undefined) return undefined
+  const { token } = JSON.parse(await $.fs.read(files.descriptor))
+  let until
+  for (;;) {
+    let text
+    try {
+      text = await readWhole($, files.view)
+    } catch (err) {
+      if (!(await $.fs.exists(files.view))) return undefined
+      throw err
+    }
+    const view = JSON.parse(text)
+    // Bound to this descriptor and session, written 0600 by the owning wrapper.
+    if (typeof token !== "string" || view.token !== token || view.session_id !== sid) return undefined
+    if (!view.preparing) return view
+    const now = await $.clock.now()
+    until = until ?? now + VIEW_WAIT_MS
+    if (now > until) return { key: view.key, refused: "no view from cc-lhc in time" }
+    await $.clock.sleep(10)
+  }
+}
+
+async function decline($, files, key, reason) {
+  try {
+    if (files?.view !== undefined) await $.fs.write(files.view, JSON.stringify({ key, declined: reason }))
+  } catch (err) {
+    // cc-lhc then sees nothing installed within its wait and swaps all the same.
+  }
+  return { skip: `cc-lhc: ${reason}` }
+}
+
+async function askCcLhc($, sid, e) {
+  const words = e.instructions ? ["--", String(e.instructions)] : []
+  const r = await $.process.run(["cc-lhc", "mod-compact", sid, String(e.trigger), ...words], { timeoutMs: 30000 })
+  return r.exitCode === 0 ? JSON.parse(r.stdout) : undefined
+}
+
 async function onCompact($, e, next) {
   if (e.agentId !== undefined || e.trigger === "precompute") return next(e)
-  let r
+  let sid, files, view
   try {
-    const sid = await $.session.id()
-    const words = e.instructions ? ["--", String(e.instructions)] : []
-    r = await $.process.run(["cc-lhc", "mod-compact", sid, String(e.trigger), ...words], { timeoutMs: 30000 })
+    sid = await $.session.id()
+    files = await ownFiles($)
+    view = files === undefined ? undefined : await preparedView($, sid, files)
   } catch (err) {
-    return next(e)
+    view = undefined  // unreadable here: cc-lhc mod-compact reads it in its own way
   }
-  if (r.exitCode !== 0) return next(e)
-  let view
-  try {
-    view = JSON.parse(r.stdout)
-  } catch (err) {
-    return { skip: "cc-lhc: its view could not be read" }
+  const typed = view !== undefined
+  if (files !== undefined && files.declineAll) {
+    return typed ? decline($, files, view.key, "CC_LHC_MOD_COMPACT=decline") : next(e)
   }
+  if (!typed) {
+    try {
+      view = await askCcLhc($, sid, e)
+    } catch (err) {
+      view = undefined
+    }
+    if (view === undefined) return next(e)
+  }
+  if (view.refused !== undefined) return { skip: `cc-lhc: ${view.refused}` }
   const byHandle = new Map(e.messages.map(m => [m.handle, m]))
   const out = []
   for (const m of view.messages || []) {
@@ -4717,8 +4805,15 @@ async function onCompact($, e, next) {
     }
     const kept = byHandle.get(m.handle)
     // Never a view with a hole in it: cc-lhc swaps the process instead.
-    if (kept === undefined) return { skip: `cc-lhc: message ${m.handle} is not in this conversation` }
+    if (kept === undefined) return decline($, files, view.key, `message ${m.handle} is not in this conversation`)
     out.push(kept)
+  }
+  if (typed) {
+    try {
+      await $.fs.write(files.view, JSON.stringify({ key: view.key, taken: true }))  // served once
+    } catch (err) {
+      return { skip: "cc-lhc: its view could not be marked as taken" }
+    }
   }
   return { messages: out }
 }
@@ -4853,7 +4948,10 @@ def cmd_mod_compact(args) -> int:
     """Run by the mod's session.compact hook inside Claude: print the view cc-lhc prepared
     for this compaction (JSON), asking the owning wrapper for one when none is waiting.
 
-    Exit 1 with the reason when cc-lhc leaves this compaction to Claude's own summary.
+    The hook reads a view cc-lhc typed /compact for straight from its file; this is its
+    way when that read fails, and for a person's own /compact. Prints {"refused": why}
+    when cc-lhc gave up a compaction it started (the hook leaves the conversation as it
+    is); exit 1 with the reason when cc-lhc leaves this compaction to Claude's own summary.
     """
     import time
     if len(args) < 2 or not is_uuid(args[0]) or (len(args) > 2 and args[2] != "--"):
@@ -4864,34 +4962,41 @@ def cmd_mod_compact(args) -> int:
         raise refuse(f"session {args[0]} is not the session this descriptor serves")
     folder = descriptor_paths(os.path.dirname(os.path.realpath(os.environ[RUNTIME_ENV])),
                               body["token"])[1]
-    view = _claim_view(folder, body)
-    if view is None:
-        _write_private_json(os.path.join(folder, MOD_REQUEST_FILE), {
-            "token": body["token"], "session_id": args[0], "trigger": args[1],
-            "instructions": " ".join(args[3:]), "id": uuid.uuid4().hex, "at": utc_now_iso()})
-        deadline = time.monotonic() + MOD_COMPACT_WAIT
-        while view is None:
-            refused = _read_bound_json(folder, MOD_REFUSED_FILE, body["token"])
-            if refused is not None:
-                os.unlink(os.path.join(folder, MOD_REFUSED_FILE))
-                print(f"{PROG}: {refused.get('reason')}", file=sys.stderr)
-                return EXIT_ERROR
-            if time.monotonic() > deadline:
-                print(f"{PROG}: no view from the cc-lhc session within {MOD_COMPACT_WAIT:g} s",
-                      file=sys.stderr)
-                return EXIT_ERROR
-            time.sleep(0.05)
-            view = _claim_view(folder, body)
-    sys.stdout.write(json.dumps({"messages": view["messages"]}, ensure_ascii=False))
+    deadline = time.monotonic() + MOD_COMPACT_WAIT
+    asked = False
+    while True:
+        view = _claim_view(folder, body)
+        if view is not None and "preparing" not in view:
+            break
+        if view is None and not asked:  # nothing under way: a person's own /compact
+            _write_private_json(os.path.join(folder, MOD_REQUEST_FILE), {
+                "token": body["token"], "session_id": args[0], "trigger": args[1],
+                "instructions": " ".join(args[3:]), "id": uuid.uuid4().hex, "at": utc_now_iso()})
+            asked = True
+        refused = _read_bound_json(folder, MOD_REFUSED_FILE, body["token"])
+        if refused is not None:
+            os.unlink(os.path.join(folder, MOD_REFUSED_FILE))
+            print(f"{PROG}: {refused.get('reason')}", file=sys.stderr)
+            return EXIT_ERROR
+        if time.monotonic() > deadline:
+            print(f"{PROG}: no view from the cc-lhc session within {MOD_COMPACT_WAIT:g} s",
+                  file=sys.stderr)
+            return EXIT_ERROR
+        time.sleep(0.05)
+    out = {"refused": view["refused"]} if "refused" in view else {"messages": view["messages"]}
+    sys.stdout.write(json.dumps(out, ensure_ascii=False))
     return EXIT_OK
 
 
 def _claim_view(folder: str, body: dict):
     """Take the prepared view for this descriptor's session, once: it is renamed as it is
-    read, which is how the wrapper learns the hook has it."""
+    read, which is how the wrapper learns the hook has it. One still being built (or given
+    up) is answered as it stands and stays in place."""
     view = _read_bound_json(folder, MOD_VIEW_FILE, body["token"], MOD_VIEW_LIMIT)
     if view is None or view.get("session_id") != body["session_id"]:
         return None
+    if "preparing" in view or "refused" in view:
+        return view
     try:
         os.replace(os.path.join(folder, MOD_VIEW_FILE), os.path.join(folder, MOD_SERVED_FILE))
     except OSError:
@@ -4927,6 +5032,7 @@ class ModBridge:
         self.hello = None
         self.deadline = None
         self.child_pid = None
+        self.warming = None          # the thread loading the tokenizer once the mod is active
 
     @classmethod
     def offer(cls, spec, home) -> "ModBridge":
@@ -4981,6 +5087,7 @@ class ModBridge:
         if not self.active:
             self.active = True
             self.home.log("mod_active", session=sid, claude_pid=child_pid, folder=self.folder)
+            self._warm()
         return None
 
     def rebind(self, session_id: str) -> None:
@@ -4995,6 +5102,19 @@ class ModBridge:
             self.active, self.deadline = False, None
             self.home.log("mod_unbound", session=session_id,
                           reason="Claude changed session and the mod has not shaken hands for it")
+
+    def _warm(self) -> None:
+        """Load the tokenizer now, off the relay's thread: the first in-process view would
+        otherwise wait for it at the seam. The view's builder waits for this (ready)."""
+        import threading
+        if self.warming is None:
+            self.warming = threading.Thread(target=TOKENS.count, args=("",), name="cc-lhc-warm", daemon=True)
+            self.warming.start()
+
+    def ready(self) -> None:
+        """Before a view is built on the relay's thread: the tokenizer is loaded (or failed)."""
+        if self.warming is not None:
+            self.warming.join()
 
     def settle(self, reason: str) -> None:
         """The mod is not in use here: said once, in wrapper.log and in /details."""
@@ -8114,7 +8234,11 @@ class InProcessCompact:
     """
 
     SERVE_SECONDS = 10.0
-    SUBMIT_DELAY = 0.1    # Enter apart from the text, or Claude reads both as one paste
+    # Enter in a read of its own, after the text. Claude takes a long burst of input for a
+    # paste (a newline in it does not submit), which is why the runtime notes wait 0.3 s;
+    # `/compact` is nine bytes, and with no gap at all it still submitted in every run
+    # measured (scripts/bench.py live-compact), so a short gap is enough.
+    SUBMIT_DELAY = 0.02
     FALLBACK = "in-process Smart Compact was refused ({why}); cc-lhc swaps the Claude process instead"
     PERSON = ("your /compact runs as a cc-lhc Smart Compact through the cc-lhc mod: the newest turns "
               "stay word for word, nothing is summarised away")
@@ -8125,7 +8249,6 @@ class InProcessCompact:
         self.session = handoff.session
         self.pending = None
         self.deadline = None
-        self.submit_at = None
         self.typed = False         # cc-lhc typed this /compact (its input is dropped until served)
         self.replayed = None       # the newest seq when capture saw the view written back
         self.refused = ""          # once refused in this window, the swap serves from then on
@@ -8143,10 +8266,17 @@ class InProcessCompact:
 
     def start(self, relay, manual=False, prune=None, person=None):
         """'' once the in-process path runs, a reason when nothing should run now, or None
-        when it was refused and the swap should go ahead."""
+        when it was refused and the swap should go ahead.
+
+        For a plain Smart Compact cc-lhc types /compact first and builds the view while
+        Claude gets to its hook, which waits for it in its file; Smart Prune builds first,
+        since a prune that would change nothing types nothing.
+        """
         session, spec, home = self.session, self.session.spec, self.session.home
         capture = session.capture
+        spec.mod.ready()
         store = ThreadStore(home, capture.thread_id)
+        early = person is None and prune is None
         try:
             a = assess(home, session.hostdb, store, capture.thread_id, spec.session_id, session.policy,
                        manual=manual or person is not None, prune=prune is not None)
@@ -8155,6 +8285,9 @@ class InProcessCompact:
             if person is None:
                 relay.drop_input = True
                 relay.to_child.clear()
+            if early:
+                self._write_view_state(preparing=True)
+                self._type_compact(relay)
             try:
                 self.pending = rebuild(home, session.hostdb, store, capture.thread_id, spec.session_id,
                                        session.policy, spec.cwd, envelope_from=capture.path, assessment=a,
@@ -8167,6 +8300,8 @@ class InProcessCompact:
                 return str(e)
             except LhcError as e:
                 relay.drop_input = False
+                if early:
+                    self._write_view_state(refused=str(e))  # the waiting hook leaves Claude as it is
                 self._refuse(relay, str(e), swap=False)  # the caller goes on with the swap
                 return None
         finally:
@@ -8176,13 +8311,60 @@ class InProcessCompact:
         self.deadline = self.started + self.SERVE_SECONDS
         self.replayed, self.typed = None, person is None
         self.seen = len(session.views_replayed)
+        if self.typed and not early:
+            self._type_compact(relay)
         if self.typed:
-            # ctrl-u first: a draft left in Claude's box must not become part of the command
-            relay.to_child += b"\x15/compact"
-            self.submit_at = time.monotonic() + self.SUBMIT_DELAY
+            failpoint("after-compact-typed")
         home.log("in_process_compact_started", thread=capture.thread_id, session=spec.session_id,
                  key=self.pending.session_id, typed=self.typed, **a.c)
         return ""
+
+    def _type_compact(self, relay) -> None:
+        """Type /compact into Claude's terminal now, Enter SUBMIT_DELAY after the text."""
+        import time
+        # ctrl-u first: a draft left in Claude's box must not become part of the command
+        self._send(relay, b"\x15/compact")
+        time.sleep(self.SUBMIT_DELAY)
+        self._send(relay, b"\r")
+
+    @staticmethod
+    def _send(relay, data: bytes) -> None:
+        """Straight to Claude's terminal, behind anything the relay still holds for it."""
+        if not relay.to_child:
+            try:
+                data = data[os.write(relay.master_fd, data):]
+            except BlockingIOError:
+                pass
+        relay.to_child += data
+
+    def _view_path(self) -> str:
+        return os.path.join(self.session.descriptor["shim_dir"], MOD_VIEW_FILE)
+
+    def _write_view_state(self, **state) -> None:
+        """The view file while no view is in it: being built, or given up (why)."""
+        descriptor = self.session.descriptor
+        try:
+            _write_private_json(self._view_path(), {"token": descriptor["token"],
+                                                    "session_id": self.session.spec.session_id, **state})
+        except OSError as e:  # the hook then finds no view: Claude's own summary, said in the log
+            self.session.home.log("in_process_view_state_unwritten", error=repr(e))
+
+    def _hook_said(self) -> dict:
+        """What the mod's hook left in the view file: {'taken': True}, {'declined': why}, or {}
+        while the view (or nothing) stands there. A taken view gone from it was claimed by
+        `cc-lhc mod-compact`."""
+        path = self._view_path()
+        try:
+            if os.path.getsize(path) > 4096:
+                return {}  # the view itself, not yet read
+            body = load_json(read_small_file(path, 4096))
+        except FileNotFoundError:
+            return {"taken": True}
+        except (OSError, ValueError, LhcError):
+            return {}
+        if not isinstance(body, dict) or "token" in body or body.get("key") != self.pending.session_id:
+            return {}
+        return body
 
     def on_tick(self, relay) -> None:
         import time
@@ -8191,20 +8373,20 @@ class InProcessCompact:
                 self._answer_request(relay)
             return
         now = time.monotonic()
-        if self.submit_at is not None and now >= self.submit_at:
-            self.submit_at = None
-            relay.to_child += b"\r"
-            failpoint("after-compact-typed")
         session = self.session
         if self.replayed is None:
+            said = self._hook_said() if self.typed else {}
             if len(session.views_replayed) > self.seen:
                 self.replayed = session.views_replayed[-1]
                 self._release(relay)
+                self._clear_view()
                 session.home.log("in_process_compact_served", session=session.spec.session_id,
                                  key=self.pending.session_id, seconds=round(now - self.started, 3))
                 failpoint("after-view-replayed")
+            elif "declined" in said:
+                self._refuse(relay, f"the cc-lhc mod declined it: {said['declined']}")
             elif now > self.deadline:
-                took = not os.path.exists(self.pending.path)
+                took = "taken" in said or not self.typed and not os.path.exists(self.pending.path)
                 self._refuse(relay, ("the hook took the view but Claude did not install it" if took else
                                      "the hook did not take the view") + f" within {self.SERVE_SECONDS:g} s",
                              swap=self.typed)
@@ -8218,6 +8400,14 @@ class InProcessCompact:
         if answered:
             pending, self.pending = self.pending, None
             accept_in_process(session.home, session.capture.thread_id, pending, self.replayed)
+
+    def _clear_view(self) -> None:
+        """The view is in Claude now: no later compaction may find it again."""
+        for name in (MOD_VIEW_FILE, MOD_SERVED_FILE):
+            try:
+                os.unlink(os.path.join(self.session.descriptor["shim_dir"], name))
+            except OSError:
+                pass
 
     def _release(self, relay) -> None:
         """Input reaches Claude again; what was dropped meanwhile is said once."""
@@ -8234,7 +8424,9 @@ class InProcessCompact:
         if self.pending is not None:
             abandon(home, Registry(home), self.pending.session_id, why)
             Receipts(session.hostdb, home).outcome(self.pending.receipt, f"failed: {why}")
-        self.pending, self.submit_at = None, None
+            if self.typed:
+                self._write_view_state(refused=why)  # a hook still waiting leaves Claude as it is
+        self.pending = None
         self._release(relay)
         relay.drop_input = False
         self.refused = why
@@ -8600,6 +8792,7 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
             if spec.session is not None:
                 newest = capture.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
                 spec.session.views_replayed.append(newest or 0)
+                spec.session.wake()
             home.log("in_process_view_captured", thread=capture.thread_id, turn=turn)
         if kind == "native_compact":
             note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
@@ -9602,6 +9795,13 @@ class ManagedSession:
             text = self._to_show.popleft()
             self.announced.append(text)
             relay.to_user += f"\r\n{PROG}: {text}\r\n".encode("utf-8")
+
+    def wake(self) -> None:
+        """From another thread: have the relay tick now rather than at its next timeout."""
+        try:
+            os.write(self.control_w, b"w")
+        except (BlockingIOError, OSError, TypeError):
+            pass  # a wake-up is already waiting, or the session is closing
 
     def request_handoff(self, too_long=None, prune=False, thinking="") -> None:
         """Called on the capture thread: wake the relay to run a live handoff (Smart

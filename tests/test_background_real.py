@@ -299,3 +299,31 @@ def test_when_the_session_ends_abruptly_carried_work_is_stopped_and_kept_for_the
     notes = "".join(json.loads(kept.read_text()))
     assert notes.count("was stopped when the previous cc-lhc session ended") == 2
     assert f"echo {job}" in notes and watch in notes
+
+
+def test_a_wake_up_scheduled_before_a_swap_fires_after_it_from_the_replacement(real_claude, tmux):
+    """The one slow test here: Claude clamps a wake-up's delay to at least 60 s and fires it
+    at the next whole minute, so cc-lhc's own firing comes 60 to 120 s after it was set."""
+    marker = "WAKE-5c1e"
+    rc = real_claude
+    rc.api.script([tool_use_reply("ScheduleWakeup", {"delaySeconds": 60, "reason": "look again",
+                                                     "prompt": f"{marker} check the build"}),
+                   text_reply("scheduled it", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: "noted"
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "wake me later")
+    t.wait_for("scheduled it")
+    _wait_for_log(rc, "handoff_switched")
+    (carried,) = log_events(rc, "background_carried")
+    assert carried["said"] == ["wake-up"]
+    # the old Claude, which held the wake-up in memory, is gone: cc-lhc fires it when due
+    told = replacement_told(rc, marker, timeout=150)
+    assert told.count("[runtime note] your scheduled wake-up is due (look again)") == 1
+    assert f"{marker} check the build" in told
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    first = rc.api.message_requests[0]["session_id"]
+    fired = [r for r in rc.api.message_requests if marker in new_input(r)]
+    assert len(fired) == 1 and fired[0]["session_id"] != first  # once, from the replacement

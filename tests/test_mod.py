@@ -204,3 +204,42 @@ def test_mod_compact_refuses_bad_arguments_and_a_missing_descriptor(iso_env, cap
     assert cc_lhc.main(["mod-compact", "0" * 8 + "-0000-0000-0000-" + "0" * 12, "manual"]) == cc_lhc.EXIT_USAGE
     err = capsys.readouterr().err
     assert "retrieval refused" in err and "Traceback" not in err
+
+
+def _bound_view(monkeypatch):
+    home = cc_lhc.StateHome()
+    sid = "11111111-2222-4333-8444-555555555555"
+    thread = cc_lhc.Registry(home).create_thread(sid, os.getcwd(), "test")
+    descriptor = cc_lhc.create_descriptor(home, cc_lhc.HostDB(home), thread, sid)
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, descriptor["path"])
+    return sid, descriptor, Path(descriptor["shim_dir"])
+
+
+def test_mod_compact_waits_for_the_view_cc_lhc_is_building_and_takes_it_once(iso_env, capsys, monkeypatch):
+    import time
+    sid, descriptor, folder = _bound_view(monkeypatch)
+    view = folder / cc_lhc.MOD_VIEW_FILE
+    bound = {"token": descriptor["token"], "session_id": sid}
+    cc_lhc._write_private_json(str(view), {**bound, "preparing": True})
+    built = {**bound, "key": sid + "#k", "messages": [{"role": "user", "text": "the view"}]}
+    waits = []
+
+    def wait(seconds):  # the wrapper finishes building while the hook waits
+        waits.append(seconds)
+        cc_lhc._write_private_json(str(view), built)
+
+    monkeypatch.setattr(time, "sleep", wait)
+    assert cc_lhc.main(["mod-compact", sid, "manual"]) == cc_lhc.EXIT_OK
+    assert json.loads(capsys.readouterr().out) == {"messages": built["messages"]}
+    assert len(waits) == 1 and not view.exists()  # taken: no later compaction finds it
+    assert not (folder / cc_lhc.MOD_REQUEST_FILE).exists()  # never asked as a person's /compact
+
+
+def test_mod_compact_passes_on_a_compaction_cc_lhc_gave_up(iso_env, capsys, monkeypatch):
+    sid, descriptor, folder = _bound_view(monkeypatch)
+    cc_lhc._write_private_json(str(folder / cc_lhc.MOD_VIEW_FILE), {
+        "token": descriptor["token"], "session_id": sid, "refused": "its view could not be written"})
+    assert cc_lhc.main(["mod-compact", sid, "manual"]) == cc_lhc.EXIT_OK
+    # the hook leaves the conversation as it is rather than letting Claude summarise it
+    assert json.loads(capsys.readouterr().out) == {"refused": "its view could not be written"}
+    assert not (folder / cc_lhc.MOD_REQUEST_FILE).exists()

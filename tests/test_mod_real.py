@@ -371,3 +371,31 @@ def test_after_clear_the_new_conversation_is_compacted_without_claudes_own_summa
     exit_cleanly(t)
     assert log_events(rc, "mod_unbound") and not log_events(rc, "native_compact")
     assert not log_events(rc, "in_process_compact_started")
+
+def test_when_the_hook_declines_the_swap_handles_the_seam_and_the_session_goes_on(real_claude, tmux):
+    """CC_LHC_MOD_COMPACT=decline makes the mod's hook decline the view cc-lhc typed
+    /compact for (as it does a view it cannot use): the conversation stays as it was,
+    cc-lhc says once that it swaps instead, and the swap serves the seam."""
+    rc = real_claude
+    t = over_the_trigger_with_the_mod(rc, tmux, env={"CC_LHC_MOD_COMPACT": "decline"})
+    _wait_for_log(rc, "handoff_switched")
+    (refused,) = log_events(rc, "in_process_compact_refused")
+    why = "the cc-lhc mod declined it: CC_LHC_MOD_COMPACT=decline"
+    assert refused["why"] == why
+    shown = [e["text"] for e in log_events(rc, "notice")]
+    assert shown.count(cc_lhc.InProcessCompact.FALLBACK.format(why=why)) == 1
+    n = len(rc.api.message_requests)
+    assert n == 2  # the hook left the conversation as it was: no summary was asked for
+    type_line(t, "third prompt")
+    t.wait_for("answered on the compacted conversation")
+    _wait_for_log(rc, "smart_compact_accepted")
+    (started,) = log_events(rc, "child_started")
+    request = rc.api.message_requests[-1]
+    assert request["session_id"] != started["session"]  # a replacement Claude, on its own session
+    first = request["body"]["messages"][0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "third prompt" in json.dumps(request["body"]["messages"])
+    statuses = sorted(s for (s,) in _rows(rc, "SELECT status FROM rebuilds"))
+    assert statuses == ["abandoned", "accepted"]  # the in-process attempt, then the swap
+    assert len(log_events(rc, "in_process_compact_refused")) == 1
+    exit_cleanly(t)
