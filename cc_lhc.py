@@ -9531,6 +9531,7 @@ Environment:
   CC_LHC_SUMMARIES     "off" stops background turn summaries (extractive ones are used)
   CC_LHC_LEADER        the key that opens the control panel (default ctrl-])
   CC_LHC_MOD           "off" keeps the cc-lhc mod out of Claude (Smart Compact swaps)
+  CC_LHC_MOD_COMPACT   "decline": the mod keeps its tools but Smart Compact swaps
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
   CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval; do not set it
