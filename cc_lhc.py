@@ -603,10 +603,27 @@ TURN_END_SUBTYPES = frozenset(("turn_duration", "stop_hook_summary"))
 # Tools whose call starts an agent that writes its own records (a sidechain).
 AGENT_TOOLS = ("Agent", "Task")
 
-# Column order of a message row; the store inserts these tuples as they come.
-MESSAGE_COLUMNS = ("seq", "turn", "segment", "role", "kind", "text", "data", "tool_use_id",
-                   "tool_name", "is_error", "response_id", "model", "source_session",
-                   "source_uuid", "block", "line", "created", "agent")
+# The rows a parsed batch carries (ParseOutput). They are tuples in the store's column
+# order, so the store inserts them as they come; everything else reads them by name.
+MessageRow = collections.namedtuple("MessageRow", (
+    "seq", "turn", "segment", "role", "kind", "text", "data", "tool_use_id", "tool_name",
+    "is_error", "response_id", "model", "source_session", "source_uuid", "block", "line",
+    "created", "agent"))
+MESSAGE_COLUMNS = MessageRow._fields
+TurnOpened = collections.namedtuple("TurnOpened", "n kind first_seq session started")
+TurnClosed = collections.namedtuple("TurnClosed", "n last_seq status stop_reason ended")
+SegmentRow = collections.namedtuple("SegmentRow", "turn idx first_seq last_seq reason est_tokens")
+UsageRow = collections.namedtuple("UsageRow", "session seq input cache_creation cache_read output "
+                                              "model created")
+ChainRow = collections.namedtuple("ChainRow", "session uuid")
+Problem = collections.namedtuple("Problem", "session line offset kind detail")
+Tally = collections.namedtuple("Tally", "count bytes")
+CaptureEvent = collections.namedtuple("CaptureEvent", "kind turn")
+AgentRow = collections.namedtuple("AgentRow", "agent_id source kind tool_use_id prompt")
+RawLine = collections.namedtuple("RawLine", "session line offset reason raw")
+# Where the last turn stood when a response's record closed it (see ParseState).
+ClosedResponse = collections.namedtuple("ClosedResponse", "response_id turn segment segment_first "
+                                                          "segment_bytes")
 
 
 def flatten_tool_output(content) -> str:
@@ -702,7 +719,7 @@ class ParseState:
         # The response whose record closed the last turn, and where that turn stood: Claude
         # Code copies the final stop_reason onto every record of a response, so the first
         # block already looks terminal and the response's later blocks must rejoin the turn.
-        self.closed_response = None  # (response_id, turn, segment, segment_first, segment_bytes)
+        self.closed_response = None  # ClosedResponse
         # The newest main-chain response ended with stop_reason null and asked for no tool:
         # in a version that writes null, a prompt after it starts a new turn, it does not
         # interrupt one.
@@ -719,17 +736,17 @@ class ParseOutput:
     """What parsing a batch of lines produced, ready for one store transaction."""
 
     def __init__(self):
-        self.messages = []       # MESSAGE_COLUMNS tuples
-        self.turns_opened = []   # (n, kind, first_seq, session, started)
-        self.turns_closed = []   # (n, last_seq, status, stop_reason, ended)
-        self.segments = []       # (turn, idx, first_seq, last_seq, reason, est_tokens)
-        self.usage = {}          # response_id -> (session, seq, input, cc, cr, output, model, created)
-        self.chain = []          # (session, uuid)
-        self.problems = []       # (session, line, offset, kind, detail)
-        self.telemetry = {}      # type -> [count, bytes]
-        self.events = []         # ("native_compact", turn) and similar, for the host to report
-        self.agents = []         # (agent_id, source, kind, tool_use_id, prompt) seen or linked
-        self.raw_lines = []      # (session, line, offset, reason, raw bytes): lines kept verbatim
+        self.messages = []       # MessageRow
+        self.turns_opened = []   # TurnOpened
+        self.turns_closed = []   # TurnClosed
+        self.segments = []       # SegmentRow
+        self.usage = {}          # response_id -> UsageRow
+        self.chain = []          # ChainRow
+        self.problems = []       # Problem
+        self.telemetry = {}      # type -> Tally
+        self.events = []         # CaptureEvent ("native_compact", turn) and similar, for the host
+        self.agents = []         # AgentRow: seen or linked
+        self.raw_lines = []      # RawLine: lines kept verbatim
 
 
 # An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
@@ -812,12 +829,12 @@ class RolloutParser:
             return
         for reason in self._odd:
             self._count(reason, len(raw))
-            self.out.raw_lines.append((self.session, line_no, offset, reason, raw))
+            self.out.raw_lines.append(RawLine(self.session, line_no, offset, reason, raw))
 
     def _malformed(self, raw, line_no, offset, detail):
         """A line the record cannot hold: a problem where it stands, its bytes kept as they are."""
-        self.out.problems.append((self.session, line_no, offset, "malformed_line", detail))
-        self.out.raw_lines.append((self.session, line_no, offset, "malformed_line", raw))
+        self.out.problems.append(Problem(self.session, line_no, offset, "malformed_line", detail))
+        self.out.raw_lines.append(RawLine(self.session, line_no, offset, "malformed_line", raw))
 
     def _record(self, rec, size, line_no, offset):
         rtype = rec.get("type")
@@ -833,10 +850,11 @@ class RolloutParser:
             self._count("duplicate_record", size)
             return
         if parent is not None and parent not in self.s.known_uuids:
-            self.out.problems.append((self.session, line_no, offset, "broken_chain",
-                                      f"record {uid} names parent {parent}, never seen in this session"))
+            self.out.problems.append(Problem(
+                self.session, line_no, offset, "broken_chain",
+                f"record {uid} names parent {parent}, never seen in this session"))
         self.s.known_uuids.add(uid)
-        self.out.chain.append((self.session, uid))
+        self.out.chain.append(ChainRow(self.session, uid))
         if rec.get("isSidechain") and self.agent is None:
             self._sidechain(rec, rtype, size, line_no, offset)
         else:
@@ -887,7 +905,7 @@ class RolloutParser:
         if rtype == "assistant" and _closes_view(rec):
             s.replaying = False
             self._count(VIEW_CLOSED, size)
-            self.out.events.append(("in_process_view", max(0, s.next_turn - 1)))
+            self.out.events.append(CaptureEvent("in_process_view", max(0, s.next_turn - 1)))
         else:
             self._count("in_process_view_record", size)
         return True
@@ -898,7 +916,7 @@ class RolloutParser:
         """Record that the call tool_use_id started agent_id (either may be unknown)."""
         _require_text(agent_id, tool_use_id)
         if agent_id and tool_use_id:
-            self.out.agents.append((agent_id, None, None, tool_use_id, None))
+            self.out.agents.append(AgentRow(agent_id, None, None, tool_use_id, None))
 
     def _link_agents(self, rec):
         """A tool result of an agent call names the agent it started (2.x)."""
@@ -925,10 +943,10 @@ class RolloutParser:
             agent = f"sidechain-{uid}"
             content = (rec.get("message") or {}).get("content")
             prompt = content if isinstance(content, str) else None
-            self.out.agents.append((agent, self.session, "sidechain", None, prompt))
+            self.out.agents.append(AgentRow(agent, self.session, "sidechain", None, prompt))
         elif rec.get("agentId") and agent not in s.sidechains:
             s.sidechains[agent] = agent  # an agent id names itself, so it is announced once
-            self.out.agents.append((agent, self.session, "sidechain", None, None))
+            self.out.agents.append(AgentRow(agent, self.session, "sidechain", None, None))
         s.sidechains[uid] = agent
         self.agent, self.usage_session = agent, f"{self.session}/{agent}"
         self.agent_turn = s.open_turn if s.open_turn is not None else max(0, s.next_turn - 1)
@@ -950,9 +968,9 @@ class RolloutParser:
         return _int_or_none(value)
 
     def _count(self, rtype, size):
-        slot = self.out.telemetry.setdefault(str(rtype), [0, 0])
-        slot[0] += 1
-        slot[1] += size
+        tally, key = self.out.telemetry, str(rtype)
+        old = tally.get(key)
+        tally[key] = Tally(old.count + 1, old.bytes + size) if old else Tally(1, size)
 
     # -- turns and segments ----------------------------------------------------
 
@@ -970,14 +988,14 @@ class RolloutParser:
         self.s.open_turn = n
         self.s.turn_first, self.s.unasked = seq, False
         self.s.segment, self.s.segment_first, self.s.segment_bytes = 0, seq, 0
-        self.out.turns_opened.append((n, kind, seq, self.session, created))
+        self.out.turns_opened.append(TurnOpened(n, kind, seq, self.session, created))
         return n
 
     def _close_segment(self, last_seq, reason):
         s = self.s
         if s.segment_first is not None and last_seq >= s.segment_first:
-            self.out.segments.append((s.open_turn, s.segment, s.segment_first, last_seq, reason,
-                                      s.segment_bytes // 4))
+            self.out.segments.append(SegmentRow(s.open_turn, s.segment, s.segment_first, last_seq, reason,
+                                                s.segment_bytes // 4))
         s.segment += 1
         s.segment_first, s.segment_bytes = None, 0
 
@@ -985,7 +1003,7 @@ class RolloutParser:
         if self.s.open_turn is None or self.agent is not None:
             return
         self._close_segment(last_seq, "terminal" if status == "closed" else status)
-        self.out.turns_closed.append((self.s.open_turn, last_seq, status, stop_reason, ended))
+        self.out.turns_closed.append(TurnClosed(self.s.open_turn, last_seq, status, stop_reason, ended))
         self.s.open_turn = None
 
     def _message(self, role, kind, text, data, rec, block, line_no, tool_use_id=None,
@@ -995,10 +1013,10 @@ class RolloutParser:
         seq = s.next_seq
         s.next_seq += 1
         if self.agent is not None:
-            self.out.messages.append((seq, self.agent_turn, -1, role, kind, text, data, tool_use_id,
-                                      tool_name, is_error, response_id, model, self.session,
-                                      rec.get("uuid"), block, line_no, rec.get("timestamp"),
-                                      self.agent))
+            self.out.messages.append(MessageRow(seq, self.agent_turn, -1, role, kind, text, data,
+                                                tool_use_id, tool_name, is_error, response_id, model,
+                                                self.session, rec.get("uuid"), block, line_no,
+                                                rec.get("timestamp"), self.agent))
             return seq
         s.last_seq = seq
         if s.open_turn is None:
@@ -1006,10 +1024,10 @@ class RolloutParser:
         if s.segment_first is None:
             s.segment_first = seq
         s.segment_bytes += segment_size(kind, text, data)
-        self.out.messages.append((seq, s.open_turn, s.segment, role, kind, text, data,
-                                  tool_use_id, tool_name, is_error, response_id, model,
-                                  self.session, rec.get("uuid"), block, line_no,
-                                  rec.get("timestamp"), None))
+        self.out.messages.append(MessageRow(seq, s.open_turn, s.segment, role, kind, text, data,
+                                            tool_use_id, tool_name, is_error, response_id, model,
+                                            self.session, rec.get("uuid"), block, line_no,
+                                            rec.get("timestamp"), None))
         return seq
 
     def _turn_ended(self, rec):
@@ -1035,7 +1053,7 @@ class RolloutParser:
             text = content if isinstance(content, str) else flatten_tool_output(content)
             self._message("user", "compact_summary", text, _dump(content), rec, 0, line_no)
             self._close_turn(seq, "closed", "compact_summary", created)
-            self.out.events.append(("native_compact", self.s.next_turn - 1))
+            self.out.events.append(CaptureEvent("native_compact", self.s.next_turn - 1))
             return
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
         if not isinstance(blocks, list):
@@ -1055,8 +1073,9 @@ class RolloutParser:
                 if tid in calls:
                     del calls[tid]
                 else:
-                    self.out.problems.append((self.session, line_no, offset, "tool_result_without_call",
-                                              f"tool result for {tid} has no tool call in this thread"))
+                    self.out.problems.append(Problem(
+                        self.session, line_no, offset, "tool_result_without_call",
+                        f"tool result for {tid} has no tool call in this thread"))
                 output = flatten_tool_output(block.get("content"))
                 seq = self._message("user", "tool_result", output,
                                     _result_json_once(block, output), rec, i, line_no, tool_use_id=tid,
@@ -1079,7 +1098,8 @@ class RolloutParser:
         created = rec.get("timestamp")
         s = self.s
         main = self.agent is None
-        if main and s.open_turn is None and s.closed_response and s.closed_response[0] == response_id:
+        closed = s.closed_response
+        if main and s.open_turn is None and closed and closed.response_id == response_id:
             _rid, s.open_turn, s.segment, s.segment_first, s.segment_bytes = s.closed_response
         if main:
             s.closed_response = None
@@ -1112,7 +1132,7 @@ class RolloutParser:
                                      line_no, response_id=response_id, model=model)
         usage = message.get("usage")
         if isinstance(usage, dict) and last is not None:
-            self.out.usage[response_id] = (
+            self.out.usage[response_id] = UsageRow(
                 self.usage_session, last, self._token_count(usage.get("input_tokens")),
                 # A provider that leaves out the cache fields used no cache; only a value
                 # that is there but unusable makes the reading invalid.
@@ -1126,7 +1146,8 @@ class RolloutParser:
             s.unasked = (stop is None and not rec.get("isApiErrorMessage")
                          and not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks))
         if last is not None and (stop in TERMINAL_STOP_REASONS or rec.get("isApiErrorMessage")):
-            s.closed_response = (response_id, s.open_turn, s.segment, s.segment_first, s.segment_bytes)
+            s.closed_response = ClosedResponse(response_id, s.open_turn, s.segment, s.segment_first,
+                                               s.segment_bytes)
             self._close_turn(last, "closed", stop or "api_error", created)
 
 
@@ -1240,13 +1261,13 @@ def _compressed(text: str):
     return packed if len(packed) * 4 < len(raw) * 3 else text
 
 
-def _stored_row(row: tuple) -> tuple:
+def _stored_row(row: MessageRow) -> tuple:
     """A parsed message row as the store keeps it (large tool output compressed)."""
-    text = row[5]
-    if row[4] == "tool_result" and text is not None and len(text) >= COMPRESS_MIN_CHARS:
+    text = row.text
+    if row.kind == "tool_result" and text is not None and len(text) >= COMPRESS_MIN_CHARS:
         packed = _compressed(text)
         if packed is not text:
-            return row[:5] + (packed,) + row[6:]
+            return row._replace(text=packed)
     return row
 
 
@@ -1841,8 +1862,8 @@ class ThreadStore:
             return None
         rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? AND segment = ? "
                           "ORDER BY seq", (row[0], last[2])).fetchall()
-        return (last[1], row[0], last[2], rows[0][0] if rows else None,
-                sum(segment_size(kind, stored_text(text), data) for _, kind, text, data in rows))
+        size = sum(segment_size(kind, stored_text(text), data) for _, kind, text, data in rows)
+        return ClosedResponse(last[1], row[0], last[2], rows[0][0] if rows else None, size)
 
     def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int,
               prefix_sha256=None) -> None:
@@ -1879,7 +1900,7 @@ class ThreadStore:
                                "VALUES (?, ?, ?, ?, ?, ?)", [p + (now,) for p in out.problems])
                 first = out.problems[0]
                 db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
-                           (f"{first[3]} at line {first[1]}: {first[4]}", session_id))
+                           (f"{first.kind} at line {first.line}: {first.detail}", session_id))
             if out.raw_lines:
                 db.executemany("INSERT OR IGNORE INTO raw_lines VALUES (?, ?, ?, ?, ?, ?, ?)",
                                [(session, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, now)
@@ -5309,12 +5330,12 @@ class Capture:
     def _report(self, out: ParseOutput):
         for event in out.events:
             self.on_event(event, self)
-        answered = out.usage or any(m[4] == "api_error" for m in out.messages)
+        answered = out.usage or any(m.kind == "api_error" for m in out.messages)
         if answered and self.on_responses:  # Claude answered, or the API refused to
             self.on_responses(self)
         for problem in out.problems:
-            self.home.log("capture_problem", thread=self.thread_id, session=problem[0],
-                          line=problem[1], kind=problem[3], detail=problem[4])
+            self.home.log("capture_problem", thread=self.thread_id, session=problem.session,
+                          line=problem.line, kind=problem.kind, detail=problem.detail)
 
     def start(self):
         import threading
