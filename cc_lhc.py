@@ -5159,33 +5159,42 @@ class Capture:
         parser = RolloutParser(self.session_id, store.parse_state(self.session_id),
                                segment_soft_bytes(self.policy))
         total = 0
-        line_no = src["lines"]
+        if deadline is not None and time.monotonic() > deadline:
+            return total
+        for out, consumed, end, n in self._batches(f, parser, offset, src["lines"]):
+            self._commit(out, consumed, end, n)
+            self._report(out)
+            total += n
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        else:
+            self.caught_up = True
+        return total
+
+    def _batches(self, f, parser, offset, line_no):
+        """Parse f's complete lines from offset: yield (out, consumed bytes, end, lines) per batch.
+
+        A batch is what one read of BATCH_BYTES holds up to its last newline; the rest
+        waits for the next read (a line longer than that is read on until it ends). The
+        generator ends at the end of the file; the caller stores each batch before asking
+        for the next, so a stop between batches loses nothing.
+        """
         f.seek(offset)
         pending = b""
         while True:
-            if deadline is not None and time.monotonic() > deadline:
-                break
             chunk = f.read(self.BATCH_BYTES)
             if not chunk:
-                self.caught_up = True
-                break
+                return
             buf = pending + chunk if pending else chunk
-            base = offset
-            end = offset
-            n = 0
-            for line, at in split_complete_lines(buf, base):
+            end, n = offset, 0
+            for line, at in split_complete_lines(buf, offset):
                 n += 1
                 parser.feed(line, line_no + n, at)
                 end = at + len(line) + 1
-            pending = buf[end - base:]
+            pending = buf[end - offset:]
             if n:
-                out = parser.take()
-                self._commit(out, buf[:end - base], end, n)
-                self._report(out)
-                line_no += n
-                total += n
-                offset = end
-        return total
+                yield parser.take(), buf[:end - offset], end, n
+                line_no, offset = line_no + n, end
 
     def _commit(self, out, consumed: bytes, end: int, lines: int) -> None:
         """Store one batch with the offset and prefix hash it reached; only then trust them."""
@@ -5288,7 +5297,7 @@ class Capture:
             store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
                                agent=agent_id, agent_turn=store.agent_turn(agent_id))
-        offset, line_no, total = src["offset"], src["lines"], 0
+        total = 0
         try:
             f = open_regular(path)
         except OSError as e:
@@ -5296,24 +5305,10 @@ class Capture:
                           reason=str(e))
             return 0
         with f:
-            f.seek(offset)
-            pending = b""
-            while True:
-                chunk = f.read(self.BATCH_BYTES)
-                if not chunk:
-                    break
-                buf = pending + chunk if pending else chunk
-                end, n = offset, 0
-                for line, at in split_complete_lines(buf, offset):
-                    n += 1
-                    parser.feed(line, line_no + n, at)
-                    end = at + len(line) + 1
-                pending = buf[end - offset:]
-                if n:
-                    out = parser.take()
-                    store.apply(key, out, end, n)
-                    self._report(out)
-                    line_no, total, offset = line_no + n, total + n, end
+            for out, _consumed, end, n in self._batches(f, parser, src["offset"], src["lines"]):
+                store.apply(key, out, end, n)
+                self._report(out)
+                total += n
         return total
 
     @staticmethod
