@@ -812,7 +812,7 @@ class RolloutParser:
             self._malformed(raw, line_no, offset, "a line that is not a JSON object")
             return
         self._odd = []
-        if (b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw) and SURROGATE_IN_LINE.search(raw):
+        if ESCAPED_SURROGATE.search(raw) or (b"\xed" in raw and SURROGATE_IN_LINE.search(raw)):
             # Half of a surrogate pair (a string cut mid-emoji), escaped or as raw bytes
             # ED A0..BF (Python's reader lets those through), is valid JSON but not
             # storable text; it becomes U+FFFD, and the line is kept verbatim.
@@ -962,6 +962,8 @@ class RolloutParser:
         return self.s.agent_calls.setdefault(self.agent, {})
     def _token_count(self, value):
         """A usage figure, or None; one too big to store marks the line (see sqlite_int)."""
+        if type(value) is int and 0 <= value <= SQLITE_INT_MAX:
+            return value  # the common case, without the checks below
         too_big = isinstance(value, int) and not isinstance(value, bool) and sqlite_int(value) is None
         if too_big and "number_out_of_range" not in self._odd:
             self._odd.append("number_out_of_range")
@@ -1152,9 +1154,12 @@ class RolloutParser:
 
 
 # A surrogate escaped (\uD800-\uDFFF) or as raw UTF-8-style bytes (ED A0..BF): only such a
-# line can decode to text with a lone surrogate in it. (Searched only after a plain byte
-# test finds a hint: a regex over every line costs more than the JSON reader.)
+# line can decode to text with a lone surrogate in it. The escaped form alone is searched
+# on every line: a pattern that starts with one literal byte is scanned for that byte
+# first, three times faster than testing for its hints; the alternation is not, and runs
+# only when the raw byte ED is there at all.
 SURROGATE_IN_LINE = re.compile(rb"\xed[\xa0-\xbf]|\\u[dD][89a-fA-F]")
+ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -1261,14 +1266,75 @@ def _compressed(text: str):
     return packed if len(packed) * 4 < len(raw) * 3 else text
 
 
-def _stored_row(row: MessageRow) -> tuple:
+def _packable(row: MessageRow) -> bool:
+    return row.kind == "tool_result" and row.text is not None and len(row.text) >= COMPRESS_MIN_CHARS
+
+
+def _stored_row(row: MessageRow, packer=None) -> tuple:
     """A parsed message row as the store keeps it (large tool output compressed)."""
-    text = row.text
-    if row.kind == "tool_result" and text is not None and len(text) >= COMPRESS_MIN_CHARS:
-        packed = _compressed(text)
-        if packed is not text:
+    if _packable(row):
+        packed = packer.stored(row) if packer is not None else _compressed(row.text)
+        if packed is not row.text:
             return row._replace(text=packed)
     return row
+
+
+class Packer:
+    """Compresses large tool outputs on a worker thread while the parser goes on.
+
+    zlib lets go of the GIL while it works, so with a second core the compression of a
+    batch's outputs overlaps the parsing of the rest of that batch instead of following
+    it. The reader offers each row as the parser makes it; the store takes each result
+    back as it inserts the row (ThreadStore.apply). The worker starts with the first row
+    worth compressing, so a batch without one costs nothing.
+    """
+
+    def __init__(self):
+        self._thread = None
+        self._offered = set()  # seqs handed to the worker and not yet taken back
+        self._ready = {}       # seq -> (ok, stored text or the error it raised)
+
+    def offer(self, row: MessageRow) -> None:
+        if not _packable(row):
+            return
+        if self._thread is None:
+            import queue
+            import threading
+            self._todo, self._done = queue.SimpleQueue(), queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._work, name="cc-lhc-pack", daemon=True)
+            self._thread.start()
+        self._offered.add(row.seq)
+        self._todo.put((row.seq, row.text))
+
+    def _work(self):
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            seq, text = item
+            try:
+                self._done.put((seq, True, _compressed(text)))
+            except BaseException as e:  # handed back: the store's transaction fails with it
+                self._done.put((seq, False, e))
+
+    def stored(self, row: MessageRow):
+        """What the store keeps for row's text; a row never offered is compressed here."""
+        if row.seq not in self._offered:
+            return _compressed(row.text)
+        while row.seq not in self._ready:
+            seq, ok, value = self._done.get()
+            self._ready[seq] = (ok, value)
+        self._offered.discard(row.seq)
+        ok, value = self._ready.pop(row.seq)
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._todo.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 def message_row(row) -> dict:
@@ -1866,11 +1932,12 @@ class ThreadStore:
         return ClosedResponse(last[1], row[0], last[2], rows[0][0] if rows else None, size)
 
     def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int,
-              prefix_sha256=None) -> None:
+              prefix_sha256=None, packer=None) -> None:
         """Write one parsed batch and the offset it reached, atomically.
 
         ``prefix_sha256`` is the hash of every byte captured up to ``new_offset``: what
-        the next run checks the file against before trusting the offset.
+        the next run checks the file against before trusting the offset. ``packer`` (a
+        Packer) holds the batch's large outputs already compressed, or on their way.
         """
         import hashlib
         db = self.db
@@ -1881,7 +1948,8 @@ class ThreadStore:
                                "VALUES (?, ?, ?, ?, ?)", out.turns_opened)
             if out.messages:
                 db.executemany(f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES "
-                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})", map(_stored_row, out.messages))
+                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})",
+                               (_stored_row(m, packer) for m in out.messages))
             if out.turns_closed:
                 db.executemany("UPDATE turns SET last_seq = ?, status = ?, stop_reason = ?, ended = ? "
                                "WHERE n = ?", [(last, status, stop, ended, n)
@@ -5161,23 +5229,28 @@ class Capture:
         total = 0
         if deadline is not None and time.monotonic() > deadline:
             return total
-        for out, consumed, end, n in self._batches(f, parser, offset, src["lines"]):
-            self._commit(out, consumed, end, n)
-            self._report(out)
-            total += n
-            if deadline is not None and time.monotonic() > deadline:
-                break
-        else:
-            self.caught_up = True
+        packer = Packer()
+        try:
+            for out, consumed, end, n in self._batches(f, parser, offset, src["lines"], packer):
+                self._commit(out, consumed, end, n, packer)
+                self._report(out)
+                total += n
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+            else:
+                self.caught_up = True
+        finally:
+            packer.close()
         return total
 
-    def _batches(self, f, parser, offset, line_no):
+    def _batches(self, f, parser, offset, line_no, packer):
         """Parse f's complete lines from offset: yield (out, consumed bytes, end, lines) per batch.
 
         A batch is what one read of BATCH_BYTES holds up to its last newline; the rest
         waits for the next read (a line longer than that is read on until it ends). The
-        generator ends at the end of the file; the caller stores each batch before asking
-        for the next, so a stop between batches loses nothing.
+        generator ends at the end of the file; the caller stores each batch (with the
+        packer its large outputs went to) before asking for the next, so a stop between
+        batches loses nothing.
         """
         f.seek(offset)
         pending = b""
@@ -5186,21 +5259,25 @@ class Capture:
             if not chunk:
                 return
             buf = pending + chunk if pending else chunk
-            end, n = offset, 0
+            end, n, offered = offset, 0, 0
             for line, at in split_complete_lines(buf, offset):
                 n += 1
                 parser.feed(line, line_no + n, at)
                 end = at + len(line) + 1
+                made = parser.out.messages
+                while offered < len(made):
+                    packer.offer(made[offered])
+                    offered += 1
             pending = buf[end - offset:]
             if n:
                 yield parser.take(), buf[:end - offset], end, n
                 line_no, offset = line_no + n, end
 
-    def _commit(self, out, consumed: bytes, end: int, lines: int) -> None:
+    def _commit(self, out, consumed: bytes, end: int, lines: int, packer) -> None:
         """Store one batch with the offset and prefix hash it reached; only then trust them."""
         prefix = self._prefix.copy()
         prefix.update(consumed)
-        self.store.apply(self.session_id, out, end, lines, prefix.hexdigest())
+        self.store.apply(self.session_id, out, end, lines, prefix.hexdigest(), packer)
         keep = self.TAIL_CHECK_BYTES
         self._prefix, self._verified_offset = prefix, end
         self._tail = (self._tail + consumed[-keep:])[-keep:]
@@ -5304,11 +5381,15 @@ class Capture:
             self.home.log("transcript_unreadable", thread=self.thread_id, session=key, path=path,
                           reason=str(e))
             return 0
+        packer = Packer()
         with f:
-            for out, _consumed, end, n in self._batches(f, parser, src["offset"], src["lines"]):
-                store.apply(key, out, end, n)
-                self._report(out)
-                total += n
+            try:
+                for out, _consumed, end, n in self._batches(f, parser, src["offset"], src["lines"], packer):
+                    store.apply(key, out, end, n, packer=packer)
+                    self._report(out)
+                    total += n
+            finally:
+                packer.close()
         return total
 
     @staticmethod
