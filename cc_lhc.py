@@ -1280,55 +1280,90 @@ def _stored_row(row: MessageRow, packer=None) -> tuple:
 
 
 class Packer:
-    """Compresses large tool outputs on a worker thread while the parser goes on.
+    """Compresses large tool outputs (and hashes what was read) on a worker thread.
 
-    zlib lets go of the GIL while it works, so with a second core the compression of a
-    batch's outputs overlaps the parsing of the rest of that batch instead of following
-    it. The reader offers each row as the parser makes it; the store takes each result
-    back as it inserts the row (ThreadStore.apply). The worker starts with the first row
-    worth compressing, so a batch without one costs nothing.
+    zlib and hashlib let go of the GIL while they work, so with a second core that work
+    overlaps the parsing of the batch instead of following it. The reader offers each row
+    as the parser makes it; the store takes each result back as it inserts the row
+    (ThreadStore.apply), and compresses itself any row the worker has not started yet
+    (the worker gets the GIL back only between the parser's switches, so it lags; two
+    cores then share the rest). The worker starts with its first job, so a batch with
+    nothing to compress or hash costs nothing.
     """
 
     def __init__(self):
         self._thread = None
-        self._offered = set()  # seqs handed to the worker and not yet taken back
-        self._ready = {}       # seq -> (ok, stored text or the error it raised)
+        self._pending = set()  # keys handed to the worker and not yet taken back
+        self._claimed = set()  # keys the worker or the caller has started on (never reused)
+        self._ready = {}       # key -> (ok, result or the error it raised)
 
-    def offer(self, row: MessageRow) -> None:
-        if not _packable(row):
-            return
+    def later(self, key, fn, arg) -> None:
+        """Run fn(arg) on the worker; wait(key) gives its result."""
         if self._thread is None:
             import queue
             import threading
             self._todo, self._done = queue.SimpleQueue(), queue.SimpleQueue()
+            self._lock = threading.Lock()
             self._thread = threading.Thread(target=self._work, name="cc-lhc-pack", daemon=True)
             self._thread.start()
-        self._offered.add(row.seq)
-        self._todo.put((row.seq, row.text))
+        self._pending.add(key)
+        self._todo.put((key, fn, arg))
+
+    def _claim(self, key) -> bool:
+        with self._lock:
+            if key in self._claimed:
+                return False
+            self._claimed.add(key)
+            return True
 
     def _work(self):
         while True:
-            item = self._todo.get()
-            if item is None:
+            job = self._todo.get()
+            if job is None:
                 return
-            seq, text = item
+            key, fn, arg = job
+            if not self._claim(key):
+                continue  # the caller took it over
             try:
-                self._done.put((seq, True, _compressed(text)))
+                self._done.put((key, True, fn(arg)))
             except BaseException as e:  # handed back: the store's transaction fails with it
-                self._done.put((seq, False, e))
+                self._done.put((key, False, e))
 
-    def stored(self, row: MessageRow):
-        """What the store keeps for row's text; a row never offered is compressed here."""
-        if row.seq not in self._offered:
-            return _compressed(row.text)
-        while row.seq not in self._ready:
-            seq, ok, value = self._done.get()
-            self._ready[seq] = (ok, value)
-        self._offered.discard(row.seq)
-        ok, value = self._ready.pop(row.seq)
+    def wait(self, key, fn=None, arg=None):
+        """The result of key's job; with fn, done here unless the worker has started it."""
+        self._pending.discard(key)
+        if fn is not None and key not in self._ready and self._claim(key):
+            return fn(arg)
+        while key not in self._ready:
+            done, ok, value = self._done.get()
+            self._ready[done] = (ok, value)
+        ok, value = self._ready.pop(key)
         if not ok:
             raise value
         return value
+
+    def offer(self, row: MessageRow) -> None:
+        if _packable(row):
+            self.later(row.seq, _compressed, row.text)
+
+    def settle(self, rows) -> None:
+        """Compress here, newest first, the rows the worker has not reached, while it goes on.
+
+        The worker works from the oldest row on; the two meet in the middle, so the
+        batch's insert waits for at most the one row the worker is busy with.
+        """
+        for row in reversed(rows):
+            if row.seq in self._pending and row.seq not in self._ready and self._claim(row.seq):
+                try:
+                    self._ready[row.seq] = (True, _compressed(row.text))
+                except BaseException as e:
+                    self._ready[row.seq] = (False, e)
+
+    def stored(self, row: MessageRow):
+        """What the store keeps for row's text; a row never offered is compressed here."""
+        if row.seq not in self._pending:
+            return _compressed(row.text)
+        return self.wait(row.seq, _compressed, row.text)
 
     def close(self) -> None:
         if self._thread is not None:
@@ -1947,6 +1982,8 @@ class ThreadStore:
                 db.executemany("INSERT INTO turns (n, kind, first_seq, source_session, started) "
                                "VALUES (?, ?, ?, ?, ?)", out.turns_opened)
             if out.messages:
+                if packer is not None:
+                    packer.settle(out.messages)
                 db.executemany(f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES "
                                f"({', '.join('?' * len(MESSAGE_COLUMNS))})",
                                (_stored_row(m, packer) for m in out.messages))
@@ -5229,10 +5266,10 @@ class Capture:
         total = 0
         if deadline is not None and time.monotonic() > deadline:
             return total
-        packer = Packer()
+        packer, prefix = Packer(), self._prefix.copy()
         try:
-            for out, consumed, end, n in self._batches(f, parser, offset, src["lines"], packer):
-                self._commit(out, consumed, end, n, packer)
+            for out, consumed, end, n in self._batches(f, parser, offset, src["lines"], packer, prefix):
+                self._commit(out, consumed, end, n, packer, prefix)
                 self._report(out)
                 total += n
                 if deadline is not None and time.monotonic() > deadline:
@@ -5243,14 +5280,15 @@ class Capture:
             packer.close()
         return total
 
-    def _batches(self, f, parser, offset, line_no, packer):
+    def _batches(self, f, parser, offset, line_no, packer, prefix=None):
         """Parse f's complete lines from offset: yield (out, consumed bytes, end, lines) per batch.
 
         A batch is what one read of BATCH_BYTES holds up to its last newline; the rest
         waits for the next read (a line longer than that is read on until it ends). The
         generator ends at the end of the file; the caller stores each batch (with the
         packer its large outputs went to) before asking for the next, so a stop between
-        batches loses nothing.
+        batches loses nothing. A ``prefix`` hash is brought up to each batch's end (on the
+        packer's worker, while the batch is parsed) before the batch is yielded.
         """
         f.seek(offset)
         pending = b""
@@ -5259,6 +5297,9 @@ class Capture:
             if not chunk:
                 return
             buf = pending + chunk if pending else chunk
+            complete = memoryview(buf)[:buf.rfind(b"\n") + 1]
+            if prefix is not None and complete:
+                packer.later(("prefix", offset), prefix.update, complete)
             end, n, offered = offset, 0, 0
             for line, at in split_complete_lines(buf, offset):
                 n += 1
@@ -5270,16 +5311,19 @@ class Capture:
                     offered += 1
             pending = buf[end - offset:]
             if n:
-                yield parser.take(), buf[:end - offset], end, n
+                if prefix is not None:
+                    packer.wait(("prefix", offset))
+                yield parser.take(), complete, end, n
                 line_no, offset = line_no + n, end
 
-    def _commit(self, out, consumed: bytes, end: int, lines: int, packer) -> None:
-        """Store one batch with the offset and prefix hash it reached; only then trust them."""
-        prefix = self._prefix.copy()
-        prefix.update(consumed)
+    def _commit(self, out, consumed, end: int, lines: int, packer, prefix) -> None:
+        """Store one batch with the offset and prefix hash it reached; only then trust them.
+
+        ``prefix`` already holds the batch's bytes (see _batches); a copy of it is kept.
+        """
         self.store.apply(self.session_id, out, end, lines, prefix.hexdigest(), packer)
         keep = self.TAIL_CHECK_BYTES
-        self._prefix, self._verified_offset = prefix, end
+        self._prefix, self._verified_offset = prefix.copy(), end
         self._tail = (self._tail + consumed[-keep:])[-keep:]
 
     def _rewrite_reason(self, f, src, size):
