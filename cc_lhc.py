@@ -2484,7 +2484,7 @@ def _part_summary(part: Part, summaries):
     return extractive_summary(part.messages), "extractive"
 
 
-def _allocate(parts, budget, profile, summaries):
+def _allocate(parts, budget, profile, summaries, memo=None):
     """Bands for parts, newest first: each takes the best band that still has room, where
     a band's room is its profile share plus whatever the better bands left unused.
 
@@ -2492,7 +2492,10 @@ def _allocate(parts, budget, profile, summaries):
     that fell to lean does not push the small turns before it down with it); inside one
     turn the bands only get worse going back, so what a turn leaves out is its oldest
     messages. Returns ({(n, first seq): band}, used tokens per band, part summaries).
+    ``memo`` keeps each part's cost in each band (and its summary) for the next allocation
+    over the same turns: a part is the same run of messages whatever the budget.
     """
+    memo = {} if memo is None else memo
     shares = PROFILE_SHARES[profile]
     caps, total = [], 0
     for band in BANDS:
@@ -2505,12 +2508,16 @@ def _allocate(parts, budget, profile, summaries):
         if part.n not in tools:
             tools[part.n] = _tool_context(part.turn)
         for k in range(floor.get(part.n, 0), len(BANDS)):
-            name, text = BANDS[k], ""
-            if name == "summary":
-                text, source = _part_summary(part, summaries)
-                if not text:
-                    break
-            cost = band_cost(part.turn, name, text, part.messages, tools[part.n])
+            name = BANDS[k]
+            key = (part.n, part.first, part.last, name)
+            if key not in memo:
+                text, source = _part_summary(part, summaries) if name == "summary" else ("", "")
+                cost = band_cost(part.turn, name, text, part.messages, tools[part.n]) \
+                    if text or name != "summary" else None
+                memo[key] = (text, source, cost)
+            text, source, cost = memo[key]
+            if cost is None:
+                break  # no summary to stand in for it
             if _fits(used, caps, k, cost):
                 used[k] += cost
                 band = name
@@ -2537,14 +2544,17 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), s
                        profile, summaries or {}, favoured)
 
 
-def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured, hidden=frozenset()):
+def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured, hidden=frozenset(),
+                memo=None):
     """build_view over turns already cut into parts (turn n -> its parts, oldest first).
 
     ``hidden`` are the (turn, first seq) keys of parts before the visibility boundary:
-    they are out of view whatever room is left, and no band is spent on them.
+    they are out of view whatever room is left, and no band is spent on them. ``memo``:
+    see _allocate.
     """
+    memo = {} if memo is None else memo
     parts = [p for t in turns for p in by_turn[t.n] if (p.n, p.first) not in hidden]
-    placed, used, texts = _allocate(parts, budget, profile, summaries)
+    placed, used, texts = _allocate(parts, budget, profile, summaries, memo)
     placed.update((key, "omitted") for key in hidden)
     by_n = {t.n: t for t in turns}
     lift, reserve = [], 0
@@ -2559,7 +2569,7 @@ def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured,
                 reserve += cost
     if lift:
         placed, used, texts = _allocate([p for p in parts if p.n not in lift], budget - reserve,
-                                        profile, summaries)
+                                        profile, summaries, memo)
         placed.update(((n, p.first), "lean") for n in lift for p in by_turn[n])
         used["lean"] += reserve
     return _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summaries, texts)
@@ -2701,9 +2711,11 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     """
     counter = counter or ViewCounter()
     alloc, best, before = budget, None, None
+    # What every allocation shares: the working set, and each part's cost in each band.
+    fixed = {"files": working_set(turns), "memo": {}}
     for _ in range(VIEW_FIT_ROUNDS):
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary, native)
+                                   boundary, native, fixed)
         counted = view_tokens(view, header, turns, counter)
         used = counted["total"]
         if used <= budget and (best is None or used > best[0]):
@@ -2715,7 +2727,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
         alloc = int(alloc * budget / max(used, 1) * 0.9)
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary, native)
+                                   boundary, native, fixed)
         counted = view_tokens(view, header, turns, counter)
         used = counted["total"]
         if used <= budget or alloc == 0:
@@ -2728,7 +2740,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
 
 
 def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_back, boundary,
-                native=False):
+                native=False, fixed=None):
     """One allocation of the served view within ``budget`` by the quick estimate.
 
     The header is part of what Claude receives: its fixed part (instructions, working
@@ -2736,15 +2748,17 @@ def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_bac
     note where it resumes) comes out of the budget before the bands share the rest.
     Messages up to ``boundary`` (the thread's visibility boundary, moved by Smart Prune)
     are out of view, named like any other omitted range. ``native``: the header names the
-    cc-lhc mod's tools (see render_header).
+    cc-lhc mod's tools (see render_header). ``fixed`` holds what does not change with
+    the budget, worked out once by serve_view (see there).
     """
-    files = working_set(turns)
+    fixed = fixed or {"files": working_set(turns), "memo": {}}
+    files = fixed["files"]
     soft = segment_tokens(budget, profile)
     by_turn = {t.n: turn_parts(t, soft) for t in turns}
     hidden = apply_boundary(turns, by_turn, boundary, soft)
     view = _build_view(thread_id, turns, by_turn, max(0, budget - _header_reserve(
         thread_id, turns, by_turn, profile, files, fell_back)), profile, summaries or {}, favoured,
-        hidden)
+        hidden, fixed["memo"])
     return view, render_header(view, files, fell_back, native)
 
 
