@@ -1222,7 +1222,6 @@ def segment_size(kind, text, data) -> int:
     return len(text or "")
 
 
-
 def split_complete_lines(buf: bytes, base_offset: int):
     """Yield (line, offset) for each newline-terminated line; the rest is left for later.
 
