@@ -606,10 +606,30 @@ TURN_END_SUBTYPES = frozenset(("turn_duration", "stop_hook_summary"))
 # Tools whose call starts an agent that writes its own records (a sidechain).
 AGENT_TOOLS = ("Agent", "Task")
 
-# Column order of a message row; the store inserts these tuples as they come.
-MESSAGE_COLUMNS = ("seq", "turn", "segment", "role", "kind", "text", "data", "tool_use_id",
-                   "tool_name", "is_error", "response_id", "model", "source_session",
-                   "source_uuid", "block", "line", "created", "agent")
+# The rows a parsed batch carries (ParseOutput). They are tuples in the store's column
+# order, so the store inserts them as they come; everything else reads them by name.
+MessageRow = collections.namedtuple("MessageRow", (
+    "seq", "turn", "segment", "role", "kind", "text", "data", "tool_use_id", "tool_name",
+    "is_error", "response_id", "model", "source_session", "source_uuid", "block", "line",
+    "created", "agent"))
+MESSAGE_COLUMNS = MessageRow._fields
+TurnOpened = collections.namedtuple("TurnOpened", "n kind first_seq session started")
+TurnClosed = collections.namedtuple("TurnClosed", "n last_seq status stop_reason ended")
+SegmentRow = collections.namedtuple("SegmentRow", "turn idx first_seq last_seq reason est_tokens")
+UsageRow = collections.namedtuple("UsageRow", "session seq input cache_creation cache_read output "
+                                              "model created")
+ChainRow = collections.namedtuple("ChainRow", "session uuid")
+Problem = collections.namedtuple("Problem", "session line offset kind detail")
+Tally = collections.namedtuple("Tally", "count bytes")
+CaptureEvent = collections.namedtuple("CaptureEvent", "kind turn")
+AgentRow = collections.namedtuple("AgentRow", "agent_id source kind tool_use_id prompt")
+RawLine = collections.namedtuple("RawLine", "session line offset reason raw")
+# The parser makes a message, chain and tally row for nearly every line: built from a plain
+# tuple they cost what a tuple costs (the named constructor is five times slower).
+_row = tuple.__new__
+# Where the last turn stood when a response's record closed it (see ParseState).
+ClosedResponse = collections.namedtuple("ClosedResponse", "response_id turn segment segment_first "
+                                                          "segment_bytes")
 
 
 def flatten_tool_output(content) -> str:
@@ -705,7 +725,7 @@ class ParseState:
         # The response whose record closed the last turn, and where that turn stood: Claude
         # Code copies the final stop_reason onto every record of a response, so the first
         # block already looks terminal and the response's later blocks must rejoin the turn.
-        self.closed_response = None  # (response_id, turn, segment, segment_first, segment_bytes)
+        self.closed_response = None  # ClosedResponse
         # The newest main-chain response ended with stop_reason null and asked for no tool:
         # in a version that writes null, a prompt after it starts a new turn, it does not
         # interrupt one.
@@ -722,17 +742,17 @@ class ParseOutput:
     """What parsing a batch of lines produced, ready for one store transaction."""
 
     def __init__(self):
-        self.messages = []       # MESSAGE_COLUMNS tuples
-        self.turns_opened = []   # (n, kind, first_seq, session, started)
-        self.turns_closed = []   # (n, last_seq, status, stop_reason, ended)
-        self.segments = []       # (turn, idx, first_seq, last_seq, reason, est_tokens)
-        self.usage = {}          # response_id -> (session, seq, input, cc, cr, output, model, created)
-        self.chain = []          # (session, uuid)
-        self.problems = []       # (session, line, offset, kind, detail)
-        self.telemetry = {}      # type -> [count, bytes]
-        self.events = []         # ("native_compact", turn) and similar, for the host to report
-        self.agents = []         # (agent_id, source, kind, tool_use_id, prompt) seen or linked
-        self.raw_lines = []      # (session, line, offset, reason, raw bytes): lines kept verbatim
+        self.messages = []       # MessageRow
+        self.turns_opened = []   # TurnOpened
+        self.turns_closed = []   # TurnClosed
+        self.segments = []       # SegmentRow
+        self.usage = {}          # response_id -> UsageRow
+        self.chain = []          # ChainRow
+        self.problems = []       # Problem
+        self.telemetry = {}      # type -> Tally
+        self.events = []         # CaptureEvent ("native_compact", turn) and similar, for the host
+        self.agents = []         # AgentRow: seen or linked
+        self.raw_lines = []      # RawLine: lines kept verbatim
 
 
 # An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
@@ -798,7 +818,7 @@ class RolloutParser:
             self._malformed(raw, line_no, offset, "a line that is not a JSON object")
             return
         self._odd = []
-        if (b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw) and SURROGATE_IN_LINE.search(raw):
+        if ESCAPED_SURROGATE.search(raw) or (b"\xed" in raw and SURROGATE_IN_LINE.search(raw)):
             # Half of a surrogate pair (a string cut mid-emoji), escaped or as raw bytes
             # ED A0..BF (Python's reader lets those through), is valid JSON but not
             # storable text; it becomes U+FFFD, and the line is kept verbatim.
@@ -815,12 +835,12 @@ class RolloutParser:
             return
         for reason in self._odd:
             self._count(reason, len(raw))
-            self.out.raw_lines.append((self.session, line_no, offset, reason, raw))
+            self.out.raw_lines.append(RawLine(self.session, line_no, offset, reason, raw))
 
     def _malformed(self, raw, line_no, offset, detail):
         """A line the record cannot hold: a problem where it stands, its bytes kept as they are."""
-        self.out.problems.append((self.session, line_no, offset, "malformed_line", detail))
-        self.out.raw_lines.append((self.session, line_no, offset, "malformed_line", raw))
+        self.out.problems.append(Problem(self.session, line_no, offset, "malformed_line", detail))
+        self.out.raw_lines.append(RawLine(self.session, line_no, offset, "malformed_line", raw))
 
     def _record(self, rec, size, line_no, offset):
         rtype = rec.get("type")
@@ -836,10 +856,11 @@ class RolloutParser:
             self._count("duplicate_record", size)
             return
         if parent is not None and parent not in self.s.known_uuids:
-            self.out.problems.append((self.session, line_no, offset, "broken_chain",
-                                      f"record {uid} names parent {parent}, never seen in this session"))
+            self.out.problems.append(Problem(
+                self.session, line_no, offset, "broken_chain",
+                f"record {uid} names parent {parent}, never seen in this session"))
         self.s.known_uuids.add(uid)
-        self.out.chain.append((self.session, uid))
+        self.out.chain.append(_row(ChainRow, (self.session, uid)))
         if rec.get("isSidechain") and self.agent is None:
             self._sidechain(rec, rtype, size, line_no, offset)
         else:
@@ -890,7 +911,7 @@ class RolloutParser:
         if rtype == "assistant" and _closes_view(rec):
             s.replaying = False
             self._count(VIEW_CLOSED, size)
-            self.out.events.append(("in_process_view", max(0, s.next_turn - 1)))
+            self.out.events.append(CaptureEvent("in_process_view", max(0, s.next_turn - 1)))
         else:
             self._count("in_process_view_record", size)
         return True
@@ -901,7 +922,7 @@ class RolloutParser:
         """Record that the call tool_use_id started agent_id (either may be unknown)."""
         _require_text(agent_id, tool_use_id)
         if agent_id and tool_use_id:
-            self.out.agents.append((agent_id, None, None, tool_use_id, None))
+            self.out.agents.append(AgentRow(agent_id, None, None, tool_use_id, None))
 
     def _link_agents(self, rec):
         """A tool result of an agent call names the agent it started (2.x)."""
@@ -928,10 +949,10 @@ class RolloutParser:
             agent = f"sidechain-{uid}"
             content = (rec.get("message") or {}).get("content")
             prompt = content if isinstance(content, str) else None
-            self.out.agents.append((agent, self.session, "sidechain", None, prompt))
+            self.out.agents.append(AgentRow(agent, self.session, "sidechain", None, prompt))
         elif rec.get("agentId") and agent not in s.sidechains:
             s.sidechains[agent] = agent  # an agent id names itself, so it is announced once
-            self.out.agents.append((agent, self.session, "sidechain", None, None))
+            self.out.agents.append(AgentRow(agent, self.session, "sidechain", None, None))
         s.sidechains[uid] = agent
         self.agent, self.usage_session = agent, f"{self.session}/{agent}"
         self.agent_turn = s.open_turn if s.open_turn is not None else max(0, s.next_turn - 1)
@@ -947,15 +968,17 @@ class RolloutParser:
         return self.s.agent_calls.setdefault(self.agent, {})
     def _token_count(self, value):
         """A usage figure, or None; one too big to store marks the line (see sqlite_int)."""
+        if type(value) is int and 0 <= value <= SQLITE_INT_MAX:
+            return value  # the common case, without the checks below
         too_big = isinstance(value, int) and not isinstance(value, bool) and sqlite_int(value) is None
         if too_big and "number_out_of_range" not in self._odd:
             self._odd.append("number_out_of_range")
         return _int_or_none(value)
 
     def _count(self, rtype, size):
-        slot = self.out.telemetry.setdefault(str(rtype), [0, 0])
-        slot[0] += 1
-        slot[1] += size
+        tally, key = self.out.telemetry, str(rtype)
+        old = tally.get(key)
+        tally[key] = _row(Tally, (old.count + 1, old.bytes + size) if old else (1, size))
 
     # -- turns and segments ----------------------------------------------------
 
@@ -973,14 +996,14 @@ class RolloutParser:
         self.s.open_turn = n
         self.s.turn_first, self.s.unasked = seq, False
         self.s.segment, self.s.segment_first, self.s.segment_bytes = 0, seq, 0
-        self.out.turns_opened.append((n, kind, seq, self.session, created))
+        self.out.turns_opened.append(TurnOpened(n, kind, seq, self.session, created))
         return n
 
     def _close_segment(self, last_seq, reason):
         s = self.s
         if s.segment_first is not None and last_seq >= s.segment_first:
-            self.out.segments.append((s.open_turn, s.segment, s.segment_first, last_seq, reason,
-                                      s.segment_bytes // 4))
+            self.out.segments.append(SegmentRow(s.open_turn, s.segment, s.segment_first, last_seq, reason,
+                                                s.segment_bytes // 4))
         s.segment += 1
         s.segment_first, s.segment_bytes = None, 0
 
@@ -988,7 +1011,7 @@ class RolloutParser:
         if self.s.open_turn is None or self.agent is not None:
             return
         self._close_segment(last_seq, "terminal" if status == "closed" else status)
-        self.out.turns_closed.append((self.s.open_turn, last_seq, status, stop_reason, ended))
+        self.out.turns_closed.append(TurnClosed(self.s.open_turn, last_seq, status, stop_reason, ended))
         self.s.open_turn = None
 
     def _message(self, role, kind, text, data, rec, block, line_no, tool_use_id=None,
@@ -998,10 +1021,10 @@ class RolloutParser:
         seq = s.next_seq
         s.next_seq += 1
         if self.agent is not None:
-            self.out.messages.append((seq, self.agent_turn, -1, role, kind, text, data, tool_use_id,
-                                      tool_name, is_error, response_id, model, self.session,
-                                      rec.get("uuid"), block, line_no, rec.get("timestamp"),
-                                      self.agent))
+            self.out.messages.append(_row(MessageRow, (
+                seq, self.agent_turn, -1, role, kind, text, data, tool_use_id, tool_name, is_error,
+                response_id, model, self.session, rec.get("uuid"), block, line_no,
+                rec.get("timestamp"), self.agent)))
             return seq
         s.last_seq = seq
         if s.open_turn is None:
@@ -1009,10 +1032,10 @@ class RolloutParser:
         if s.segment_first is None:
             s.segment_first = seq
         s.segment_bytes += segment_size(kind, text, data)
-        self.out.messages.append((seq, s.open_turn, s.segment, role, kind, text, data,
-                                  tool_use_id, tool_name, is_error, response_id, model,
-                                  self.session, rec.get("uuid"), block, line_no,
-                                  rec.get("timestamp"), None))
+        self.out.messages.append(_row(MessageRow, (
+            seq, s.open_turn, s.segment, role, kind, text, data, tool_use_id, tool_name, is_error,
+            response_id, model, self.session, rec.get("uuid"), block, line_no,
+            rec.get("timestamp"), None)))
         return seq
 
     def _turn_ended(self, rec):
@@ -1038,7 +1061,7 @@ class RolloutParser:
             text = content if isinstance(content, str) else flatten_tool_output(content)
             self._message("user", "compact_summary", text, _dump(content), rec, 0, line_no)
             self._close_turn(seq, "closed", "compact_summary", created)
-            self.out.events.append(("native_compact", self.s.next_turn - 1))
+            self.out.events.append(CaptureEvent("native_compact", self.s.next_turn - 1))
             return
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
         if not isinstance(blocks, list):
@@ -1058,8 +1081,9 @@ class RolloutParser:
                 if tid in calls:
                     del calls[tid]
                 else:
-                    self.out.problems.append((self.session, line_no, offset, "tool_result_without_call",
-                                              f"tool result for {tid} has no tool call in this thread"))
+                    self.out.problems.append(Problem(
+                        self.session, line_no, offset, "tool_result_without_call",
+                        f"tool result for {tid} has no tool call in this thread"))
                 output = flatten_tool_output(block.get("content"))
                 seq = self._message("user", "tool_result", output,
                                     _result_json_once(block, output), rec, i, line_no, tool_use_id=tid,
@@ -1082,7 +1106,8 @@ class RolloutParser:
         created = rec.get("timestamp")
         s = self.s
         main = self.agent is None
-        if main and s.open_turn is None and s.closed_response and s.closed_response[0] == response_id:
+        closed = s.closed_response
+        if main and s.open_turn is None and closed and closed.response_id == response_id:
             _rid, s.open_turn, s.segment, s.segment_first, s.segment_bytes = s.closed_response
         if main:
             s.closed_response = None
@@ -1115,7 +1140,7 @@ class RolloutParser:
                                      line_no, response_id=response_id, model=model)
         usage = message.get("usage")
         if isinstance(usage, dict) and last is not None:
-            self.out.usage[response_id] = (
+            self.out.usage[response_id] = UsageRow(
                 self.usage_session, last, self._token_count(usage.get("input_tokens")),
                 # A provider that leaves out the cache fields used no cache; only a value
                 # that is there but unusable makes the reading invalid.
@@ -1129,14 +1154,18 @@ class RolloutParser:
             s.unasked = (stop is None and not rec.get("isApiErrorMessage")
                          and not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks))
         if last is not None and (stop in TERMINAL_STOP_REASONS or rec.get("isApiErrorMessage")):
-            s.closed_response = (response_id, s.open_turn, s.segment, s.segment_first, s.segment_bytes)
+            s.closed_response = ClosedResponse(response_id, s.open_turn, s.segment, s.segment_first,
+                                               s.segment_bytes)
             self._close_turn(last, "closed", stop or "api_error", created)
 
 
 # A surrogate escaped (\uD800-\uDFFF) or as raw UTF-8-style bytes (ED A0..BF): only such a
-# line can decode to text with a lone surrogate in it. (Searched only after a plain byte
-# test finds a hint: a regex over every line costs more than the JSON reader.)
+# line can decode to text with a lone surrogate in it. The escaped form alone is searched
+# on every line: a pattern that starts with one literal byte is scanned for that byte
+# first, three times faster than testing for its hints; the alternation is not, and runs
+# only when the raw byte ED is there at all.
 SURROGATE_IN_LINE = re.compile(rb"\xed[\xa0-\xbf]|\\u[dD][89a-fA-F]")
+ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -1243,14 +1272,110 @@ def _compressed(text: str):
     return packed if len(packed) * 4 < len(raw) * 3 else text
 
 
-def _stored_row(row: tuple) -> tuple:
+def _packable(row: MessageRow) -> bool:
+    return row.kind == "tool_result" and row.text is not None and len(row.text) >= COMPRESS_MIN_CHARS
+
+
+def _stored_row(row: MessageRow, packer=None) -> tuple:
     """A parsed message row as the store keeps it (large tool output compressed)."""
-    text = row[5]
-    if row[4] == "tool_result" and text is not None and len(text) >= COMPRESS_MIN_CHARS:
-        packed = _compressed(text)
-        if packed is not text:
-            return row[:5] + (packed,) + row[6:]
+    if _packable(row):
+        packed = packer.stored(row) if packer is not None else _compressed(row.text)
+        if packed is not row.text:
+            return row._replace(text=packed)
     return row
+
+
+class Packer:
+    """Compresses large tool outputs (and hashes what was read) on a worker thread.
+
+    zlib and hashlib let go of the GIL while they work, so with a second core that work
+    overlaps the parsing of the batch instead of following it. The reader offers each row
+    as the parser makes it; the store takes each result back as it inserts the row
+    (ThreadStore.apply), and compresses itself any row the worker has not started yet
+    (the worker gets the GIL back only between the parser's switches, so it lags; two
+    cores then share the rest). The worker starts with its first job, so a batch with
+    nothing to compress or hash costs nothing.
+    """
+
+    def __init__(self):
+        self._thread = None
+        self._pending = set()  # keys handed to the worker and not yet taken back
+        self._claimed = set()  # keys the worker or the caller has started on (never reused)
+        self._ready = {}       # key -> (ok, result or the error it raised)
+
+    def later(self, key, fn, arg) -> None:
+        """Run fn(arg) on the worker; wait(key) gives its result."""
+        if self._thread is None:
+            import queue
+            import threading
+            self._todo, self._done = queue.SimpleQueue(), queue.SimpleQueue()
+            self._lock = threading.Lock()
+            self._thread = threading.Thread(target=self._work, name="cc-lhc-pack", daemon=True)
+            self._thread.start()
+        self._pending.add(key)
+        self._todo.put((key, fn, arg))
+
+    def _claim(self, key) -> bool:
+        with self._lock:
+            if key in self._claimed:
+                return False
+            self._claimed.add(key)
+            return True
+
+    def _work(self):
+        while True:
+            job = self._todo.get()
+            if job is None:
+                return
+            key, fn, arg = job
+            if not self._claim(key):
+                continue  # the caller took it over
+            try:
+                self._done.put((key, True, fn(arg)))
+            except BaseException as e:  # handed back: the store's transaction fails with it
+                self._done.put((key, False, e))
+
+    def wait(self, key, fn=None, arg=None):
+        """The result of key's job; with fn, done here unless the worker has started it."""
+        self._pending.discard(key)
+        if fn is not None and key not in self._ready and self._claim(key):
+            return fn(arg)
+        while key not in self._ready:
+            done, ok, value = self._done.get()
+            self._ready[done] = (ok, value)
+        ok, value = self._ready.pop(key)
+        if not ok:
+            raise value
+        return value
+
+    def offer(self, row: MessageRow) -> None:
+        if _packable(row):
+            self.later(row.seq, _compressed, row.text)
+
+    def settle(self, rows) -> None:
+        """Compress here, newest first, the rows the worker has not reached, while it goes on.
+
+        The worker works from the oldest row on; the two meet in the middle, so the
+        batch's insert waits for at most the one row the worker is busy with.
+        """
+        for row in reversed(rows):
+            if row.seq in self._pending and row.seq not in self._ready and self._claim(row.seq):
+                try:
+                    self._ready[row.seq] = (True, _compressed(row.text))
+                except BaseException as e:
+                    self._ready[row.seq] = (False, e)
+
+    def stored(self, row: MessageRow):
+        """What the store keeps for row's text; a row never offered is compressed here."""
+        if row.seq not in self._pending:
+            return _compressed(row.text)
+        return self.wait(row.seq, _compressed, row.text)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._todo.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 def message_row(row) -> dict:
@@ -1844,15 +1969,16 @@ class ThreadStore:
             return None
         rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? AND segment = ? "
                           "ORDER BY seq", (row[0], last[2])).fetchall()
-        return (last[1], row[0], last[2], rows[0][0] if rows else None,
-                sum(segment_size(kind, stored_text(text), data) for _, kind, text, data in rows))
+        size = sum(segment_size(kind, stored_text(text), data) for _, kind, text, data in rows)
+        return ClosedResponse(last[1], row[0], last[2], rows[0][0] if rows else None, size)
 
     def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int,
-              prefix_sha256=None) -> None:
+              prefix_sha256=None, packer=None) -> None:
         """Write one parsed batch and the offset it reached, atomically.
 
         ``prefix_sha256`` is the hash of every byte captured up to ``new_offset``: what
-        the next run checks the file against before trusting the offset.
+        the next run checks the file against before trusting the offset. ``packer`` (a
+        Packer) holds the batch's large outputs already compressed, or on their way.
         """
         import hashlib
         db = self.db
@@ -1862,8 +1988,11 @@ class ThreadStore:
                 db.executemany("INSERT INTO turns (n, kind, first_seq, source_session, started) "
                                "VALUES (?, ?, ?, ?, ?)", out.turns_opened)
             if out.messages:
+                if packer is not None:
+                    packer.settle(out.messages)
                 db.executemany(f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES "
-                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})", map(_stored_row, out.messages))
+                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})",
+                               (_stored_row(m, packer) for m in out.messages))
             if out.turns_closed:
                 db.executemany("UPDATE turns SET last_seq = ?, status = ?, stop_reason = ?, ended = ? "
                                "WHERE n = ?", [(last, status, stop, ended, n)
@@ -1882,7 +2011,7 @@ class ThreadStore:
                                "VALUES (?, ?, ?, ?, ?, ?)", [p + (now,) for p in out.problems])
                 first = out.problems[0]
                 db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
-                           (f"{first[3]} at line {first[1]}: {first[4]}", session_id))
+                           (f"{first.kind} at line {first.line}: {first.detail}", session_id))
             if out.raw_lines:
                 db.executemany("INSERT OR IGNORE INTO raw_lines VALUES (?, ?, ?, ?, ?, ?, ?)",
                                [(session, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, now)
@@ -2357,7 +2486,7 @@ def _part_summary(part: Part, summaries):
     return extractive_summary(part.messages), "extractive"
 
 
-def _allocate(parts, budget, profile, summaries):
+def _allocate(parts, budget, profile, summaries, memo=None):
     """Bands for parts, newest first: each takes the best band that still has room, where
     a band's room is its profile share plus whatever the better bands left unused.
 
@@ -2365,7 +2494,10 @@ def _allocate(parts, budget, profile, summaries):
     that fell to lean does not push the small turns before it down with it); inside one
     turn the bands only get worse going back, so what a turn leaves out is its oldest
     messages. Returns ({(n, first seq): band}, used tokens per band, part summaries).
+    ``memo`` keeps each part's cost in each band (and its summary) for the next allocation
+    over the same turns: a part is the same run of messages whatever the budget.
     """
+    memo = {} if memo is None else memo
     shares = PROFILE_SHARES[profile]
     caps, total = [], 0
     for band in BANDS:
@@ -2378,12 +2510,16 @@ def _allocate(parts, budget, profile, summaries):
         if part.n not in tools:
             tools[part.n] = _tool_context(part.turn)
         for k in range(floor.get(part.n, 0), len(BANDS)):
-            name, text = BANDS[k], ""
-            if name == "summary":
-                text, source = _part_summary(part, summaries)
-                if not text:
-                    break
-            cost = band_cost(part.turn, name, text, part.messages, tools[part.n])
+            name = BANDS[k]
+            key = (part.n, part.first, part.last, name)
+            if key not in memo:
+                text, source = _part_summary(part, summaries) if name == "summary" else ("", "")
+                cost = band_cost(part.turn, name, text, part.messages, tools[part.n]) \
+                    if text or name != "summary" else None
+                memo[key] = (text, source, cost)
+            text, source, cost = memo[key]
+            if cost is None:
+                break  # no summary to stand in for it
             if _fits(used, caps, k, cost):
                 used[k] += cost
                 band = name
@@ -2410,14 +2546,17 @@ def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), s
                        profile, summaries or {}, favoured)
 
 
-def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured, hidden=frozenset()):
+def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured, hidden=frozenset(),
+                memo=None):
     """build_view over turns already cut into parts (turn n -> its parts, oldest first).
 
     ``hidden`` are the (turn, first seq) keys of parts before the visibility boundary:
-    they are out of view whatever room is left, and no band is spent on them.
+    they are out of view whatever room is left, and no band is spent on them. ``memo``:
+    see _allocate.
     """
+    memo = {} if memo is None else memo
     parts = [p for t in turns for p in by_turn[t.n] if (p.n, p.first) not in hidden]
-    placed, used, texts = _allocate(parts, budget, profile, summaries)
+    placed, used, texts = _allocate(parts, budget, profile, summaries, memo)
     placed.update((key, "omitted") for key in hidden)
     by_n = {t.n: t for t in turns}
     lift, reserve = [], 0
@@ -2432,7 +2571,7 @@ def _build_view(thread_id, turns, by_turn, budget, profile, summaries, favoured,
                 reserve += cost
     if lift:
         placed, used, texts = _allocate([p for p in parts if p.n not in lift], budget - reserve,
-                                        profile, summaries)
+                                        profile, summaries, memo)
         placed.update(((n, p.first), "lean") for n in lift for p in by_turn[n])
         used["lean"] += reserve
     return _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summaries, texts)
@@ -2574,9 +2713,11 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     """
     counter = counter or ViewCounter()
     alloc, best, before = budget, None, None
+    # What every allocation shares: the working set, and each part's cost in each band.
+    fixed = {"files": working_set(turns), "memo": {}}
     for _ in range(VIEW_FIT_ROUNDS):
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary, native)
+                                   boundary, native, fixed)
         counted = view_tokens(view, header, turns, counter)
         used = counted["total"]
         if used <= budget and (best is None or used > best[0]):
@@ -2588,7 +2729,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
         alloc = int(alloc * budget / max(used, 1) * 0.9)
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary, native)
+                                   boundary, native, fixed)
         counted = view_tokens(view, header, turns, counter)
         used = counted["total"]
         if used <= budget or alloc == 0:
@@ -2601,7 +2742,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
 
 
 def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_back, boundary,
-                native=False):
+                native=False, fixed=None):
     """One allocation of the served view within ``budget`` by the quick estimate.
 
     The header is part of what Claude receives: its fixed part (instructions, working
@@ -2609,15 +2750,17 @@ def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_bac
     note where it resumes) comes out of the budget before the bands share the rest.
     Messages up to ``boundary`` (the thread's visibility boundary, moved by Smart Prune)
     are out of view, named like any other omitted range. ``native``: the header names the
-    cc-lhc mod's tools (see render_header).
+    cc-lhc mod's tools (see render_header). ``fixed`` holds what does not change with
+    the budget, worked out once by serve_view (see there).
     """
-    files = working_set(turns)
+    fixed = fixed or {"files": working_set(turns), "memo": {}}
+    files = fixed["files"]
     soft = segment_tokens(budget, profile)
     by_turn = {t.n: turn_parts(t, soft) for t in turns}
     hidden = apply_boundary(turns, by_turn, boundary, soft)
     view = _build_view(thread_id, turns, by_turn, max(0, budget - _header_reserve(
         thread_id, turns, by_turn, profile, files, fell_back)), profile, summaries or {}, favoured,
-        hidden)
+        hidden, fixed["memo"])
     return view, render_header(view, files, fell_back, native)
 
 
@@ -5274,41 +5417,66 @@ class Capture:
         parser = RolloutParser(self.session_id, store.parse_state(self.session_id),
                                segment_soft_bytes(self.policy))
         total = 0
-        line_no = src["lines"]
+        if deadline is not None and time.monotonic() > deadline:
+            return total
+        packer, prefix = Packer(), self._prefix.copy()
+        try:
+            for out, consumed, end, n in self._batches(f, parser, offset, src["lines"], packer, prefix):
+                self._commit(out, consumed, end, n, packer, prefix)
+                self._report(out)
+                total += n
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+            else:
+                self.caught_up = True
+        finally:
+            packer.close()
+        return total
+
+    def _batches(self, f, parser, offset, line_no, packer, prefix=None):
+        """Parse f's complete lines from offset: yield (out, consumed bytes, end, lines) per batch.
+
+        A batch is what one read of BATCH_BYTES holds up to its last newline; the rest
+        waits for the next read (a line longer than that is read on until it ends). The
+        generator ends at the end of the file; the caller stores each batch (with the
+        packer its large outputs went to) before asking for the next, so a stop between
+        batches loses nothing. A ``prefix`` hash is brought up to each batch's end (on the
+        packer's worker, while the batch is parsed) before the batch is yielded.
+        """
         f.seek(offset)
         pending = b""
         while True:
-            if deadline is not None and time.monotonic() > deadline:
-                break
             chunk = f.read(self.BATCH_BYTES)
             if not chunk:
-                self.caught_up = True
-                break
+                return
             buf = pending + chunk if pending else chunk
-            base = offset
-            end = offset
-            n = 0
-            for line, at in split_complete_lines(buf, base):
+            complete = memoryview(buf)[:buf.rfind(b"\n") + 1]
+            if prefix is not None and complete:
+                packer.later(("prefix", offset), prefix.update, complete)
+            end, n, offered = offset, 0, 0
+            for line, at in split_complete_lines(buf, offset):
                 n += 1
                 parser.feed(line, line_no + n, at)
                 end = at + len(line) + 1
-            pending = buf[end - base:]
+                made = parser.out.messages
+                while offered < len(made):
+                    packer.offer(made[offered])
+                    offered += 1
+            pending = buf[end - offset:]
             if n:
-                out = parser.take()
-                self._commit(out, buf[:end - base], end, n)
-                self._report(out)
-                line_no += n
-                total += n
-                offset = end
-        return total
+                if prefix is not None:
+                    packer.wait(("prefix", offset))
+                yield parser.take(), complete, end, n
+                line_no, offset = line_no + n, end
 
-    def _commit(self, out, consumed: bytes, end: int, lines: int) -> None:
-        """Store one batch with the offset and prefix hash it reached; only then trust them."""
-        prefix = self._prefix.copy()
-        prefix.update(consumed)
-        self.store.apply(self.session_id, out, end, lines, prefix.hexdigest())
+    def _commit(self, out, consumed, end: int, lines: int, packer, prefix) -> None:
+        """Store one batch with the offset and prefix hash it reached; only then trust them.
+
+        ``prefix`` already holds the batch's bytes (see _batches); a copy of it is kept.
+        """
+        self.store.apply(self.session_id, out, end, lines, prefix.hexdigest(), packer)
         keep = self.TAIL_CHECK_BYTES
-        self._prefix, self._verified_offset = prefix, end
+        self._prefix, self._verified_offset = prefix.copy(), end
         self._tail = (self._tail + consumed[-keep:])[-keep:]
 
     def _rewrite_reason(self, f, src, size):
@@ -5403,32 +5571,22 @@ class Capture:
             store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
                                agent=agent_id, agent_turn=store.agent_turn(agent_id))
-        offset, line_no, total = src["offset"], src["lines"], 0
+        total = 0
         try:
             f = open_regular(path)
         except OSError as e:
             self.home.log("transcript_unreadable", thread=self.thread_id, session=key, path=path,
                           reason=str(e))
             return 0
+        packer = Packer()
         with f:
-            f.seek(offset)
-            pending = b""
-            while True:
-                chunk = f.read(self.BATCH_BYTES)
-                if not chunk:
-                    break
-                buf = pending + chunk if pending else chunk
-                end, n = offset, 0
-                for line, at in split_complete_lines(buf, offset):
-                    n += 1
-                    parser.feed(line, line_no + n, at)
-                    end = at + len(line) + 1
-                pending = buf[end - offset:]
-                if n:
-                    out = parser.take()
-                    store.apply(key, out, end, n)
+            try:
+                for out, _consumed, end, n in self._batches(f, parser, src["offset"], src["lines"], packer):
+                    store.apply(key, out, end, n, packer=packer)
                     self._report(out)
-                    line_no, total, offset = line_no + n, total + n, end
+                    total += n
+            finally:
+                packer.close()
         return total
 
     @staticmethod
@@ -5445,12 +5603,12 @@ class Capture:
     def _report(self, out: ParseOutput):
         for event in out.events:
             self.on_event(event, self)
-        answered = out.usage or any(m[4] == "api_error" for m in out.messages)
+        answered = out.usage or any(m.kind == "api_error" for m in out.messages)
         if answered and self.on_responses:  # Claude answered, or the API refused to
             self.on_responses(self)
         for problem in out.problems:
-            self.home.log("capture_problem", thread=self.thread_id, session=problem[0],
-                          line=problem[1], kind=problem[3], detail=problem[4])
+            self.home.log("capture_problem", thread=self.thread_id, session=problem.session,
+                          line=problem.line, kind=problem.kind, detail=problem.detail)
 
     def start(self):
         import threading

@@ -436,7 +436,7 @@ def test_unknown_and_bookkeeping_records_are_telemetry_not_errors():
     t.assistant(text("hello"))  # its parent is the unknown chained record: not broken
     out = parse_bytes(t.data())
     assert out.problems == []
-    assert [m[4] for m in out.messages] == ["user_text", "assistant_text"]
+    assert [m.kind for m in out.messages] == ["user_text", "assistant_text"]
     tele = {k: v[0] for k, v in out.telemetry.items()}
     assert tele == {"queue-operation": 1, "a-type-from-the-future": 1,
                     "progress-from-the-future": 1, "system/turn_duration": 1,
@@ -566,8 +566,30 @@ def test_api_error_message_closes_the_turn():
         "id": "err1", "role": "assistant", "model": "<synthetic>", "stop_reason": "stop_sequence",
         "content": [text("Prompt is too long")]}})
     out = parse_bytes(t.data())
-    assert [m[4] for m in out.messages] == ["user_text", "api_error"]
-    assert [c[2] for c in out.turns_closed] == ["closed"]
+    assert [m.kind for m in out.messages] == ["user_text", "api_error"]
+    assert [c.status for c in out.turns_closed] == ["closed"]
+
+
+def test_parse_rows_are_read_by_name():
+    """Every row a parsed batch carries names its fields (still a tuple in the store's
+    column order, so the store inserts it as it is)."""
+    t = Transcript()
+    t.user("hello")
+    t.assistant(text("hi"))
+    t.record({"type": "user", "parentUuid": "never-seen", "message": {"role": "user", "content": "x"}})
+    bookkeeping = b'{"type":"mode","mode":"plan"}'
+    out = parse_bytes(t.data() + b"{not json\n" + bookkeeping + b"\n")
+    message = out.messages[0]
+    assert (message.kind, message.text, message.turn) == ("user_text", "hello", 1)
+    assert tuple(message) == tuple(getattr(message, c) for c in cc_lhc.MESSAGE_COLUMNS)
+    assert [(o.n, o.kind) for o in out.turns_opened][0] == (1, "prompt")
+    assert out.turns_closed[0].status == "closed" and out.segments[0].reason == "terminal"
+    assert [c.session for c in out.chain] == ["sess-1"] * 3
+    assert {p.kind for p in out.problems} == {"broken_chain", "malformed_line"}
+    assert [(r.reason, r.raw) for r in out.raw_lines] == [("malformed_line", b"{not json")]
+    usage = next(iter(out.usage.values()))
+    assert (usage.session, usage.output) == ("sess-1", 7)
+    assert (out.telemetry["mode"].count, out.telemetry["mode"].bytes) == (1, len(bookkeeping))
 
 
 def test_sidechain_records_are_kept_as_agent_messages():
@@ -578,11 +600,10 @@ def test_sidechain_records_are_kept_as_agent_messages():
     t.record({"type": "user", "isSidechain": True, "message": {"role": "user", "content": "sub"}})
     t.assistant(text("main reply"))
     out = parse_bytes(t.data())
-    agent_col = cc_lhc.MESSAGE_COLUMNS.index("agent")
-    assert [(m[5], m[agent_col] is not None) for m in out.messages] == [
+    assert [(m.text, m.agent is not None) for m in out.messages] == [
         ("main", False), ("sub", True), ("main reply", False)]
-    assert [m[2] for m in out.messages if m[agent_col]] == [-1]   # in no segment
-    assert [a[2] for a in out.agents] == ["sidechain"] and out.problems == []
+    assert [m.segment for m in out.messages if m.agent] == [-1]   # in no segment
+    assert [a.kind for a in out.agents] == ["sidechain"] and out.problems == []
     assert "sidechain" not in out.telemetry
 
 

@@ -86,6 +86,60 @@ def test_export_is_byte_exact_for_stored_once_and_older_rows(big, capsys):
     assert outputs[2] == [{"type": "text", "text": _log(300)}]
 
 
+def _two_big_outputs(tmp_path):
+    tr = Transcript()
+    tr.prompt("read both logs")
+    calls = tr.response(tool_use("Bash", command="cat a.log"), tool_use("Bash", command="cat b.log"),
+                        stop="tool_use")
+    outputs = (_log(300) + "\nfirst\n", _log(350) + "\nsecond\n")
+    tr.results((calls[0]["id"], outputs[0], False), (calls[1]["id"], outputs[1], False))
+    tr.response(text("done"))
+    return tr, tr.write(tmp_path / f"{tr.session_id}.jsonl"), outputs
+
+
+def test_capture_compresses_large_output_on_a_worker_thread(tmp_path, monkeypatch):
+    """zlib lets go of the GIL: capture hands large outputs to a worker while it parses on,
+    and the store keeps exactly what compressing in line keeps."""
+    import threading
+    tr, path, outputs = _two_big_outputs(tmp_path)
+    where = []
+    inline = cc_lhc._compressed
+    monkeypatch.setattr(cc_lhc, "_compressed",
+                        lambda t: where.append(threading.current_thread().name) or inline(t))
+    thread = intake_transcript(tr, tmp_path)
+    assert where == ["cc-lhc-pack"] * 2
+    stored = thread.store.db.execute("SELECT text FROM messages WHERE kind = 'tool_result' "
+                                     "ORDER BY seq").fetchall()
+    assert [r[0] for r in stored] == [inline(o) for o in outputs]
+    assert [zlib.decompress(r[0]).decode() for r in stored] == list(outputs)
+    assert not [t for t in threading.enumerate() if t.name == "cc-lhc-pack"]
+
+
+def test_a_compression_that_fails_on_the_worker_stores_nothing_of_its_batch(tmp_path, monkeypatch):
+    import threading
+    _tr, path, outputs = _two_big_outputs(tmp_path)
+    inline = cc_lhc._compressed
+
+    def failing(t):
+        if t == outputs[1]:
+            raise MemoryError("no room to compress")
+        return inline(t)
+
+    monkeypatch.setattr(cc_lhc, "_compressed", failing)
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    cap = cc_lhc.Capture(home, "thread-1", "s", str(path))
+    with pytest.raises(MemoryError):
+        cap.catch_up()
+    assert cap.store.source("s")["offset"] == 0
+    assert cap.store.db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    assert not [t for t in threading.enumerate() if t.name == "cc-lhc-pack"]
+    monkeypatch.setattr(cc_lhc, "_compressed", inline)
+    assert cap.catch_up() == len(path.read_bytes().splitlines())
+    assert cap.store.source("s")["offset"] == path.stat().st_size
+    cap.stop()
+
+
 def test_a_block_holding_marker_like_text_is_kept_whole():
     marker = cc_lhc.PAYLOAD_AS_STRING
     for block, payload in (

@@ -174,6 +174,32 @@ def test_two_subagents_and_a_workflow_reach_export_get_messages_and_search(
     assert report["subagent_messages"] == sum(len(agent_rows(t, a)) for a in agents)
 
 
+def test_agent_files_read_in_small_batches_match_one_read(tmp_path, monkeypatch):
+    """Main and subagent files share one read loop: many small batches store what one read
+    stores, and a half-written last line of an agent file waits for its newline."""
+    whole = captured("2.1.39", tmp_path / "one")
+    expected = agent_rows(whole)
+    path = fixture_copy("2.1.39", tmp_path / "many")
+    agent_file = path.parent / SESSIONS["2.1.39"] / "subagents" / "agent-a2139one.jsonl"
+    complete = agent_file.read_bytes()
+    last = complete.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    agent_file.write_bytes(complete[:-len(last) - 1] + last[:20])   # last line cut mid-write
+    monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 300)
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path / "many" / "lhc"))
+    t = intake(path, SESSIONS["2.1.39"])
+    key = f"{SESSIONS['2.1.39']}/subagents/agent-a2139one.jsonl"
+    assert t.store.source(key)["offset"] == len(complete) - len(last) - 1
+    assert [r for r in agent_rows(t) if r[3] == "a2139one"] == [
+        r for r in expected if r[3] == "a2139one"][:-1]
+    agent_file.write_bytes(complete)
+    cap = cc_lhc.Capture(t.home, t.id, SESSIONS["2.1.39"], str(path))
+    cap.catch_up()
+    cap.stop()
+    assert t.store.source(key)["offset"] == len(complete)
+    by_agent = lambda rows: sorted((r[3], r[0], r[1:]) for r in rows)   # seqs differ across reads
+    assert [r[2] for r in by_agent(agent_rows(t))] == [r[2] for r in by_agent(expected)]
+
+
 def test_live_capture_picks_up_a_subagent_file_that_appears_later(tmp_path):
     path = fixture_copy("2.1.39", tmp_path)
     agent_dir = path.parent / SESSIONS["2.1.39"] / "subagents"

@@ -1025,6 +1025,31 @@ def test_small_turns_before_a_big_one_keep_the_band_the_budget_allows(tmp_path):
     assert_resumable(records, "claude-long-model")
 
 
+def test_fitting_a_view_works_out_each_part_cost_once(tmp_path, monkeypatch):
+    """serve_view allocates several times to fit by exact count; a part is the same run of
+    messages in every round, so its cost in a band (and the working set) is worked out once."""
+    tr = long_turn_transcript(40, 8_192, before=30, after=5)
+    thread = intake_transcript(tr, tmp_path)
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    costs, sets, rounds = [], [], []
+    band_cost, working_set, serve = cc_lhc.band_cost, cc_lhc.working_set, cc_lhc._serve_view
+
+    def counted_cost(turn, band, summary_text="", messages=None, tools=None):
+        part = messages if messages is not None else turn.messages
+        costs.append((turn.n, part[0]["seq"], part[-1]["seq"], band))
+        return band_cost(turn, band, summary_text, messages, tools)
+
+    monkeypatch.setattr(cc_lhc, "band_cost", counted_cost)
+    monkeypatch.setattr(cc_lhc, "working_set", lambda t: sets.append(1) or working_set(t))
+    monkeypatch.setattr(cc_lhc, "_serve_view", lambda *a, **k: rounds.append(1) or serve(*a, **k))
+    budget = 20_000
+    view, header = cc_lhc.serve_view(thread.id, turns, budget, "default", summaries)
+    assert len(rounds) > 1 and view.tokens <= budget     # it did fit by more than one round
+    assert len(sets) == 1
+    assert costs and len(costs) == len(set(costs)), "a part's band cost was worked out again"
+
+
 def test_parts_are_the_recorded_segments_when_the_target_is_the_capture_one(tmp_path):
     thread = intake_transcript(long_turn_transcript(40, 16_384), tmp_path)
     (turn,) = thread.turns
