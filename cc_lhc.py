@@ -2184,6 +2184,20 @@ def thread_copy(home, thread_id: str):
     return ThreadCopy(thread_id, cwd, sessions[0][1], "restored", aliases, [], [], True)
 
 
+def load_turns(store, closed_only=True):
+    """All turns of a thread with their messages, in order (as the views see them)."""
+    turns = {}
+    for n, kind, status in store.db.execute("SELECT n, kind, status FROM turns ORDER BY n"):
+        if closed_only and status == "open":
+            continue
+        turns[n] = Turn(n, kind, status, [])
+    for m in store.messages():
+        t = turns.get(m["turn"])
+        if t is not None:
+            t.messages.append(m)
+    return [t for t in turns.values() if t.messages]
+
+
 # == 6. Views (pure): fidelity bands and the served view ========================
 
 # How each allocation profile splits the view budget between the bands. The newest
@@ -2225,20 +2239,6 @@ class Turn:
 
     def __init__(self, n, kind, status, messages):
         self.n, self.kind, self.status, self.messages = n, kind, status, messages
-
-
-def load_turns(store, closed_only=True):
-    """All turns of a thread with their messages, in order."""
-    turns = {}
-    for n, kind, status in store.db.execute("SELECT n, kind, status FROM turns ORDER BY n"):
-        if closed_only and status == "open":
-            continue
-        turns[n] = Turn(n, kind, status, [])
-    for m in store.messages():
-        t = turns.get(m["turn"])
-        if t is not None:
-            t.messages.append(m)
-    return [t for t in turns.values() if t.messages]
 
 
 def _human_size(n: int) -> str:
