@@ -33,7 +33,6 @@ only inside the sections that need them.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import datetime
 import functools
 import itertools
@@ -5798,17 +5797,22 @@ WORKFLOW_RUN = re.compile(r"\b(wf_\w+)")
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
 
 
-@dataclasses.dataclass
 class BackgroundItem:
     """One piece of background work a Claude process started and has not finished."""
-    kind: str           # shell, monitor, workflow, wakeup, agent
-    tool_name: str
-    seq: int            # the launch call's message
-    tool_use_id: str
-    args: dict
-    task_id: str = ""
-    output_file: str = ""
-    run_id: str = ""    # a workflow's run, which Workflow{resumeFromRunId} continues
+
+    def __init__(self, kind, tool_name, seq, tool_use_id, args, task_id="", output_file="",
+                 run_id=""):
+        self.kind = kind                # shell, monitor, workflow, wakeup, agent
+        self.tool_name = tool_name
+        self.seq = seq                  # the launch call's message
+        self.tool_use_id = tool_use_id
+        self.args = args
+        self.task_id = task_id
+        self.output_file = output_file
+        self.run_id = run_id            # a workflow's run, which Workflow{resumeFromRunId} continues
+
+    def __repr__(self) -> str:
+        return f"BackgroundItem({self.kind} {self.label} {self.task_id})"
 
     @property
     def label(self) -> str:
@@ -5941,16 +5945,18 @@ def uncarriable(item, posix: bool = True) -> str:
     return ""
 
 
-@dataclasses.dataclass
 class PendingRebuild:
     """A rebuilt session written but not yet accepted by Claude."""
-    session_id: str
-    from_session: str
-    path: str
-    prefix: int                  # bytes cc-lhc wrote; Claude accepting it writes past them
-    receipt: object = None       # the governor receipt this rebuild answers
-    descriptor: dict | None = None
-    in_process: bool = False     # served through the mod's hook: same process, same session
+
+    def __init__(self, session_id, from_session, path, prefix, receipt=None, descriptor=None,
+                 in_process=False):
+        self.session_id = session_id
+        self.from_session = from_session
+        self.path = path
+        self.prefix = prefix            # bytes cc-lhc wrote; Claude accepting it writes past them
+        self.receipt = receipt          # the governor receipt this rebuild answers
+        self.descriptor = descriptor
+        self.in_process = in_process    # served through the mod's hook: same process, same session
 
 
 class Assessment:
@@ -7582,21 +7588,19 @@ def _stop_job(pid: int, start) -> None:
             return
 
 
-@dataclasses.dataclass
 class CarriedJob:
     """A shell job that outlived the Claude process which started it, or a monitor command
     cc-lhc relaunched for the replacement."""
-    item: BackgroundItem
-    pids: list              # each process holding its output file (or our relaunched monitor)
-    offset: int = 0         # how much of the output file Claude has already been told about
-    finished: bool = False
-    output: str = ""        # the file to watch: Claude's own for a shell job, ours for a monitor
-    process: object = None  # a relaunched monitor: our child, reaped here
-    deadline: float = 0.0   # a monitor's timeout_ms, counted from its first launch (time.time)
-    starts: dict = dataclasses.field(default_factory=dict)  # pid -> start time, when seen
 
-    def __post_init__(self):
-        self.watch(self.pids)
+    def __init__(self, item, pids, offset=0, finished=False, output="", process=None, deadline=0.0):
+        self.item = item
+        self.offset = offset        # how much of the output file Claude has already been told about
+        self.finished = finished
+        self.output = output        # the file to watch: Claude's own for a shell job, ours for a monitor
+        self.process = process      # a relaunched monitor: our child, reaped here
+        self.deadline = deadline    # a monitor's timeout_ms, counted from its first launch (time.time)
+        self.starts = {}            # pid -> start time, when seen
+        self.watch(pids)            # each process holding its output file (or our monitor)
 
     def watch(self, pids) -> None:
         """Take these pids as the job's, remembering each one's start time: a pid is
