@@ -2674,6 +2674,11 @@ class ViewCounter:
             return 0
         return self.tokens.count(text) if self.exact else safe_estimate(text)
 
+    def prefill(self, counted: dict) -> None:
+        """Counts made elsewhere, by (label, stub) as message() keys them (text only)."""
+        for key, tokens in counted.items():
+            self._cache.setdefault(key, tokens + MESSAGE_TOKENS)
+
     def message(self, m, stub) -> int:
         key = (m["seq"], stub)
         got = self._cache.get(key)
@@ -10799,18 +10804,24 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
             texts.append(text)
         return index[text]
 
-    per_turn = []
+    per_turn, known = [], {}
     for t in turns:
         row = {}
         for band in ("full", "lean"):
-            row[band] = [(m["seq"], slot(stub if stub is not None else (m["text"] or m["data"] or "")))
-                         for m, stub in visible_messages(t, band)]
+            row[band] = []
+            for m, stub in visible_messages(t, band):
+                i = slot(stub if stub is not None else (m["text"] or m["data"] or ""))
+                row[band].append((m["seq"], i))
+                known[(m["seq"], stub)] = i
         row["summary"] = [(None, slot(extractive_summary(t.messages)))]
         per_turn.append(row)
     counts = _count_many(texts)
     totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     counter = ViewCounter()
+    if TOKENS.exact:
+        # Every message was just counted in one batch: fitting the view needs no second count.
+        counter.prefill({key: counts[i] for key, i in known.items()})
     view, header = serve_view(thread_id, turns, target, profile, summaries, counter=counter)
     in_view = view.tokens
     # The same figures by the estimate used without the tokenizer, for comparison.
