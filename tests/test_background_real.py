@@ -17,6 +17,12 @@ from test_interactive_real import OVER_USAGE, PROMPT, type_line
 from test_interactive_real import _wait_for_log as _wait_for_log_30
 
 
+# These races (a background job or agent against a live swap, timed by the real CLI) have
+# failed about once in a few hundred runs on a 2-core machine; a second try tells a real
+# regression from that, and a real one still fails all three.
+pytestmark = pytest.mark.flaky(reruns=2)
+
+
 def _wait_for_log(rc, event: str, count: int = 1, timeout: float = 60) -> None:
     """As in test_interactive_real, with more room: these sessions run a background job or
     agent beside Claude, and a loaded machine has been seen to need more than 30 s."""
