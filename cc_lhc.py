@@ -232,6 +232,15 @@ def load_json(text):
         raise BadJson("holds a number with too many digits to read") from None
 
 
+def json_record(raw):
+    """One transcript line as a dict, or None when it is not a JSON object (skip it)."""
+    try:
+        rec = load_json(raw)
+    except BadJson:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def utc_now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -3266,11 +3275,8 @@ def read_envelope(path: str):
 
 
 def _envelope_line(raw: bytes, latest: dict, meta: dict) -> None:
-    try:
-        rec = load_json(raw)
-    except BadJson:
-        return
-    if not isinstance(rec, dict):
+    rec = json_record(raw)
+    if rec is None:
         return
     att = rec.get("attachment")
     if rec.get("type") == "attachment" and isinstance(att, dict) and att.get("type") in ENVELOPE_ATTACHMENTS:
@@ -7479,11 +7485,8 @@ def confirmed_runtime(path: str, window: int = 4 << 20) -> dict:
     for raw in reversed(lines):
         if b'"effort"' not in raw and b'"permissionMode"' not in raw:
             continue
-        try:
-            rec = load_json(raw)
-        except BadJson:
-            continue
-        if not isinstance(rec, dict):
+        rec = json_record(raw)
+        if rec is None:
             continue
         if "effort" not in found and rec.get("type") == "assistant" and rec.get("effort") in EFFORT_LEVELS:
             found["effort"] = rec["effort"]
@@ -7813,11 +7816,8 @@ class BackgroundCarry:
         try:
             with open_regular(path) as f:
                 for raw in f:
-                    try:
-                        rec = load_json(raw)
-                    except BadJson:
-                        continue
-                    if isinstance(rec, dict) and rec.get("type") in ("user", "assistant"):
+                    rec = json_record(raw)
+                    if rec is not None and rec.get("type") in ("user", "assistant"):
                         last = rec
         except OSError:
             pass
@@ -9285,11 +9285,8 @@ def refuse_orphan(path, spec, home, registry) -> None:
     texts = []
     with open_regular(path) as f:
         for raw in f:
-            try:
-                rec = load_json(raw)
-            except BadJson:
-                continue
-            if not isinstance(rec, dict):
+            rec = json_record(raw)
+            if rec is None:
                 continue
             message = rec.get("message")
             content = message.get("content") if isinstance(message, dict) else None
