@@ -8668,6 +8668,7 @@ class SessionFollower:
         self.session, self.host, self.handoff = session, host, handoff
         self.next_poll = 0.0
         self.refused = None  # a session cc-lhc could not take: not asked again
+        self.seen, self.sid = None, None  # (pid, mtime, size) of Claude's pid file, its session
 
     def on_tick(self, relay) -> None:
         import time
@@ -8675,7 +8676,18 @@ class SessionFollower:
         if now < self.next_poll or self.handoff.candidate is not None:
             return
         self.next_poll = now + self.POLL_SECONDS
-        self.take(relay, claude_session_of(self.host.child.pid))
+        # Twice a second on the relay's thread: a stat, and the file read again only when
+        # Claude has rewritten it.
+        pid = self.host.child.pid
+        try:
+            st = os.stat(os.path.join(claude_config_dir(), "sessions", f"{pid}.json"))
+            seen = (pid, st.st_mtime_ns, st.st_size)
+        except OSError:
+            return
+        if seen != self.seen:
+            self.seen = seen
+            self.sid = claude_session_of(pid)
+        self.take(relay, self.sid)
 
     def take(self, relay, sid) -> None:
         """Follow Claude to ``sid`` when it is another session than the bound one; the
