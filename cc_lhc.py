@@ -3019,7 +3019,7 @@ def _block_of(m: dict, stub):
 
 def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
                  envelope=(), version="2.1.328", git_branch="", arm=None, carried=(), native=False,
-                 sources=None):
+                 sources=None, manifest=()):
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
@@ -3030,7 +3030,9 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     file-state pairs (see carried_file_state); those whose call is not already in view
     go right after the envelope. ``sources``, a list, receives one entry per record: None
     for what cc-lhc wrote itself, else (source uuid, whether it is verbatim, how many
-    recorded messages it holds); it is only given without ``carried``.
+    recorded messages it holds); it is only given without ``carried``. ``manifest``: the
+    background work a swap carries into this session (BackgroundCarry.plan), one line
+    each, written after the last turn so the replacement knows of it from its first turn.
     """
     counter = [0]
     parent = [None]
@@ -3103,6 +3105,11 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
                                         "stop_sequence": None, "usage": dict(ZERO_USAGE)},
                             "uuid": next_uuid(), "timestamp": m["created"] or now})
                 emit(rec, (m["source_uuid"], stub is None, 1))
+    if manifest:
+        rec = common("user", now)
+        rec.update({"message": {"role": "user", "content": render_manifest(manifest)},
+                    "uuid": next_uuid(), "timestamp": now})
+        emit(rec)
     if records[-1]["type"] != "assistant":
         # A session must end on Claude's side: otherwise the header, or a prompt left
         # unanswered, would be answered as if the user had just sent it. The model named
@@ -3118,6 +3125,12 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     if carried:
         _splice_carried(records, 1 + len(envelope), carried, common, next_uuid, now)
     return records
+
+
+def render_manifest(lines) -> str:
+    """The carried-work manifest as the rebuilt session holds it (see BackgroundCarry)."""
+    return ("[cc-lhc] Background work that was still open when this session was rebuilt "
+            "goes on across the Smart Compact:\n" + "\n".join(f"- {line}" for line in lines))
 
 
 def _tool_ids_in(records) -> set:
@@ -3303,7 +3316,7 @@ class PruneUnchanged(LhcError):
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
                  envelope_from=None, now=None, arm=None, prune_target=None, native=False,
-                 sources=None) -> Rebuild:
+                 sources=None, manifest=()) -> Rebuild:
     """Build the served view of a thread and the transcript bytes for a new session.
 
     ``arm`` is the thinking replay arm (default: the thread's, see thinking_arm).
@@ -3312,6 +3325,7 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     ``native``: the cc-lhc mod is active, so the view names its tools (serve_view).
     ``sources`` (a list) is filled as view_records fills it, for a view served in process:
     that Claude process still knows every file it read, so no file-state pairs are carried.
+    ``manifest``: lines naming the background work a swap carries (view_records).
     """
     turns = load_turns(store)
     boundary = visibility_boundary(store)
@@ -3319,6 +3333,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     budget = policy.effective_target if prune_target is None else prune_target
     # The file-state pairs are set aside first, as if none of them were in view.
     carried, reserve = carried_file_state(turns, budget)
+    if manifest:
+        reserve += estimate_tokens(render_manifest(manifest))
     if prune_target is None:
         view, header = serve_view(thread_id, turns, budget - reserve, policy["profile"],
                                   thread_summaries(store, turns), recent_impression_turns(store),
@@ -3334,7 +3350,7 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
                            arm=arm, carried=carried if sources is None else (), native=native,
-                           sources=sources)
+                           sources=sources, manifest=manifest)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
     return Rebuild(session_id, path, records_bytes(records), view, boundary, arm)
@@ -6081,7 +6097,7 @@ def write_rebuild(path: str, data: bytes) -> None:
 
 def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelope_from=None,
             assessment=None, session_id=None, projects_root=None, pending=True,
-            plan_view=None, native=False, in_process=None, instructions="") -> PendingRebuild:
+            plan_view=None, native=False, in_process=None, instructions="", manifest=()) -> PendingRebuild:
     """Build the view, record it as pending, write it, and record its lineage.
 
     ``pending=False`` is `rollout write`: the caller makes the session current at once.
@@ -6089,6 +6105,7 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     ``native``: the view names the cc-lhc mod's tools. ``in_process`` (the live session's
     descriptor) serves the view through the mod's session.compact hook instead: see
     rebuild_in_process; ``instructions`` are the person's words after their /compact.
+    ``manifest``: the background work a swap carries, written into the session.
     """
     if in_process is not None:
         return rebuild_in_process(home, store, thread_id, from_session, policy, cwd, in_process,
@@ -6096,7 +6113,8 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
                                   instructions=instructions)
     new_sid = session_id or new_session_id()
     plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, new_sid, cwd,
-                                       projects_root=projects_root, envelope_from=envelope_from)
+                                       projects_root=projects_root, envelope_from=envelope_from,
+                                       manifest=manifest)
     if plan.boundary:
         # The thread's boundary moves to this one only once the session is accepted.
         note_built_boundary(store, new_sid, plan.boundary)
@@ -7674,6 +7692,7 @@ class BackgroundCarry:
         self.session = session
         self.jobs = []
         self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
+        self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.notes = collections.deque()
         self.next_poll = 0.0
@@ -7689,9 +7708,43 @@ class BackgroundCarry:
 
     # -- at the swap -------------------------------------------------------------
 
+    def plan(self, items, old_session: str, old_path: str, store) -> list:
+        """The manifest lines for the rebuilt session, one per item a swap would carry now.
+
+        Written into the rollout before the replacement starts (view_records), so Claude
+        knows from its first turn what goes on and how; take() tells it later only what
+        turned out otherwise at the switch (a monitor that would not start again, an agent
+        that finished in the seconds between).
+        """
+        self.planned = {}
+        for item in items:
+            if item.tool_use_id not in self.taken:
+                self.planned[item.tool_use_id] = self._manifest_line(item, old_session, old_path, store)
+        return list(self.planned.values())
+
+    def _manifest_line(self, item, old_session, old_path, store) -> str:
+        name = item.task_id or item.label
+        if item.kind == "shell":
+            return (f"background command {name} ({item.command}) keeps running as its own process; "
+                    f"its output is in {item.output_file}; cc-lhc will tell you when it finishes")
+        if item.kind == "monitor":
+            return (f"monitor {name} ({item.command}) stops with the previous Claude process, so "
+                    f"cc-lhc starts its command again and tells you each new event (its output "
+                    f"is kept in {self._monitor_output(item)})")
+        if item.kind == "wakeup":
+            due = datetime.datetime.fromtimestamp(self._wakeup_due(item, store)).strftime("%H:%M")
+            return (f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) is "
+                    f"still pending; cc-lhc will deliver its prompt when it falls due (about {due})")
+        if item.kind == "workflow":
+            run = item.run_id or "(its run id is in the workflow's journal)"
+            return (f"workflow {item.args.get('name') or item.label} stopped with the previous "
+                    f"Claude process; continue it with Workflow and resumeFromRunId {run}")
+        return self._agent_report(item, old_session, old_path)
+
     def take(self, items, old_session: str, old_path: str, old_pid=None) -> str:
         """Carry the open items of the session being replaced; returns the line to show."""
-        said, failed, manifest = [], [], []
+        said, failed, changed = [], [], []
+        planned = self.planned
         for item in items:
             if item.tool_use_id in self.taken:
                 # Carried at an earlier swap: it goes on as it is (a relaunched monitor
@@ -7702,52 +7755,49 @@ class BackgroundCarry:
                                 f"{', '.join(map(str, job.pids))})")
                 continue
             self.taken.add(item.tool_use_id)
+            name = item.task_id or item.label
+            line = ""
             if item.kind == "shell":
                 pids = _holders(item.output_file)
                 self.jobs.append(CarriedJob(item, pids, output=item.output_file))
-                manifest.append(f"background command {item.task_id or item.label} ({item.command}) "
-                                f"keeps running; its output is in {item.output_file}; cc-lhc will "
-                                "tell you when it finishes")
-                said.append(f"shell {item.task_id or item.label} (pid "
-                            f"{', '.join(map(str, pids)) or 'already finished'})")
+                said.append(f"shell {name} (pid {', '.join(map(str, pids)) or 'already finished'})")
             elif item.kind == "monitor":
                 job, why = self._relaunch(item, old_pid)
-                name = item.task_id or item.label
                 if job is None:
-                    manifest.append(f"monitor {name} ({item.command}) could not be restarted after "
-                                    f"the swap ({why}); start it again with Monitor if you still need it")
+                    line = (f"monitor {name} ({item.command}) could not be restarted after the swap "
+                            f"({why}); start it again with Monitor if you still need it")
                     failed.append(f"monitor {name} ({why})")
-                    continue
-                self.jobs.append(job)
-                manifest.append(f"monitor {name} ({item.command}) stopped with the previous Claude "
-                                f"process, so cc-lhc started its command again; cc-lhc will tell you "
-                                f"each new event (its output is in {job.output})")
-                said.append(f"monitor {name} (relaunched, pid {job.pids[0]})")
+                else:
+                    self.jobs.append(job)
+                    said.append(f"monitor {name} (relaunched, pid {job.pids[0]})")
             elif item.kind == "wakeup":
                 self.wakeups.append((self._wakeup_due(item), item))
-                manifest.append(f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) "
-                                "is still pending; cc-lhc will deliver its prompt when it falls due")
                 said.append("wake-up")
             elif item.kind == "workflow":
-                run = item.run_id or "(its run id is in the workflow's journal)"
-                manifest.append(f"workflow {item.args.get('name') or item.label} stopped with the "
-                                f"previous Claude process; continue it with Workflow and "
-                                f"resumeFromRunId {run}")
                 said.append(f"workflow {item.run_id or item.label} (resume offered)")
             elif item.kind == "agent":
-                report = self._agent_report(item, old_session, old_path)
-                manifest.append(report)
-                said.append(f"agent {item.task_id or item.label} "
-                            f"({'finished, result told' if ' had finished' in report else 'interrupted, resume offered'})")
-        if manifest:
+                line = self._agent_report(item, old_session, old_path)
+                said.append(f"agent {name} "
+                            f"({'finished, result told' if ' had finished' in line else 'interrupted, resume offered'})")
+            if item.tool_use_id not in planned:
+                line = line or self._manifest_line(item, old_session, old_path, None)
+            if line and line != planned.get(item.tool_use_id):
+                changed.append(line)
+        self.planned = {}
+        if changed:
             self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
-                              "Background work from before: " + "; ".join(manifest) + ".")
+                              "Background work from before, since the rebuilt session was written: "
+                              + "; ".join(changed) + ".")
         parts = (["carried across the swap: " + ", ".join(said)] if said else []) + (
             ["could not carry: " + ", ".join(failed)] if failed else [])
         self.carried = "; ".join(parts)
         self.session.home.log("background_carried", items=[i.label for i in items], said=said,
-                              failed=failed)
+                              failed=failed, told_after_rebuild=len(changed))
         return self.carried
+
+    def _monitor_output(self, item) -> str:
+        return os.path.join(self.session.home.path("continuity", self.thread_id, "monitors"),
+                            f"{item.task_id or item.tool_use_id}.output")
 
     def _relaunch(self, item, old_pid):
         """Start a monitor's command again under continuity/<thread>/monitors/, as our own
@@ -7768,8 +7818,8 @@ class BackgroundCarry:
         deadline = self._launched_at(item) + timeout
         if time.time() >= deadline:
             return None, "its timeout_ms had run out"
-        folder = self.session.home.ensure("continuity", self.thread_id, "monitors")
-        output = os.path.join(folder, f"{item.task_id or item.tool_use_id}.output")
+        self.session.home.ensure("continuity", self.thread_id, "monitors")
+        output = self._monitor_output(item)
         try:
             offset = os.path.getsize(output) if os.path.exists(output) else 0
             with open(output, "ab") as out, open(output[:-len(".output")] + ".stderr", "ab") as err:
@@ -7784,7 +7834,7 @@ class BackgroundCarry:
         return CarriedJob(item, [process.pid], offset=offset, output=output, process=process,
                           deadline=deadline), ""
 
-    def _wakeup_due(self, item) -> float:
+    def _wakeup_due(self, item, store=None) -> float:
         """When Claude would have fired it: the first whole minute after launch + delay,
         the delay clamped to [60, 3600] s as Claude clamps it."""
         import math
@@ -7792,14 +7842,17 @@ class BackgroundCarry:
             delay = float(item.args.get("delaySeconds") or 60)
         except (TypeError, ValueError):
             delay = 60.0
-        return math.ceil((self._launched_at(item) + min(3600.0, max(60.0, delay))) / 60) * 60
+        return math.ceil((self._launched_at(item, store) + min(3600.0, max(60.0, delay))) / 60) * 60
 
-    def _launched_at(self, item) -> float:
-        store = ThreadStore(self.session.home, self.thread_id)
+    def _launched_at(self, item, store=None) -> float:
+        """When the item's launch was recorded (``store``: the thread's, when one is open)."""
+        own = store is None
+        store = store or ThreadStore(self.session.home, self.thread_id)
         try:
             row = store.db.execute("SELECT created FROM messages WHERE seq = ?", (item.seq,)).fetchone()
         finally:
-            store.close()
+            if own:
+                store.close()
         try:
             return datetime.datetime.fromisoformat(str(row[0]).replace("Z", "+00:00")).timestamp()
         except (TypeError, ValueError):
@@ -8102,6 +8155,7 @@ class LiveHandoff:
             if not a.go:
                 return a.reason
             self.carrying = background_items(store)
+            manifest = self.carry.plan(self.carrying, spec.session_id, capture.path, store)
             # From here Smart Compact owns the settled session: bytes bound for Claude are
             # dropped (never buffered or replayed) until the switch or the failure says so.
             relay.drop_input = True
@@ -8110,7 +8164,8 @@ class LiveHandoff:
             try:
                 pending = rebuild(home, session.hostdb, store, capture.thread_id, spec.session_id,
                                   session.policy, spec.cwd, envelope_from=capture.path, assessment=a,
-                                  plan_view=prune_planner(prune) if prune is not None else None)
+                                  plan_view=prune_planner(prune) if prune is not None else None,
+                                  manifest=manifest)
             except PruneUnchanged as e:
                 # Nothing was written and nothing swaps: Claude gets its input back.
                 relay.drop_input = False

@@ -74,6 +74,16 @@ def start_in_background(rc, tmux, command: str):
     return t
 
 
+def rebuilt_manifest(rc, n: int = 0) -> str:
+    """The carried-work manifest written into the ``n``th rebuilt session ('' if none)."""
+    path = log_events(rc, "smart_compact_rebuilt")[n]["path"]
+    for line in Path(path).read_text().splitlines():
+        content = json.loads(line).get("message", {}).get("content")
+        if isinstance(content, str) and content.startswith("[cc-lhc] Background work"):
+            return content
+    return ""
+
+
 def requests_holding(rc, text: str) -> list[dict]:
     return [r for r in rc.api.message_requests if text in json.dumps(r["body"]["messages"])]
 
@@ -96,7 +106,7 @@ def test_a_background_shell_job_outlives_the_swap_and_its_result_reaches_the_rep
     first = real_claude.api.message_requests[0]
     (told,) = [r for r in requests_holding(real_claude, "has finished") if marker in json.dumps(r)]
     assert told["session_id"] != first["session_id"]  # the replacement, not the old child
-    note = json.dumps(told["body"]["messages"][-1])
+    note = new_input(told)  # what follows Claude's last answer (the CLI may add system text after it)
     assert "[runtime note]" in note and marker in note
     output = re.search(r"Its output file is (\S+?\.output)", note).group(1)
     content = Path(output).read_text()
@@ -108,8 +118,16 @@ def test_the_session_end_stops_carried_jobs_and_keeps_what_was_not_told(real_cla
     t = start_in_background(real_claude, tmux, "sleep 300; echo NEVER-SEEN")
     _wait_for_log(real_claude, "handoff_switched")
     assert running("echo NEVER-SEEN"), "carried across the swap"
-    # the manifest reaches the replacement first: the job keeps running, cc-lhc watches it
-    wait_until(lambda: requests_holding(real_claude, "keeps running"), "the manifest")
+    # the rebuilt session itself says the job keeps running and cc-lhc watches it, so the
+    # replacement's first request already holds it, with nothing typed on its behalf
+    assert "keeps running as its own process" in rebuilt_manifest(real_claude)
+    assert "echo NEVER-SEEN" in rebuilt_manifest(real_claude)
+    type_line(t, "what is running?")
+    first = real_claude.api.message_requests[0]["session_id"]
+    (asked,) = wait_until(lambda: [r for r in requests_holding(real_claude, "what is running?")
+                                   if r["session_id"] != first], "the prompt reaching the replacement")
+    assert "keeps running as its own process" in json.dumps(asked["body"]["messages"])
+    assert "[runtime note]" not in json.dumps(asked["body"]["messages"])  # nothing to add after it
     type_line(t, "/exit")
     assert t.wait_exit() == 0
     assert not running("echo NEVER-SEEN")  # nobody asked for it to outlive the session
@@ -250,11 +268,16 @@ def test_an_unfinished_background_agent_is_reported_interrupted_with_its_id(real
                     lambda body: text_reply("never", hold=busy))
     try:
         _wait_for_log(real_claude, "handoff_switched")
-        told = replacement_told(real_claude, "was interrupted by the swap")
         (said,) = log_events(real_claude, "background_carried")[0]["said"]
         agent = re.search(r"agent (a\w+)", said).group(1)
-        assert "[runtime note]" in told and f"SendMessage({agent})" in told
         assert said == f"agent {agent} (interrupted, resume offered)"
+        manifest = rebuilt_manifest(real_claude)
+        assert "was interrupted by the swap" in manifest and f"SendMessage({agent})" in manifest
+        type_line(t, "where is the agent?")
+        first = real_claude.api.message_requests[0]["session_id"]
+        (asked,) = wait_until(lambda: [r for r in requests_holding(real_claude, "where is the agent?")
+                                       if r["session_id"] != first], "the prompt reaching the replacement")
+        assert f"resume it with SendMessage({agent})" in json.dumps(asked["body"]["messages"])
     finally:
         busy.set()
     type_line(t, "/exit")
@@ -274,6 +297,9 @@ def test_a_background_agent_that_finished_during_the_swap_has_its_result_told(re
         _wait_for_log(real_claude, "handoff_switched")
         told = replacement_told(real_claude, "its final result")
         assert "had finished" in told and "AGENT-RESULT-42" in told
+        # the rebuilt session was written before it finished: only the change is told
+        assert "was interrupted by the swap" in rebuilt_manifest(real_claude)
+        assert "since the rebuilt session was written" in told
     finally:
         done.set()
     type_line(t, "/exit")
@@ -331,6 +357,7 @@ def test_a_wake_up_scheduled_before_a_swap_fires_after_it_from_the_replacement(r
     _wait_for_log(rc, "handoff_switched")
     (carried,) = log_events(rc, "background_carried")
     assert carried["said"] == ["wake-up"]
+    assert "a wake-up you scheduled (look again) is still pending" in rebuilt_manifest(rc)
     # the old Claude, which held the wake-up in memory, is gone: cc-lhc fires it when due
     told = replacement_told(rc, marker, timeout=150)
     assert told.count("[runtime note] your scheduled wake-up is due (look again)") == 1

@@ -3,6 +3,7 @@ records Claude Code 2.1.328 writes (tests/fixtures/background/)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import cc_lhc
@@ -30,9 +31,9 @@ def open_items(tmp_path, t: Transcript) -> list:
         cap.stop()
 
 
-def launch(t: Transcript, tid: str, name: str, ack: str = "started", **inp):
+def launch(t: Transcript, tid: str, tool: str, ack: str = "started", **inp):
     t.user("go")
-    t.assistant({"type": "tool_use", "id": tid, "name": name, "input": inp}, stop="tool_use")
+    t.assistant({"type": "tool_use", "id": tid, "name": tool, "input": inp}, stop="tool_use")
     t.tool_result((tid, ack))
     t.assistant(text("started"))
 
@@ -231,3 +232,48 @@ def test_a_monitor_closes_on_its_completed_notification(tmp_path):
     assert [i.task_id for i in open_items(tmp_path / "b", t)] == ["bm1"]  # an event is no end
     t.user("<task-notification>\n<task-id>bm1</task-id>\n<status>completed</status>\n</task-notification>")
     assert open_items(tmp_path / "c", t) == []
+
+
+def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_path):
+    """Workflows, wake-ups and agents go on from lines in the rebuilt session itself, and at
+    the switch Claude is told only what changed since (here: nothing)."""
+    t = Transcript()
+    launch(t, "toolu_wf", "Workflow", "Workflow started in the background. Run id: wf_7d1c2e",
+           **{"name": "nightly-check", "script": "steps"})
+    launch(t, "toolu_wake", "ScheduleWakeup", "scheduled", delaySeconds=120, reason="look again",
+           prompt="check the build")
+    launch(t, "toolu_agent", "Agent", AGENT_ACK, prompt="look around", description="d")
+    t.user("and now?")
+    t.assistant(text("over the trigger"), usage=OVER)
+    cap = captured(tmp_path, t)
+    home = cap.home
+
+    class Session:
+        capture = type("C", (), {"thread_id": "thread-1"})()
+
+    Session.home = home
+    carry = cc_lhc.BackgroundCarry(Session())
+    try:
+        items = cc_lhc.background_items(cap.store)
+        lines = carry.plan(items, "sess-1", str(tmp_path / "proj" / "sess-1.jsonl"), cap.store)
+        assert len(lines) == 3
+        assert "workflow nightly-check" in lines[0] and "resumeFromRunId wf_7d1c2e" in lines[0]
+        assert "a wake-up you scheduled (look again) is still pending" in lines[1]
+        assert "SendMessage(a0123456789abcdef)" in lines[2] and "interrupted" in lines[2]
+        plan = cc_lhc.plan_rebuild(home, cap.store, "thread-1", cc_lhc.load_policy(str(tmp_path), {}),
+                                   "new-sess", str(tmp_path), projects_root=str(tmp_path / "p"),
+                                   now="2026-12-01T10:00:00Z", manifest=lines)
+    finally:
+        cap.stop()
+    records = [json.loads(line) for line in plan.data.decode().splitlines()]
+    held = records[-2]["message"]["content"]
+    assert records[-2]["type"] == "user" and held == cc_lhc.render_manifest(lines)
+    assert all(f"- {line}" in held for line in lines)
+    assert records[-1]["type"] == "assistant"  # the session still ends on Claude's side
+    assert records[-2]["parentUuid"] == records[-3]["uuid"]
+    said = carry.take(items, "sess-1", str(tmp_path / "proj" / "sess-1.jsonl"))
+    assert said == ("carried across the swap: workflow wf_7d1c2e (resume offered), wake-up, "
+                    "agent a0123456789abcdef (interrupted, resume offered)")
+    assert not carry.notes  # all of it is in the rebuilt session already
+    # a later swap carries nothing again and writes no second manifest
+    assert carry.plan(items, "new-sess", str(tmp_path / "proj" / "new-sess.jsonl"), None) == []
