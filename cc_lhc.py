@@ -1680,11 +1680,28 @@ class Registry:
     which the registry lacks, from that copy (restore_missing).
     """
 
+    # What restore_missing last found nothing to do against, per registry path: the
+    # registry file's identity and the threads folder's mtime. A thread can only be
+    # missing when one of them changed (the registry was lost or replaced, or thread
+    # files were put in), so a process that opens the registry often checks once.
+    _checked = {}
+
     def __init__(self, home: "StateHome", restore=True):
         self.home = home
-        self.db = open_db(home.path("registry.sqlite"), REGISTRY_MIGRATIONS, synchronous="FULL")
+        path = home.path("registry.sqlite")
+        self.db = open_db(path, REGISTRY_MIGRATIONS, synchronous="FULL")
         if restore:
-            self.restore_missing()
+            seen = self._state(path)
+            if seen is None or Registry._checked.get(path) != seen:
+                self.restore_missing()
+                Registry._checked[path] = self._state(path)
+
+    def _state(self, path):
+        try:
+            reg, threads = os.stat(path), os.stat(self.home.path("threads"))
+        except OSError:
+            return None
+        return reg.st_dev, reg.st_ino, threads.st_mtime_ns
 
     # -- the copy each thread file carries ----------------------------------------------
 

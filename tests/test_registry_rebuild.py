@@ -201,3 +201,20 @@ def test_doctor_reports_and_repairs_a_lost_registry(fake_claude, iso_env, monkey
     assert thread["id"] == thread_id and thread["current_session"] == session
     assert "0 thread file(s) not in registry" not in lhc(fake_claude, "doctor").stdout
     assert "[  ok] registry: 1 thread(s)" in lhc(fake_claude, "doctor").stdout
+
+
+def test_a_process_checks_for_missing_threads_once_until_the_registry_or_threads_change(
+        iso_env, capsys, monkeypatch):
+    home, thread, _old, new, _unused, _before = swapped_thread(iso_env)
+    cc_lhc.Registry(home)
+    listed = []
+    real = cc_lhc._thread_file_ids
+    monkeypatch.setattr(cc_lhc, "_thread_file_ids", lambda h: listed.append(1) or real(h))
+    for _ in range(3):
+        cc_lhc.Registry(home)
+    assert listed == []  # nothing changed since the first open: no folder listing, no query
+    lose_registry(iso_env)  # lost while the process runs: the next open brings it back
+    capsys.readouterr()
+    again = cc_lhc.Registry(home)
+    assert listed == [1] and REBUILT_LINE in capsys.readouterr().err
+    assert again.current_session(thread) == new
