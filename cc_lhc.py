@@ -5837,7 +5837,8 @@ SHELL_LAUNCHED = re.compile(r"running in background with ID: (\w+)")
 OUTPUT_FILE = re.compile(r"(?:written to|output_file):? (\S+?\.output)\b")
 AGENT_LAUNCHED = re.compile(r"agentId: (\w+)")
 MONITOR_LAUNCHED = re.compile(r"Monitor started \(task (\w+)")
-WORKFLOW_RUN = re.compile(r"\b(wf_\w+)")
+WORKFLOW_SCRIPT = re.compile(r"^Script file: (\S+)$", re.M)
+WORKFLOW_RUN = re.compile(r"\b(wf_[A-Za-z0-9_-]+)")  # e.g. wf_9169026d-0ab
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
 
 
@@ -5845,7 +5846,7 @@ class BackgroundItem:
     """One piece of background work a Claude process started and has not finished."""
 
     def __init__(self, kind, tool_name, seq, tool_use_id, args, task_id="", output_file="",
-                 run_id=""):
+                 run_id="", script=""):
         self.kind = kind                # shell, monitor, workflow, wakeup, agent
         self.tool_name = tool_name
         self.seq = seq                  # the launch call's message
@@ -5854,6 +5855,7 @@ class BackgroundItem:
         self.task_id = task_id
         self.output_file = output_file
         self.run_id = run_id            # a workflow's run, which Workflow{resumeFromRunId} continues
+        self.script = script            # a workflow's script as Claude saved it (Workflow{scriptPath})
 
     def __repr__(self) -> str:
         return f"BackgroundItem({self.kind} {self.label} {self.task_id})"
@@ -5892,8 +5894,9 @@ def _launched(name, args, ack):
         kind, task_id = name.lower(), ""
     out = OUTPUT_FILE.search(ack)
     run = WORKFLOW_RUN.search(ack) if kind == "workflow" else None
+    script = WORKFLOW_SCRIPT.search(ack) if kind == "workflow" else None
     return dict(kind=kind, task_id=task_id, output_file=out.group(1) if out else "",
-                run_id=run.group(1) if run else "")
+                run_id=run.group(1) if run else "", script=script.group(1) if script else "")
 
 
 def _closed(item, seq, notes, stops, metas) -> bool:
@@ -7444,10 +7447,12 @@ def replacement_args(args):
     """Claude's argv for a wrapper-owned replacement child, and what was left out (pure).
 
     The launch's options carry over; its prompt, session selectors and print flags never
-    do (a prompt would run again; a print child would exit at once). An option whose
-    value boundary the argv does not establish (optional-value, variadic, or unknown, in
-    its space form) is left out and named, since guessing could swallow or split a value;
-    the `--opt=value` form of the same option carries through.
+    do (a prompt would run again; a print child would exit at once). A variadic option
+    (--allowedTools a b) took every argument up to the next option when Claude parsed
+    the launch, so its values carry as one `--opt=value` each, which no later argument
+    can join. An option whose value boundary the argv does not establish (optional-value
+    or unknown, in its space form) is left out and named, since guessing could swallow or
+    split a value; the `--opt=value` form of the same option carries through.
     """
     kept, left_out = [], []
     i = 0
@@ -7474,6 +7479,11 @@ def replacement_args(args):
         elif name in CLAUDE_FLAG_OPTIONS:
             kept.append(a)
             i += 1
+        elif kind == "variadic":
+            i += 1
+            while i < len(args) and not args[i].startswith("-"):
+                kept.append(f"{name}={args[i]}")
+                i += 1
         else:
             left_out.append(a)
             i += 1
@@ -7710,6 +7720,7 @@ class BackgroundCarry:
         self.jobs = []
         self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
         self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
+        self.journals = []         # workflows whose journal follows the session at this switch
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.notes = collections.deque()
         self.next_poll = 0.0
@@ -7753,9 +7764,16 @@ class BackgroundCarry:
             return (f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) is "
                     f"still pending; cc-lhc will deliver its prompt when it falls due (about {due})")
         if item.kind == "workflow":
-            run = item.run_id or "(its run id is in the workflow's journal)"
-            return (f"workflow {item.args.get('name') or item.label} stopped with the previous "
-                    f"Claude process; continue it with Workflow and resumeFromRunId {run}")
+            name = item.args.get("name") or item.label
+            if not item.run_id:
+                return (f"workflow {name} stopped with the previous Claude process and its launch "
+                        "named no run id to resume from; run it again with Workflow if it is "
+                        "still needed")
+            call = (f'Workflow({{scriptPath: "{item.script}", resumeFromRunId: "{item.run_id}"}})'
+                    if item.script else f'Workflow with resumeFromRunId "{item.run_id}" and the same script')
+            return (f"workflow {name} (run {item.run_id}) stopped with the previous Claude process; "
+                    f"cc-lhc carries its journal into this session, so {call} continues it, the "
+                    "agent calls it had finished coming back from the journal")
         return self._agent_report(item, old_session, old_path)
 
     def take(self, items, old_session: str, old_path: str, old_pid=None) -> str:
@@ -7791,6 +7809,8 @@ class BackgroundCarry:
                 self.wakeups.append((self._wakeup_due(item), item))
                 said.append("wake-up")
             elif item.kind == "workflow":
+                if item.run_id:
+                    self.journals.append(item)
                 said.append(f"workflow {item.run_id or item.label} (resume offered)")
             elif item.kind == "agent":
                 line = self._agent_report(item, old_session, old_path)
@@ -7811,6 +7831,28 @@ class BackgroundCarry:
         self.session.home.log("background_carried", items=[i.label for i in items], said=said,
                               failed=failed, told_after_rebuild=len(changed))
         return self.carried
+
+    def carry_journals(self, old_path: str, new_path: str) -> None:
+        """Copy each carried workflow's run folder (journal and agent transcripts) from the
+        old session's folder into the new one's, once the old Claude has ended and wrote
+        its last line: Workflow{resumeFromRunId} reads the journal from the session it
+        runs in, and serves the agent calls it holds from it instead of running them again.
+        """
+        import shutil
+        for item in self.journals:
+            parts = ("subagents", "workflows", item.run_id)
+            source = os.path.join(old_path[:-len(".jsonl")], *parts)
+            target = os.path.join(new_path[:-len(".jsonl")], *parts)
+            try:
+                shutil.copytree(source, target, dirs_exist_ok=True)
+            except (OSError, shutil.Error) as e:
+                self.session.home.log("workflow_journal_not_carried", run=item.run_id, error=repr(e))
+                self.notes.append(f"[runtime note] The journal of workflow run {item.run_id} could "
+                                  f"not be carried into this session ({e}); resuming it will run "
+                                  "every agent call again.")
+                continue
+            self.session.home.log("workflow_journal_carried", run=item.run_id, to=target)
+        self.journals = []
 
     def _monitor_output(self, item) -> str:
         return os.path.join(self.session.home.path("continuity", self.thread_id, "monitors"),
@@ -8334,6 +8376,7 @@ class LiveHandoff:
         home.log("handoff_switched", thread=fresh.thread_id, new_session=spec.session_id,
                  old_pid=old_child.pid, new_pid=new.pid)
         self._end_old(old_child, self.carry.end_signal())
+        self.carry.carry_journals(old_capture.path, pending.path)
         self.host.watch(new.pid)
         if carried:
             session.announce(carried, relay)

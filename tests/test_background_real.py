@@ -367,3 +367,70 @@ def test_a_wake_up_scheduled_before_a_swap_fires_after_it_from_the_replacement(r
     first = rc.api.message_requests[0]["session_id"]
     fired = [r for r in rc.api.message_requests if marker in new_input(r)]
     assert len(fired) == 1 and fired[0]["session_id"] != first  # once, from the replacement
+
+
+WORKFLOW_SCRIPT = """export const meta = { name: 'carry', description: 'two steps', phases: [] }
+const a = await agent('WF-STEP-ONE')
+const b = await agent('WF-STEP-TWO')
+return a + ' ' + b
+"""
+
+
+def test_a_workflow_running_at_the_swap_resumes_in_the_replacement_from_its_carried_journal(
+        real_claude, tmux):
+    """Its first agent finished before the swap, its second was still running: the rebuilt
+    session says how to resume it, the journal is in the new session's folder, and resuming
+    there serves the first agent from the journal and runs only the second again."""
+    import threading
+    rc = real_claude
+    one_done, two_free, swapped = threading.Event(), threading.Event(), threading.Event()
+
+    def respond(body):
+        first, messages = json.dumps(body["messages"][:1]), json.dumps(body["messages"])
+        if "WF-STEP-ONE" in first:
+            one_done.set()
+            return "ONE-DONE"
+        if "WF-STEP-TWO" in first:
+            return "TWO-DONE" if swapped.is_set() else text_reply("TWO-LATE", hold=two_free)
+        if "resume the workflow" in new_input({"body": body}):
+            call = re.search(r'Workflow\(\{scriptPath: \\"(\S+?)\\", resumeFromRunId: \\"(wf_[\w-]+)\\"\}\)',
+                             messages)
+            return tool_use_reply("Workflow", {"scriptPath": call.group(1), "resumeFromRunId": call.group(2)})
+        if "Workflow launched in background" in new_input({"body": body}) and not swapped.is_set():
+            # the answer over the trigger waits for the first agent, so the swap finds the
+            # run half done: one result in its journal, one agent still working
+            one_done.wait(30)
+            return text_reply("workflow started", usage=OVER_USAGE)
+        return "noted"
+
+    rc.api.script([tool_use_reply("Workflow", {"script": WORKFLOW_SCRIPT})])
+    rc.api.responder = respond
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Workflow"],
+             cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    try:
+        t.wait_for(PROMPT)
+        type_line(t, "run the workflow")
+        _wait_for_log(rc, "handoff_switched")
+        swapped.set()
+        (carried,) = log_events(rc, "background_carried")
+        (said,) = carried["said"]
+        run = re.match(r"workflow (wf_[\w-]+) \(resume offered\)", said).group(1)
+        assert f'resumeFromRunId: "{run}"' in rebuilt_manifest(rc)
+        _wait_for_log(rc, "workflow_journal_carried")  # once the old Claude has ended
+        (journal,) = log_events(rc, "workflow_journal_carried")
+        new_session = log_events(rc, "handoff_switched")[0]["new_session"]
+        assert journal["run"] == run and f"/{new_session}/subagents/workflows/{run}" in journal["to"]
+        assert '"type":"result"' in (Path(journal["to"]) / "journal.jsonl").read_text()  # step one
+        type_line(t, "resume the workflow")
+        done = wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] == new_session
+                                   and "served from cache" in new_input(r)],
+                          "the resumed workflow's completion reaching the replacement", timeout=60)
+        told = new_input(done[0])
+        assert "ONE-DONE TWO-DONE" in told
+        asked = [json.dumps(r["body"]["messages"][:1]) for r in rc.api.message_requests]
+        assert sum("WF-STEP-ONE" in a for a in asked) == 1  # from the journal, not asked again
+        assert sum("WF-STEP-TWO" in a for a in asked) == 2  # unfinished at the swap: run again
+    finally:
+        two_free.set()
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0

@@ -4,6 +4,7 @@ records Claude Code 2.1.328 writes (tests/fixtures/background/)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import cc_lhc
@@ -234,12 +235,40 @@ def test_a_monitor_closes_on_its_completed_notification(tmp_path):
     assert open_items(tmp_path / "c", t) == []
 
 
+def test_the_recorded_workflow_launch_opens_an_item_with_its_run_and_script(tmp_path):
+    # The records the real CLI wrote for Workflow{script}: the launch acknowledgement names
+    # the task, the run (its id has a dash) and the saved script; the notification ends it.
+    lines = (FIXTURES / "workflow-2.1.328.jsonl").read_text().splitlines(True)
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(lines[:2]))
+    cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
+    try:
+        cap.catch_up()
+        (item,) = cc_lhc.background_items(cap.store)
+        assert item.kind == "workflow" and item.task_id == ""
+        assert re.fullmatch(r"wf_[0-9a-f]{8}-[0-9a-f]{3}", item.run_id)
+        assert item.script.endswith(f"/workflows/scripts/probe-{item.run_id}.js")
+        with open(path, "a") as f:
+            f.write("".join(lines[2:]))
+        cap.catch_up()
+        assert cc_lhc.background_items(cap.store) == []
+    finally:
+        cap.stop()
+
+
+RUN = "wf_7d1c2e00-a1b"
+WORKFLOW_ACK = (f"Workflow launched in background. Task ID: w1234abcd\nSummary: nightly\n"
+                f"Transcript dir: /p/sess-1/subagents/workflows/{RUN}\n"
+                f"Script file: /p/sess-1/workflows/scripts/nightly-{RUN}.js\nRun ID: {RUN}\n")
+
+
 def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_path):
     """Workflows, wake-ups and agents go on from lines in the rebuilt session itself, and at
     the switch Claude is told only what changed since (here: nothing)."""
     t = Transcript()
-    launch(t, "toolu_wf", "Workflow", "Workflow started in the background. Run id: wf_7d1c2e",
-           **{"name": "nightly-check", "script": "steps"})
+    launch(t, "toolu_wf", "Workflow", WORKFLOW_ACK, **{"name": "nightly-check", "script": "steps"})
     launch(t, "toolu_wake", "ScheduleWakeup", "scheduled", delaySeconds=120, reason="look again",
            prompt="check the build")
     launch(t, "toolu_agent", "Agent", AGENT_ACK, prompt="look around", description="d")
@@ -253,11 +282,14 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
 
     Session.home = home
     carry = cc_lhc.BackgroundCarry(Session())
+    old = tmp_path / "proj" / "sess-1.jsonl"
     try:
         items = cc_lhc.background_items(cap.store)
-        lines = carry.plan(items, "sess-1", str(tmp_path / "proj" / "sess-1.jsonl"), cap.store)
+        lines = carry.plan(items, "sess-1", str(old), cap.store)
         assert len(lines) == 3
-        assert "workflow nightly-check" in lines[0] and "resumeFromRunId wf_7d1c2e" in lines[0]
+        assert "workflow nightly-check" in lines[0] and "carries its journal" in lines[0]
+        assert (f'Workflow({{scriptPath: "/p/sess-1/workflows/scripts/nightly-{RUN}.js", '
+                f'resumeFromRunId: "{RUN}"}})') in lines[0]
         assert "a wake-up you scheduled (look again) is still pending" in lines[1]
         assert "SendMessage(a0123456789abcdef)" in lines[2] and "interrupted" in lines[2]
         plan = cc_lhc.plan_rebuild(home, cap.store, "thread-1", cc_lhc.load_policy(str(tmp_path), {}),
@@ -271,9 +303,35 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
     assert all(f"- {line}" in held for line in lines)
     assert records[-1]["type"] == "assistant"  # the session still ends on Claude's side
     assert records[-2]["parentUuid"] == records[-3]["uuid"]
-    said = carry.take(items, "sess-1", str(tmp_path / "proj" / "sess-1.jsonl"))
-    assert said == ("carried across the swap: workflow wf_7d1c2e (resume offered), wake-up, "
+    said = carry.take(items, "sess-1", str(old))
+    assert said == (f"carried across the swap: workflow {RUN} (resume offered), wake-up, "
                     "agent a0123456789abcdef (interrupted, resume offered)")
     assert not carry.notes  # all of it is in the rebuilt session already
+    # once the old Claude has ended, the run's journal follows into the new session's folder
+    journal = tmp_path / "proj" / "sess-1" / "subagents" / "workflows" / RUN
+    journal.mkdir(parents=True)
+    (journal / "journal.jsonl").write_text('{"type":"launched"}\n')
+    (journal / "agent-a1.jsonl").write_text("{}\n")
+    new = tmp_path / "proj" / "new-sess.jsonl"
+    carry.carry_journals(str(old), str(new))
+    moved = tmp_path / "proj" / "new-sess" / "subagents" / "workflows" / RUN
+    assert sorted(p.name for p in moved.iterdir()) == ["agent-a1.jsonl", "journal.jsonl"]
+    assert (moved / "journal.jsonl").read_text() == '{"type":"launched"}\n'
+    assert not carry.notes
     # a later swap carries nothing again and writes no second manifest
-    assert carry.plan(items, "new-sess", str(tmp_path / "proj" / "new-sess.jsonl"), None) == []
+    assert carry.plan(items, "new-sess", str(new), None) == []
+
+
+def test_a_workflow_journal_that_cannot_be_carried_is_told(tmp_path):
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+
+    class Session:
+        capture = type("C", (), {"thread_id": "thread-1"})()
+
+    Session.home = home
+    carry = cc_lhc.BackgroundCarry(Session())
+    carry.journals = [cc_lhc.BackgroundItem("workflow", "Workflow", 2, "toolu_wf", {}, run_id=RUN)]
+    carry.carry_journals(str(tmp_path / "old.jsonl"), str(tmp_path / "new.jsonl"))  # no such folder
+    (note,) = carry.notes
+    assert f"journal of workflow run {RUN} could not be carried" in note

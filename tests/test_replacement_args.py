@@ -28,10 +28,15 @@ import cc_lhc
     (["--permission-mode", "plan", "--dangerously-skip-permissions"],
      ["--permission-mode", "plan", "--dangerously-skip-permissions"], []),
     (["--autocompact", "auto"], ["--autocompact", "auto"], []),
-    # optional-value and variadic options in space form: the value boundary is unknown
+    # optional-value options in space form: the value boundary is unknown
     (["--debug", "api"], [], ["--debug", "api"]),
     (["--debug", "--verbose"], ["--verbose"], ["--debug"]),
-    (["--allowedTools", "Bash", "Edit", "--verbose"], ["--verbose"], ["--allowedTools", "Bash", "Edit"]),
+    # a variadic option took every argument up to the next option: each carries in =form,
+    # so nothing after it in the replacement's argv can become one of its values
+    (["--allowedTools", "Bash", "Edit", "--verbose"],
+     ["--allowedTools=Bash", "--allowedTools=Edit", "--verbose"], []),
+    (["--add-dir", "/a b", "--model", "m", "--disallowedTools", "WebFetch"],
+     ["--add-dir=/a b", "--model", "m", "--disallowedTools=WebFetch"], []),
     # ... while their =value form carries through
     (["--debug=api", "--allowedTools=Bash,Edit"], ["--debug=api", "--allowedTools=Bash,Edit"], []),
     # an option this table does not know is left out in space form, kept with =
