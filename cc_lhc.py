@@ -5915,13 +5915,19 @@ def _closed(item, seq, notes, stops, metas) -> bool:
     return bool(item.task_id) and any(s > seq and item.task_id == target for s, target in stops)
 
 
+# An item a swap carried is cc-lhc's from then on (BackgroundCarry): the Claude that
+# started it is gone, so no evidence of its end will ever be written by Claude. Its
+# tool_use_id is kept in the thread's meta under this prefix, and it is open no more.
+CARRIED_PREFIX = "background_carried:"
+
+
 def background_items(store) -> list:
     """The background items open in a thread's main conversation, oldest first.
 
     A launch acknowledgement (the tool result saying the work started, not the call)
     opens an item; only terminal evidence for that item closes it: a <task-notification>
     with a terminal status naming its tool call or task id, an explicit TaskStop of its
-    id that succeeded, or, for a ScheduleWakeup, its own firing.
+    id that succeeded, for a ScheduleWakeup its own firing, or a swap having carried it.
     """
     db = store.db
     marks = ",".join("?" * len(BACKGROUND_TOOLS))
@@ -5947,8 +5953,12 @@ def background_items(store) -> list:
         target = args.get("task_id") or args.get("shell_id") or args.get("id")
         if target:
             stops.append((seq, str(target)))
+    carried = {key[len(CARRIED_PREFIX):] for (key,) in db.execute(
+        "SELECT key FROM meta WHERE key LIKE ?", (CARRIED_PREFIX + "%",))}
     items = []
     for seq, name, tool_use_id, text, ack in launches:
+        if tool_use_id in carried:
+            continue
         args = _json_object(text)
         opened = _launched(name, args, ack or "")
         if opened is None:
@@ -7780,15 +7790,14 @@ class BackgroundCarry:
         """Carry the open items of the session being replaced; returns the line to show."""
         said, failed, changed = [], [], []
         planned = self.planned
+        # Carried at an earlier swap: it goes on as it is (a relaunched monitor keeps its
+        # process), and nothing is said to Claude again.
+        for job in self.jobs:
+            if not job.finished:
+                said.append(f"{job.item.kind} {job.name} (still running, pid "
+                            f"{', '.join(map(str, job.pids))})")
+        items = [i for i in items if i.tool_use_id not in self.taken]
         for item in items:
-            if item.tool_use_id in self.taken:
-                # Carried at an earlier swap: it goes on as it is (a relaunched monitor
-                # keeps its process), and nothing is said to Claude again.
-                job = next((j for j in self.jobs if j.item.tool_use_id == item.tool_use_id), None)
-                if job is not None and not job.finished:
-                    said.append(f"{item.kind} {job.name} (still running, pid "
-                                f"{', '.join(map(str, job.pids))})")
-                continue
             self.taken.add(item.tool_use_id)
             name = item.task_id or item.label
             line = ""
@@ -7821,6 +7830,7 @@ class BackgroundCarry:
             if line and line != planned.get(item.tool_use_id):
                 changed.append(line)
         self.planned = {}
+        self._record_carried(items, old_session)
         if changed:
             self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
                               "Background work from before, since the rebuilt session was written: "
@@ -7831,6 +7841,20 @@ class BackgroundCarry:
         self.session.home.log("background_carried", items=[i.label for i in items], said=said,
                               failed=failed, told_after_rebuild=len(changed))
         return self.carried
+
+    def _record_carried(self, items, old_session) -> None:
+        """Close the carried items in the thread (see CARRIED_PREFIX), so no later swap or
+        launch takes them for work still open in Claude."""
+        if not items or not self.thread_id:
+            return
+        store = ThreadStore(self.session.home, self.thread_id)
+        try:
+            with Tx(store.db) as db:
+                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                               [(CARRIED_PREFIX + i.tool_use_id, f"{i.kind} from {old_session}")
+                                for i in items])
+        finally:
+            store.close()
 
     def carry_journals(self, old_path: str, new_path: str) -> None:
         """Copy each carried workflow's run folder (journal and agent transcripts) from the

@@ -307,6 +307,14 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
     assert said == (f"carried across the swap: workflow {RUN} (resume offered), wake-up, "
                     "agent a0123456789abcdef (interrupted, resume offered)")
     assert not carry.notes  # all of it is in the rebuilt session already
+    # from now on they are cc-lhc's: the thread holds them as carried, open no more, so a
+    # later launch of the thread (another process, no memory of this one) never takes them
+    # for work still running in Claude
+    store = cc_lhc.ThreadStore(home, "thread-1")
+    try:
+        assert cc_lhc.background_items(store) == []
+    finally:
+        store.close()
     # once the old Claude has ended, the run's journal follows into the new session's folder
     journal = tmp_path / "proj" / "sess-1" / "subagents" / "workflows" / RUN
     journal.mkdir(parents=True)
