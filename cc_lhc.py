@@ -4359,15 +4359,24 @@ def _death_link_preexec(parent_pid: int):
 def start_watchdog(child_pid: int):
     """Where the kernel cannot tie a child to us (macOS), a small process does it.
 
-    It runs this same program as `cc-lhc __watchdog <wrapper> <child>`, so it works
-    from a checkout, the zipapp and the frozen bundle alike.
+    It runs this same program as `cc-lhc __watchdog <wrapper> <child>` (spawn_self).
     """
     if sys.platform.startswith("linux") or os.name != "posix":
         return None
+    return spawn_self(["__watchdog", str(os.getpid()), str(child_pid)])
+
+
+def spawn_self(args: list, stdin=None):
+    """Start this same program (`cc-lhc <args>`) as a helper process in a session of its
+    own, so the terminal's hangup does not end it with the wrapper.
+
+    Through self_command(), so it works from a checkout, the zipapp and the frozen bundle.
+    """
     import subprocess
-    return subprocess.Popen(self_command() + ["__watchdog", str(os.getpid()), str(child_pid)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(self_command() + args,
+                            stdin=subprocess.DEVNULL if stdin is None else stdin,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def tie_to_wrapper_windows(child_pid: int):  # pragma: no cover - Windows only
@@ -7631,24 +7640,27 @@ def _stop_job(pid: int, start) -> None:
     Only while pid is still the process that was carried (same start time): pids are
     reused quickly, and a signal to a reused one would end an unrelated program.
     """
-    import time
     try:
         group = os.getpgid(pid)
     except OSError:
         return
     kill = (lambda s: os.killpg(group, s)) if group != os.getpgrp() else (lambda s: os.kill(pid, s))
+    _end_with(kill, lambda: _alive(pid, start))
+
+
+def _end_with(kill, running) -> None:
+    """SIGTERM, two seconds to go, then SIGKILL, each only while running() says so."""
+    import time
     for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
-        if not _alive(pid, start):
+        if not running():
             return
         try:
             kill(sig)
         except OSError:
             return
         deadline = time.monotonic() + wait
-        while _alive(pid, start) and time.monotonic() < deadline:
+        while running() and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not _alive(pid, start):
-            return
 
 
 class CarriedJob:
@@ -7736,6 +7748,7 @@ class BackgroundCarry:
         self.next_poll = 0.0
         self.carried = ""          # the last swap's one line, for the person and /status
         self.thread_id = session.capture.thread_id if session.capture else None
+        self.guard = CarryGuard(session.home, self.thread_id)
         self._load_kept()
 
     @property
@@ -7840,6 +7853,7 @@ class BackgroundCarry:
         self.carried = "; ".join(parts)
         self.session.home.log("background_carried", items=[i.label for i in items], said=said,
                               failed=failed, told_after_rebuild=len(changed))
+        self.guard.sync(self.jobs)
         return self.carried
 
     def _record_carried(self, items, old_session) -> None:
@@ -7995,6 +8009,7 @@ class BackgroundCarry:
                 self.notes.append(f"[runtime note] your scheduled wake-up is due "
                                   f"({item.args.get('reason') or 'no reason given'}): "
                                   f"{item.args.get('prompt') or ''}")
+        self.guard.sync(self.jobs)
 
     def _poll_job(self, job, now) -> None:
         if job.process is not None:
@@ -8081,38 +8096,206 @@ class BackgroundCarry:
                 self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) "
                                   f"event: {event}")
             self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
-            self.notes.append(f"[runtime note] The background {job.item.kind} {job.name} "
-                              f"({job.item.command}) was stopped when the previous cc-lhc session "
-                              f"ended; its output so far is in {job.output}.")
+            self.notes.append(stopped_note(job.item.kind, job.name, job.item.command, job.output))
         for _due, item in self.wakeups:
             self.notes.append(f"[runtime note] a wake-up was still pending when the previous "
                               f"session ended ({item.args.get('reason') or 'no reason given'}): "
                               f"{item.args.get('prompt') or ''}")
+        self.guard.sync(self.jobs)  # every job is finished now: the guard holds none
         self.jobs, self.wakeups = [], []
         path = self._kept_path()
-        if path is None:
-            return
-        if os.path.exists(path):
-            os.unlink(path)
-        if self.notes:
-            write_atomic(path, json.dumps(list(self.notes)).encode())
+        if path is not None:
+            if os.path.exists(path):
+                os.unlink(path)
+            if self.notes:
+                write_atomic(path, json.dumps(list(self.notes)).encode())
+        self.guard.end()
 
     def _kept_path(self):
-        if not self.thread_id:
-            return None
-        return os.path.join(self.session.home.ensure("continuity", self.thread_id), "undelivered.json")
+        return kept_notes_path(self.session.home, self.thread_id) if self.thread_id else None
 
     def _load_kept(self) -> None:
         path = self._kept_path()
         if path is None or not os.path.exists(path):
             return
-        try:
-            with open_regular(path) as f:
-                kept = json.loads(f.read())
-        except (OSError, ValueError):
+        kept = read_kept_notes(path)
+        if kept is None:
             return
-        self.notes.extend(str(n) for n in kept if isinstance(n, str))
+        self.notes.extend(kept)
         os.unlink(path)  # from here on they are this session's, and saved again if not told
+
+
+def stopped_note(kind: str, name: str, command: str, output: str) -> str:
+    """What the next launch of the thread tells Claude about carried work the end stopped."""
+    return (f"[runtime note] The background {kind} {name} ({command}) was stopped when the "
+            f"previous cc-lhc session ended; its output so far is in {output}.")
+
+
+def kept_notes_path(home, thread_id: str) -> str:
+    """continuity/<thread>/undelivered.json: notes for the next launch of the thread."""
+    return os.path.join(home.ensure("continuity", thread_id), "undelivered.json")
+
+
+def read_kept_notes(path: str):
+    """The notes kept in that file (a JSON list of strings), or None when it cannot be read."""
+    try:
+        with open_regular(path) as f:
+            kept = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return [str(n) for n in kept if isinstance(n, str)] if isinstance(kept, list) else None
+
+
+class CarryGuard:
+    """A process that outlives cc-lhc to stop the work it carried if cc-lhc itself is killed.
+
+    BackgroundCarry.close() ends carried work when a session ends, but a SIGKILL or a hard
+    crash of cc-lhc never gets there, and a shell job whose Claude was swapped out has no
+    parent left to die with. So the first carried process starts `cc-lhc __carry-guard
+    <home> <thread>` (spawn_self), fed through a pipe on its stdin with one JSON line per
+    change: the pids (with start times) to guard for a job, a job that is done, and at a
+    clean end "end". The pipe ending without "end" means cc-lhc is gone (run_carry_guard).
+    Sessions that carry no process never start one.
+    """
+
+    def __init__(self, home, thread_id):
+        self.home, self.thread_id = home, thread_id
+        self.process = None
+        self.told = {}          # job key -> the [pid, start time] pairs the guard holds for it
+        self.broken = False     # it could not start or its pipe broke: the session goes on
+
+    def sync(self, jobs) -> None:
+        """Tell the guard about each job that appeared, changed its pids or ended since last time."""
+        for job in jobs:
+            key = job.item.tool_use_id
+            # Only pids whose start time is known: an unknown one could be signalled after reuse.
+            pids = [] if job.finished else [[p, job.starts[p]] for p in job.pids
+                                            if job.starts.get(p) is not None]
+            if self.told.get(key, []) == pids:
+                continue
+            self.told[key] = pids
+            if pids:
+                self._send({"op": "guard", "id": key, "pids": pids, "groups": _groups_of(pids),
+                            "kind": job.item.kind, "name": job.name, "command": job.item.command,
+                            "output": job.output})
+            else:
+                self._send({"op": "done", "id": key})
+
+    def end(self) -> None:
+        """The session ended cleanly (close() stopped and kept everything): the guard leaves."""
+        if self.process is None:
+            return
+        self._send({"op": "end"})
+        process, self.process = self.process, None
+        try:
+            process.stdin.close()
+            process.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - a guard slow to go exits on its own, nothing to stop
+            pass
+
+    def _send(self, message: dict) -> None:
+        if self.process is None and message["op"] == "guard" and not self.broken and os.name == "posix":
+            self._start()
+        if self.process is None:
+            return
+        try:
+            self.process.stdin.write(json.dumps(message).encode("utf-8") + b"\n")
+            self.process.stdin.flush()
+        except OSError as e:
+            self.home.log("carry_guard_lost", guard_pid=self.process.pid, error=str(e))
+            self.process, self.broken = None, True
+
+    def _start(self) -> None:
+        import subprocess
+        # subprocess's pipe is close-on-exec on our side: no Claude or job started later holds
+        # it open, so the guard sees the end of it when cc-lhc dies, however it dies.
+        try:
+            self.process = spawn_self(["__carry-guard", self.home.root, self.thread_id or ""],
+                                      stdin=subprocess.PIPE)
+        except OSError as e:
+            self.broken = True
+            self.home.log("carry_guard_failed", error=str(e))
+            return
+        self.home.log("carry_guard_started", guard_pid=self.process.pid)
+
+
+def run_carry_guard(root: str, thread_id: str) -> int:
+    """`cc-lhc __carry-guard <home> <thread>`: the guard's side of CarryGuard.
+
+    Reads the wrapper's lines until the pipe ends; without a clean "end" the wrapper died,
+    so every guarded job still running as the same process is stopped, logged, and told to
+    the next launch of the thread. Small and stdlib only: no tokenizer, no thread store.
+    """
+    guarded, clean = {}, False
+    for raw in sys.stdin.buffer:
+        message = json_record(raw) or {}
+        if message.get("op") == "guard" and isinstance(message.get("pids"), list):
+            guarded[message.get("id")] = message
+        elif message.get("op") == "done":
+            guarded.pop(message.get("id"), None)
+        elif message.get("op") == "end":
+            clean = True
+    if clean or not guarded:
+        return EXIT_OK
+    home = StateHome(root)
+    notes = [_guard_stop(home, job) for job in guarded.values()]
+    if thread_id:
+        path = kept_notes_path(home, thread_id)
+        kept = read_kept_notes(path)
+        if kept is None and os.path.lexists(path):  # unreadable: moved aside, never overwritten
+            os.replace(path, f"{path}.{os.getpid()}.unreadable")
+        _write_private_json(path, (kept or []) + notes)
+    return EXIT_OK
+
+
+def _groups_of(pids) -> list:
+    """[group, its leader's start time] for each guarded process's group, noted while it runs
+    (the guard may first read them after the leader is gone)."""
+    groups = {}
+    for pid, start in pids:
+        try:
+            group = os.getpgid(pid) if _alive(pid, start) else None
+        except OSError:
+            group = None
+        if group is not None and group != os.getpgrp():
+            groups[group] = process_start_time(group)
+    return [[group, leader] for group, leader in groups.items()]
+
+
+def _guard_stop(home, job: dict) -> str:
+    """Stop one guarded job (the wrapper died) and say what became of it."""
+    running = [pid for pid, start in job["pids"] if _alive(pid, start)]
+    for pid, start in job["pids"]:
+        _stop_job(pid, start)
+    for group, leader_start in job.get("groups") or []:
+        _stop_group_left(group, leader_start)
+    home.log("carried_job_stopped_by_guard", item=job.get("name"), pids=running)
+    if running or job.get("kind") == "monitor":  # a relaunched monitor dies with the wrapper
+        return stopped_note(job.get("kind"), job.get("name"), job.get("command"), job.get("output"))
+    return (f"[runtime note] The background {job.get('kind')} {job.get('name')} "
+            f"({job.get('command')}) ended as the previous cc-lhc session ended, before cc-lhc "
+            f"could tell you; its output is in {job.get('output')}.")
+
+
+def _stop_group_left(group: int, leader_start) -> None:
+    """Stop what is left in a job's group once its leader is gone (a monitor's bash ended by
+    its death link leaves the pipeline it ran).
+
+    While a group has members the OS gives its number to no new process, so the group is
+    still the job's when that number names no process or still its leader (a zombie); a
+    number naming a process with another start time was reused, and is left alone.
+    """
+    now = process_start_time(group)
+    if now is not None and now != leader_start:
+        return
+
+    def running():
+        try:
+            os.killpg(group, 0)
+            return True
+        except OSError:
+            return False
+    _end_with(lambda sig: os.killpg(group, sig), running)
 
 
 class LiveHandoff:
@@ -11256,6 +11439,8 @@ def main(argv=None) -> int:
     try:
         if argv and argv[0] == "__watchdog" and len(argv) == 3:
             return run_watchdog(int(argv[1]), int(argv[2]))
+        if argv and argv[0] == "__carry-guard" and len(argv) == 3:
+            return run_carry_guard(argv[1], argv[2])
         if argv and argv[0] in LHC_SUBCOMMANDS:
             return COMMANDS[argv[0]](argv[1:])
         return cmd_launch(argv)

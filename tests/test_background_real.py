@@ -307,7 +307,7 @@ def test_a_background_agent_that_finished_during_the_swap_has_its_result_told(re
 
 
 
-@pytest.mark.parametrize("ending", ["terminal closed", "wrapper SIGTERM"])
+@pytest.mark.parametrize("ending", ["terminal closed", "wrapper SIGTERM", "wrapper SIGKILL"])
 def test_when_the_session_ends_abruptly_carried_work_is_stopped_and_kept_for_the_next_launch(
         real_claude, tmux, ending):
     import signal
@@ -327,12 +327,17 @@ def test_when_the_session_ends_abruptly_carried_work_is_stopped_and_kept_for_the
     (relaunched,) = log_events(rc, "monitor_relaunched")
     assert running(job) and running(watch) == [relaunched["pid"]]
     wrapper = log_events(rc, "handoff_switched")[0]["pid"]
+    (guard,) = log_events(rc, "carry_guard_started")
     if ending == "terminal closed":
         t.kill()
-    else:
+    elif ending == "wrapper SIGTERM":
         os.kill(wrapper, signal.SIGTERM)
+    else:  # nothing of cc-lhc runs after this: the guard it started stops the carried work
+        os.kill(wrapper, signal.SIGKILL)
     wait_until(lambda: wrapper not in running(CC_LHC), "the wrapper ending")
+    wait_until(lambda: guard["guard_pid"] not in running("__carry-guard"), "the guard ending")
     assert not running(job) and not running(watch)  # nobody asked for them to outlive the session
+    assert bool(log_events(rc, "carried_job_stopped_by_guard")) == (ending == "wrapper SIGKILL")
     home = Path(rc.env["CC_LHC_HOME"])
     (kept,) = home.glob("continuity/*/undelivered.json")
     notes = "".join(json.loads(kept.read_text()))
