@@ -7743,6 +7743,7 @@ class BackgroundCarry:
         self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
         self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
         self.journals = []         # workflows whose journal follows the session at this switch
+        self._saved = None         # what undelivered.json holds now (see _persist)
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.notes = collections.deque()
         self.next_poll = 0.0
@@ -7854,6 +7855,7 @@ class BackgroundCarry:
         self.session.home.log("background_carried", items=[i.label for i in items], said=said,
                               failed=failed, told_after_rebuild=len(changed))
         self.guard.sync(self.jobs)
+        self._persist()
         return self.carried
 
     def _record_carried(self, items, old_session) -> None:
@@ -7891,6 +7893,7 @@ class BackgroundCarry:
                 continue
             self.session.home.log("workflow_journal_carried", run=item.run_id, to=target)
         self.journals = []
+        self._persist()
 
     def _monitor_output(self, item) -> str:
         return os.path.join(self.session.home.path("continuity", self.thread_id, "monitors"),
@@ -8010,6 +8013,7 @@ class BackgroundCarry:
                                   f"({item.args.get('reason') or 'no reason given'}): "
                                   f"{item.args.get('prompt') or ''}")
         self.guard.sync(self.jobs)
+        self._persist()
 
     def _poll_job(self, job, now) -> None:
         if job.process is not None:
@@ -8076,10 +8080,12 @@ class BackgroundCarry:
             self.next_poll = now + self.POLL_SECONDS
             self.poll()
         if not self.notes or not settled():
+            self._persist()
             return ""
         # Everything waiting goes in one prompt: each event once, none held back a turn.
         told = "\n".join(self.notes)
         self.notes.clear()
+        self._persist()
         return told
 
     # -- at the end ----------------------------------------------------------------------
@@ -8097,32 +8103,53 @@ class BackgroundCarry:
                                   f"event: {event}")
             self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
             self.notes.append(stopped_note(job.item.kind, job.name, job.item.command, job.output))
-        for _due, item in self.wakeups:
-            self.notes.append(f"[runtime note] a wake-up was still pending when the previous "
-                              f"session ended ({item.args.get('reason') or 'no reason given'}): "
-                              f"{item.args.get('prompt') or ''}")
+        self.notes.extend(self._pending_wakeup_notes())
         self.guard.sync(self.jobs)  # every job is finished now: the guard holds none
         self.jobs, self.wakeups = [], []
-        path = self._kept_path()
-        if path is not None:
-            if os.path.exists(path):
-                os.unlink(path)
-            if self.notes:
-                write_atomic(path, json.dumps(list(self.notes)).encode())
+        self._persist()
         self.guard.end()
+
+    def _pending_wakeup_notes(self) -> list:
+        return [f"[runtime note] a wake-up was still pending when the previous session ended "
+                f"({item.args.get('reason') or 'no reason given'}): {item.args.get('prompt') or ''}"
+                for _due, item in self.wakeups]
+
+    def _persist(self) -> None:
+        """Keep undelivered.json equal to what the next launch must tell Claude if this
+        process ended now: the notes not yet typed and the wake-ups still pending. Written
+        as they change, so even a SIGKILL of cc-lhc loses none of them (the guard adds what
+        it stops to the same file)."""
+        kept = list(self.notes) + self._pending_wakeup_notes()
+        if kept == (self._saved or []):
+            return  # (nothing to keep and nothing kept: no continuity folder is made for it)
+        path = self._kept_path()
+        if path is None:
+            return
+        try:
+            if kept:
+                _write_private_json(path, kept)
+            elif os.path.exists(path):
+                os.unlink(path)
+        except OSError as e:
+            self.session.home.log("undelivered_not_saved", error=repr(e))
+            return
+        self._saved = kept
 
     def _kept_path(self):
         return kept_notes_path(self.session.home, self.thread_id) if self.thread_id else None
 
     def _load_kept(self) -> None:
+        if not self.thread_id or not os.path.exists(
+                self.session.home.path("continuity", self.thread_id, "undelivered.json")):
+            return  # (looked for without making the folder: most sessions never need it)
         path = self._kept_path()
-        if path is None or not os.path.exists(path):
-            return
         kept = read_kept_notes(path)
         if kept is None:
             return
+        # From here on they are this session's: the file stays as it is until they are
+        # told (see _persist), so a crash before then keeps them for the launch after.
         self.notes.extend(kept)
-        os.unlink(path)  # from here on they are this session's, and saved again if not told
+        self._saved = kept
 
 
 def stopped_note(kind: str, name: str, command: str, output: str) -> str:

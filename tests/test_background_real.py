@@ -91,12 +91,17 @@ def requests_holding(rc, text: str) -> list[dict]:
 def test_a_background_shell_job_outlives_the_swap_and_its_result_reaches_the_replacement(
         real_claude, tmux):
     marker = "DONE-7f3a"
-    t = start_in_background(real_claude, tmux, f"sleep 3; echo {marker}")
+    # The job waits for a file this test makes only after the swap, so it is still running
+    # at the swap however long a loaded machine takes to get there (a fixed sleep raced).
+    go = real_claude.cwd / "go-7f3a"
+    t = start_in_background(real_claude, tmux,
+                            f"while [ ! -e {go} ]; do sleep 0.1; done; echo {marker}")
     _wait_for_log(real_claude, "handoff_switched")
     (carried,) = log_events(real_claude, "background_carried")
     assert carried["items"][0].startswith("Bash m")
     job = running(f"echo {marker}")
     assert job, "the job is still running after the old Claude was ended"
+    go.touch()
     # when it finishes, the replacement is told its result, marked as a runtime note
     wait_until(lambda: requests_holding(real_claude, "has finished"), "the result reaching the replacement")
     (said,) = [e for e in log_events(real_claude, "notice") if "carried across the swap" in e["text"]]

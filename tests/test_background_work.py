@@ -201,9 +201,37 @@ def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_
     carry.notes.append("[runtime note] the job finished after the last prompt")
     carry.close()
     assert (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()
+    kept = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
     again = cc_lhc.BackgroundCarry(Session())
     assert list(again.notes) == ["[runtime note] the job finished after the last prompt"]
-    assert not (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()
+    assert kept.exists()  # until it is told: a crash before that keeps it for the next launch
+    assert again.next_note(lambda: True) == "[runtime note] the job finished after the last prompt"
+    assert not kept.exists()
+
+
+def test_notes_are_kept_as_they_come_so_a_killed_cc_lhc_loses_none(tmp_path):
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+
+    class Session:
+        capture = type("C", (), {"thread_id": "thread-1"})()
+
+    Session.home = home
+    kept = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
+    carry = cc_lhc.BackgroundCarry(Session())
+    carry.next_note(lambda: False)
+    assert not (tmp_path / "lhc" / "continuity").exists()  # nothing to keep, nothing made
+    wake = cc_lhc.BackgroundItem("wakeup", "ScheduleWakeup", 3, "toolu_w", {"reason": "r",
+                                 "prompt": "check the build"})
+    carry.wakeups.append((4102444800.0, wake))   # due in 2100
+    carry.notes.append("[runtime note] the job finished")
+    carry.next_note(lambda: False)  # not at a seam: nothing typed, but both are on disk now
+    saved = json.loads(kept.read_text())
+    assert saved[0] == "[runtime note] the job finished"
+    assert "a wake-up was still pending" in saved[1] and "check the build" in saved[1]
+    # (no close(): the process is gone) the next launch of the thread tells them
+    after = cc_lhc.BackgroundCarry(Session())
+    assert list(after.notes) == saved
 
 
 def test_the_recorded_monitor_launch_opens_an_item_named_by_its_task(tmp_path):
