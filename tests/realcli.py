@@ -73,21 +73,26 @@ def wait_until(check, what: str, timeout: float = 30):
 
 
 def running(needle: str) -> list[int]:
-    """Pids of the live processes whose command line holds ``needle``.
+    """Pids of this test's live processes whose command line holds ``needle``.
 
-    A zombie has ended (only its parent has not reaped it yet), so it is not counted. Nor
-    is a process whose parent matches too: a shell forks before each command it runs, and
-    until the fork has exec'd, the child still shows the shell's own command line; that is
-    the same job, not a second copy of it.
+    This test's: run with the CC_LHC_HOME the fixtures gave it (every child of cc-lhc and
+    of Claude inherits it), so the same command run by a test beside it under xdist is
+    not counted. A zombie has ended (only its parent has not reaped it yet), so it is not
+    counted either; nor is a process whose parent matches too: a shell forks before each
+    command it runs, and until the fork has exec'd, the child still shows the shell's
+    own command line, which is the same job, not a second copy of it.
     """
+    ours = f"\0CC_LHC_HOME={os.environ['CC_LHC_HOME']}\0".encode()
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if needle not in cmd or ours not in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
+                continue
             fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        if needle in cmd and fields[0] != "Z":
+        if fields[0] != "Z":
             found[int(pid)] = int(fields[1])
     return sorted(pid for pid, parent in found.items() if parent not in found)
 

@@ -205,12 +205,15 @@ def start_agent(rc, tmux, task: str, answer):
     """A session whose last answer, over the trigger, comes after launching a background
     agent on ``task``; the agent's own requests get ``answer(body)``."""
     rc.api.script([tool_use_reply("Agent", {"description": "look around", "prompt": task,
-                                            "run_in_background": True}),
-                   text_reply("agent started", usage=OVER_USAGE)])
+                                            "run_in_background": True})])
 
+    # Told apart by what they hold, not by order: the agent's first request and the main
+    # session's next one race, and a queued reply would go to whichever came first.
     def respond(body):
-        first = json.dumps(body["messages"][:1])
-        return answer(body) if task in first and "agent started" not in json.dumps(body) else "noted"
+        seen = json.dumps(body)
+        if task in json.dumps(body["messages"][:1]) and "agent started" not in seen:
+            return answer(body)  # the agent's own
+        return "noted" if "agent started" in seen else text_reply("agent started", usage=OVER_USAGE)
     rc.api.responder = respond
     return launch(rc, tmux, "start the agent")
 
