@@ -19,6 +19,9 @@ from realcli import (CC_LHC, OVER_USAGE, PROMPT, log_events, new_input, requests
 # A swap with a background job or agent beside Claude: two Claude processes start on a
 # loaded 2-core machine, which has been seen to need more than the usual 30 s.
 _wait_for_log = functools.partial(wait_for_log, timeout=60)
+# And for Claude's first prompt and answer: tmux's default 15 s ran out once on that
+# machine, with the test beside this one starting Claude too.
+STARTUP = 60
 
 
 def over_until_swapped(rc, swaps: int = 1):
@@ -50,7 +53,7 @@ def launch(rc, tmux, prompt: str, *args: str):
     ``prompt`` typed at Claude's first idle prompt."""
     t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", *args],
              cols=120, rows=30, env=rc.env, cwd=rc.cwd)
-    t.wait_for(PROMPT)
+    t.wait_for(PROMPT, timeout=STARTUP)
     type_line(t, prompt)
     return t
 
@@ -62,7 +65,7 @@ def start_in_background(rc, tmux, command: str):
                    text_reply("started it", usage=OVER_USAGE)])
     over_until_swapped(rc)
     t = launch(rc, tmux, "start the job", "--allowedTools", "Bash")
-    t.wait_for("started it")
+    t.wait_for("started it", timeout=STARTUP)
     return t
 
 
@@ -142,7 +145,7 @@ def test_a_too_long_rejection_while_a_job_runs_is_compacted_continued_once_and_c
     ])
     real_claude.api.responder = lambda body: "noted"
     t = launch(real_claude, tmux, "start the job", "--allowedTools", "Bash")
-    t.wait_for("job started")
+    t.wait_for("job started", timeout=STARTUP)
     type_line(t, "now read every pdf")
     _wait_for_log(real_claude, "too_long_continued")
     release.touch()
