@@ -9,24 +9,8 @@ import time
 from pathlib import Path
 
 import cc_lhc
+from realcli import CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, type_line, wait_for_log
 from tmuxdrive import TmuxTimeout
-
-CC_LHC = str(Path(__file__).resolve().parents[1] / "cc_lhc.py")
-PROMPT = re.compile(r"^❯", re.M)
-
-
-def type_line(t, text: str) -> None:
-    """Type a line into the pane and press Enter, as a person would."""
-    t.send_text(text)
-    t.send_keys("Enter")
-
-
-def exit_cleanly(t) -> None:
-    """/exit ends Claude, cc-lhc exits 0, and the terminal is as it was before."""
-    type_line(t, "/exit")
-    assert t.wait_exit() == 0
-    assert t.stty_before == t.stty_after
-
 
 def oneshot(rc, prompt: str, reply: str) -> str:
     rc.api.script([reply])
@@ -135,21 +119,6 @@ def test_interactive_resume_is_accepted_once_claude_opens_the_rebuild(real_claud
     assert status == "accepted" and registry.current_session(thread_id) == session != old
 
 
-OVER_USAGE = {"input_tokens": 365_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-              "output_tokens": 5}
-
-
-def _wait_for_log(rc, event: str, count: int = 1, timeout: float = 30) -> None:
-    log = Path(rc.env["CC_LHC_HOME"]) / "wrapper.log"
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = log.read_text().count(f'"event": "{event}"') if log.exists() else 0
-        if seen >= count:
-            return
-        assert time.monotonic() < deadline, f"no {event!r} in wrapper.log after {timeout}s"
-        time.sleep(0.05)
-
-
 def _wait_for_settled(rc, timeout: float = 30) -> None:
     """Until the only thread's record ends at a settled seam (its last turn closed)."""
     home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
@@ -175,7 +144,7 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     t.wait_for(PROMPT)
     type_line(t, "go long")
     t.wait_for("a very long answer")
-    _wait_for_log(real_claude, "handoff_spawned")
+    wait_for_log(real_claude, "handoff_spawned")
     t.send_text("typed while it swaps")  # dropped, and said so: it is never delivered late
     log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
     spawned = next(json.loads(line) for line in log.splitlines() if "handoff_spawned" in line)
@@ -187,7 +156,7 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     rules = cc_lhc.retrieval_allow_args()
     at = argv.index(rules[0])
     assert argv[at:at + len(rules)] == rules and at < argv.index("--resume")
-    _wait_for_log(real_claude, "handoff_switched")
+    wait_for_log(real_claude, "handoff_switched")
     # the replacement's own first frame is on screen: the rebuilt conversation
     t.wait_for("This conversation was rebuilt by Smart Compact")
     t.wait_for(PROMPT)
@@ -237,9 +206,9 @@ exec {real_claude.claude} "$@"
     t.wait_for(PROMPT)
     for n in range(1, 4):  # each settled seam over the trigger tries once more
         type_line(t, f"prompt {n}")
-        _wait_for_log(real_claude, "handoff_failed", count=n)
+        wait_for_log(real_claude, "handoff_failed", count=n)
     # then the same session is relaunched with Claude native Compact allowed
-    _wait_for_log(real_claude, "survival_relaunched")
+    wait_for_log(real_claude, "survival_relaunched")
     log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
     relaunched = next(json.loads(line) for line in log.splitlines() if "survival_relaunched" in line)
     environ = Path(f"/proc/{relaunched['new_pid']}/environ").read_bytes().split(b"\0")
@@ -344,7 +313,7 @@ def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, 
     t.send_keys("C-]")
     t.wait_for("cc-lhc control panel")
     type_line(t, "/smart-compact")
-    _wait_for_log(real_claude, "handoff_switched")
+    wait_for_log(real_claude, "handoff_switched")
     t.wait_for("This conversation was rebuilt by Smart Compact")
     t.wait_for(PROMPT)
     type_line(t, "carry on")
@@ -369,7 +338,7 @@ def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux)
     type_line(t, "hello")
     t.wait_for("ready")
     type_line(t, "now read every pdf")
-    _wait_for_log(real_claude, "too_long_continued")
+    wait_for_log(real_claude, "too_long_continued")
     t.wait_for("continuing from the note")
     requests = real_claude.api.message_requests
     last = requests[-1]
@@ -380,7 +349,7 @@ def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux)
     # a second rejection stops with a note instead of continuing again
     real_claude.api.script([too_long])
     type_line(t, "and the rest")
-    _wait_for_log(real_claude, "too_long_again")
+    wait_for_log(real_claude, "too_long_again")
     exit_cleanly(t)
     screen = t.capture(history=True).replace("\n", "")
     assert "split the task into smaller steps" in screen

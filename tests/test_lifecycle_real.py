@@ -12,16 +12,10 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from pathlib import Path
 
 import cc_lhc
 from fakeapi import text_reply, tool_use_reply
-from test_interactive_real import CC_LHC, OVER_USAGE, PROMPT, _wait_for_log, exit_cleanly, type_line
-
-
-def log_events(rc, event: str) -> list[dict]:
-    log = Path(rc.env["CC_LHC_HOME"]) / "wrapper.log"
-    return [json.loads(line) for line in log.read_text().splitlines() if f'"event": "{event}"' in line]
+from realcli import CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, type_line, wait_for_log
 
 
 def lhc_json(rc, *args):
@@ -50,7 +44,7 @@ def test_clear_is_followed_as_a_new_thread_that_is_captured_retrieved_and_compac
     t.wait_for("first answer, before the clear")
     (old_thread,) = [r["id"] for r in lhc_json(real_claude, "threads", "--json")]
     type_line(t, "/clear")
-    _wait_for_log(real_claude, "session_followed")
+    wait_for_log(real_claude, "session_followed")
     (followed,) = log_events(real_claude, "session_followed")
     assert followed["kind"] == "clear" and followed["created"]
     # the advisory line, then the line saying what happened
@@ -68,7 +62,7 @@ def test_clear_is_followed_as_a_new_thread_that_is_captured_retrieved_and_compac
     assert "local-command-caveat" in bash_result and "hello before the clear" not in bash_result
     assert "refused" not in bash_result
     # over the trigger in the new conversation: Smart Compact swaps it like any other
-    _wait_for_log(real_claude, "handoff_switched")
+    wait_for_log(real_claude, "handoff_switched")
     t.wait_for("This conversation was rebuilt by Smart Compact")
     t.wait_for(PROMPT)
     type_line(t, "carry on")
@@ -107,7 +101,7 @@ def test_in_app_resume_follows_a_free_thread_and_refuses_a_held_one(real_claude,
         type_line(t, "a fresh start")
         t.wait_for("answer in the first window")
         type_line(t, f"/resume {free}")
-        _wait_for_log(real_claude, "session_followed")
+        wait_for_log(real_claude, "session_followed")
         (followed,) = log_events(real_claude, "session_followed")
         assert followed["kind"] == "resume" and followed["thread"] == by_session[free]
         assert not followed["created"]
@@ -115,7 +109,7 @@ def test_in_app_resume_follows_a_free_thread_and_refuses_a_held_one(real_claude,
         type_line(t, "more on it")
         t.wait_for("back on the free topic")
         type_line(t, f"/resume {held}")
-        _wait_for_log(real_claude, "follow_refused")
+        wait_for_log(real_claude, "follow_refused")
         notices = [e["text"] for e in log_events(real_claude, "notice")]
         assert any("already in use" in n and f"pid {cc_lhc.os.getpid()}" in n for n in notices)
         exit_cleanly(t)
@@ -133,7 +127,7 @@ def test_manual_compact_is_one_turn_reported_on_screen_and_in_status(real_claude
     type_line(t, "remember the number 4711")
     t.wait_for("an answer worth keeping")
     type_line(t, "/compact")
-    _wait_for_log(real_claude, "native_compact")
+    wait_for_log(real_claude, "native_compact")
     t.send_keys("C-]")
     t.wait_for("cc-lhc control panel")
     type_line(t, "/status")
@@ -161,7 +155,7 @@ def test_no_notifier_flag_keeps_quiet_but_still_follows(real_claude, tmux):
     type_line(t, "one")
     t.wait_for("before")
     type_line(t, "/clear")
-    _wait_for_log(real_claude, "session_followed")
+    wait_for_log(real_claude, "session_followed")
     exit_cleanly(t)
     notices = [e["text"] for e in log_events(real_claude, "notice")]
     assert cc_lhc.LIFECYCLE_NOTES["clear"] not in notices

@@ -19,8 +19,8 @@ import pytest
 
 import cc_lhc
 from fakeapi import text_reply
-from test_interactive_real import CC_LHC, OVER_USAGE, PROMPT, type_line
-from test_smart_compact_real import export, log_events, process_gone, rebuilds
+from realcli import CC_LHC, OVER_USAGE, PROMPT, log_events, type_line
+from test_smart_compact_real import export, process_gone, rebuilds
 
 SMALL = {"input_tokens": 1_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
          "output_tokens": 5}

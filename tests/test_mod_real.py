@@ -16,14 +16,7 @@ import pytest
 
 import cc_lhc
 from fakeapi import tool_use_reply
-from test_interactive_real import CC_LHC, PROMPT, _wait_for_log, exit_cleanly, type_line
-
-
-def log_events(rc, event: str) -> list[dict]:
-    log = Path(rc.env["CC_LHC_HOME"]) / "wrapper.log"
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if f'"event": "{event}"' in line]
+from realcli import CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, type_line, wait_for_log
 
 
 def details(t) -> str:
@@ -46,7 +39,7 @@ def start(rc, tmux, *args, env=None):
 
 def test_the_mod_shakes_hands_from_the_claude_child_and_details_says_so(real_claude, tmux):
     t = start(real_claude, tmux)
-    _wait_for_log(real_claude, "mod_active")
+    wait_for_log(real_claude, "mod_active")
     (started,) = log_events(real_claude, "child_started")
     folder = started["argv"][started["argv"].index("--plugin-dir") + 1]
     assert Path(folder).parent == Path(real_claude.env["CC_LHC_HOME"]) / "mods"
@@ -90,7 +83,7 @@ def test_native_retrieval_tools_answer_byte_exact_without_an_approval_prompt(rea
         "refused as it should be",
     ])
     t = start(real_claude, tmux, "--allowedTools", "Bash")
-    _wait_for_log(real_claude, "mod_active")
+    wait_for_log(real_claude, "mod_active")
     type_line(t, "hello, remember this")
     t.wait_for("first answer, to be read back")
     type_line(t, "read m1 and m2 back")
@@ -126,7 +119,6 @@ def test_native_retrieval_tools_answer_byte_exact_without_an_approval_prompt(rea
 # -- In-process Smart Compact ------------------------------------------------------------
 
 from fakeapi import text_reply, thinking_reply  # noqa: E402
-from test_interactive_real import OVER_USAGE  # noqa: E402
 
 SMALL_USAGE = {"input_tokens": 1_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
                "output_tokens": 5}
@@ -150,7 +142,7 @@ def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
                                   usage=OVER_USAGE)])
     rc.api.responder = lambda body: text_reply("answered on the compacted conversation", usage=SMALL_USAGE)
     t = start(rc, tmux, *args, env=env)
-    _wait_for_log(rc, "mod_active")
+    wait_for_log(rc, "mod_active")
     type_line(t, "first prompt")
     t.wait_for("first answer")
     type_line(t, "second prompt")
@@ -162,14 +154,14 @@ def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
 def test_over_the_trigger_the_view_is_served_in_process_on_the_same_session_and_pid(real_claude, tmux):
     rc = real_claude
     t = over_the_trigger_with_the_mod(rc, tmux)
-    _wait_for_log(rc, "in_process_compact_served")
+    wait_for_log(rc, "in_process_compact_served")
     before = rc.api.message_requests[-1]
     if os.environ.get("H14_TIMING"):
         import datetime
         print("OVER REQUEST", datetime.datetime.utcfromtimestamp(before["time"]).isoformat())
     type_line(t, "third prompt")
     t.wait_for("answered on the compacted conversation")
-    _wait_for_log(rc, "smart_compact_accepted")
+    wait_for_log(rc, "smart_compact_accepted")
     request = rc.api.message_requests[-1]
     (started,) = log_events(rc, "child_started")
     # the same session, the same Claude process: nothing was swapped
@@ -210,10 +202,10 @@ def test_a_background_job_started_before_runs_on_and_its_notification_arrives(re
                    text_reply("started it", usage=OVER_USAGE)])
     rc.api.responder = lambda body: text_reply("noted", usage=SMALL_USAGE)
     t = start(rc, tmux, "--allowedTools", "Bash")
-    _wait_for_log(rc, "mod_active")
+    wait_for_log(rc, "mod_active")
     type_line(t, "start the job")
     t.wait_for("started it")
-    _wait_for_log(rc, "in_process_compact_served")
+    wait_for_log(rc, "in_process_compact_served")
     (started,) = log_events(rc, "child_started")
     deadline = __import__("time").monotonic() + 30
     while True:  # Claude tells itself the job finished, on the compacted conversation
@@ -237,7 +229,7 @@ def test_with_bare_the_same_session_is_handled_by_the_swap(real_claude, tmux):
     rc.api.responder = lambda body: text_reply("on the swapped session", usage=SMALL_USAGE)
     t = start(rc, tmux, "--bare")
     type_line(t, "go long")
-    _wait_for_log(rc, "handoff_switched")
+    wait_for_log(rc, "handoff_switched")
     assert not log_events(rc, "in_process_compact_started")
     type_line(t, "next")
     t.wait_for("on the swapped session")
@@ -254,12 +246,12 @@ def test_a_persons_own_compact_runs_through_the_hook_with_their_instructions(rea
     rc.api.script([thinking_reply("a thought", "first answer", signature="SIG-A", usage=SMALL_USAGE)])
     rc.api.responder = lambda body: text_reply("after my compact", usage=SMALL_USAGE)
     t = start(rc, tmux)
-    _wait_for_log(rc, "mod_active")
+    wait_for_log(rc, "mod_active")
     type_line(t, "first prompt")
     t.wait_for("first answer")
     n = len(rc.api.message_requests)
     type_line(t, "/compact keep the plan")
-    _wait_for_log(rc, "in_process_compact_served")
+    wait_for_log(rc, "in_process_compact_served")
     # announced on screen (Claude redraws over it at once, so the log says what was shown)
     assert cc_lhc.InProcessCompact.PERSON in [e["text"] for e in log_events(rc, "notice")]
     assert cc_lhc.LIFECYCLE_NOTES["compact"] not in [e["text"] for e in log_events(rc, "notice")]
@@ -283,7 +275,7 @@ def test_native_compact_keeps_claudes_own_summary(real_claude, tmux):
     rc.api.script([text_reply("first answer", usage=SMALL_USAGE)])
     rc.api.responder = lambda body: text_reply("a summary of it all", usage=SMALL_USAGE)
     t = start(rc, tmux)
-    _wait_for_log(rc, "mod_active")
+    wait_for_log(rc, "mod_active")
     type_line(t, "first prompt")
     t.wait_for("first answer")
     n = len(rc.api.message_requests)
@@ -311,7 +303,7 @@ def test_in_process_kill_matrix(real_claude, tmux, point):
     rc = real_claude
     t = over_the_trigger_with_the_mod(rc, tmux, env={cc_lhc.FAILPOINT_ENV: point}, wait_last=False)
     if point == "before-acceptance":
-        _wait_for_log(rc, "in_process_compact_served")
+        wait_for_log(rc, "in_process_compact_served")
         type_line(t, "third prompt")  # acceptance is Claude's next request
     assert t.wait_exit(timeout=40) == 128 + signal.SIGKILL
     assert [e["name"] for e in log_events(rc, "failpoint")] == [point]
@@ -352,19 +344,18 @@ def test_after_clear_the_new_conversation_is_compacted_without_claudes_own_summa
     """/clear sends the mod no handshake for the new session: cc-lhc must not type /compact
     for a session the mod does not serve (Claude's own lossy summary would run); it swaps."""
     from fakeapi import text_reply
-    from test_interactive_real import OVER_USAGE
     rc = real_claude
     rc.api.script(["before the clear", text_reply("after the clear, a long answer", usage=OVER_USAGE),
                    "on the rebuilt session"])
     t = start(rc, tmux)
-    _wait_for_log(rc, "mod_active")
+    wait_for_log(rc, "mod_active")
     type_line(t, "one")
     t.wait_for("before the clear")
     type_line(t, "/clear")
-    _wait_for_log(rc, "session_followed")
+    wait_for_log(rc, "session_followed")
     type_line(t, "two")
     t.wait_for("after the clear, a long answer")
-    _wait_for_log(rc, "handoff_switched")
+    wait_for_log(rc, "handoff_switched")
     t.wait_for(PROMPT)
     type_line(t, "three")
     t.wait_for("on the rebuilt session")
@@ -378,7 +369,7 @@ def test_when_the_hook_declines_the_swap_handles_the_seam_and_the_session_goes_o
     cc-lhc says once that it swaps instead, and the swap serves the seam."""
     rc = real_claude
     t = over_the_trigger_with_the_mod(rc, tmux, env={"CC_LHC_MOD_COMPACT": "decline"})
-    _wait_for_log(rc, "handoff_switched")
+    wait_for_log(rc, "handoff_switched")
     (refused,) = log_events(rc, "in_process_compact_refused")
     why = "the cc-lhc mod declined it: CC_LHC_MOD_COMPACT=decline"
     assert refused["why"] == why
@@ -388,7 +379,7 @@ def test_when_the_hook_declines_the_swap_handles_the_seam_and_the_session_goes_o
     assert n == 2  # the hook left the conversation as it was: no summary was asked for
     type_line(t, "third prompt")
     t.wait_for("answered on the compacted conversation")
-    _wait_for_log(rc, "smart_compact_accepted")
+    wait_for_log(rc, "smart_compact_accepted")
     (started,) = log_events(rc, "child_started")
     request = rc.api.message_requests[-1]
     assert request["session_id"] != started["session"]  # a replacement Claude, on its own session

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import cc_lhc
-from test_interactive_real import CC_LHC, PROMPT, exit_cleanly, type_line
-from test_lifecycle_real import log_events
+from realcli import CC_LHC, PROMPT, exit_cleanly, log_events, type_line
 
 
 def _wait_for_capture(rc, text: str, timeout: float = 30) -> str:

@@ -16,7 +16,7 @@ import json
 import sys
 
 from fakeapi import block_text, text_reply, tool_results, tool_use_reply
-from test_interactive_real import CC_LHC, PROMPT, exit_cleanly, type_line
+from realcli import CC_LHC, PROMPT, exit_cleanly, type_line
 
 APPROVAL = "Do you want to proceed?"
 

@@ -14,7 +14,7 @@ import sys
 
 import cc_lhc
 from fakeapi import error_reply, text_reply, thinking_reply
-from test_interactive_real import CC_LHC, PROMPT, _wait_for_log, exit_cleanly, type_line
+from realcli import CC_LHC, PROMPT, exit_cleanly, type_line, wait_for_log
 from test_smart_compact_real import (SMALL, SMALL_REPLY, first_text, lhc, ok, rebuilds, threads,
                                      usage)
 
@@ -78,7 +78,7 @@ def test_smart_prune_from_the_panel_hands_over_to_a_pruned_session(real_claude, 
     type_line(t, "/smart-prune 0")
     t.wait_for("nothing changed")        # out of range: refused
     type_line(t, "/smart-prune 3000")
-    _wait_for_log(rc, "handoff_switched")
+    wait_for_log(rc, "handoff_switched")
     t.wait_for(PROMPT)
     type_line(t, "carry on")
     t.wait_for("answered on the pruned session")
@@ -109,7 +109,7 @@ def test_automatic_prune_enabled_by_project_config_runs_at_a_live_seam(real_clau
     t.wait_for(PROMPT)
     type_line(t, "question 7 go long")
     t.wait_for("a long answer")
-    _wait_for_log(rc, "handoff_switched")
+    wait_for_log(rc, "handoff_switched")
     t.wait_for(PROMPT)
     type_line(t, "next one")
     t.wait_for("after the prune")
@@ -230,11 +230,11 @@ def test_a_running_session_whose_thinking_is_refused_is_rebuilt_with_omit_and_co
     t.wait_for(PROMPT)
     type_line(t, "think hard")
     t.wait_for("a long answer")
-    _wait_for_log(rc, "handoff_switched")     # Smart Compact over the trigger
+    wait_for_log(rc, "handoff_switched")     # Smart Compact over the trigger
     t.wait_for(PROMPT)
     type_line(t, "and then")                  # the rebuilt session's first request is refused
-    _wait_for_log(rc, "thinking_refused")
-    _wait_for_log(rc, "handoff_switched", count=2)
+    wait_for_log(rc, "thinking_refused")
+    wait_for_log(rc, "handoff_switched", count=2)
     t.wait_for("answered without thinking")
     exit_cleanly(t)
     requests = rc.api.message_requests

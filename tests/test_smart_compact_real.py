@@ -27,6 +27,7 @@ import pytest
 import cc_lhc
 from conftest import REPO
 from fakeapi import text_reply, tool_use_reply
+from realcli import log_events
 
 ROLLBACK = REPO / "scripts" / "rollback-unaccepted.py"
 
@@ -108,12 +109,6 @@ def all_text(body: dict) -> str:
 
 def rollback_dry_run(rc) -> subprocess.CompletedProcess:
     return ok(rc.run([sys.executable, ROLLBACK]))
-
-
-def log_events(rc, event: str) -> list[dict]:
-    path = rc.iso.lhc / "wrapper.log"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("event") == event]
 
 
 def process_gone(pid: int, timeout: float = 10) -> bool:
