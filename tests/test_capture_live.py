@@ -280,6 +280,30 @@ def test_stop_catches_up_to_the_end_of_the_file(tmp_path):
     store.close()
 
 
+def test_a_long_catch_up_copies_its_wal_into_the_file_once_at_its_last_batch(tmp_path, monkeypatch):
+    """A catch-up of many batches leaves the thread file as it was until its last commit
+    (no checkpoint, with its fsyncs, after every batch); that commit copies them all, and
+    the store is left checkpointing as SQLite does by default."""
+    data = big_transcript(11, 6)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 1 << 20)
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path))
+    cap._open()
+    sizes, commit = [os.path.getsize(cap.store.path)], cc_lhc.Capture._commit
+
+    def sized_commit(self, *args):
+        commit(self, *args)
+        sizes.append(os.path.getsize(self.store.path))
+    monkeypatch.setattr(cc_lhc.Capture, "_commit", sized_commit)
+    cap.catch_up(index=False)
+    assert len(sizes) > 3
+    assert set(sizes[:-1]) == {sizes[0]} and sizes[-1] > sizes[0]
+    assert cap.store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == cc_lhc.WAL_CHECKPOINT_PAGES
+    assert exported(cap.store) == one_shot(tmp_path, data)[1]
+    cap.stop()
+
+
 # -- 2. corruption ------------------------------------------------------------------------
 
 NEVER_UTF8 = bytes([0xC0, 0xC1] + list(range(0xF5, 0x100)))  # bytes no UTF-8 text holds
