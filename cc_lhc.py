@@ -7759,6 +7759,7 @@ class BackgroundCarry:
         self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
         self.journals = []         # workflows whose journal follows the session at this switch
         self._saved = None         # what undelivered.json holds now (see _persist)
+        self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.notes = collections.deque()
         self.next_poll = 0.0
@@ -8018,6 +8019,8 @@ class BackgroundCarry:
         """Turn finished jobs, new monitor events and due wake-ups into notes (once each)."""
         import time
         now = time.time()
+        if self.inflight:
+            self._confirm_inflight()
         for job in self.jobs:
             if not job.finished:
                 self._poll_job(job, now)
@@ -8100,8 +8103,33 @@ class BackgroundCarry:
         # Everything waiting goes in one prompt: each event once, none held back a turn.
         told = "\n".join(self.notes)
         self.notes.clear()
+        path = self.session.capture.path
+        try:
+            offset = os.path.getsize(path)
+        except OSError:
+            offset = 0
+        self.inflight.append([told, path, offset])
         self._persist()
         return told
+
+    def _confirm_inflight(self) -> None:
+        """Drop each typed note once Claude's transcript holds it as a prompt; until then it
+        stays kept (a note typed into a Claude that was already exiting never arrives)."""
+        still = []
+        for entry in self.inflight:
+            note, path, offset = entry
+            key = note.split("\n", 1)[0][:200]
+            try:
+                with open_regular(path) as f:
+                    f.seek(offset)
+                    data = f.read(4 << 20)
+            except OSError:
+                data = b""
+            complete = data[:data.rfind(b"\n") + 1]
+            entry[2] = offset + len(complete)
+            if not any(key in _prompt_text(json_record(line)) for line in complete.splitlines()):
+                still.append(entry)
+        self.inflight = still
 
     # -- at the end ----------------------------------------------------------------------
 
@@ -8119,6 +8147,10 @@ class BackgroundCarry:
             self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
             self.notes.append(stopped_note(job.item.kind, job.name, job.item.command, job.output))
         self.notes.extend(self._pending_wakeup_notes())
+        for note, _path, _offset in self.inflight:  # typed, but Claude never took it
+            self.session.home.log("carried_note_not_delivered", note=note[:200])
+            self.notes.append(note)
+        self.inflight = []
         self.guard.sync(self.jobs)  # every job is finished now: the guard holds none
         self.jobs, self.wakeups = [], []
         self._persist()
@@ -8134,7 +8166,7 @@ class BackgroundCarry:
         process ended now: the notes not yet typed and the wake-ups still pending. Written
         as they change, so even a SIGKILL of cc-lhc loses none of them (the guard adds what
         it stops to the same file)."""
-        kept = list(self.notes) + self._pending_wakeup_notes()
+        kept = list(self.notes) + [note for note, _p, _o in self.inflight] + self._pending_wakeup_notes()
         if kept == (self._saved or []):
             return  # (nothing to keep and nothing kept: no continuity folder is made for it)
         path = self._kept_path()
@@ -8165,6 +8197,17 @@ class BackgroundCarry:
         # told (see _persist), so a crash before then keeps them for the launch after.
         self.notes.extend(kept)
         self._saved = kept
+
+
+def _prompt_text(rec) -> str:
+    """The text of a user record's prompt ('' for anything else)."""
+    if not rec or rec.get("type") != "user":
+        return ""
+    content = (rec.get("message") or {}).get("content")
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content or () if isinstance(b, dict)
+                     and isinstance(b.get("text"), str))
 
 
 def stopped_note(kind: str, name: str, command: str, output: str) -> str:

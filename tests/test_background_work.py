@@ -194,7 +194,7 @@ def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_
     home.ensure()
 
     class Session:
-        capture = type("C", (), {"thread_id": "thread-1"})()
+        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
 
     Session.home = home
     carry = cc_lhc.BackgroundCarry(Session())
@@ -206,7 +206,7 @@ def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_
     assert list(again.notes) == ["[runtime note] the job finished after the last prompt"]
     assert kept.exists()  # until it is told: a crash before that keeps it for the next launch
     assert again.next_note(lambda: True) == "[runtime note] the job finished after the last prompt"
-    assert not kept.exists()
+    assert kept.exists()  # typed, but kept until Claude's transcript shows it as a prompt
 
 
 def test_notes_are_kept_as_they_come_so_a_killed_cc_lhc_loses_none(tmp_path):
@@ -214,7 +214,7 @@ def test_notes_are_kept_as_they_come_so_a_killed_cc_lhc_loses_none(tmp_path):
     home.ensure()
 
     class Session:
-        capture = type("C", (), {"thread_id": "thread-1"})()
+        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
 
     Session.home = home
     kept = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
@@ -306,7 +306,7 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
     home = cap.home
 
     class Session:
-        capture = type("C", (), {"thread_id": "thread-1"})()
+        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
 
     Session.home = home
     carry = cc_lhc.BackgroundCarry(Session())
@@ -363,7 +363,7 @@ def test_a_workflow_journal_that_cannot_be_carried_is_told(tmp_path):
     home.ensure()
 
     class Session:
-        capture = type("C", (), {"thread_id": "thread-1"})()
+        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
 
     Session.home = home
     carry = cc_lhc.BackgroundCarry(Session())
@@ -371,3 +371,33 @@ def test_a_workflow_journal_that_cannot_be_carried_is_told(tmp_path):
     carry.carry_journals(str(tmp_path / "old.jsonl"), str(tmp_path / "new.jsonl"))  # no such folder
     (note,) = carry.notes
     assert f"journal of workflow run {RUN} could not be carried" in note
+
+
+def test_a_typed_note_is_kept_until_claude_takes_it_as_a_prompt(tmp_path):
+    """A note typed into a Claude that was already exiting never became a prompt: it is
+    kept for the next launch, and one Claude did take is not told twice."""
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text(json.dumps({"type": "user", "message": {"role": "user", "content": "hi"}}) + "\n")
+
+    class Session:
+        capture = type("C", (), {"thread_id": "thread-1", "path": str(transcript)})()
+
+    Session.home = home
+    kept = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
+    carry = cc_lhc.BackgroundCarry(Session())
+    carry.notes.append("[runtime note] monitor b1 (tail -f x) event: FIRST")
+    assert carry.next_note(lambda: True).endswith("event: FIRST")
+    assert json.loads(kept.read_text()) == ["[runtime note] monitor b1 (tail -f x) event: FIRST"]
+    with open(transcript, "a") as f:  # Claude took it: its prompt is in the transcript
+        f.write(json.dumps({"type": "user", "message": {"role": "user", "content": [
+            {"type": "text", "text": "[runtime note] monitor b1 (tail -f x) event: FIRST"}]}}) + "\n")
+    carry.poll()
+    assert carry.inflight == [] and not kept.exists()
+    carry.notes.append("[runtime note] monitor b1 (tail -f x) event: SECOND")
+    carry.next_note(lambda: True)  # typed as Claude was exiting: it never shows up
+    carry.close()
+    assert json.loads(kept.read_text()) == ["[runtime note] monitor b1 (tail -f x) event: SECOND"]
+    again = cc_lhc.BackgroundCarry(Session())
+    assert list(again.notes) == ["[runtime note] monitor b1 (tail -f x) event: SECOND"]
