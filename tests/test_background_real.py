@@ -16,11 +16,6 @@ from fakeapi import text_reply, tool_use_reply
 from realcli import (CC_LHC, OVER_USAGE, PROMPT, log_events, new_input, requests_holding, running,
                      type_line, wait_for_log, wait_until)
 
-# Two product races remain (a runtime note typed into a Claude that is already exiting
-# is neither told nor kept; a job's result once did not reach the replacement in 30 s):
-# until cc-lhc confirms each note became a turn, a failure here gets two more tries.
-pytestmark = pytest.mark.flaky(reruns=2)
-
 # A swap with a background job or agent beside Claude: two Claude processes start on a
 # loaded 2-core machine, which has been seen to need more than the usual 30 s.
 _wait_for_log = functools.partial(wait_for_log, timeout=60)
