@@ -404,3 +404,35 @@ def test_a_workflow_running_at_the_swap_resumes_in_the_replacement_from_its_carr
         two_free.set()
     type_line(t, "/exit")
     assert t.wait_exit() == 0
+
+
+def test_an_open_item_a_swap_cannot_carry_skips_the_seam_with_a_receipt_saying_why(
+        real_claude, tmux):
+    """A WebSocket monitor cannot be reopened by cc-lhc: a seam over the trigger while it
+    is open keeps the current Claude (never killing it), receipted, and the session goes on."""
+    import sqlite3
+    rc = real_claude
+    rc.api.script([tool_use_reply("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+                   tool_use_reply("Monitor", {"description": "feed", "timeout_ms": 120000,
+                                              "ws": {"url": "ws://127.0.0.1:9/feed"}}),
+                   text_reply("watching the feed", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("noted", usage=OVER_USAGE)  # over at every seam
+    t = launch(rc, tmux, "watch the feed", "--allowedTools", "Monitor")
+    t.wait_for("watching the feed", timeout=STARTUP)
+    _wait_for_log(rc, "handoff_skipped")
+    (skipped, *_again) = log_events(rc, "handoff_skipped")
+    (why,) = skipped["items"]
+    assert why.startswith("Monitor m") and "WebSocket" in why
+    receipts = sqlite3.connect(Path(rc.env["CC_LHC_HOME"]) / "cc-lhc.sqlite")
+    outcomes = [o for (o,) in receipts.execute("SELECT outcome FROM cc_governor_receipts")]
+    receipts.close()
+    assert f"skipped: background work open: {why}" in outcomes
+    assert not log_events(rc, "handoff_spawned")  # the Claude running the monitor was kept
+    n = len(rc.api.message_requests)
+    type_line(t, "still there?")
+    wait_until(lambda: len(rc.api.message_requests) > n, "the next prompt reaching Claude")
+    (started,) = log_events(rc, "child_started")
+    assert rc.api.message_requests[-1]["session_id"] == started["session"]  # the same session
+    assert not log_events(rc, "handoff_spawned")
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
