@@ -21,9 +21,12 @@ The file reads top to bottom; ``grep -n '^# == ' cc_lhc.py`` prints these rooms:
 11. Capture: tailing the live transcript into the store
 12. Smart Compact: the one mechanism (assess, rebuild, accept, abandon)
 13. Terminal relay
-14. Hosts: interactive and one-shot
-15. Recovery at launch
-16. Commands, argument parsing, main
+14. Hosts: the managed interactive session and the one-shot
+15. Live Smart Compact: the swap, the in-process path, session changes
+16. Background work carried across a swap
+17. Recovery at launch
+18. Launch: argument parsing, help, the managed launch
+19. Commands: threads, export, retrieval, search, measure, doctor, main
 
 Pure sections take data and return data (no clock, no filesystem); the I/O lives in
 thin shells around them. Platform modules (pty, termios, fcntl, winpty) are imported
@@ -7283,7 +7286,7 @@ class RawTerminal:
         return False
 
 
-# == 14. Hosts: interactive and one-shot =========================================
+# == 14. Hosts: the managed interactive session and the one-shot ================
 
 
 def run_interactive(spec, home: StateHome) -> int:
@@ -7463,6 +7466,660 @@ def run_interactive_windows(spec, home: StateHome) -> int:  # pragma: no cover -
     return status
 
 
+def run_host(spec, home) -> int:
+    return run_oneshot(spec, home) if spec.print_mode else run_interactive(spec, home)
+
+
+class ManagedSession:
+    """Everything around one Claude child on a thread, set up before it and settled after.
+
+    Before: Smart Compact when a resumed session is over the trigger, the retrieval
+    descriptor and shim, live capture, background summaries. After, whatever happened
+    to the child: the last lines captured, the pressure it ended at, the rebuild's
+    acceptance settled, the descriptor removed, and the thread's lease handed back last.
+    """
+
+    def __init__(self, spec, home, policy, capture):
+        self.spec, self.home, self.policy, self.capture = spec, home, policy, capture
+        self.hostdb = HostDB(home)
+        self.pending = self.descriptor = self.worker = None
+        self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
+        self.survivors, self.alarms, self.notices = [], [], []
+        self.announced = []               # lines shown on the terminal as they happened
+        self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
+        self.detached = ""                # why cc-lhc no longer follows this Claude, if so
+        self.native_compacts = []         # (turn, when) of each Claude native Compact seen
+        self.views_replayed = []          # newest seq when capture saw a view served in process
+        # Turn summaries are written in the background while a person works; a one-shot
+        # exits too soon for them and keeps its one prompt's cost predictable.
+        self.summaries = not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off"
+        self.too_long = None              # (turn, tool calls that ran) of the newest rejection
+        self.too_long_handled = set()
+        self.continued = False            # the one automatic continuation has been used
+        self.thinking_refused = ""        # the rebuilt session whose thinking the API refused
+        spec.session = self
+
+    def __enter__(self):
+        spec, home = self.spec, self.home
+        try:
+            remove_stale_descriptors(home, self.hostdb)
+            if spec.resume:
+                self.capture, self.pending = smart_compact_before_launch(spec, home, self.policy,
+                                                                         self.capture)
+            self.descriptor = create_descriptor(home, self.hostdb, self.capture.thread_id,
+                                                spec.session_id)
+            spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
+            spec.extra_env["PATH"] = self.descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
+            spec.child_argv[1:1] = retrieval_allow_args()
+            if not spec.print_mode:
+                self.control_r, self.control_w = os.pipe()
+                os.set_blocking(self.control_r, False)
+                os.set_blocking(self.control_w, False)
+                self.capture.request_handoff = self.request_handoff
+            self.capture.start()
+            if self.pending:
+                spec.after_spawn = lambda: failpoint("after-spawn")
+            if self.summaries:
+                self.worker = DerivationWorker(home, self.capture.thread_id).start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc):
+        spec, home, capture = self.spec, self.home, self.capture
+        self._each_step(
+            ("worker", lambda: self.worker and self.worker.stop()),
+            ("capture", lambda: finish_capture(capture, spec, home)),
+            ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
+                                                                             self.policy)),
+            ("acceptance", self._settle),
+            ("descriptor", lambda: self.descriptor and remove_descriptor(
+                home, self.hostdb, self.descriptor, "session ended")),
+            ("notices", self._last_words),
+            ("control pipe", self._close_control),
+            ("lease", lambda: capture.lease and capture.lease.release()))
+        return False
+
+    def _each_step(self, *steps) -> None:
+        """Run every cleanup step even when an earlier one fails (a dead terminal, a full
+        disk): a skipped step would leave a live descriptor or an unsettled rebuild.
+        An interrupt is passed on once all steps have run."""
+        interrupted = None
+        for name, step in steps:
+            try:
+                step()
+            except Exception as e:
+                try:
+                    self.home.log("cleanup_step_failed", step=name, error=repr(e))
+                except Exception:
+                    pass  # the log is one more thing that can be gone; the next step still runs
+            except BaseException as e:
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
+
+    def _settle(self) -> None:
+        if not self.pending:
+            return
+        try:
+            accept(self.home, self.capture.thread_id, self.pending)
+        except Exception as e:  # Claude's own status must still come back
+            say(f"could not settle the rebuilt session ({e}); it stays pending and "
+                "the next launch of this thread settles it")
+            self.home.log("settle_failed", thread=self.capture.thread_id, error=repr(e))
+
+    def _last_words(self) -> None:
+        # What was shown inside Claude's screen is said again once the terminal is the
+        # user's own, where it stays readable.
+        for line in self.notices + self.alarms + self.announced:
+            say(line)
+
+    def _close_control(self) -> None:
+        for fd in (self.control_r, self.control_w):
+            if fd is not None:
+                os.close(fd)
+        self.control_r = self.control_w = None
+
+    def announce(self, text: str, relay=None) -> None:
+        """Tell the person now, on their terminal: from the relay's thread or any other."""
+        self.home.log("notice", text=text)
+        if self.control_w is None:  # a one-shot: stderr is the user's
+            say(text)
+            return
+        self._to_show.append(text)
+        if relay is not None:
+            self.show_notices(relay)
+            return
+        try:
+            os.write(self.control_w, b"n")
+        except (BlockingIOError, OSError):
+            pass
+
+    def show_notices(self, relay) -> None:
+        """On the relay's thread: write waiting notices as their own lines."""
+        while self._to_show:
+            text = self._to_show.popleft()
+            self.announced.append(text)
+            relay.to_user += f"\r\n{PROG}: {text}\r\n".encode("utf-8")
+
+    def wake(self) -> None:
+        """From another thread: have the relay tick now rather than at its next timeout."""
+        try:
+            os.write(self.control_w, b"w")
+        except (BlockingIOError, OSError, TypeError):
+            pass  # a wake-up is already waiting, or the session is closing
+
+    def request_handoff(self, too_long=None, prune=False, thinking="") -> None:
+        """Called on the capture thread: wake the relay to run a live handoff (Smart
+        Prune's when ``prune``; a rebuild without thinking when the API refused the
+        thinking replayed into session ``thinking``)."""
+        if too_long is not None:
+            self.too_long = too_long
+        if thinking:
+            self.thinking_refused = thinking
+        what = b"t" if too_long is not None else b"k" if thinking else b"p" if prune else b"h"
+        try:
+            os.write(self.control_w, what)
+        except (BlockingIOError, OSError, TypeError):
+            pass  # already asked, or the session is closing
+
+
+def standing_alarms(home, thread_id, raised=()) -> list:
+    """Alarms raised in this process, and the thread's standing one from any earlier process."""
+    alarms = list(raised)
+    try:
+        row = Registry(home).db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
+                                        (thread_id,)).fetchone()
+    except Exception:  # a status line must never fail over the registry
+        row = None
+    if row and row[0] not in alarms:
+        alarms.append(row[0])
+    return alarms
+
+
+def survivor_note(pid: int) -> str:
+    return (f"an earlier Claude process (pid {pid}) did not exit when it was replaced; "
+            "it is still running")
+
+
+def finish_capture(capture, spec, home):
+    """Read Claude's last lines into the record before cc-lhc exits."""
+    try:
+        capture.stop()
+    except Exception as e:  # the session already ended well; say what was not captured
+        say(f"capture of session {capture.session_id} did not finish: {e}")
+        home.log("capture_error", thread=capture.thread_id, error=repr(e))
+        return
+    # The capture's own session: after a swap spec already names the next one.
+    home.log("capture_done", thread=capture.thread_id, session=capture.session_id, lines=capture.lines)
+
+
+TOO_LONG = re.compile(r"too long", re.I)
+
+
+def rejected_too_long(store):
+    """The newest turn, when the API rejected it as too long: (turn, tool calls that ran)."""
+    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    if not row or row[1] == "open":
+        return None
+    last = store.db.execute("SELECT kind, text FROM messages WHERE turn = ? AND agent IS NULL "
+                            "ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
+    if not last or last[0] != "api_error" or not TOO_LONG.search(last[1] or ""):
+        return None
+    ran = [f"{name} m{seq}" for seq, name in store.db.execute(
+        "SELECT c.seq, c.tool_name FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND "
+        "c.agent IS NULL AND EXISTS "
+        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id) "
+        "ORDER BY c.seq", (row[0],))]
+    return row[0], ran
+
+
+# What the API says when a replayed thinking block does not match the history it is
+# now sent over ("Invalid `signature` in `thinking` block", "thinking blocks ... cannot
+# be modified"): a 400 invalid_request_error naming thinking or its signature.
+THINKING_REFUSAL = re.compile(r"(?=.*\b(?:400|invalid_request_error)\b)(?=.*\b(?:thinking|signature)\b)",
+                              re.I | re.S)
+
+
+def thinking_refused(home, hostdb, store, policy) -> str:
+    """The rebuilt session whose first request the API refused over replayed thinking, or ''.
+
+    Only a rebuild cc-lhc wrote (it has a replayed prefix) that never got an answer
+    counts, and only while the thread still replays thinking: once it rebuilt with
+    `omit`, a refusal has some other cause and is not rebuilt again.
+    """
+    if thinking_arm(store, policy) == "omit":
+        return ""
+    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    if not row or row[1] == "open":
+        return ""
+    last = store.db.execute("SELECT kind, text, source_session FROM messages WHERE turn = ? AND "
+                            "agent IS NULL ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
+    if not last or last[0] != "api_error" or not THINKING_REFUSAL.search(last[1] or ""):
+        return ""
+    known = hostdb.session(last[2])
+    # Claude gives its own error notice a synthetic usage of zeros: that is no answer.
+    answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND "
+                                "coalesce(model, '') != '<synthetic>' LIMIT 1", (last[2],)).fetchone()
+    return last[2] if known and known["replayed_prefix_bytes"] and not answered else ""
+
+
+def classify_live(capture, home, policy) -> dict:
+    """Classify a running session after each new response, and receipt it once.
+
+    Runs on the capture thread, on its own connections. At a settled seam over the
+    trigger, or after the API rejected a turn as too long, it asks the host for a live
+    handoff; the host decides on its own thread.
+    """
+    if capture.hostdb is None:
+        capture.hostdb = HostDB(home)
+    a = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id, policy)
+    rejected = rejected_too_long(capture.store)
+    refused = thinking_refused(home, capture.hostdb, capture.store, policy) \
+        if capture.request_handoff is not None else ""
+    if refused:
+        _set_meta(capture.store, THINKING_KEY, "omit")
+        a.outcome("thinking refusal: live rebuild with omit requested")
+        home.log("thinking_refused", thread=capture.thread_id, session=refused)
+        capture.request_handoff(thinking=refused)
+    elif rejected is not None and capture.request_handoff is not None:
+        a.outcome("too-long rejection: live handoff requested")
+        home.log("too_long_rejection", thread=capture.thread_id, turn=rejected[0], ran=rejected[1])
+        capture.request_handoff(too_long=rejected)
+    elif a.go and capture.request_handoff is not None:
+        a.outcome("live handoff requested")
+        home.log("governor", thread=capture.thread_id, session=capture.session_id, **a.c)
+        capture.request_handoff()
+    elif a.c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
+        home.log("governor", thread=capture.thread_id, session=capture.session_id, **a.c)
+    elif automatic_prune_due(policy, a.c) and capture.request_handoff is not None:
+        p = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id,
+                   policy, prune=True)
+        if p.go:
+            p.outcome("live prune requested")
+            home.log("governor", thread=capture.thread_id, session=capture.session_id,
+                     operation="prune", **p.c)
+            capture.request_handoff(prune=True)
+    return a.c
+
+
+def report_pressure_at_exit(capture, spec, home, policy) -> None:
+    """After an interactive session: receipt its pressure, and say if it ended over the trigger.
+
+    A session can end over the trigger without a swap (its last seam came with background
+    work open, replacements would not load, or the seam was never settled); the user
+    should know the next resume runs Smart Compact before Claude starts.
+    """
+    try:
+        store = ThreadStore(home, capture.thread_id)
+        try:
+            a = assess(home, HostDB(home), store, capture.thread_id, spec.session_id, policy)
+        finally:
+            store.close()
+    except LhcError as e:
+        home.log("exit_reading_failed", thread=capture.thread_id, error=str(e))
+        return
+    c = a.c
+    if c["pressure"] is not None and c["pressure"] >= c["trigger"]:
+        a.outcome("deferred: runs before the next resume")
+        say(f"this session ended over the Smart Compact trigger ({describe_reading(c)}); "
+            f"`cc-lhc --resume {spec.session_id}` rebuilds it before Claude starts")
+
+
+def run_oneshot(spec, home: StateHome) -> int:
+    """Run `claude -p` as a plain child sharing our stdin, stdout and stderr."""
+    import subprocess
+    kwargs = {}
+    if os.name == "posix":
+        kwargs["preexec_fn"] = _death_link_preexec(os.getpid())
+    try:
+        child = subprocess.Popen(spec.child_argv, cwd=spec.cwd, env=child_environment(spec), **kwargs)
+    except OSError as e:
+        raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
+    home.log("child_started", mode="oneshot", child_pid=child.pid, session=spec.session_id,
+             argv=spec.child_argv[1:])
+    if spec.after_spawn:
+        spec.after_spawn()
+    watchdog = start_watchdog(child.pid)
+    job = tie_to_wrapper_windows(child.pid) if os.name == "nt" else None
+
+    def forward(signum, _frame):
+        if os.name == "nt":
+            close_tree_windows(child.pid)
+            return
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    # ctrl-c reaches Claude through the shared process group; the wrapper only waits.
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), getattr(signal, "SIGBREAK", None)):
+        if s is not None:
+            previous[s] = signal.signal(s, forward)
+    try:
+        returncode = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if watchdog:
+            watchdog.kill()
+    del job  # the job handle lived as long as we waited; Claude has exited by now
+    status = 128 - returncode if returncode < 0 else returncode
+    home.log("child_exited", mode="oneshot", child_pid=child.pid, status=status)
+    return status
+
+
+def with_resume(args, found, session_id):
+    """Claude's argv with its own session selectors replaced by --resume <session_id>."""
+    drop = set()
+    for i, n in found.get("selectors", ()):
+        drop.update(range(i, i + n))
+    return ["--resume", session_id] + [a for j, a in enumerate(args) if j not in drop]
+
+
+def _session_rollout(hostdb, session_id, cwd):
+    known = hostdb.session(session_id)
+    if known and known["rollout_path"]:
+        return known["rollout_path"]
+    return rollout_path(session_id, cwd)
+
+
+def _resume_session(spec, session_id):
+    """Point the launch at session_id; a fork keeps writing its own new session."""
+    spec.resume = session_id
+    spec.continue_ = spec.resume_picker = False
+    if spec.fork:
+        spec.child_argv = ([spec.child_argv[0], "--session-id", spec.session_id]
+                           + with_resume(spec.claude_args, spec.found, session_id))
+        return
+    spec.session_id = session_id
+    spec.assigned_session = False
+    spec.child_argv = [spec.child_argv[0]] + with_resume(spec.claude_args, spec.found, session_id)
+
+
+def attach_thread(spec, home, policy):
+    """Resolve this launch's session to a thread, own it, and prepare its capture.
+
+    A fresh session gets a new thread; --resume of a session seen before lands on
+    its thread's current session (read again under the thread's lease); --resume of
+    a session never seen adopts its whole transcript; --continue and bare --resume
+    are resolved here, before spawn. Interrupted Smart Compacts of the thread are
+    settled before anything else touches it.
+    """
+    if spec.found.get("no_persistence"):
+        # No transcript means nothing to capture or rebuild from, so cc-lhc must not also
+        # switch off Claude's own compaction: the session would then have none at all.
+        spec.governed = False
+        say(MSG_UNGOVERNED)
+        home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript")
+        return None
+    registry, hostdb = Registry(home), HostDB(home)
+    if spec.continue_:
+        target = continue_target(spec, registry, hostdb)
+        if target is None:
+            return None  # nothing to continue here: Claude says so itself
+        _resume_session(spec, target)
+    elif spec.resume_picker:
+        _resume_session(spec, pick_thread_session(spec, registry, hostdb))
+    origin = "fresh"
+    lease = None
+    if spec.fork and spec.resume:
+        # A fork starts a new session as a copy of the source: a thread of its own, whose
+        # capture adopts the copied history. The source's thread is only read, never owned.
+        source = registry.thread_for_session(spec.resume)
+        current = registry.current_session(source) if source else None
+        if current and current != spec.resume:
+            _resume_session(spec, current)
+        spec.resume = None
+    if spec.resume:
+        thread = registry.thread_for_session(spec.resume)
+        if thread is None:
+            path = _session_rollout(hostdb, spec.session_id, spec.cwd)
+            if not os.path.exists(path):
+                home.log("capture_off", reason=f"no transcript at {path} to adopt")
+                return None
+            refuse_irregular_transcript(path, spec.session_id, home)
+            refuse_orphan(path, spec, home, registry)
+            import sqlite3
+            try:
+                thread = registry.create_thread(spec.session_id, spec.cwd, "adopted")
+                origin = "adopted"
+            except sqlite3.IntegrityError:
+                # Another cc-lhc adopted this session a moment ago: contend for its thread.
+                thread = registry.thread_for_session(spec.session_id)
+                if thread is None:
+                    raise
+        lease = Lease(home, thread)
+        lease.acquire()
+        try:
+            recover_thread(home, registry, hostdb, thread)
+            current = registry.current_session(thread)
+            if current and current != spec.session_id:
+                say(f"session {spec.session_id} continues as {current} in thread {thread[:8]}; "
+                    "resuming that")
+                _resume_session(spec, current)
+            path = _session_rollout(hostdb, spec.session_id, spec.cwd)
+            refuse_irregular_transcript(path, spec.session_id, home)
+            repair_torn_tail(path, home, spec.session_id)
+        except BaseException:
+            lease.release()
+            raise
+    else:
+        if registry.thread_for_session(spec.session_id):
+            raise usage_error(f"session {spec.session_id} already exists; continue it with "
+                              f"--resume {spec.session_id}")
+        path = rollout_path(spec.session_id, spec.cwd)
+        origin = "fork" if spec.fork else "fresh"
+        thread = registry.create_thread(spec.session_id, spec.cwd, origin)
+        lease = Lease(home, thread)
+        lease.acquire()
+    hostdb.note_session(spec.session_id, thread, path, spec.cwd)
+    registry.save_copy(thread)  # a thread file from before copies existed gets one now
+    home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
+    alarm = registry.db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
+                                (thread,)).fetchone()
+    if alarm:
+        # Standing since rebuilt sessions stopped loading: Claude native Compact stays
+        # allowed for this thread until a rebuild is accepted again.
+        say(alarm[0])
+        spec.autocompact = True
+    capture = new_capture(spec, home, policy, hostdb, thread, spec.session_id, path)
+    capture.lease = lease
+    return capture
+
+
+def new_capture(spec, home, policy, hostdb, thread, session_id, path):
+    known = hostdb.session(session_id)
+
+    def on_event(event, capture):
+        kind, turn = event
+        if kind == "in_process_view":
+            # The capture thread: the relay's InProcessCompact reads it at its next tick.
+            if spec.session is not None:
+                newest = capture.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+                spec.session.views_replayed.append(newest or 0)
+                spec.session.wake()
+            home.log("in_process_view_captured", thread=capture.thread_id, turn=turn)
+        if kind == "native_compact":
+            note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
+                    f"as turn t{turn} and every earlier turn stays in the thread")
+            home.log("native_compact", thread=capture.thread_id, turn=turn, note=note)
+            if spec.session is not None:
+                spec.session.native_compacts.append((turn, utc_now_iso()))
+                spec.session.announce(note)
+            else:
+                say(note)
+
+    live = None if spec.print_mode else (lambda capture: classify_live(capture, home, policy))
+    return Capture(home, thread, session_id, path, policy,
+                   start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event,
+                   on_responses=live)
+
+
+CATCHUP_SECONDS = 10.0
+
+
+def prompt_estimate(spec) -> int:
+    """LHC estimate of the prompt a one-shot is about to send (its argv text)."""
+    return estimate_tokens(" ".join(spec.positionals))
+
+
+def smart_compact_before_launch(spec, home, policy, capture):
+    """Smart Compact before Claude starts on a resumed session over the trigger.
+
+    A one-shot seat always works this way. An interactive --resume does too: with no
+    child running yet there is nothing to hand off, so the rebuilt session is simply
+    the one Claude opens. Returns the Capture for the session Claude will run on (a new
+    one after a rebuild) and the PendingRebuild, if any.
+    """
+    import time
+    hostdb = HostDB(home)
+    capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
+    if not capture.caught_up:
+        say("context check skipped: capture is still catching up with the transcript; "
+            "Smart Compact will run on the next invocation if needed")
+        return capture, None
+    refused = thinking_refused(home, hostdb, capture.store, policy)
+    if refused:
+        # The rebuilt session's first request was refused over its replayed thinking: the
+        # thread gives up replaying thinking from now on and is rebuilt without it.
+        _set_meta(capture.store, THINKING_KEY, "omit")
+        say(f"the API refused the thinking replayed into rebuilt session {refused}; rebuilding "
+            "without it (thinking replay: omit for this thread from now on), nothing is lost")
+        home.log("thinking_refused", thread=capture.thread_id, session=refused)
+    a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
+               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused))
+    home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
+    plan_view = None
+    if not a.go and automatic_prune_due(policy, a.c):
+        a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
+                   prompt_estimate=prompt_estimate(spec), idle=True, prune=True)
+        home.log("governor", thread=capture.thread_id, session=spec.session_id, operation="prune",
+                 **a.c)
+        plan_view = prune_planner(policy["pruneTargetTokens"])
+    if not a.go:
+        if a.c["state"] == STATE_OVER_OPEN:
+            say(f"over the trigger but {a.reason}; launching on the current session, "
+                "Smart Compact runs on the next invocation")
+        return capture, None
+    say(f"{'Smart Prune' if plan_view else 'Smart Compact'}: {describe_reading(a.c)}")
+    try:
+        pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
+                          spec.cwd, envelope_from=capture.path, assessment=a, plan_view=plan_view)
+    except PruneUnchanged as e:
+        a.outcome(f"no_action: {e}")
+        say(f"Smart Prune: {e}")
+        return capture, None
+    except LhcError as e:
+        # The session Claude was on is still whole: launch on it rather than not at all.
+        say(f"{e}; launching on the current session")
+        return capture, None
+    lease = capture.lease
+    capture.lease = None
+    capture.stop()
+    _resume_session(spec, pending.session_id)
+    fresh = new_capture(spec, home, policy, hostdb, capture.thread_id, pending.session_id,
+                        pending.path)
+    fresh.lease = lease
+    return fresh, pending
+
+
+def _cwd_threads(registry, hostdb, cwd):
+    """This folder's threads with their current session and its transcript's age."""
+    rows = []
+    for thread_id, tcwd, _created, _origin, session in registry.threads():
+        if tcwd != cwd or not session:
+            continue
+        path = _session_rollout(hostdb, session, cwd)
+        try:
+            mtime = os.path.getmtime(path)
+        except OSError:
+            continue
+        rows.append((mtime, thread_id, session, path))
+    rows.sort(reverse=True)
+    return rows
+
+
+def continue_target(spec, registry, hostdb):
+    """--continue: this folder's most recent thread, else Claude's most recent session."""
+    rows = _cwd_threads(registry, hostdb, spec.cwd)
+    if rows:
+        return rows[0][2]
+    folder = os.path.join(claude_config_dir(), "projects", project_slug(spec.cwd))
+    try:
+        candidates = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".jsonl")]
+    except OSError:
+        return None
+    candidates = [c for c in candidates if is_uuid(os.path.basename(c)[:-6])]
+    if not candidates:
+        return None
+    return os.path.basename(max(candidates, key=os.path.getmtime))[:-6]
+
+
+def ask_terminal(question: str):
+    """Ask the user at their terminal (even when stdin/stdout are redirected); None if there is none."""
+    if os.name != "posix":
+        if not sys.stdin.isatty():
+            return None
+        sys.stderr.write(question)
+        sys.stderr.flush()
+        return sys.stdin.readline().strip()
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return None
+    with os.fdopen(fd, "r+b", buffering=0) as tty:
+        tty.write(question.encode("utf-8"))
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = tty.read(1)
+            if not chunk:
+                break
+            line += chunk
+    return line.decode("utf-8", "replace").strip()
+
+
+def pick_thread_session(spec, registry, hostdb):
+    """Bare --resume: let the user choose one of this folder's threads."""
+    rows = _cwd_threads(registry, hostdb, spec.cwd)
+    term = spec.found.get("resume") if isinstance(spec.found.get("resume"), str) else None
+    if not rows:
+        raise usage_error("no cc-lhc threads in this folder yet; start one with cc-lhc, "
+                          "or pass --resume <session-id>")
+    home = StateHome()
+    listed = []
+    for mtime, thread_id, session, _path in rows:
+        store = ThreadStore(home, thread_id)
+        try:
+            last = store.db.execute("SELECT text FROM messages WHERE kind = 'user_text' "
+                                    "AND agent IS NULL ORDER BY seq DESC LIMIT 1").fetchone()
+            info = store.summary()
+        finally:
+            store.close()
+        prompt = (last[0] if last else "").replace("\n", " ")
+        if term and term.lower() not in prompt.lower() and not thread_id.startswith(term):
+            continue
+        when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
+        listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  {prompt[:60]}"))
+    if not listed:
+        raise usage_error(f"no thread in this folder matches {term!r}")
+    answer = ask_terminal("Threads in this folder (newest first):\n"
+                          + "".join(f"  {i:>2}. {line}\n" for i, (_s, line) in enumerate(listed, 1))
+                          + "Resume which? [1] ")
+    if answer is None:
+        raise usage_error("choosing a thread needs a terminal; pass --resume <session-id> "
+                          "(cc-lhc threads lists them)")
+    answer = answer or "1"
+    if not answer.isdigit() or not 1 <= int(answer) <= len(listed):
+        raise usage_error(f"no thread numbered {answer!r}")
+    return listed[int(answer) - 1][0]
+
+
+# == 15. Live Smart Compact: the swap, the in-process path, session changes =====
+
+
 # Claude options that take no value: they carry into a replacement child as they are.
 CLAUDE_FLAG_OPTIONS = frozenset((
     "--allow-dangerously-skip-permissions", "--ax-screen-reader", "--bare", "--brief", "--chrome",
@@ -7604,783 +8261,6 @@ def with_runtime(kept, runtime: dict):
     if mode:
         out += ["--permission-mode", mode]
     return out
-
-
-def _holders(path: str) -> list:
-    """Pids of processes that have ``path`` open (a carried job writing its output file)."""
-    pids = []
-    if os.path.isdir("/proc/self/fd"):
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                fds = os.listdir(f"/proc/{pid}/fd")
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
-                        pids.append(int(pid))
-                        break
-                except OSError:
-                    continue
-        return pids
-    import subprocess
-    try:  # macOS: no /proc
-        out = subprocess.run(["lsof", "-t", "--", path], capture_output=True, text=True,
-                             timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(p) for p in out.split() if p.isdigit()]
-
-
-def _alive(pid: int, start=None) -> bool:
-    """Whether pid still runs (and, given its start time, is still that same process)."""
-    if start is not None and process_start_time(pid) != start:
-        return False  # gone, and its pid may already belong to someone else
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has finished: only its parent has not collected it yet
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _stop_job(pid: int, start) -> None:
-    """End a carried job: its whole process group (Claude starts each in its own), never ours.
-
-    Only while pid is still the process that was carried (same start time): pids are
-    reused quickly, and a signal to a reused one would end an unrelated program.
-    """
-    try:
-        group = os.getpgid(pid)
-    except OSError:
-        return
-    kill = (lambda s: os.killpg(group, s)) if group != os.getpgrp() else (lambda s: os.kill(pid, s))
-    _end_with(kill, lambda: _alive(pid, start))
-
-
-def _end_with(kill, running) -> None:
-    """SIGTERM, two seconds to go, then SIGKILL, each only while running() says so."""
-    import time
-    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
-        if not running():
-            return
-        try:
-            kill(sig)
-        except OSError:
-            return
-        deadline = time.monotonic() + wait
-        while running() and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-
-class CarriedJob:
-    """A shell job that outlived the Claude process which started it, or a monitor command
-    cc-lhc relaunched for the replacement."""
-
-    def __init__(self, item, pids, offset=0, finished=False, output="", process=None, deadline=0.0):
-        self.item = item
-        self.offset = offset        # how much of the output file Claude has already been told about
-        self.finished = finished
-        self.output = output        # the file to watch: Claude's own for a shell job, ours for a monitor
-        self.process = process      # a relaunched monitor: our child, reaped here
-        self.deadline = deadline    # a monitor's timeout_ms, counted from its first launch (time.time)
-        self.starts = {}            # pid -> start time, when seen
-        self.watch(pids)            # each process holding its output file (or our monitor)
-
-    def watch(self, pids) -> None:
-        """Take these pids as the job's, remembering each one's start time: a pid is
-        reused quickly, and only the process that was carried may ever be signalled."""
-        self.pids = list(pids)
-        for pid in self.pids:
-            self.starts.setdefault(pid, process_start_time(pid))
-
-    def alive(self, pid) -> bool:
-        return _alive(pid, self.starts.get(pid))
-
-    def stop(self) -> None:
-        for pid in self.pids:
-            _stop_job(pid, self.starts.get(pid))
-
-    @property
-    def name(self) -> str:
-        return self.item.task_id or self.item.label
-
-
-MONITOR_TIMEOUT_CAP_MS = 1800000  # Claude caps a monitor's deadline at 30 minutes
-
-
-def _children_running(parent: int, command: str) -> list:
-    """Pids of ``parent``'s children whose command line holds ``command`` (Linux /proc)."""
-    found = []
-    if not command or not os.path.isdir("/proc/self"):
-        return found
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rpartition(")")[2].split()[1])
-            if ppid != parent:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        if command in cmdline:
-            found.append(int(pid))
-    return found
-
-
-class BackgroundCarry:
-    """Background work carried across live swaps (the swap path of Smart Compact).
-
-    At the switch, each open item goes with the session its own way: a shell job or a
-    monitor command is a process of its own, left running (the old Claude is ended with
-    SIGKILL, the only signal it does not pass on to its jobs) and watched here through
-    its pids and output file; a workflow, a pending wake-up and a background agent lived
-    inside the old Claude, so the replacement is told in a manifest what was pending and
-    how to go on (Workflow{resumeFromRunId}, SendMessage(<id>)), and a wake-up is fired
-    by cc-lhc when it falls due. Everything Claude is told arrives as a message marked
-    [runtime note], typed at a settled seam, never mixed into what the person types.
-    A result that arrives when no Claude is left to tell is kept under continuity/ and
-    told at the next launch of the thread.
-    """
-
-    POLL_SECONDS = 0.5
-    TAIL_BYTES = 4000
-
-    def __init__(self, session):
-        self.session = session
-        self.jobs = []
-        self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
-        self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
-        self.journals = []         # workflows whose journal follows the session at this switch
-        self._saved = None         # what undelivered.json holds now (see _persist)
-        self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
-        self.wakeups = []          # (due, item) the wrapper fires itself
-        self.notes = collections.deque()
-        self.next_poll = 0.0
-        self.carried = ""          # the last swap's one line, for the person and /status
-        self.thread_id = session.capture.thread_id if session.capture else None
-        self.guard = CarryGuard(session.home, self.thread_id)
-        self._load_kept()
-
-    @property
-    def holds_processes(self) -> bool:
-        """Whether a shell job Claude started is still running (a monitor we relaunched is
-        our own child and needs no special end of the old Claude)."""
-        return any(not j.finished and j.process is None for j in self.jobs)
-
-    # -- at the swap -------------------------------------------------------------
-
-    def plan(self, items, old_session: str, old_path: str, store) -> list:
-        """The manifest lines for the rebuilt session, one per item a swap would carry now.
-
-        Written into the rollout before the replacement starts (view_records), so Claude
-        knows from its first turn what goes on and how; take() tells it later only what
-        turned out otherwise at the switch (a monitor that would not start again, an agent
-        that finished in the seconds between).
-        """
-        self.planned = {}
-        for item in items:
-            if item.tool_use_id not in self.taken:
-                self.planned[item.tool_use_id] = self._manifest_line(item, old_session, old_path, store)
-        return list(self.planned.values())
-
-    def _manifest_line(self, item, old_session, old_path, store) -> str:
-        name = item.task_id or item.label
-        if item.kind == "shell":
-            return (f"background command {name} ({item.command}) keeps running as its own process; "
-                    f"its output is in {item.output_file}; cc-lhc will tell you when it finishes")
-        if item.kind == "monitor":
-            return (f"monitor {name} ({item.command}) stops with the previous Claude process, so "
-                    f"cc-lhc starts its command again and tells you each new event (its output "
-                    f"is kept in {self._monitor_output(item)})")
-        if item.kind == "wakeup":
-            due = datetime.datetime.fromtimestamp(self._wakeup_due(item, store)).strftime("%H:%M")
-            return (f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) is "
-                    f"still pending; cc-lhc will deliver its prompt when it falls due (about {due})")
-        if item.kind == "workflow":
-            name = item.args.get("name") or item.label
-            if not item.run_id:
-                return (f"workflow {name} stopped with the previous Claude process and its launch "
-                        "named no run id to resume from; run it again with Workflow if it is "
-                        "still needed")
-            call = (f'Workflow({{scriptPath: "{item.script}", resumeFromRunId: "{item.run_id}"}})'
-                    if item.script else f'Workflow with resumeFromRunId "{item.run_id}" and the same script')
-            return (f"workflow {name} (run {item.run_id}) stopped with the previous Claude process; "
-                    f"cc-lhc carries its journal into this session, so {call} continues it, the "
-                    "agent calls it had finished coming back from the journal")
-        return self._agent_report(item, old_session, old_path)
-
-    def take(self, items, old_session: str, old_path: str, old_pid=None) -> str:
-        """Carry the open items of the session being replaced; returns the line to show."""
-        said, failed, changed = [], [], []
-        planned = self.planned
-        # Carried at an earlier swap: it goes on as it is (a relaunched monitor keeps its
-        # process), and nothing is said to Claude again.
-        for job in self.jobs:
-            if not job.finished:
-                said.append(f"{job.item.kind} {job.name} (still running, pid "
-                            f"{', '.join(map(str, job.pids))})")
-        items = [i for i in items if i.tool_use_id not in self.taken]
-        for item in items:
-            self.taken.add(item.tool_use_id)
-            name = item.task_id or item.label
-            line = ""
-            if item.kind == "shell":
-                pids = _holders(item.output_file)
-                self.jobs.append(CarriedJob(item, pids, output=item.output_file))
-                said.append(f"shell {name} (pid {', '.join(map(str, pids)) or 'already finished'})")
-            elif item.kind == "monitor":
-                job, why = self._relaunch(item, old_pid)
-                if job is None:
-                    line = (f"monitor {name} ({item.command}) could not be restarted after the swap "
-                            f"({why}); start it again with Monitor if you still need it")
-                    failed.append(f"monitor {name} ({why})")
-                else:
-                    self.jobs.append(job)
-                    said.append(f"monitor {name} (relaunched, pid {job.pids[0]})")
-            elif item.kind == "wakeup":
-                self.wakeups.append((self._wakeup_due(item), item))
-                said.append("wake-up")
-            elif item.kind == "workflow":
-                if item.run_id:
-                    self.journals.append(item)
-                said.append(f"workflow {item.run_id or item.label} (resume offered)")
-            elif item.kind == "agent":
-                line = self._agent_report(item, old_session, old_path)
-                said.append(f"agent {name} "
-                            f"({'finished, result told' if ' had finished' in line else 'interrupted, resume offered'})")
-            if item.tool_use_id not in planned:
-                line = line or self._manifest_line(item, old_session, old_path, None)
-            if line and line != planned.get(item.tool_use_id):
-                changed.append(line)
-        self.planned = {}
-        self._record_carried(items, old_session)
-        if changed:
-            self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
-                              "Background work from before, since the rebuilt session was written: "
-                              + "; ".join(changed) + ".")
-        parts = (["carried across the swap: " + ", ".join(said)] if said else []) + (
-            ["could not carry: " + ", ".join(failed)] if failed else [])
-        self.carried = "; ".join(parts)
-        self.session.home.log("background_carried", items=[i.label for i in items], said=said,
-                              failed=failed, told_after_rebuild=len(changed))
-        self.guard.sync(self.jobs)
-        self._persist()
-        return self.carried
-
-    def _record_carried(self, items, old_session) -> None:
-        """Close the carried items in the thread (see CARRIED_PREFIX), so no later swap or
-        launch takes them for work still open in Claude."""
-        if not items or not self.thread_id:
-            return
-        store = ThreadStore(self.session.home, self.thread_id)
-        try:
-            with Tx(store.db) as db:
-                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                               [(CARRIED_PREFIX + i.tool_use_id, f"{i.kind} from {old_session}")
-                                for i in items])
-        finally:
-            store.close()
-
-    def carry_journals(self, old_path: str, new_path: str) -> None:
-        """Copy each carried workflow's run folder (journal and agent transcripts) from the
-        old session's folder into the new one's, once the old Claude has ended and wrote
-        its last line: Workflow{resumeFromRunId} reads the journal from the session it
-        runs in, and serves the agent calls it holds from it instead of running them again.
-        """
-        import shutil
-        for item in self.journals:
-            parts = ("subagents", "workflows", item.run_id)
-            source = os.path.join(old_path[:-len(".jsonl")], *parts)
-            target = os.path.join(new_path[:-len(".jsonl")], *parts)
-            try:
-                shutil.copytree(source, target, dirs_exist_ok=True)
-            except (OSError, shutil.Error) as e:
-                self.session.home.log("workflow_journal_not_carried", run=item.run_id, error=repr(e))
-                self.notes.append(f"[runtime note] The journal of workflow run {item.run_id} could "
-                                  f"not be carried into this session ({e}); resuming it will run "
-                                  "every agent call again.")
-                continue
-            self.session.home.log("workflow_journal_carried", run=item.run_id, to=target)
-        self.journals = []
-        self._persist()
-
-    def _monitor_output(self, item) -> str:
-        return os.path.join(self.session.home.path("continuity", self.thread_id, "monitors"),
-                            f"{item.task_id or item.tool_use_id}.output")
-
-    def _relaunch(self, item, old_pid):
-        """Start a monitor's command again under continuity/<thread>/monitors/, as our own
-        child: (the job, '') or (None, why it could not be)."""
-        import shutil
-        import subprocess
-        import time
-        command = str(item.args.get("command") or "")
-        if old_pid:
-            # The old copy dies at its next line anyway (its stdout is the old Claude's
-            # socket); stopping it now keeps one copy of the command running, never two.
-            for pid in _children_running(old_pid, command):
-                _stop_job(pid, process_start_time(pid))
-        if not command:
-            return None, ("it watches a WebSocket, which cc-lhc cannot reopen" if item.args.get("ws")
-                          else "its launch names no command")
-        timeout = min(float(item.args.get("timeout_ms") or 300000), MONITOR_TIMEOUT_CAP_MS) / 1000
-        deadline = self._launched_at(item) + timeout
-        if time.time() >= deadline:
-            return None, "its timeout_ms had run out"
-        self.session.home.ensure("continuity", self.thread_id, "monitors")
-        output = self._monitor_output(item)
-        try:
-            offset = os.path.getsize(output) if os.path.exists(output) else 0
-            with open(output, "ab") as out, open(output[:-len(".output")] + ".stderr", "ab") as err:
-                process = subprocess.Popen(
-                    [shutil.which("bash") or "/bin/sh", "-c", command], cwd=self.session.spec.cwd,
-                    env=child_environment(self.session.spec), stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=err, start_new_session=True, preexec_fn=_death_link_preexec(os.getpid()))
-        except OSError as e:
-            return None, f"its command could not be started again: {e}"
-        self.session.home.log("monitor_relaunched", item=item.label, task=item.task_id,
-                              pid=process.pid, output=output)
-        return CarriedJob(item, [process.pid], offset=offset, output=output, process=process,
-                          deadline=deadline), ""
-
-    def _wakeup_due(self, item, store=None) -> float:
-        """When Claude would have fired it: the first whole minute after launch + delay,
-        the delay clamped to [60, 3600] s as Claude clamps it."""
-        import math
-        try:
-            delay = float(item.args.get("delaySeconds") or 60)
-        except (TypeError, ValueError):
-            delay = 60.0
-        return math.ceil((self._launched_at(item, store) + min(3600.0, max(60.0, delay))) / 60) * 60
-
-    def _launched_at(self, item, store=None) -> float:
-        """When the item's launch was recorded (``store``: the thread's, when one is open)."""
-        own = store is None
-        store = store or ThreadStore(self.session.home, self.thread_id)
-        try:
-            row = store.db.execute("SELECT created FROM messages WHERE seq = ?", (item.seq,)).fetchone()
-        finally:
-            if own:
-                store.close()
-        try:
-            return datetime.datetime.fromisoformat(str(row[0]).replace("Z", "+00:00")).timestamp()
-        except (TypeError, ValueError):
-            import time
-            return time.time()
-
-    @staticmethod
-    def _agent_report(item, old_session, old_path) -> str:
-        """An agent's final answer if its own transcript shows one, else how to resume it."""
-        name = f"background agent {item.task_id or item.label}"
-        path = os.path.join(os.path.dirname(old_path), old_session, "subagents",
-                            f"agent-{item.task_id}.jsonl")
-        last = None
-        try:
-            with open_regular(path) as f:
-                for raw in f:
-                    rec = json_record(raw)
-                    if rec is not None and rec.get("type") in ("user", "assistant"):
-                        last = rec
-        except OSError:
-            pass
-        message = (last or {}).get("message") or {}
-        if (last or {}).get("type") == "assistant" and message.get("stop_reason") == "end_turn":
-            answer = " ".join(b.get("text", "") for b in message.get("content") or []
-                              if isinstance(b, dict) and b.get("type") == "text")
-            return f"{name} had finished; its final result: {answer.strip()}"
-        return (f"{name} was interrupted by the swap (it ran inside the previous Claude process); "
-                f"resume it with SendMessage({item.task_id or item.label})")
-
-    def status(self) -> list:
-        """The /status rows: the last swap's line and what cc-lhc is watching now."""
-        rows = [f"background: {self.carried}"] if self.carried else []
-        running = [f"{j.item.kind} {j.name} (pid {', '.join(map(str, j.pids))})"
-                   for j in self.jobs if not j.finished]
-        running += [f"wake-up due {datetime.datetime.fromtimestamp(due).strftime('%H:%M')}"
-                    for due, _item in self.wakeups]
-        if running:
-            rows.append("background carried now: " + ", ".join(running))
-        return rows
-
-    def end_signal(self):
-        """How the old Claude must end: SIGKILL while it leaves carried jobs behind."""
-        return signal.SIGKILL if self.holds_processes else None
-
-    # -- while the session runs ----------------------------------------------------
-
-    def poll(self) -> None:
-        """Turn finished jobs, new monitor events and due wake-ups into notes (once each)."""
-        import time
-        now = time.time()
-        if self.inflight:
-            self._confirm_inflight()
-        for job in self.jobs:
-            if not job.finished:
-                self._poll_job(job, now)
-        for due, item in list(self.wakeups):
-            if now >= due:
-                self.wakeups.remove((due, item))
-                self.notes.append(f"[runtime note] your scheduled wake-up is due "
-                                  f"({item.args.get('reason') or 'no reason given'}): "
-                                  f"{item.args.get('prompt') or ''}")
-        self.guard.sync(self.jobs)
-        self._persist()
-
-    def _poll_job(self, job, now) -> None:
-        if job.process is not None:
-            running = job.process.poll() is None
-        else:
-            job.watch([p for p in job.pids if job.alive(p)]
-                      or [p for p in _holders(job.output) if _alive(p)])
-            running = bool(job.pids)
-        if job.item.kind != "monitor":
-            if not running:
-                job.finished = True
-                self.notes.append(self._shell_result(job))
-            return
-        for event in self._read_from(job):
-            self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) event: {event}")
-        if running and job.deadline and now >= job.deadline:
-            self._stop(job)
-            self.notes.append(f"[runtime note] monitor {job.name} expired (its timeout_ms ran out); "
-                              "start it again with Monitor if you still need it.")
-        elif not running:
-            job.finished = True
-            self.notes.append(f"[runtime note] monitor {job.name} has ended.")
-
-    def _stop(self, job) -> None:
-        job.stop()
-        if job.process is not None:
-            try:
-                job.process.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - one that will not die is logged, never waited on
-                self.session.home.log("carried_job_survived", item=job.item.label, pids=job.pids)
-        job.finished = True
-
-    def _read_from(self, job) -> list:
-        try:
-            with open_regular(job.output) as f:
-                f.seek(job.offset)
-                data = f.read(1 << 20)
-        except OSError:
-            return []
-        complete = data[:data.rfind(b"\n") + 1]
-        job.offset += len(complete)
-        return [line for line in complete.decode("utf-8", "replace").splitlines() if line.strip()]
-
-    def _shell_result(self, job) -> str:
-        item = job.item
-        try:
-            with open_regular(item.output_file) as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - self.TAIL_BYTES))
-                tail = f.read().decode("utf-8", "replace").strip()
-        except OSError as e:
-            size, tail = 0, f"(its output file could not be read: {e})"
-        shown = ("the end of its output" if size > self.TAIL_BYTES else "its output") + f":\n{tail}"
-        return (f"[runtime note] The background command {item.task_id} ({item.command}), carried "
-                f"across a Smart Compact swap, has finished. Its output file is "
-                f"{item.output_file}; {shown}")
-
-    def next_note(self, settled) -> str:
-        """The next note to type, when there is one and the session is at a settled seam."""
-        import time
-        now = time.monotonic()
-        if now >= self.next_poll:
-            self.next_poll = now + self.POLL_SECONDS
-            self.poll()
-        if not self.notes or not settled():
-            self._persist()
-            return ""
-        # Everything waiting goes in one prompt: each event once, none held back a turn.
-        told = "\n".join(self.notes)
-        self.notes.clear()
-        path = self.session.capture.path
-        try:
-            offset = os.path.getsize(path)
-        except OSError:
-            offset = 0
-        self.inflight.append([told, path, offset])
-        self._persist()
-        return told
-
-    def _confirm_inflight(self) -> None:
-        """Drop each typed note once Claude's transcript holds it as a prompt; until then it
-        stays kept (a note typed into a Claude that was already exiting never arrives)."""
-        still = []
-        for entry in self.inflight:
-            note, path, offset = entry
-            key = note.split("\n", 1)[0][:200]
-            try:
-                with open_regular(path) as f:
-                    f.seek(offset)
-                    data = f.read(4 << 20)
-            except OSError:
-                data = b""
-            complete = data[:data.rfind(b"\n") + 1]
-            entry[2] = offset + len(complete)
-            if not any(key in _prompt_text(json_record(line)) for line in complete.splitlines()):
-                still.append(entry)
-        self.inflight = still
-
-    # -- at the end ----------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Stop what cc-lhc carried (nobody asked for it to outlive the session) and keep
-        what Claude was not told yet, for the next launch of the thread."""
-        self.poll()
-        for job in self.jobs:
-            if job.finished:
-                continue
-            self._stop(job)
-            for event in self._read_from(job):  # written between the last poll and the stop
-                self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) "
-                                  f"event: {event}")
-            self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
-            self.notes.append(stopped_note(job.item.kind, job.name, job.item.command, job.output))
-        self.notes.extend(self._pending_wakeup_notes())
-        for note, _path, _offset in self.inflight:  # typed, but Claude never took it
-            self.session.home.log("carried_note_not_delivered", note=note[:200])
-            self.notes.append(note)
-        self.inflight = []
-        self.guard.sync(self.jobs)  # every job is finished now: the guard holds none
-        self.jobs, self.wakeups = [], []
-        self._persist()
-        self.guard.end()
-
-    def _pending_wakeup_notes(self) -> list:
-        return [f"[runtime note] a wake-up was still pending when the previous session ended "
-                f"({item.args.get('reason') or 'no reason given'}): {item.args.get('prompt') or ''}"
-                for _due, item in self.wakeups]
-
-    def _persist(self) -> None:
-        """Keep undelivered.json equal to what the next launch must tell Claude if this
-        process ended now: the notes not yet typed and the wake-ups still pending. Written
-        as they change, so even a SIGKILL of cc-lhc loses none of them (the guard adds what
-        it stops to the same file)."""
-        kept = list(self.notes) + [note for note, _p, _o in self.inflight] + self._pending_wakeup_notes()
-        if kept == (self._saved or []):
-            return  # (nothing to keep and nothing kept: no continuity folder is made for it)
-        path = self._kept_path()
-        if path is None:
-            return
-        try:
-            if kept:
-                _write_private_json(path, kept)
-            elif os.path.exists(path):
-                os.unlink(path)
-        except OSError as e:
-            self.session.home.log("undelivered_not_saved", error=repr(e))
-            return
-        self._saved = kept
-
-    def _kept_path(self):
-        return kept_notes_path(self.session.home, self.thread_id) if self.thread_id else None
-
-    def _load_kept(self) -> None:
-        if not self.thread_id or not os.path.exists(
-                self.session.home.path("continuity", self.thread_id, "undelivered.json")):
-            return  # (looked for without making the folder: most sessions never need it)
-        path = self._kept_path()
-        kept = read_kept_notes(path)
-        if kept is None:
-            return
-        # From here on they are this session's: the file stays as it is until they are
-        # told (see _persist), so a crash before then keeps them for the launch after.
-        self.notes.extend(kept)
-        self._saved = kept
-
-
-def _prompt_text(rec) -> str:
-    """The text of a user record's prompt ('' for anything else)."""
-    if not rec or rec.get("type") != "user":
-        return ""
-    content = (rec.get("message") or {}).get("content")
-    if isinstance(content, str):
-        return content
-    return "\n".join(b.get("text", "") for b in content or () if isinstance(b, dict)
-                     and isinstance(b.get("text"), str))
-
-
-def stopped_note(kind: str, name: str, command: str, output: str) -> str:
-    """What the next launch of the thread tells Claude about carried work the end stopped."""
-    return (f"[runtime note] The background {kind} {name} ({command}) was stopped when the "
-            f"previous cc-lhc session ended; its output so far is in {output}.")
-
-
-def kept_notes_path(home, thread_id: str) -> str:
-    """continuity/<thread>/undelivered.json: notes for the next launch of the thread."""
-    return os.path.join(home.ensure("continuity", thread_id), "undelivered.json")
-
-
-def read_kept_notes(path: str):
-    """The notes kept in that file (a JSON list of strings), or None when it cannot be read."""
-    try:
-        with open_regular(path) as f:
-            kept = json.loads(f.read())
-    except (OSError, ValueError):
-        return None
-    return [str(n) for n in kept if isinstance(n, str)] if isinstance(kept, list) else None
-
-
-class CarryGuard:
-    """A process that outlives cc-lhc to stop the work it carried if cc-lhc itself is killed.
-
-    BackgroundCarry.close() ends carried work when a session ends, but a SIGKILL or a hard
-    crash of cc-lhc never gets there, and a shell job whose Claude was swapped out has no
-    parent left to die with. So the first carried process starts `cc-lhc __carry-guard
-    <home> <thread>` (spawn_self), fed through a pipe on its stdin with one JSON line per
-    change: the pids (with start times) to guard for a job, a job that is done, and at a
-    clean end "end". The pipe ending without "end" means cc-lhc is gone (run_carry_guard).
-    Sessions that carry no process never start one.
-    """
-
-    def __init__(self, home, thread_id):
-        self.home, self.thread_id = home, thread_id
-        self.process = None
-        self.told = {}          # job key -> the [pid, start time] pairs the guard holds for it
-        self.broken = False     # it could not start or its pipe broke: the session goes on
-
-    def sync(self, jobs) -> None:
-        """Tell the guard about each job that appeared, changed its pids or ended since last time."""
-        for job in jobs:
-            key = job.item.tool_use_id
-            # Only pids whose start time is known: an unknown one could be signalled after reuse.
-            pids = [] if job.finished else [[p, job.starts[p]] for p in job.pids
-                                            if job.starts.get(p) is not None]
-            if self.told.get(key, []) == pids:
-                continue
-            self.told[key] = pids
-            if pids:
-                self._send({"op": "guard", "id": key, "pids": pids, "groups": _groups_of(pids),
-                            "kind": job.item.kind, "name": job.name, "command": job.item.command,
-                            "output": job.output})
-            else:
-                self._send({"op": "done", "id": key})
-
-    def end(self) -> None:
-        """The session ended cleanly (close() stopped and kept everything): the guard leaves."""
-        if self.process is None:
-            return
-        self._send({"op": "end"})
-        process, self.process = self.process, None
-        try:
-            process.stdin.close()
-            process.wait(timeout=5)
-        except Exception:  # noqa: BLE001 - a guard slow to go exits on its own, nothing to stop
-            pass
-
-    def _send(self, message: dict) -> None:
-        if self.process is None and message["op"] == "guard" and not self.broken and os.name == "posix":
-            self._start()
-        if self.process is None:
-            return
-        try:
-            self.process.stdin.write(json.dumps(message).encode("utf-8") + b"\n")
-            self.process.stdin.flush()
-        except OSError as e:
-            self.home.log("carry_guard_lost", guard_pid=self.process.pid, error=str(e))
-            self.process, self.broken = None, True
-
-    def _start(self) -> None:
-        import subprocess
-        # subprocess's pipe is close-on-exec on our side: no Claude or job started later holds
-        # it open, so the guard sees the end of it when cc-lhc dies, however it dies.
-        try:
-            self.process = spawn_self(["__carry-guard", self.home.root, self.thread_id or ""],
-                                      stdin=subprocess.PIPE)
-        except OSError as e:
-            self.broken = True
-            self.home.log("carry_guard_failed", error=str(e))
-            return
-        self.home.log("carry_guard_started", guard_pid=self.process.pid)
-
-
-def run_carry_guard(root: str, thread_id: str) -> int:
-    """`cc-lhc __carry-guard <home> <thread>`: the guard's side of CarryGuard.
-
-    Reads the wrapper's lines until the pipe ends; without a clean "end" the wrapper died,
-    so every guarded job still running as the same process is stopped, logged, and told to
-    the next launch of the thread. Small and stdlib only: no tokenizer, no thread store.
-    """
-    guarded, clean = {}, False
-    for raw in sys.stdin.buffer:
-        message = json_record(raw) or {}
-        if message.get("op") == "guard" and isinstance(message.get("pids"), list):
-            guarded[message.get("id")] = message
-        elif message.get("op") == "done":
-            guarded.pop(message.get("id"), None)
-        elif message.get("op") == "end":
-            clean = True
-    if clean or not guarded:
-        return EXIT_OK
-    home = StateHome(root)
-    notes = [_guard_stop(home, job) for job in guarded.values()]
-    if thread_id:
-        path = kept_notes_path(home, thread_id)
-        kept = read_kept_notes(path)
-        if kept is None and os.path.lexists(path):  # unreadable: moved aside, never overwritten
-            os.replace(path, f"{path}.{os.getpid()}.unreadable")
-        _write_private_json(path, (kept or []) + notes)
-    return EXIT_OK
-
-
-def _groups_of(pids) -> list:
-    """[group, its leader's start time] for each guarded process's group, noted while it runs
-    (the guard may first read them after the leader is gone)."""
-    groups = {}
-    for pid, start in pids:
-        try:
-            group = os.getpgid(pid) if _alive(pid, start) else None
-        except OSError:
-            group = None
-        if group is not None and group != os.getpgrp():
-            groups[group] = process_start_time(group)
-    return [[group, leader] for group, leader in groups.items()]
-
-
-def _guard_stop(home, job: dict) -> str:
-    """Stop one guarded job (the wrapper died) and say what became of it."""
-    running = [pid for pid, start in job["pids"] if _alive(pid, start)]
-    for pid, start in job["pids"]:
-        _stop_job(pid, start)
-    for group, leader_start in job.get("groups") or []:
-        _stop_group_left(group, leader_start)
-    home.log("carried_job_stopped_by_guard", item=job.get("name"), pids=running)
-    if running or job.get("kind") == "monitor":  # a relaunched monitor dies with the wrapper
-        return stopped_note(job.get("kind"), job.get("name"), job.get("command"), job.get("output"))
-    return (f"[runtime note] The background {job.get('kind')} {job.get('name')} "
-            f"({job.get('command')}) ended as the previous cc-lhc session ended, before cc-lhc "
-            f"could tell you; its output is in {job.get('output')}.")
-
-
-def _stop_group_left(group: int, leader_start) -> None:
-    """Stop what is left in a job's group once its leader is gone (a monitor's bash ended by
-    its death link leaves the pipeline it ran).
-
-    While a group has members the OS gives its number to no new process, so the group is
-    still the job's when that number names no process or still its leader (a zombie); a
-    number naming a process with another start time was reused, and is left alone.
-    """
-    now = process_start_time(group)
-    if now is not None and now != leader_start:
-        return
-
-    def running():
-        try:
-            os.killpg(group, 0)
-            return True
-        except OSError:
-            return False
-    _end_with(lambda sig: os.killpg(group, sig), running)
 
 
 class LiveHandoff:
@@ -9205,357 +9085,787 @@ def starts_a_conversation(path: str, lines: int = 40) -> bool:
     return False
 
 
-def run_oneshot(spec, home: StateHome) -> int:
-    """Run `claude -p` as a plain child sharing our stdin, stdout and stderr."""
-    import subprocess
-    kwargs = {}
-    if os.name == "posix":
-        kwargs["preexec_fn"] = _death_link_preexec(os.getpid())
-    try:
-        child = subprocess.Popen(spec.child_argv, cwd=spec.cwd, env=child_environment(spec), **kwargs)
-    except OSError as e:
-        raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
-    home.log("child_started", mode="oneshot", child_pid=child.pid, session=spec.session_id,
-             argv=spec.child_argv[1:])
-    if spec.after_spawn:
-        spec.after_spawn()
-    watchdog = start_watchdog(child.pid)
-    job = tie_to_wrapper_windows(child.pid) if os.name == "nt" else None
+# == 16. Background work carried across a swap ==================================
 
-    def forward(signum, _frame):
-        if os.name == "nt":
-            close_tree_windows(child.pid)
+
+def _holders(path: str) -> list:
+    """Pids of processes that have ``path`` open (a carried job writing its output file)."""
+    pids = []
+    if os.path.isdir("/proc/self/fd"):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                        pids.append(int(pid))
+                        break
+                except OSError:
+                    continue
+        return pids
+    import subprocess
+    try:  # macOS: no /proc
+        out = subprocess.run(["lsof", "-t", "--", path], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _alive(pid: int, start=None) -> bool:
+    """Whether pid still runs (and, given its start time, is still that same process)."""
+    if start is not None and process_start_time(pid) != start:
+        return False  # gone, and its pid may already belong to someone else
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has finished: only its parent has not collected it yet
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _stop_job(pid: int, start) -> None:
+    """End a carried job: its whole process group (Claude starts each in its own), never ours.
+
+    Only while pid is still the process that was carried (same start time): pids are
+    reused quickly, and a signal to a reused one would end an unrelated program.
+    """
+    try:
+        group = os.getpgid(pid)
+    except OSError:
+        return
+    kill = (lambda s: os.killpg(group, s)) if group != os.getpgrp() else (lambda s: os.kill(pid, s))
+    _end_with(kill, lambda: _alive(pid, start))
+
+
+def _end_with(kill, running) -> None:
+    """SIGTERM, two seconds to go, then SIGKILL, each only while running() says so."""
+    import time
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0)):
+        if not running():
             return
         try:
-            child.send_signal(signum)
+            kill(sig)
         except OSError:
-            pass
-
-    # ctrl-c reaches Claude through the shared process group; the wrapper only waits.
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
-    for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), getattr(signal, "SIGBREAK", None)):
-        if s is not None:
-            previous[s] = signal.signal(s, forward)
-    try:
-        returncode = child.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if watchdog:
-            watchdog.kill()
-    del job  # the job handle lived as long as we waited; Claude has exited by now
-    status = 128 - returncode if returncode < 0 else returncode
-    home.log("child_exited", mode="oneshot", child_pid=child.pid, status=status)
-    return status
+            return
+        deadline = time.monotonic() + wait
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
-def with_resume(args, found, session_id):
-    """Claude's argv with its own session selectors replaced by --resume <session_id>."""
-    drop = set()
-    for i, n in found.get("selectors", ()):
-        drop.update(range(i, i + n))
-    return ["--resume", session_id] + [a for j, a in enumerate(args) if j not in drop]
+class CarriedJob:
+    """A shell job that outlived the Claude process which started it, or a monitor command
+    cc-lhc relaunched for the replacement."""
+
+    def __init__(self, item, pids, offset=0, finished=False, output="", process=None, deadline=0.0):
+        self.item = item
+        self.offset = offset        # how much of the output file Claude has already been told about
+        self.finished = finished
+        self.output = output        # the file to watch: Claude's own for a shell job, ours for a monitor
+        self.process = process      # a relaunched monitor: our child, reaped here
+        self.deadline = deadline    # a monitor's timeout_ms, counted from its first launch (time.time)
+        self.starts = {}            # pid -> start time, when seen
+        self.watch(pids)            # each process holding its output file (or our monitor)
+
+    def watch(self, pids) -> None:
+        """Take these pids as the job's, remembering each one's start time: a pid is
+        reused quickly, and only the process that was carried may ever be signalled."""
+        self.pids = list(pids)
+        for pid in self.pids:
+            self.starts.setdefault(pid, process_start_time(pid))
+
+    def alive(self, pid) -> bool:
+        return _alive(pid, self.starts.get(pid))
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            _stop_job(pid, self.starts.get(pid))
+
+    @property
+    def name(self) -> str:
+        return self.item.task_id or self.item.label
 
 
-def _session_rollout(hostdb, session_id, cwd):
-    known = hostdb.session(session_id)
-    if known and known["rollout_path"]:
-        return known["rollout_path"]
-    return rollout_path(session_id, cwd)
+MONITOR_TIMEOUT_CAP_MS = 1800000  # Claude caps a monitor's deadline at 30 minutes
 
 
-def _resume_session(spec, session_id):
-    """Point the launch at session_id; a fork keeps writing its own new session."""
-    spec.resume = session_id
-    spec.continue_ = spec.resume_picker = False
-    if spec.fork:
-        spec.child_argv = ([spec.child_argv[0], "--session-id", spec.session_id]
-                           + with_resume(spec.claude_args, spec.found, session_id))
-        return
-    spec.session_id = session_id
-    spec.assigned_session = False
-    spec.child_argv = [spec.child_argv[0]] + with_resume(spec.claude_args, spec.found, session_id)
-
-
-def attach_thread(spec, home, policy):
-    """Resolve this launch's session to a thread, own it, and prepare its capture.
-
-    A fresh session gets a new thread; --resume of a session seen before lands on
-    its thread's current session (read again under the thread's lease); --resume of
-    a session never seen adopts its whole transcript; --continue and bare --resume
-    are resolved here, before spawn. Interrupted Smart Compacts of the thread are
-    settled before anything else touches it.
-    """
-    if spec.found.get("no_persistence"):
-        # No transcript means nothing to capture or rebuild from, so cc-lhc must not also
-        # switch off Claude's own compaction: the session would then have none at all.
-        spec.governed = False
-        say(MSG_UNGOVERNED)
-        home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript")
-        return None
-    registry, hostdb = Registry(home), HostDB(home)
-    if spec.continue_:
-        target = continue_target(spec, registry, hostdb)
-        if target is None:
-            return None  # nothing to continue here: Claude says so itself
-        _resume_session(spec, target)
-    elif spec.resume_picker:
-        _resume_session(spec, pick_thread_session(spec, registry, hostdb))
-    origin = "fresh"
-    lease = None
-    if spec.fork and spec.resume:
-        # A fork starts a new session as a copy of the source: a thread of its own, whose
-        # capture adopts the copied history. The source's thread is only read, never owned.
-        source = registry.thread_for_session(spec.resume)
-        current = registry.current_session(source) if source else None
-        if current and current != spec.resume:
-            _resume_session(spec, current)
-        spec.resume = None
-    if spec.resume:
-        thread = registry.thread_for_session(spec.resume)
-        if thread is None:
-            path = _session_rollout(hostdb, spec.session_id, spec.cwd)
-            if not os.path.exists(path):
-                home.log("capture_off", reason=f"no transcript at {path} to adopt")
-                return None
-            refuse_irregular_transcript(path, spec.session_id, home)
-            refuse_orphan(path, spec, home, registry)
-            import sqlite3
-            try:
-                thread = registry.create_thread(spec.session_id, spec.cwd, "adopted")
-                origin = "adopted"
-            except sqlite3.IntegrityError:
-                # Another cc-lhc adopted this session a moment ago: contend for its thread.
-                thread = registry.thread_for_session(spec.session_id)
-                if thread is None:
-                    raise
-        lease = Lease(home, thread)
-        lease.acquire()
+def _children_running(parent: int, command: str) -> list:
+    """Pids of ``parent``'s children whose command line holds ``command`` (Linux /proc)."""
+    found = []
+    if not command or not os.path.isdir("/proc/self"):
+        return found
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            recover_thread(home, registry, hostdb, thread)
-            current = registry.current_session(thread)
-            if current and current != spec.session_id:
-                say(f"session {spec.session_id} continues as {current} in thread {thread[:8]}; "
-                    "resuming that")
-                _resume_session(spec, current)
-            path = _session_rollout(hostdb, spec.session_id, spec.cwd)
-            refuse_irregular_transcript(path, spec.session_id, home)
-            repair_torn_tail(path, home, spec.session_id)
-        except BaseException:
-            lease.release()
-            raise
-    else:
-        if registry.thread_for_session(spec.session_id):
-            raise usage_error(f"session {spec.session_id} already exists; continue it with "
-                              f"--resume {spec.session_id}")
-        path = rollout_path(spec.session_id, spec.cwd)
-        origin = "fork" if spec.fork else "fresh"
-        thread = registry.create_thread(spec.session_id, spec.cwd, origin)
-        lease = Lease(home, thread)
-        lease.acquire()
-    hostdb.note_session(spec.session_id, thread, path, spec.cwd)
-    registry.save_copy(thread)  # a thread file from before copies existed gets one now
-    home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
-    alarm = registry.db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
-                                (thread,)).fetchone()
-    if alarm:
-        # Standing since rebuilt sessions stopped loading: Claude native Compact stays
-        # allowed for this thread until a rebuild is accepted again.
-        say(alarm[0])
-        spec.autocompact = True
-    capture = new_capture(spec, home, policy, hostdb, thread, spec.session_id, path)
-    capture.lease = lease
-    return capture
-
-
-def new_capture(spec, home, policy, hostdb, thread, session_id, path):
-    known = hostdb.session(session_id)
-
-    def on_event(event, capture):
-        kind, turn = event
-        if kind == "in_process_view":
-            # The capture thread: the relay's InProcessCompact reads it at its next tick.
-            if spec.session is not None:
-                newest = capture.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
-                spec.session.views_replayed.append(newest or 0)
-                spec.session.wake()
-            home.log("in_process_view_captured", thread=capture.thread_id, turn=turn)
-        if kind == "native_compact":
-            note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
-                    f"as turn t{turn} and every earlier turn stays in the thread")
-            home.log("native_compact", thread=capture.thread_id, turn=turn, note=note)
-            if spec.session is not None:
-                spec.session.native_compacts.append((turn, utc_now_iso()))
-                spec.session.announce(note)
-            else:
-                say(note)
-
-    live = None if spec.print_mode else (lambda capture: classify_live(capture, home, policy))
-    return Capture(home, thread, session_id, path, policy,
-                   start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event,
-                   on_responses=live)
-
-
-CATCHUP_SECONDS = 10.0
-
-
-def prompt_estimate(spec) -> int:
-    """LHC estimate of the prompt a one-shot is about to send (its argv text)."""
-    return estimate_tokens(" ".join(spec.positionals))
-
-
-def smart_compact_before_launch(spec, home, policy, capture):
-    """Smart Compact before Claude starts on a resumed session over the trigger.
-
-    A one-shot seat always works this way. An interactive --resume does too: with no
-    child running yet there is nothing to hand off, so the rebuilt session is simply
-    the one Claude opens. Returns the Capture for the session Claude will run on (a new
-    one after a rebuild) and the PendingRebuild, if any.
-    """
-    import time
-    hostdb = HostDB(home)
-    capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
-    if not capture.caught_up:
-        say("context check skipped: capture is still catching up with the transcript; "
-            "Smart Compact will run on the next invocation if needed")
-        return capture, None
-    refused = thinking_refused(home, hostdb, capture.store, policy)
-    if refused:
-        # The rebuilt session's first request was refused over its replayed thinking: the
-        # thread gives up replaying thinking from now on and is rebuilt without it.
-        _set_meta(capture.store, THINKING_KEY, "omit")
-        say(f"the API refused the thinking replayed into rebuilt session {refused}; rebuilding "
-            "without it (thinking replay: omit for this thread from now on), nothing is lost")
-        home.log("thinking_refused", thread=capture.thread_id, session=refused)
-    a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused))
-    home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
-    plan_view = None
-    if not a.go and automatic_prune_due(policy, a.c):
-        a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-                   prompt_estimate=prompt_estimate(spec), idle=True, prune=True)
-        home.log("governor", thread=capture.thread_id, session=spec.session_id, operation="prune",
-                 **a.c)
-        plan_view = prune_planner(policy["pruneTargetTokens"])
-    if not a.go:
-        if a.c["state"] == STATE_OVER_OPEN:
-            say(f"over the trigger but {a.reason}; launching on the current session, "
-                "Smart Compact runs on the next invocation")
-        return capture, None
-    say(f"{'Smart Prune' if plan_view else 'Smart Compact'}: {describe_reading(a.c)}")
-    try:
-        pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-                          spec.cwd, envelope_from=capture.path, assessment=a, plan_view=plan_view)
-    except PruneUnchanged as e:
-        a.outcome(f"no_action: {e}")
-        say(f"Smart Prune: {e}")
-        return capture, None
-    except LhcError as e:
-        # The session Claude was on is still whole: launch on it rather than not at all.
-        say(f"{e}; launching on the current session")
-        return capture, None
-    lease = capture.lease
-    capture.lease = None
-    capture.stop()
-    _resume_session(spec, pending.session_id)
-    fresh = new_capture(spec, home, policy, hostdb, capture.thread_id, pending.session_id,
-                        pending.path)
-    fresh.lease = lease
-    return fresh, pending
-
-
-def _cwd_threads(registry, hostdb, cwd):
-    """This folder's threads with their current session and its transcript's age."""
-    rows = []
-    for thread_id, tcwd, _created, _origin, session in registry.threads():
-        if tcwd != cwd or not session:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except (OSError, ValueError, IndexError):
             continue
-        path = _session_rollout(hostdb, session, cwd)
+        if command in cmdline:
+            found.append(int(pid))
+    return found
+
+
+class BackgroundCarry:
+    """Background work carried across live swaps (the swap path of Smart Compact).
+
+    At the switch, each open item goes with the session its own way: a shell job or a
+    monitor command is a process of its own, left running (the old Claude is ended with
+    SIGKILL, the only signal it does not pass on to its jobs) and watched here through
+    its pids and output file; a workflow, a pending wake-up and a background agent lived
+    inside the old Claude, so the replacement is told in a manifest what was pending and
+    how to go on (Workflow{resumeFromRunId}, SendMessage(<id>)), and a wake-up is fired
+    by cc-lhc when it falls due. Everything Claude is told arrives as a message marked
+    [runtime note], typed at a settled seam, never mixed into what the person types.
+    A result that arrives when no Claude is left to tell is kept under continuity/ and
+    told at the next launch of the thread.
+    """
+
+    POLL_SECONDS = 0.5
+    TAIL_BYTES = 4000
+
+    def __init__(self, session):
+        self.session = session
+        self.jobs = []
+        self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
+        self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
+        self.journals = []         # workflows whose journal follows the session at this switch
+        self._saved = None         # what undelivered.json holds now (see _persist)
+        self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
+        self.wakeups = []          # (due, item) the wrapper fires itself
+        self.notes = collections.deque()
+        self.next_poll = 0.0
+        self.carried = ""          # the last swap's one line, for the person and /status
+        self.thread_id = session.capture.thread_id if session.capture else None
+        self.guard = CarryGuard(session.home, self.thread_id)
+        self._load_kept()
+
+    @property
+    def holds_processes(self) -> bool:
+        """Whether a shell job Claude started is still running (a monitor we relaunched is
+        our own child and needs no special end of the old Claude)."""
+        return any(not j.finished and j.process is None for j in self.jobs)
+
+    # -- at the swap -------------------------------------------------------------
+
+    def plan(self, items, old_session: str, old_path: str, store) -> list:
+        """The manifest lines for the rebuilt session, one per item a swap would carry now.
+
+        Written into the rollout before the replacement starts (view_records), so Claude
+        knows from its first turn what goes on and how; take() tells it later only what
+        turned out otherwise at the switch (a monitor that would not start again, an agent
+        that finished in the seconds between).
+        """
+        self.planned = {}
+        for item in items:
+            if item.tool_use_id not in self.taken:
+                self.planned[item.tool_use_id] = self._manifest_line(item, old_session, old_path, store)
+        return list(self.planned.values())
+
+    def _manifest_line(self, item, old_session, old_path, store) -> str:
+        name = item.task_id or item.label
+        if item.kind == "shell":
+            return (f"background command {name} ({item.command}) keeps running as its own process; "
+                    f"its output is in {item.output_file}; cc-lhc will tell you when it finishes")
+        if item.kind == "monitor":
+            return (f"monitor {name} ({item.command}) stops with the previous Claude process, so "
+                    f"cc-lhc starts its command again and tells you each new event (its output "
+                    f"is kept in {self._monitor_output(item)})")
+        if item.kind == "wakeup":
+            due = datetime.datetime.fromtimestamp(self._wakeup_due(item, store)).strftime("%H:%M")
+            return (f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) is "
+                    f"still pending; cc-lhc will deliver its prompt when it falls due (about {due})")
+        if item.kind == "workflow":
+            name = item.args.get("name") or item.label
+            if not item.run_id:
+                return (f"workflow {name} stopped with the previous Claude process and its launch "
+                        "named no run id to resume from; run it again with Workflow if it is "
+                        "still needed")
+            call = (f'Workflow({{scriptPath: "{item.script}", resumeFromRunId: "{item.run_id}"}})'
+                    if item.script else f'Workflow with resumeFromRunId "{item.run_id}" and the same script')
+            return (f"workflow {name} (run {item.run_id}) stopped with the previous Claude process; "
+                    f"cc-lhc carries its journal into this session, so {call} continues it, the "
+                    "agent calls it had finished coming back from the journal")
+        return self._agent_report(item, old_session, old_path)
+
+    def take(self, items, old_session: str, old_path: str, old_pid=None) -> str:
+        """Carry the open items of the session being replaced; returns the line to show."""
+        said, failed, changed = [], [], []
+        planned = self.planned
+        # Carried at an earlier swap: it goes on as it is (a relaunched monitor keeps its
+        # process), and nothing is said to Claude again.
+        for job in self.jobs:
+            if not job.finished:
+                said.append(f"{job.item.kind} {job.name} (still running, pid "
+                            f"{', '.join(map(str, job.pids))})")
+        items = [i for i in items if i.tool_use_id not in self.taken]
+        for item in items:
+            self.taken.add(item.tool_use_id)
+            name = item.task_id or item.label
+            line = ""
+            if item.kind == "shell":
+                pids = _holders(item.output_file)
+                self.jobs.append(CarriedJob(item, pids, output=item.output_file))
+                said.append(f"shell {name} (pid {', '.join(map(str, pids)) or 'already finished'})")
+            elif item.kind == "monitor":
+                job, why = self._relaunch(item, old_pid)
+                if job is None:
+                    line = (f"monitor {name} ({item.command}) could not be restarted after the swap "
+                            f"({why}); start it again with Monitor if you still need it")
+                    failed.append(f"monitor {name} ({why})")
+                else:
+                    self.jobs.append(job)
+                    said.append(f"monitor {name} (relaunched, pid {job.pids[0]})")
+            elif item.kind == "wakeup":
+                self.wakeups.append((self._wakeup_due(item), item))
+                said.append("wake-up")
+            elif item.kind == "workflow":
+                if item.run_id:
+                    self.journals.append(item)
+                said.append(f"workflow {item.run_id or item.label} (resume offered)")
+            elif item.kind == "agent":
+                line = self._agent_report(item, old_session, old_path)
+                said.append(f"agent {name} "
+                            f"({'finished, result told' if ' had finished' in line else 'interrupted, resume offered'})")
+            if item.tool_use_id not in planned:
+                line = line or self._manifest_line(item, old_session, old_path, None)
+            if line and line != planned.get(item.tool_use_id):
+                changed.append(line)
+        self.planned = {}
+        self._record_carried(items, old_session)
+        if changed:
+            self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
+                              "Background work from before, since the rebuilt session was written: "
+                              + "; ".join(changed) + ".")
+        parts = (["carried across the swap: " + ", ".join(said)] if said else []) + (
+            ["could not carry: " + ", ".join(failed)] if failed else [])
+        self.carried = "; ".join(parts)
+        self.session.home.log("background_carried", items=[i.label for i in items], said=said,
+                              failed=failed, told_after_rebuild=len(changed))
+        self.guard.sync(self.jobs)
+        self._persist()
+        return self.carried
+
+    def _record_carried(self, items, old_session) -> None:
+        """Close the carried items in the thread (see CARRIED_PREFIX), so no later swap or
+        launch takes them for work still open in Claude."""
+        if not items or not self.thread_id:
+            return
+        store = ThreadStore(self.session.home, self.thread_id)
         try:
-            mtime = os.path.getmtime(path)
-        except OSError:
-            continue
-        rows.append((mtime, thread_id, session, path))
-    rows.sort(reverse=True)
-    return rows
-
-
-def continue_target(spec, registry, hostdb):
-    """--continue: this folder's most recent thread, else Claude's most recent session."""
-    rows = _cwd_threads(registry, hostdb, spec.cwd)
-    if rows:
-        return rows[0][2]
-    folder = os.path.join(claude_config_dir(), "projects", project_slug(spec.cwd))
-    try:
-        candidates = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".jsonl")]
-    except OSError:
-        return None
-    candidates = [c for c in candidates if is_uuid(os.path.basename(c)[:-6])]
-    if not candidates:
-        return None
-    return os.path.basename(max(candidates, key=os.path.getmtime))[:-6]
-
-
-def ask_terminal(question: str):
-    """Ask the user at their terminal (even when stdin/stdout are redirected); None if there is none."""
-    if os.name != "posix":
-        if not sys.stdin.isatty():
-            return None
-        sys.stderr.write(question)
-        sys.stderr.flush()
-        return sys.stdin.readline().strip()
-    try:
-        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
-    except OSError:
-        return None
-    with os.fdopen(fd, "r+b", buffering=0) as tty:
-        tty.write(question.encode("utf-8"))
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = tty.read(1)
-            if not chunk:
-                break
-            line += chunk
-    return line.decode("utf-8", "replace").strip()
-
-
-def pick_thread_session(spec, registry, hostdb):
-    """Bare --resume: let the user choose one of this folder's threads."""
-    rows = _cwd_threads(registry, hostdb, spec.cwd)
-    term = spec.found.get("resume") if isinstance(spec.found.get("resume"), str) else None
-    if not rows:
-        raise usage_error("no cc-lhc threads in this folder yet; start one with cc-lhc, "
-                          "or pass --resume <session-id>")
-    home = StateHome()
-    listed = []
-    for mtime, thread_id, session, _path in rows:
-        store = ThreadStore(home, thread_id)
-        try:
-            last = store.db.execute("SELECT text FROM messages WHERE kind = 'user_text' "
-                                    "AND agent IS NULL ORDER BY seq DESC LIMIT 1").fetchone()
-            info = store.summary()
+            with Tx(store.db) as db:
+                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                               [(CARRIED_PREFIX + i.tool_use_id, f"{i.kind} from {old_session}")
+                                for i in items])
         finally:
             store.close()
-        prompt = (last[0] if last else "").replace("\n", " ")
-        if term and term.lower() not in prompt.lower() and not thread_id.startswith(term):
-            continue
-        when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
-        listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  {prompt[:60]}"))
-    if not listed:
-        raise usage_error(f"no thread in this folder matches {term!r}")
-    answer = ask_terminal("Threads in this folder (newest first):\n"
-                          + "".join(f"  {i:>2}. {line}\n" for i, (_s, line) in enumerate(listed, 1))
-                          + "Resume which? [1] ")
-    if answer is None:
-        raise usage_error("choosing a thread needs a terminal; pass --resume <session-id> "
-                          "(cc-lhc threads lists them)")
-    answer = answer or "1"
-    if not answer.isdigit() or not 1 <= int(answer) <= len(listed):
-        raise usage_error(f"no thread numbered {answer!r}")
-    return listed[int(answer) - 1][0]
+
+    def carry_journals(self, old_path: str, new_path: str) -> None:
+        """Copy each carried workflow's run folder (journal and agent transcripts) from the
+        old session's folder into the new one's, once the old Claude has ended and wrote
+        its last line: Workflow{resumeFromRunId} reads the journal from the session it
+        runs in, and serves the agent calls it holds from it instead of running them again.
+        """
+        import shutil
+        for item in self.journals:
+            parts = ("subagents", "workflows", item.run_id)
+            source = os.path.join(old_path[:-len(".jsonl")], *parts)
+            target = os.path.join(new_path[:-len(".jsonl")], *parts)
+            try:
+                shutil.copytree(source, target, dirs_exist_ok=True)
+            except (OSError, shutil.Error) as e:
+                self.session.home.log("workflow_journal_not_carried", run=item.run_id, error=repr(e))
+                self.notes.append(f"[runtime note] The journal of workflow run {item.run_id} could "
+                                  f"not be carried into this session ({e}); resuming it will run "
+                                  "every agent call again.")
+                continue
+            self.session.home.log("workflow_journal_carried", run=item.run_id, to=target)
+        self.journals = []
+        self._persist()
+
+    def _monitor_output(self, item) -> str:
+        return os.path.join(self.session.home.path("continuity", self.thread_id, "monitors"),
+                            f"{item.task_id or item.tool_use_id}.output")
+
+    def _relaunch(self, item, old_pid):
+        """Start a monitor's command again under continuity/<thread>/monitors/, as our own
+        child: (the job, '') or (None, why it could not be)."""
+        import shutil
+        import subprocess
+        import time
+        command = str(item.args.get("command") or "")
+        if old_pid:
+            # The old copy dies at its next line anyway (its stdout is the old Claude's
+            # socket); stopping it now keeps one copy of the command running, never two.
+            for pid in _children_running(old_pid, command):
+                _stop_job(pid, process_start_time(pid))
+        if not command:
+            return None, ("it watches a WebSocket, which cc-lhc cannot reopen" if item.args.get("ws")
+                          else "its launch names no command")
+        timeout = min(float(item.args.get("timeout_ms") or 300000), MONITOR_TIMEOUT_CAP_MS) / 1000
+        deadline = self._launched_at(item) + timeout
+        if time.time() >= deadline:
+            return None, "its timeout_ms had run out"
+        self.session.home.ensure("continuity", self.thread_id, "monitors")
+        output = self._monitor_output(item)
+        try:
+            offset = os.path.getsize(output) if os.path.exists(output) else 0
+            with open(output, "ab") as out, open(output[:-len(".output")] + ".stderr", "ab") as err:
+                process = subprocess.Popen(
+                    [shutil.which("bash") or "/bin/sh", "-c", command], cwd=self.session.spec.cwd,
+                    env=child_environment(self.session.spec), stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=err, start_new_session=True, preexec_fn=_death_link_preexec(os.getpid()))
+        except OSError as e:
+            return None, f"its command could not be started again: {e}"
+        self.session.home.log("monitor_relaunched", item=item.label, task=item.task_id,
+                              pid=process.pid, output=output)
+        return CarriedJob(item, [process.pid], offset=offset, output=output, process=process,
+                          deadline=deadline), ""
+
+    def _wakeup_due(self, item, store=None) -> float:
+        """When Claude would have fired it: the first whole minute after launch + delay,
+        the delay clamped to [60, 3600] s as Claude clamps it."""
+        import math
+        try:
+            delay = float(item.args.get("delaySeconds") or 60)
+        except (TypeError, ValueError):
+            delay = 60.0
+        return math.ceil((self._launched_at(item, store) + min(3600.0, max(60.0, delay))) / 60) * 60
+
+    def _launched_at(self, item, store=None) -> float:
+        """When the item's launch was recorded (``store``: the thread's, when one is open)."""
+        own = store is None
+        store = store or ThreadStore(self.session.home, self.thread_id)
+        try:
+            row = store.db.execute("SELECT created FROM messages WHERE seq = ?", (item.seq,)).fetchone()
+        finally:
+            if own:
+                store.close()
+        try:
+            return datetime.datetime.fromisoformat(str(row[0]).replace("Z", "+00:00")).timestamp()
+        except (TypeError, ValueError):
+            import time
+            return time.time()
+
+    @staticmethod
+    def _agent_report(item, old_session, old_path) -> str:
+        """An agent's final answer if its own transcript shows one, else how to resume it."""
+        name = f"background agent {item.task_id or item.label}"
+        path = os.path.join(os.path.dirname(old_path), old_session, "subagents",
+                            f"agent-{item.task_id}.jsonl")
+        last = None
+        try:
+            with open_regular(path) as f:
+                for raw in f:
+                    rec = json_record(raw)
+                    if rec is not None and rec.get("type") in ("user", "assistant"):
+                        last = rec
+        except OSError:
+            pass
+        message = (last or {}).get("message") or {}
+        if (last or {}).get("type") == "assistant" and message.get("stop_reason") == "end_turn":
+            answer = " ".join(b.get("text", "") for b in message.get("content") or []
+                              if isinstance(b, dict) and b.get("type") == "text")
+            return f"{name} had finished; its final result: {answer.strip()}"
+        return (f"{name} was interrupted by the swap (it ran inside the previous Claude process); "
+                f"resume it with SendMessage({item.task_id or item.label})")
+
+    def status(self) -> list:
+        """The /status rows: the last swap's line and what cc-lhc is watching now."""
+        rows = [f"background: {self.carried}"] if self.carried else []
+        running = [f"{j.item.kind} {j.name} (pid {', '.join(map(str, j.pids))})"
+                   for j in self.jobs if not j.finished]
+        running += [f"wake-up due {datetime.datetime.fromtimestamp(due).strftime('%H:%M')}"
+                    for due, _item in self.wakeups]
+        if running:
+            rows.append("background carried now: " + ", ".join(running))
+        return rows
+
+    def end_signal(self):
+        """How the old Claude must end: SIGKILL while it leaves carried jobs behind."""
+        return signal.SIGKILL if self.holds_processes else None
+
+    # -- while the session runs ----------------------------------------------------
+
+    def poll(self) -> None:
+        """Turn finished jobs, new monitor events and due wake-ups into notes (once each)."""
+        import time
+        now = time.time()
+        if self.inflight:
+            self._confirm_inflight()
+        for job in self.jobs:
+            if not job.finished:
+                self._poll_job(job, now)
+        for due, item in list(self.wakeups):
+            if now >= due:
+                self.wakeups.remove((due, item))
+                self.notes.append(f"[runtime note] your scheduled wake-up is due "
+                                  f"({item.args.get('reason') or 'no reason given'}): "
+                                  f"{item.args.get('prompt') or ''}")
+        self.guard.sync(self.jobs)
+        self._persist()
+
+    def _poll_job(self, job, now) -> None:
+        if job.process is not None:
+            running = job.process.poll() is None
+        else:
+            job.watch([p for p in job.pids if job.alive(p)]
+                      or [p for p in _holders(job.output) if _alive(p)])
+            running = bool(job.pids)
+        if job.item.kind != "monitor":
+            if not running:
+                job.finished = True
+                self.notes.append(self._shell_result(job))
+            return
+        for event in self._read_from(job):
+            self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) event: {event}")
+        if running and job.deadline and now >= job.deadline:
+            self._stop(job)
+            self.notes.append(f"[runtime note] monitor {job.name} expired (its timeout_ms ran out); "
+                              "start it again with Monitor if you still need it.")
+        elif not running:
+            job.finished = True
+            self.notes.append(f"[runtime note] monitor {job.name} has ended.")
+
+    def _stop(self, job) -> None:
+        job.stop()
+        if job.process is not None:
+            try:
+                job.process.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - one that will not die is logged, never waited on
+                self.session.home.log("carried_job_survived", item=job.item.label, pids=job.pids)
+        job.finished = True
+
+    def _read_from(self, job) -> list:
+        try:
+            with open_regular(job.output) as f:
+                f.seek(job.offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]
+        job.offset += len(complete)
+        return [line for line in complete.decode("utf-8", "replace").splitlines() if line.strip()]
+
+    def _shell_result(self, job) -> str:
+        item = job.item
+        try:
+            with open_regular(item.output_file) as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - self.TAIL_BYTES))
+                tail = f.read().decode("utf-8", "replace").strip()
+        except OSError as e:
+            size, tail = 0, f"(its output file could not be read: {e})"
+        shown = ("the end of its output" if size > self.TAIL_BYTES else "its output") + f":\n{tail}"
+        return (f"[runtime note] The background command {item.task_id} ({item.command}), carried "
+                f"across a Smart Compact swap, has finished. Its output file is "
+                f"{item.output_file}; {shown}")
+
+    def next_note(self, settled) -> str:
+        """The next note to type, when there is one and the session is at a settled seam."""
+        import time
+        now = time.monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + self.POLL_SECONDS
+            self.poll()
+        if not self.notes or not settled():
+            self._persist()
+            return ""
+        # Everything waiting goes in one prompt: each event once, none held back a turn.
+        told = "\n".join(self.notes)
+        self.notes.clear()
+        path = self.session.capture.path
+        try:
+            offset = os.path.getsize(path)
+        except OSError:
+            offset = 0
+        self.inflight.append([told, path, offset])
+        self._persist()
+        return told
+
+    def _confirm_inflight(self) -> None:
+        """Drop each typed note once Claude's transcript holds it as a prompt; until then it
+        stays kept (a note typed into a Claude that was already exiting never arrives)."""
+        still = []
+        for entry in self.inflight:
+            note, path, offset = entry
+            key = note.split("\n", 1)[0][:200]
+            try:
+                with open_regular(path) as f:
+                    f.seek(offset)
+                    data = f.read(4 << 20)
+            except OSError:
+                data = b""
+            complete = data[:data.rfind(b"\n") + 1]
+            entry[2] = offset + len(complete)
+            if not any(key in _prompt_text(json_record(line)) for line in complete.splitlines()):
+                still.append(entry)
+        self.inflight = still
+
+    # -- at the end ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop what cc-lhc carried (nobody asked for it to outlive the session) and keep
+        what Claude was not told yet, for the next launch of the thread."""
+        self.poll()
+        for job in self.jobs:
+            if job.finished:
+                continue
+            self._stop(job)
+            for event in self._read_from(job):  # written between the last poll and the stop
+                self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) "
+                                  f"event: {event}")
+            self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids)
+            self.notes.append(stopped_note(job.item.kind, job.name, job.item.command, job.output))
+        self.notes.extend(self._pending_wakeup_notes())
+        for note, _path, _offset in self.inflight:  # typed, but Claude never took it
+            self.session.home.log("carried_note_not_delivered", note=note[:200])
+            self.notes.append(note)
+        self.inflight = []
+        self.guard.sync(self.jobs)  # every job is finished now: the guard holds none
+        self.jobs, self.wakeups = [], []
+        self._persist()
+        self.guard.end()
+
+    def _pending_wakeup_notes(self) -> list:
+        return [f"[runtime note] a wake-up was still pending when the previous session ended "
+                f"({item.args.get('reason') or 'no reason given'}): {item.args.get('prompt') or ''}"
+                for _due, item in self.wakeups]
+
+    def _persist(self) -> None:
+        """Keep undelivered.json equal to what the next launch must tell Claude if this
+        process ended now: the notes not yet typed and the wake-ups still pending. Written
+        as they change, so even a SIGKILL of cc-lhc loses none of them (the guard adds what
+        it stops to the same file)."""
+        kept = list(self.notes) + [note for note, _p, _o in self.inflight] + self._pending_wakeup_notes()
+        if kept == (self._saved or []):
+            return  # (nothing to keep and nothing kept: no continuity folder is made for it)
+        path = self._kept_path()
+        if path is None:
+            return
+        try:
+            if kept:
+                _write_private_json(path, kept)
+            elif os.path.exists(path):
+                os.unlink(path)
+        except OSError as e:
+            self.session.home.log("undelivered_not_saved", error=repr(e))
+            return
+        self._saved = kept
+
+    def _kept_path(self):
+        return kept_notes_path(self.session.home, self.thread_id) if self.thread_id else None
+
+    def _load_kept(self) -> None:
+        if not self.thread_id or not os.path.exists(
+                self.session.home.path("continuity", self.thread_id, "undelivered.json")):
+            return  # (looked for without making the folder: most sessions never need it)
+        path = self._kept_path()
+        kept = read_kept_notes(path)
+        if kept is None:
+            return
+        # From here on they are this session's: the file stays as it is until they are
+        # told (see _persist), so a crash before then keeps them for the launch after.
+        self.notes.extend(kept)
+        self._saved = kept
 
 
-# == 15. Recovery at launch ======================================================
+def _prompt_text(rec) -> str:
+    """The text of a user record's prompt ('' for anything else)."""
+    if not rec or rec.get("type") != "user":
+        return ""
+    content = (rec.get("message") or {}).get("content")
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content or () if isinstance(b, dict)
+                     and isinstance(b.get("text"), str))
+
+
+def stopped_note(kind: str, name: str, command: str, output: str) -> str:
+    """What the next launch of the thread tells Claude about carried work the end stopped."""
+    return (f"[runtime note] The background {kind} {name} ({command}) was stopped when the "
+            f"previous cc-lhc session ended; its output so far is in {output}.")
+
+
+def kept_notes_path(home, thread_id: str) -> str:
+    """continuity/<thread>/undelivered.json: notes for the next launch of the thread."""
+    return os.path.join(home.ensure("continuity", thread_id), "undelivered.json")
+
+
+def read_kept_notes(path: str):
+    """The notes kept in that file (a JSON list of strings), or None when it cannot be read."""
+    try:
+        with open_regular(path) as f:
+            kept = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return [str(n) for n in kept if isinstance(n, str)] if isinstance(kept, list) else None
+
+
+class CarryGuard:
+    """A process that outlives cc-lhc to stop the work it carried if cc-lhc itself is killed.
+
+    BackgroundCarry.close() ends carried work when a session ends, but a SIGKILL or a hard
+    crash of cc-lhc never gets there, and a shell job whose Claude was swapped out has no
+    parent left to die with. So the first carried process starts `cc-lhc __carry-guard
+    <home> <thread>` (spawn_self), fed through a pipe on its stdin with one JSON line per
+    change: the pids (with start times) to guard for a job, a job that is done, and at a
+    clean end "end". The pipe ending without "end" means cc-lhc is gone (run_carry_guard).
+    Sessions that carry no process never start one.
+    """
+
+    def __init__(self, home, thread_id):
+        self.home, self.thread_id = home, thread_id
+        self.process = None
+        self.told = {}          # job key -> the [pid, start time] pairs the guard holds for it
+        self.broken = False     # it could not start or its pipe broke: the session goes on
+
+    def sync(self, jobs) -> None:
+        """Tell the guard about each job that appeared, changed its pids or ended since last time."""
+        for job in jobs:
+            key = job.item.tool_use_id
+            # Only pids whose start time is known: an unknown one could be signalled after reuse.
+            pids = [] if job.finished else [[p, job.starts[p]] for p in job.pids
+                                            if job.starts.get(p) is not None]
+            if self.told.get(key, []) == pids:
+                continue
+            self.told[key] = pids
+            if pids:
+                self._send({"op": "guard", "id": key, "pids": pids, "groups": _groups_of(pids),
+                            "kind": job.item.kind, "name": job.name, "command": job.item.command,
+                            "output": job.output})
+            else:
+                self._send({"op": "done", "id": key})
+
+    def end(self) -> None:
+        """The session ended cleanly (close() stopped and kept everything): the guard leaves."""
+        if self.process is None:
+            return
+        self._send({"op": "end"})
+        process, self.process = self.process, None
+        try:
+            process.stdin.close()
+            process.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - a guard slow to go exits on its own, nothing to stop
+            pass
+
+    def _send(self, message: dict) -> None:
+        if self.process is None and message["op"] == "guard" and not self.broken and os.name == "posix":
+            self._start()
+        if self.process is None:
+            return
+        try:
+            self.process.stdin.write(json.dumps(message).encode("utf-8") + b"\n")
+            self.process.stdin.flush()
+        except OSError as e:
+            self.home.log("carry_guard_lost", guard_pid=self.process.pid, error=str(e))
+            self.process, self.broken = None, True
+
+    def _start(self) -> None:
+        import subprocess
+        # subprocess's pipe is close-on-exec on our side: no Claude or job started later holds
+        # it open, so the guard sees the end of it when cc-lhc dies, however it dies.
+        try:
+            self.process = spawn_self(["__carry-guard", self.home.root, self.thread_id or ""],
+                                      stdin=subprocess.PIPE)
+        except OSError as e:
+            self.broken = True
+            self.home.log("carry_guard_failed", error=str(e))
+            return
+        self.home.log("carry_guard_started", guard_pid=self.process.pid)
+
+
+def run_carry_guard(root: str, thread_id: str) -> int:
+    """`cc-lhc __carry-guard <home> <thread>`: the guard's side of CarryGuard.
+
+    Reads the wrapper's lines until the pipe ends; without a clean "end" the wrapper died,
+    so every guarded job still running as the same process is stopped, logged, and told to
+    the next launch of the thread. Small and stdlib only: no tokenizer, no thread store.
+    """
+    guarded, clean = {}, False
+    for raw in sys.stdin.buffer:
+        message = json_record(raw) or {}
+        if message.get("op") == "guard" and isinstance(message.get("pids"), list):
+            guarded[message.get("id")] = message
+        elif message.get("op") == "done":
+            guarded.pop(message.get("id"), None)
+        elif message.get("op") == "end":
+            clean = True
+    if clean or not guarded:
+        return EXIT_OK
+    home = StateHome(root)
+    notes = [_guard_stop(home, job) for job in guarded.values()]
+    if thread_id:
+        path = kept_notes_path(home, thread_id)
+        kept = read_kept_notes(path)
+        if kept is None and os.path.lexists(path):  # unreadable: moved aside, never overwritten
+            os.replace(path, f"{path}.{os.getpid()}.unreadable")
+        _write_private_json(path, (kept or []) + notes)
+    return EXIT_OK
+
+
+def _groups_of(pids) -> list:
+    """[group, its leader's start time] for each guarded process's group, noted while it runs
+    (the guard may first read them after the leader is gone)."""
+    groups = {}
+    for pid, start in pids:
+        try:
+            group = os.getpgid(pid) if _alive(pid, start) else None
+        except OSError:
+            group = None
+        if group is not None and group != os.getpgrp():
+            groups[group] = process_start_time(group)
+    return [[group, leader] for group, leader in groups.items()]
+
+
+def _guard_stop(home, job: dict) -> str:
+    """Stop one guarded job (the wrapper died) and say what became of it."""
+    running = [pid for pid, start in job["pids"] if _alive(pid, start)]
+    for pid, start in job["pids"]:
+        _stop_job(pid, start)
+    for group, leader_start in job.get("groups") or []:
+        _stop_group_left(group, leader_start)
+    home.log("carried_job_stopped_by_guard", item=job.get("name"), pids=running)
+    if running or job.get("kind") == "monitor":  # a relaunched monitor dies with the wrapper
+        return stopped_note(job.get("kind"), job.get("name"), job.get("command"), job.get("output"))
+    return (f"[runtime note] The background {job.get('kind')} {job.get('name')} "
+            f"({job.get('command')}) ended as the previous cc-lhc session ended, before cc-lhc "
+            f"could tell you; its output is in {job.get('output')}.")
+
+
+def _stop_group_left(group: int, leader_start) -> None:
+    """Stop what is left in a job's group once its leader is gone (a monitor's bash ended by
+    its death link leaves the pipeline it ran).
+
+    While a group has members the OS gives its number to no new process, so the group is
+    still the job's when that number names no process or still its leader (a zombie); a
+    number naming a process with another start time was reused, and is left alone.
+    """
+    now = process_start_time(group)
+    if now is not None and now != leader_start:
+        return
+
+    def running():
+        try:
+            os.killpg(group, 0)
+            return True
+        except OSError:
+            return False
+    _end_with(lambda sig: os.killpg(group, sig), running)
+
+
+# == 17. Recovery at launch =====================================================
 
 
 REBUILT_MARKER = "[cc-lhc] This conversation was rebuilt by Smart Compact"
@@ -9859,7 +10169,7 @@ def repair_torn_tail(path: str, home, session_id: str):
     return "trimmed"
 
 
-# == 16. Commands, argument parsing, main ========================================
+# == 18. Launch: argument parsing, help, the managed launch =====================
 
 # Claude options and how their values are written, so the wrapper can find the
 # session selectors and the print flag without guessing where a value ends.
@@ -10243,305 +10553,7 @@ def cmd_launch(argv) -> int:
         return run_host(spec, home)
 
 
-def run_host(spec, home) -> int:
-    return run_oneshot(spec, home) if spec.print_mode else run_interactive(spec, home)
-
-
-class ManagedSession:
-    """Everything around one Claude child on a thread, set up before it and settled after.
-
-    Before: Smart Compact when a resumed session is over the trigger, the retrieval
-    descriptor and shim, live capture, background summaries. After, whatever happened
-    to the child: the last lines captured, the pressure it ended at, the rebuild's
-    acceptance settled, the descriptor removed, and the thread's lease handed back last.
-    """
-
-    def __init__(self, spec, home, policy, capture):
-        self.spec, self.home, self.policy, self.capture = spec, home, policy, capture
-        self.hostdb = HostDB(home)
-        self.pending = self.descriptor = self.worker = None
-        self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
-        self.survivors, self.alarms, self.notices = [], [], []
-        self.announced = []               # lines shown on the terminal as they happened
-        self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
-        self.detached = ""                # why cc-lhc no longer follows this Claude, if so
-        self.native_compacts = []         # (turn, when) of each Claude native Compact seen
-        self.views_replayed = []          # newest seq when capture saw a view served in process
-        # Turn summaries are written in the background while a person works; a one-shot
-        # exits too soon for them and keeps its one prompt's cost predictable.
-        self.summaries = not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off"
-        self.too_long = None              # (turn, tool calls that ran) of the newest rejection
-        self.too_long_handled = set()
-        self.continued = False            # the one automatic continuation has been used
-        self.thinking_refused = ""        # the rebuilt session whose thinking the API refused
-        spec.session = self
-
-    def __enter__(self):
-        spec, home = self.spec, self.home
-        try:
-            remove_stale_descriptors(home, self.hostdb)
-            if spec.resume:
-                self.capture, self.pending = smart_compact_before_launch(spec, home, self.policy,
-                                                                         self.capture)
-            self.descriptor = create_descriptor(home, self.hostdb, self.capture.thread_id,
-                                                spec.session_id)
-            spec.extra_env[RUNTIME_ENV] = self.descriptor["path"]
-            spec.extra_env["PATH"] = self.descriptor["shim_dir"] + os.pathsep + os.environ.get("PATH", "")
-            spec.child_argv[1:1] = retrieval_allow_args()
-            if not spec.print_mode:
-                self.control_r, self.control_w = os.pipe()
-                os.set_blocking(self.control_r, False)
-                os.set_blocking(self.control_w, False)
-                self.capture.request_handoff = self.request_handoff
-            self.capture.start()
-            if self.pending:
-                spec.after_spawn = lambda: failpoint("after-spawn")
-            if self.summaries:
-                self.worker = DerivationWorker(home, self.capture.thread_id).start()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *_exc):
-        spec, home, capture = self.spec, self.home, self.capture
-        self._each_step(
-            ("worker", lambda: self.worker and self.worker.stop()),
-            ("capture", lambda: finish_capture(capture, spec, home)),
-            ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
-                                                                             self.policy)),
-            ("acceptance", self._settle),
-            ("descriptor", lambda: self.descriptor and remove_descriptor(
-                home, self.hostdb, self.descriptor, "session ended")),
-            ("notices", self._last_words),
-            ("control pipe", self._close_control),
-            ("lease", lambda: capture.lease and capture.lease.release()))
-        return False
-
-    def _each_step(self, *steps) -> None:
-        """Run every cleanup step even when an earlier one fails (a dead terminal, a full
-        disk): a skipped step would leave a live descriptor or an unsettled rebuild.
-        An interrupt is passed on once all steps have run."""
-        interrupted = None
-        for name, step in steps:
-            try:
-                step()
-            except Exception as e:
-                try:
-                    self.home.log("cleanup_step_failed", step=name, error=repr(e))
-                except Exception:
-                    pass  # the log is one more thing that can be gone; the next step still runs
-            except BaseException as e:
-                interrupted = interrupted or e
-        if interrupted is not None:
-            raise interrupted
-
-    def _settle(self) -> None:
-        if not self.pending:
-            return
-        try:
-            accept(self.home, self.capture.thread_id, self.pending)
-        except Exception as e:  # Claude's own status must still come back
-            say(f"could not settle the rebuilt session ({e}); it stays pending and "
-                "the next launch of this thread settles it")
-            self.home.log("settle_failed", thread=self.capture.thread_id, error=repr(e))
-
-    def _last_words(self) -> None:
-        # What was shown inside Claude's screen is said again once the terminal is the
-        # user's own, where it stays readable.
-        for line in self.notices + self.alarms + self.announced:
-            say(line)
-
-    def _close_control(self) -> None:
-        for fd in (self.control_r, self.control_w):
-            if fd is not None:
-                os.close(fd)
-        self.control_r = self.control_w = None
-
-    def announce(self, text: str, relay=None) -> None:
-        """Tell the person now, on their terminal: from the relay's thread or any other."""
-        self.home.log("notice", text=text)
-        if self.control_w is None:  # a one-shot: stderr is the user's
-            say(text)
-            return
-        self._to_show.append(text)
-        if relay is not None:
-            self.show_notices(relay)
-            return
-        try:
-            os.write(self.control_w, b"n")
-        except (BlockingIOError, OSError):
-            pass
-
-    def show_notices(self, relay) -> None:
-        """On the relay's thread: write waiting notices as their own lines."""
-        while self._to_show:
-            text = self._to_show.popleft()
-            self.announced.append(text)
-            relay.to_user += f"\r\n{PROG}: {text}\r\n".encode("utf-8")
-
-    def wake(self) -> None:
-        """From another thread: have the relay tick now rather than at its next timeout."""
-        try:
-            os.write(self.control_w, b"w")
-        except (BlockingIOError, OSError, TypeError):
-            pass  # a wake-up is already waiting, or the session is closing
-
-    def request_handoff(self, too_long=None, prune=False, thinking="") -> None:
-        """Called on the capture thread: wake the relay to run a live handoff (Smart
-        Prune's when ``prune``; a rebuild without thinking when the API refused the
-        thinking replayed into session ``thinking``)."""
-        if too_long is not None:
-            self.too_long = too_long
-        if thinking:
-            self.thinking_refused = thinking
-        what = b"t" if too_long is not None else b"k" if thinking else b"p" if prune else b"h"
-        try:
-            os.write(self.control_w, what)
-        except (BlockingIOError, OSError, TypeError):
-            pass  # already asked, or the session is closing
-
-
-def standing_alarms(home, thread_id, raised=()) -> list:
-    """Alarms raised in this process, and the thread's standing one from any earlier process."""
-    alarms = list(raised)
-    try:
-        row = Registry(home).db.execute("SELECT message FROM thread_alarms WHERE thread_id = ?",
-                                        (thread_id,)).fetchone()
-    except Exception:  # a status line must never fail over the registry
-        row = None
-    if row and row[0] not in alarms:
-        alarms.append(row[0])
-    return alarms
-
-
-def survivor_note(pid: int) -> str:
-    return (f"an earlier Claude process (pid {pid}) did not exit when it was replaced; "
-            "it is still running")
-
-
-def finish_capture(capture, spec, home):
-    """Read Claude's last lines into the record before cc-lhc exits."""
-    try:
-        capture.stop()
-    except Exception as e:  # the session already ended well; say what was not captured
-        say(f"capture of session {capture.session_id} did not finish: {e}")
-        home.log("capture_error", thread=capture.thread_id, error=repr(e))
-        return
-    # The capture's own session: after a swap spec already names the next one.
-    home.log("capture_done", thread=capture.thread_id, session=capture.session_id, lines=capture.lines)
-
-
-TOO_LONG = re.compile(r"too long", re.I)
-
-
-def rejected_too_long(store):
-    """The newest turn, when the API rejected it as too long: (turn, tool calls that ran)."""
-    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
-    if not row or row[1] == "open":
-        return None
-    last = store.db.execute("SELECT kind, text FROM messages WHERE turn = ? AND agent IS NULL "
-                            "ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
-    if not last or last[0] != "api_error" or not TOO_LONG.search(last[1] or ""):
-        return None
-    ran = [f"{name} m{seq}" for seq, name in store.db.execute(
-        "SELECT c.seq, c.tool_name FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND "
-        "c.agent IS NULL AND EXISTS "
-        "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id) "
-        "ORDER BY c.seq", (row[0],))]
-    return row[0], ran
-
-
-# What the API says when a replayed thinking block does not match the history it is
-# now sent over ("Invalid `signature` in `thinking` block", "thinking blocks ... cannot
-# be modified"): a 400 invalid_request_error naming thinking or its signature.
-THINKING_REFUSAL = re.compile(r"(?=.*\b(?:400|invalid_request_error)\b)(?=.*\b(?:thinking|signature)\b)",
-                              re.I | re.S)
-
-
-def thinking_refused(home, hostdb, store, policy) -> str:
-    """The rebuilt session whose first request the API refused over replayed thinking, or ''.
-
-    Only a rebuild cc-lhc wrote (it has a replayed prefix) that never got an answer
-    counts, and only while the thread still replays thinking: once it rebuilt with
-    `omit`, a refusal has some other cause and is not rebuilt again.
-    """
-    if thinking_arm(store, policy) == "omit":
-        return ""
-    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
-    if not row or row[1] == "open":
-        return ""
-    last = store.db.execute("SELECT kind, text, source_session FROM messages WHERE turn = ? AND "
-                            "agent IS NULL ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
-    if not last or last[0] != "api_error" or not THINKING_REFUSAL.search(last[1] or ""):
-        return ""
-    known = hostdb.session(last[2])
-    # Claude gives its own error notice a synthetic usage of zeros: that is no answer.
-    answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND "
-                                "coalesce(model, '') != '<synthetic>' LIMIT 1", (last[2],)).fetchone()
-    return last[2] if known and known["replayed_prefix_bytes"] and not answered else ""
-
-
-def classify_live(capture, home, policy) -> dict:
-    """Classify a running session after each new response, and receipt it once.
-
-    Runs on the capture thread, on its own connections. At a settled seam over the
-    trigger, or after the API rejected a turn as too long, it asks the host for a live
-    handoff; the host decides on its own thread.
-    """
-    if capture.hostdb is None:
-        capture.hostdb = HostDB(home)
-    a = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id, policy)
-    rejected = rejected_too_long(capture.store)
-    refused = thinking_refused(home, capture.hostdb, capture.store, policy) \
-        if capture.request_handoff is not None else ""
-    if refused:
-        _set_meta(capture.store, THINKING_KEY, "omit")
-        a.outcome("thinking refusal: live rebuild with omit requested")
-        home.log("thinking_refused", thread=capture.thread_id, session=refused)
-        capture.request_handoff(thinking=refused)
-    elif rejected is not None and capture.request_handoff is not None:
-        a.outcome("too-long rejection: live handoff requested")
-        home.log("too_long_rejection", thread=capture.thread_id, turn=rejected[0], ran=rejected[1])
-        capture.request_handoff(too_long=rejected)
-    elif a.go and capture.request_handoff is not None:
-        a.outcome("live handoff requested")
-        home.log("governor", thread=capture.thread_id, session=capture.session_id, **a.c)
-        capture.request_handoff()
-    elif a.c["state"] in (STATE_OVER_OPEN, STATE_OVER_SETTLED):
-        home.log("governor", thread=capture.thread_id, session=capture.session_id, **a.c)
-    elif automatic_prune_due(policy, a.c) and capture.request_handoff is not None:
-        p = assess(home, capture.hostdb, capture.store, capture.thread_id, capture.session_id,
-                   policy, prune=True)
-        if p.go:
-            p.outcome("live prune requested")
-            home.log("governor", thread=capture.thread_id, session=capture.session_id,
-                     operation="prune", **p.c)
-            capture.request_handoff(prune=True)
-    return a.c
-
-
-def report_pressure_at_exit(capture, spec, home, policy) -> None:
-    """After an interactive session: receipt its pressure, and say if it ended over the trigger.
-
-    A session can end over the trigger without a swap (its last seam came with background
-    work open, replacements would not load, or the seam was never settled); the user
-    should know the next resume runs Smart Compact before Claude starts.
-    """
-    try:
-        store = ThreadStore(home, capture.thread_id)
-        try:
-            a = assess(home, HostDB(home), store, capture.thread_id, spec.session_id, policy)
-        finally:
-            store.close()
-    except LhcError as e:
-        home.log("exit_reading_failed", thread=capture.thread_id, error=str(e))
-        return
-    c = a.c
-    if c["pressure"] is not None and c["pressure"] >= c["trigger"]:
-        a.outcome("deferred: runs before the next resume")
-        say(f"this session ended over the Smart Compact trigger ({describe_reading(c)}); "
-            f"`cc-lhc --resume {spec.session_id}` rebuilds it before Claude starts")
+# == 19. Commands: threads, export, retrieval, search, measure, doctor, main ====
 
 
 def _take_option(args, name, default=None, cast=str):
