@@ -5865,7 +5865,10 @@ OUTPUT_FILE = re.compile(r"(?:written to|output_file):? (\S+?\.output)\b")
 AGENT_LAUNCHED = re.compile(r"agentId: (\w+)")
 MONITOR_LAUNCHED = re.compile(r"Monitor started \(task (\w+)")
 WORKFLOW_SCRIPT = re.compile(r"^Script file: (\S+)$", re.M)
-WORKFLOW_RUN = re.compile(r"\b(wf_[A-Za-z0-9_-]+)")  # e.g. wf_9169026d-0ab
+# The run id on its own line, else the run folder in the transcript dir's path: never just
+# the first "wf_" anywhere (a description or a config path can hold one).
+WORKFLOW_RUN = re.compile(r"^Run ID: (wf_[A-Za-z0-9_-]+)$|/subagents/workflows/(wf_[A-Za-z0-9_-]+)$",
+                          re.M)  # e.g. wf_9169026d-0ab
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
 
 
@@ -5921,9 +5924,10 @@ def _launched(name, args, ack):
         kind, task_id = name.lower(), ""
     out = OUTPUT_FILE.search(ack)
     run = WORKFLOW_RUN.search(ack) if kind == "workflow" else None
+    run = (run.group(1) or run.group(2)) if run else ""
     script = WORKFLOW_SCRIPT.search(ack) if kind == "workflow" else None
     return dict(kind=kind, task_id=task_id, output_file=out.group(1) if out else "",
-                run_id=run.group(1) if run else "", script=script.group(1) if script else "")
+                run_id=run, script=script.group(1) if script else "")
 
 
 def _closed(item, seq, notes, stops, metas) -> bool:
@@ -9240,15 +9244,23 @@ class BackgroundCarry:
         self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
         self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
         self.journals = []         # workflows whose journal follows the session at this switch
+        self.carried_items = []    # every item a swap of this session carried, oldest first
+        self.recarry = []          # carried workflows the rebuild under way offers again
         self._saved = None         # what undelivered.json holds now (see _persist)
         self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.notes = collections.deque()
         self.next_poll = 0.0
         self.carried = ""          # the last swap's one line, for the person and /status
-        self.thread_id = session.capture.thread_id if session.capture else None
+        self._kept_for = None      # the thread whose undelivered.json holds self._saved
         self.guard = CarryGuard(session.home, self.thread_id)
         self._load_kept()
+
+    @property
+    def thread_id(self):
+        """The thread of the session now: after /clear or /resume it is another one."""
+        capture = self.session.capture
+        return capture.thread_id if capture else None
 
     @property
     def holds_processes(self) -> bool:
@@ -9270,7 +9282,35 @@ class BackgroundCarry:
         for item in items:
             if item.tool_use_id not in self.taken:
                 self.planned[item.tool_use_id] = self._manifest_line(item, old_session, old_path, store)
-        return list(self.planned.values())
+        return self._still_carried_lines(store) + list(self.planned.values())
+
+    def _still_carried_lines(self, store) -> list:
+        """What earlier swaps carried that still goes on, for the next rebuilt session too:
+        the thread holds those items as carried (no longer open), and a manifest is never
+        captured, so without these lines the next replacement would not know of them."""
+        lines, self.recarry = [], []
+        for item in self.carried_items:
+            name = item.task_id or item.label
+            if item.kind in ("shell", "monitor"):
+                job = next((j for j in self.jobs if j.item.tool_use_id == item.tool_use_id), None)
+                if job is None or job.finished:
+                    continue
+                lines.append(f"{item.kind} {name} ({item.command}), carried across an earlier Smart "
+                             f"Compact, still runs under cc-lhc's watch; its output is in {job.output}; "
+                             "cc-lhc will tell you " + ("each new event" if item.kind == "monitor"
+                                                        else "when it finishes"))
+            elif item.kind == "wakeup":
+                if any(pending is item for _due, pending in self.wakeups):
+                    lines.append(self._manifest_line(item, "", "", store))
+            elif not _taken_up(item, store):
+                # A workflow or an agent not resumed yet: the same offer, and the workflow's
+                # journal follows once more (from the session it was copied into).
+                lines.append(self._manifest_line(item, "", "", store) if item.kind == "workflow"
+                             else f"background agent {name} was interrupted by an earlier swap; resume "
+                                  f"it with SendMessage({name})")
+                if item.kind == "workflow" and item.run_id:
+                    self.recarry.append(item)
+        return lines
 
     def _manifest_line(self, item, old_session, old_path, store) -> str:
         name = item.task_id or item.label
@@ -9342,6 +9382,9 @@ class BackgroundCarry:
             if line and line != planned.get(item.tool_use_id):
                 changed.append(line)
         self.planned = {}
+        self.journals += [i for i in self.recarry if i not in self.journals]
+        self.recarry = []
+        self.carried_items += items
         self._record_carried(items, old_session)
         if changed:
             self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
@@ -9416,9 +9459,9 @@ class BackgroundCarry:
         deadline = self._launched_at(item) + timeout
         if time.time() >= deadline:
             return None, "its timeout_ms had run out"
-        self.session.home.ensure("continuity", self.thread_id, "monitors")
         output = self._monitor_output(item)
         try:
+            self.session.home.ensure("continuity", self.thread_id, "monitors")
             offset = os.path.getsize(output) if os.path.exists(output) else 0
             with open(output, "ab") as out, open(output[:-len(".output")] + ".stderr", "ab") as err:
                 process = subprocess.Popen(
@@ -9583,7 +9626,7 @@ class BackgroundCarry:
             self._persist()
             return ""
         # Everything waiting goes in one prompt: each event once, none held back a turn.
-        told = "\n".join(self.notes)
+        told = typeable("\n".join(self.notes))
         self.notes.clear()
         path = self.session.capture.path
         try:
@@ -9649,12 +9692,20 @@ class BackgroundCarry:
         as they change, so even a SIGKILL of cc-lhc loses none of them (the guard adds what
         it stops to the same file)."""
         kept = list(self.notes) + [note for note, _p, _o in self.inflight] + self._pending_wakeup_notes()
-        if kept == (self._saved or []):
+        moved = self._saved and self._kept_for != self.thread_id
+        if kept == (self._saved or []) and not moved:
             return  # (nothing to keep and nothing kept: no continuity folder is made for it)
-        path = self._kept_path()
-        if path is None:
-            return
         try:
+            if moved:
+                # The session changed thread (/clear, /resume): what is still to tell goes
+                # with it, and the old thread's file, which held the same notes, goes.
+                old = kept_notes_path(self.session.home, self._kept_for)
+                if os.path.exists(old):
+                    os.unlink(old)
+                self._saved = None
+            path = self._kept_path()
+            if path is None:
+                return
             if kept:
                 _write_private_json(path, kept)
             elif os.path.exists(path):
@@ -9662,23 +9713,52 @@ class BackgroundCarry:
         except OSError as e:
             self.session.home.log("undelivered_not_saved", error=repr(e))
             return
-        self._saved = kept
+        self._saved, self._kept_for = kept, self.thread_id
 
     def _kept_path(self):
         return kept_notes_path(self.session.home, self.thread_id) if self.thread_id else None
 
     def _load_kept(self) -> None:
-        if not self.thread_id or not os.path.exists(
-                self.session.home.path("continuity", self.thread_id, "undelivered.json")):
+        if not self.thread_id or not os.path.isdir(self.session.home.path("continuity", self.thread_id)):
             return  # (looked for without making the folder: most sessions never need it)
-        path = self._kept_path()
-        kept = read_kept_notes(path)
-        if kept is None:
+        kept, guards = kept_notes(self.session.home, self.thread_id)
+        if not kept:
             return
-        # From here on they are this session's: the file stays as it is until they are
-        # told (see _persist), so a crash before then keeps them for the launch after.
+        # From here on they are this session's: undelivered.json holds them all until they
+        # are told (see _persist), so a crash before then keeps them for the launch after;
+        # a guard's own file goes only once its notes are safe in there.
         self.notes.extend(kept)
-        self._saved = kept
+        self._kept_for = self.thread_id
+        self._persist()
+        if self._saved == kept:
+            for path in guards:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def _taken_up(item, store) -> bool:
+    """Whether Claude has since resumed a carried workflow (Workflow{resumeFromRunId} of its
+    run) or agent (SendMessage to it)."""
+    if store is None:
+        return False
+    tool, key, want = (("Workflow", "resumeFromRunId", item.run_id) if item.kind == "workflow"
+                       else ("SendMessage", "to", item.task_id))
+    if not want:
+        return False
+    return any(_json_object(text).get(key) == want for (text,) in store.db.execute(
+        "SELECT text FROM messages WHERE kind = 'tool_call' AND tool_name = ? AND seq > ? "
+        "AND agent IS NULL", (tool, item.seq)))
+
+
+def typeable(text: str) -> str:
+    """Text that can be typed into Claude's prompt as it reads: a job's output may hold a
+    carriage return (which would submit the prompt half-typed), ESC (a key press to
+    Claude) or tabs; those become a newline, a visible escape and spaces."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\t", "    ")
+    return "".join(ch if ch == "\n" or not (ord(ch) < 32 or 127 <= ord(ch) < 160)
+                   else f"\\x{ord(ch):02x}" for ch in text)
 
 
 def _prompt_text(rec) -> str:
@@ -9701,6 +9781,21 @@ def stopped_note(kind: str, name: str, command: str, output: str) -> str:
 def kept_notes_path(home, thread_id: str) -> str:
     """continuity/<thread>/undelivered.json: notes for the next launch of the thread."""
     return os.path.join(home.ensure("continuity", thread_id), "undelivered.json")
+
+
+def kept_notes(home, thread_id: str):
+    """Every note kept for the next launch of a thread: undelivered.json, then what carry
+    guards wrote (guard-<pid>.json); returns (notes, the guard files they came from)."""
+    folder = home.path("continuity", thread_id)
+    notes = read_kept_notes(os.path.join(folder, "undelivered.json")) or []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.startswith("guard-") and n.endswith(".json"))
+    except OSError:
+        names = []
+    guards = [os.path.join(folder, n) for n in names]
+    for path in guards:
+        notes += read_kept_notes(path) or []
+    return notes, guards
 
 
 def read_kept_notes(path: str):
@@ -9807,11 +9902,11 @@ def run_carry_guard(root: str, thread_id: str) -> int:
     home = StateHome(root)
     notes = [_guard_stop(home, job) for job in guarded.values()]
     if thread_id:
-        path = kept_notes_path(home, thread_id)
-        kept = read_kept_notes(path)
-        if kept is None and os.path.lexists(path):  # unreadable: moved aside, never overwritten
-            os.replace(path, f"{path}.{os.getpid()}.unreadable")
-        _write_private_json(path, (kept or []) + notes)
+        # A file of its own, never undelivered.json: stopping the jobs can take seconds,
+        # and a next launch of the thread may be reading and rewriting that one meanwhile.
+        # The next launch to open the thread takes it in (kept_notes).
+        folder = os.path.dirname(kept_notes_path(home, thread_id))
+        _write_private_json(os.path.join(folder, f"guard-{os.getpid()}.json"), notes)
     return EXIT_OK
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import cc_lhc
 from fakeapi import text_reply, tool_use_reply
 from realcli import (CC_LHC, OVER_USAGE, PROMPT, log_events, new_input, requests_holding, running,
                      type_line, wait_for_log, wait_until)
@@ -307,8 +308,8 @@ def test_when_the_session_ends_abruptly_carried_work_is_stopped_and_kept_for_the
     assert not running(job) and not running(watch)  # nobody asked for them to outlive the session
     assert bool(log_events(rc, "carried_job_stopped_by_guard")) == (ending == "wrapper SIGKILL")
     home = Path(rc.env["CC_LHC_HOME"])
-    (kept,) = home.glob("continuity/*/undelivered.json")
-    notes = "".join(json.loads(kept.read_text()))
+    (folder,) = home.glob("continuity/*/")
+    notes = "".join(cc_lhc.kept_notes(cc_lhc.StateHome(str(home)), folder.name)[0])
     assert notes.count("was stopped when the previous cc-lhc session ended") == 2
     assert f"echo {job}" in notes and watch in notes
 

@@ -354,8 +354,32 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
     assert sorted(p.name for p in moved.iterdir()) == ["agent-a1.jsonl", "journal.jsonl"]
     assert (moved / "journal.jsonl").read_text() == '{"type":"launched"}\n'
     assert not carry.notes
-    # a later swap carries nothing again and writes no second manifest
-    assert carry.plan(items, "new-sess", str(new), None) == []
+    # a later swap carries nothing anew, but its rebuilt session still names what goes
+    # on: no manifest is ever captured, so the next replacement learns it only from there
+    store = cc_lhc.ThreadStore(home, "thread-1")
+    try:
+        again = carry.plan(cc_lhc.background_items(store), "new-sess", str(new), store)
+    finally:
+        store.close()
+    assert again[:2] == lines[:2]  # the workflow and the wake-up still pending, as before,
+    assert again[2] == ("background agent a0123456789abcdef was interrupted by an earlier swap; "
+                        "resume it with SendMessage(a0123456789abcdef)")  # and the agent
+    said = carry.take([], "new-sess", str(new))
+    assert carry.journals == [items[0]] and not carry.notes  # the journal follows once more
+    # once Claude resumed the workflow (in the session it was carried into), it is no
+    # longer offered
+    t.user("resume it")
+    t.assistant({"type": "tool_use", "id": "toolu_resume", "name": "Workflow",
+                 "input": {"scriptPath": "/p/x.js", "resumeFromRunId": RUN}}, stop="tool_use")
+    t.tool_result(("toolu_resume", "Workflow launched in background."))
+    t.assistant(text("resumed"))
+    cap = captured(tmp_path, t)
+    try:
+        later = carry.plan(cc_lhc.background_items(cap.store), "third", str(tmp_path / "third.jsonl"),
+                           cap.store)
+    finally:
+        cap.stop()
+    assert later[:2] == again[1:] and lines[0] not in later  # (the resumed run is an item of its own)
 
 
 def test_a_workflow_journal_that_cannot_be_carried_is_told(tmp_path):
@@ -401,3 +425,23 @@ def test_a_typed_note_is_kept_until_claude_takes_it_as_a_prompt(tmp_path):
     assert json.loads(kept.read_text()) == ["[runtime note] monitor b1 (tail -f x) event: SECOND"]
     again = cc_lhc.BackgroundCarry(Session())
     assert list(again.notes) == ["[runtime note] monitor b1 (tail -f x) event: SECOND"]
+
+
+def test_what_a_carry_guard_kept_is_taken_in_by_the_next_launch_and_then_removed(tmp_path):
+    """The guard writes its own file, never undelivered.json: a launch may be rewriting
+    that one while the guard still stops jobs."""
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    folder = tmp_path / "lhc" / "continuity" / "thread-1"
+    folder.mkdir(parents=True)
+    (folder / "undelivered.json").write_text(json.dumps(["[runtime note] told before"]))
+    (folder / "guard-4242.json").write_text(json.dumps(["[runtime note] stopped by the guard"]))
+
+    class Session:
+        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
+
+    Session.home = home
+    carry = cc_lhc.BackgroundCarry(Session())
+    assert list(carry.notes) == ["[runtime note] told before", "[runtime note] stopped by the guard"]
+    assert json.loads((folder / "undelivered.json").read_text()) == list(carry.notes)
+    assert not (folder / "guard-4242.json").exists()  # safe in undelivered.json now

@@ -61,8 +61,8 @@ def job(pid, key="toolu_1", kind="shell", output="/tmp/x.output", start=None):
 
 
 def kept(home, thread="thread-1") -> list:
-    path = Path(home.root) / "continuity" / thread / "undelivered.json"
-    return json.loads(path.read_text()) if path.exists() else []
+    """What the next launch of the thread will be told (undelivered.json and guards' files)."""
+    return cc_lhc.kept_notes(home, thread)[0]
 
 
 def events(home, event) -> list:
