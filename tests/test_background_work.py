@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import types
 from pathlib import Path
 
 import cc_lhc
@@ -445,3 +446,46 @@ def test_what_a_carry_guard_kept_is_taken_in_by_the_next_launch_and_then_removed
     assert list(carry.notes) == ["[runtime note] told before", "[runtime note] stopped by the guard"]
     assert json.loads((folder / "undelivered.json").read_text()) == list(carry.notes)
     assert not (folder / "guard-4242.json").exists()  # safe in undelivered.json now
+
+
+def test_notes_are_typed_without_keys_claude_would_act_on():
+    # a job's output with a progress bar (CR), colours (ESC) and tabs
+    typed = cc_lhc.typeable("[runtime note] done:\r\n50%\r100%\t\x1b[32mok\x1b[0m")
+    assert typed == "[runtime note] done:\n50%\n100%    \\x1b[32mok\\x1b[0m"
+    assert not any(ord(ch) < 32 and ch != "\n" for ch in typed)
+
+
+def test_after_clear_the_notes_still_to_tell_go_with_the_new_thread(tmp_path):
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    capture = types.SimpleNamespace(thread_id="thread-1", path="/nonexistent/t.jsonl")
+
+    class Session:
+        pass
+
+    Session.home, Session.capture = home, capture
+    carry = cc_lhc.BackgroundCarry(Session())
+    carry.notes.append("[runtime note] the job finished")
+    carry.next_note(lambda: False)
+    first = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
+    assert json.loads(first.read_text()) == ["[runtime note] the job finished"]
+    capture.thread_id = "thread-2"  # /clear: the session follows Claude into a new thread
+    carry.next_note(lambda: False)
+    second = tmp_path / "lhc" / "continuity" / "thread-2" / "undelivered.json"
+    assert json.loads(second.read_text()) == ["[runtime note] the job finished"]
+    assert not first.exists()  # held once, by the thread the session is on
+
+
+def test_a_continuity_folder_that_cannot_be_written_does_not_end_the_session(tmp_path):
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    (tmp_path / "lhc" / "continuity").write_text("a file where the folder belongs")
+
+    class Session:
+        capture = types.SimpleNamespace(thread_id="thread-1", path="/nonexistent/t.jsonl")
+
+    Session.home = home
+    carry = cc_lhc.BackgroundCarry(Session())
+    carry.notes.append("[runtime note] the job finished")
+    assert carry.next_note(lambda: False) == ""  # no exception into the relay loop
+    assert list(carry.notes) == ["[runtime note] the job finished"]  # still held, told later
