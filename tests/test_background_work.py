@@ -17,9 +17,32 @@ SHELL_ACK = ("Command running in background with ID: {id}. Output is being writt
 AGENT_ACK = "Async agent launched successfully.\nagentId: a0123456789abcdef (use SendMessage)"
 
 
-def captured(tmp_path, t: Transcript):
+def a_home(tmp_path):
     home = cc_lhc.StateHome(tmp_path / "lhc")
     home.ensure()
+    return home
+
+
+def a_session(home, thread="thread-1", path="/nonexistent/t.jsonl"):
+    """A stand-in for the session a BackgroundCarry serves: its state home and its capture
+    (the thread it is on, the transcript Claude writes)."""
+    return types.SimpleNamespace(home=home, capture=types.SimpleNamespace(thread_id=thread, path=str(path)))
+
+
+def recorded(tmp_path, fixture: str, lines: int):
+    """A capture of the first ``lines`` lines of a recorded fixture; returns (capture,
+    the transcript path, every line of the fixture)."""
+    every = (FIXTURES / fixture).read_text().splitlines(True)
+    home = a_home(tmp_path)
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(every[:lines]))
+    cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
+    cap.catch_up()
+    return cap, path, every
+
+
+def captured(tmp_path, t: Transcript):
+    home = a_home(tmp_path)
     cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(t.write(tmp_path / "t.jsonl")))
     cap.catch_up()
     return cap
@@ -48,13 +71,7 @@ def notification(tid: str, status: str, task: str = "b1") -> str:
 def test_the_recorded_background_shell_opens_and_its_completion_closes_it(tmp_path):
     # The records the real CLI wrote for Bash{run_in_background}: the launch
     # acknowledgement, then the completion notification.
-    lines = (FIXTURES / "bash-run-in-background-2.1.328.jsonl").read_text().splitlines(True)
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
-    path = tmp_path / "t.jsonl"
-    path.write_text("".join(lines[:2]))
-    cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
-    cap.catch_up()
+    cap, path, lines = recorded(tmp_path, "bash-run-in-background-2.1.328.jsonl", 2)
     (item,) = cc_lhc.background_items(cap.store)
     assert (item.kind, item.task_id) == ("shell", "b2i3ux1l7")
     assert item.output_file.endswith("/tasks/b2i3ux1l7.output")
@@ -191,19 +208,15 @@ def test_a_seam_with_only_carriable_work_open_goes_ahead(tmp_path):
 
 
 def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_path):
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
+    home = a_home(tmp_path)
 
-    class Session:
-        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
-
-    Session.home = home
-    carry = cc_lhc.BackgroundCarry(Session())
+    session = a_session(home)
+    carry = cc_lhc.BackgroundCarry(session)
     carry.notes.append("[runtime note] the job finished after the last prompt")
     carry.close()
     assert (tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json").exists()
     kept = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
-    again = cc_lhc.BackgroundCarry(Session())
+    again = cc_lhc.BackgroundCarry(session)
     assert list(again.notes) == ["[runtime note] the job finished after the last prompt"]
     assert kept.exists()  # until it is told: a crash before that keeps it for the next launch
     assert again.next_note(lambda: True) == "[runtime note] the job finished after the last prompt"
@@ -211,15 +224,11 @@ def test_what_claude_was_not_told_is_kept_for_the_next_launch_of_the_thread(tmp_
 
 
 def test_notes_are_kept_as_they_come_so_a_killed_cc_lhc_loses_none(tmp_path):
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
+    home = a_home(tmp_path)
 
-    class Session:
-        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
-
-    Session.home = home
+    session = a_session(home)
     kept = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
-    carry = cc_lhc.BackgroundCarry(Session())
+    carry = cc_lhc.BackgroundCarry(session)
     carry.next_note(lambda: False)
     assert not (tmp_path / "lhc" / "continuity").exists()  # nothing to keep, nothing made
     wake = cc_lhc.BackgroundItem("wakeup", "ScheduleWakeup", 3, "toolu_w", {"reason": "r",
@@ -231,19 +240,14 @@ def test_notes_are_kept_as_they_come_so_a_killed_cc_lhc_loses_none(tmp_path):
     assert saved[0] == "[runtime note] the job finished"
     assert "a wake-up was still pending" in saved[1] and "check the build" in saved[1]
     # (no close(): the process is gone) the next launch of the thread tells them
-    after = cc_lhc.BackgroundCarry(Session())
+    after = cc_lhc.BackgroundCarry(session)
     assert list(after.notes) == saved
 
 
 def test_the_recorded_monitor_launch_opens_an_item_named_by_its_task(tmp_path):
     # The records the real CLI wrote for Monitor: the acknowledgement names the task and
     # no output file; each event is its own notification, none terminal.
-    path = tmp_path / "t.jsonl"
-    path.write_text((FIXTURES / "monitor-2.1.328.jsonl").read_text())
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
-    cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
-    cap.catch_up()
+    cap, _path, _lines = recorded(tmp_path, "monitor-2.1.328.jsonl", None)
     try:
         (item,) = cc_lhc.background_items(cap.store)
     finally:
@@ -267,14 +271,8 @@ def test_a_monitor_closes_on_its_completed_notification(tmp_path):
 def test_the_recorded_workflow_launch_opens_an_item_with_its_run_and_script(tmp_path):
     # The records the real CLI wrote for Workflow{script}: the launch acknowledgement names
     # the task, the run (its id has a dash) and the saved script; the notification ends it.
-    lines = (FIXTURES / "workflow-2.1.328.jsonl").read_text().splitlines(True)
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
-    path = tmp_path / "t.jsonl"
-    path.write_text("".join(lines[:2]))
-    cap = cc_lhc.Capture(home, "thread-1", "sess-1", str(path))
+    cap, path, lines = recorded(tmp_path, "workflow-2.1.328.jsonl", 2)
     try:
-        cap.catch_up()
         (item,) = cc_lhc.background_items(cap.store)
         assert item.kind == "workflow" and item.task_id == ""
         assert re.fullmatch(r"wf_[0-9a-f]{8}-[0-9a-f]{3}", item.run_id)
@@ -306,11 +304,8 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
     cap = captured(tmp_path, t)
     home = cap.home
 
-    class Session:
-        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
-
-    Session.home = home
-    carry = cc_lhc.BackgroundCarry(Session())
+    session = a_session(home)
+    carry = cc_lhc.BackgroundCarry(session)
     old = tmp_path / "proj" / "sess-1.jsonl"
     try:
         items = cc_lhc.background_items(cap.store)
@@ -384,14 +379,10 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
 
 
 def test_a_workflow_journal_that_cannot_be_carried_is_told(tmp_path):
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
+    home = a_home(tmp_path)
 
-    class Session:
-        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
-
-    Session.home = home
-    carry = cc_lhc.BackgroundCarry(Session())
+    session = a_session(home)
+    carry = cc_lhc.BackgroundCarry(session)
     carry.journals = [cc_lhc.BackgroundItem("workflow", "Workflow", 2, "toolu_wf", {}, run_id=RUN)]
     carry.carry_journals(str(tmp_path / "old.jsonl"), str(tmp_path / "new.jsonl"))  # no such folder
     (note,) = carry.notes
@@ -401,17 +392,13 @@ def test_a_workflow_journal_that_cannot_be_carried_is_told(tmp_path):
 def test_a_typed_note_is_kept_until_claude_takes_it_as_a_prompt(tmp_path):
     """A note typed into a Claude that was already exiting never became a prompt: it is
     kept for the next launch, and one Claude did take is not told twice."""
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
+    home = a_home(tmp_path)
     transcript = tmp_path / "t.jsonl"
     transcript.write_text(json.dumps({"type": "user", "message": {"role": "user", "content": "hi"}}) + "\n")
 
-    class Session:
-        capture = type("C", (), {"thread_id": "thread-1", "path": str(transcript)})()
-
-    Session.home = home
+    session = a_session(home, path=transcript)
     kept = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
-    carry = cc_lhc.BackgroundCarry(Session())
+    carry = cc_lhc.BackgroundCarry(session)
     carry.notes.append("[runtime note] monitor b1 (tail -f x) event: FIRST")
     assert carry.next_note(lambda: True).endswith("event: FIRST")
     assert json.loads(kept.read_text()) == ["[runtime note] monitor b1 (tail -f x) event: FIRST"]
@@ -424,25 +411,21 @@ def test_a_typed_note_is_kept_until_claude_takes_it_as_a_prompt(tmp_path):
     carry.next_note(lambda: True)  # typed as Claude was exiting: it never shows up
     carry.close()
     assert json.loads(kept.read_text()) == ["[runtime note] monitor b1 (tail -f x) event: SECOND"]
-    again = cc_lhc.BackgroundCarry(Session())
+    again = cc_lhc.BackgroundCarry(session)
     assert list(again.notes) == ["[runtime note] monitor b1 (tail -f x) event: SECOND"]
 
 
 def test_what_a_carry_guard_kept_is_taken_in_by_the_next_launch_and_then_removed(tmp_path):
     """The guard writes its own file, never undelivered.json: a launch may be rewriting
     that one while the guard still stops jobs."""
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
+    home = a_home(tmp_path)
     folder = tmp_path / "lhc" / "continuity" / "thread-1"
     folder.mkdir(parents=True)
     (folder / "undelivered.json").write_text(json.dumps(["[runtime note] told before"]))
     (folder / "guard-4242.json").write_text(json.dumps(["[runtime note] stopped by the guard"]))
 
-    class Session:
-        capture = type("C", (), {"thread_id": "thread-1", "path": "/nonexistent/t.jsonl"})()
-
-    Session.home = home
-    carry = cc_lhc.BackgroundCarry(Session())
+    session = a_session(home)
+    carry = cc_lhc.BackgroundCarry(session)
     assert list(carry.notes) == ["[runtime note] told before", "[runtime note] stopped by the guard"]
     assert json.loads((folder / "undelivered.json").read_text()) == list(carry.notes)
     assert not (folder / "guard-4242.json").exists()  # safe in undelivered.json now
@@ -456,15 +439,10 @@ def test_notes_are_typed_without_keys_claude_would_act_on():
 
 
 def test_after_clear_the_notes_still_to_tell_go_with_the_new_thread(tmp_path):
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
-    capture = types.SimpleNamespace(thread_id="thread-1", path="/nonexistent/t.jsonl")
-
-    class Session:
-        pass
-
-    Session.home, Session.capture = home, capture
-    carry = cc_lhc.BackgroundCarry(Session())
+    home = a_home(tmp_path)
+    session = a_session(home)
+    capture = session.capture
+    carry = cc_lhc.BackgroundCarry(session)
     carry.notes.append("[runtime note] the job finished")
     carry.next_note(lambda: False)
     first = tmp_path / "lhc" / "continuity" / "thread-1" / "undelivered.json"
@@ -477,15 +455,11 @@ def test_after_clear_the_notes_still_to_tell_go_with_the_new_thread(tmp_path):
 
 
 def test_a_continuity_folder_that_cannot_be_written_does_not_end_the_session(tmp_path):
-    home = cc_lhc.StateHome(tmp_path / "lhc")
-    home.ensure()
+    home = a_home(tmp_path)
     (tmp_path / "lhc" / "continuity").write_text("a file where the folder belongs")
 
-    class Session:
-        capture = types.SimpleNamespace(thread_id="thread-1", path="/nonexistent/t.jsonl")
-
-    Session.home = home
-    carry = cc_lhc.BackgroundCarry(Session())
+    session = a_session(home)
+    carry = cc_lhc.BackgroundCarry(session)
     carry.notes.append("[runtime note] the job finished")
     assert carry.next_note(lambda: False) == ""  # no exception into the relay loop
     assert list(carry.notes) == ["[runtime note] the job finished"]  # still held, told later
