@@ -639,13 +639,7 @@ def _intake_real(ctx: Ctx) -> dict:
         out[f"{tag}: store"] = Figure(stored / gen_transcript.MIB, "MiB", "thread file + WAL, indexes included")
         out[f"{tag}: store vs transcript"] = Ratio("store / transcript", stored / size, target=0.6)
     path = ctx.real_transcript(REAL_SIZES_MB[-1])
-    root = ctx.scratch("memory-real")
-    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(REPO), str(path), str(root / ".cc-lhc"),
-                           ctx.session_of(path)], cwd=root, env=sandbox_env(root),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    if proc.returncode:
-        raise CommandFailed(proc.stderr.decode(errors="replace").strip().splitlines()[-1][:160])
-    peak = json.loads(proc.stdout)["peak"]
+    peak = memory_child(ctx, path, ctx.scratch("memory-real"))["peak"]
     out[f"{REAL_SIZES_MB[-1]} MiB: peak RSS"] = Figure(peak, "MB", "separate process, capture + index; "
                                                        + target_note(peak, 80, "MB"))
     return out
@@ -680,6 +674,16 @@ print(json.dumps({"start": start, "imported": imported, "peak": peak_mb(), "line
 """
 
 
+def memory_child(ctx: Ctx, path: Path, root: Path) -> dict:
+    """MEMORY_CHILD's report for capturing ``path`` into a state folder under ``root``."""
+    proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(REPO), str(path), str(root / ".cc-lhc"),
+                           ctx.session_of(path)], cwd=root, env=sandbox_env(root),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    if proc.returncode:
+        raise CommandFailed(proc.stderr.decode(errors="replace").strip().splitlines()[-1][:160])
+    return json.loads(proc.stdout)
+
+
 @bench("capture-memory", "peak RSS of a separate process capturing the whole transcript (VmHWM / ru_maxrss)")
 def _capture_memory(ctx: Ctx) -> dict:
     ctx.need_cc()
@@ -692,12 +696,7 @@ def _capture_memory(ctx: Ctx) -> dict:
     reports = []
     for _ in range(runs):
         root = ctx.scratch("memory")
-        proc = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(REPO), str(path), str(root / ".cc-lhc"),
-                               ctx.session_of(path)], cwd=root, env=sandbox_env(root),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        if proc.returncode:
-            raise CommandFailed(proc.stderr.decode(errors="replace").strip().splitlines()[-1][:160])
-        reports.append(json.loads(proc.stdout))
+        reports.append(memory_child(ctx, path, root))
         shutil.rmtree(root, ignore_errors=True)
     peak = statistics.median(r["peak"] for r in reports)
     size = path.stat().st_size / gen_transcript.MIB

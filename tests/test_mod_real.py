@@ -16,7 +16,8 @@ import pytest
 
 import cc_lhc
 from fakeapi import tool_use_reply
-from realcli import CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, type_line, wait_for_log
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, type_line, wait_for_log,
+                     wait_until)
 
 
 def details(t) -> str:
@@ -34,6 +35,15 @@ def start(rc, tmux, *args, env=None):
     t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", *args], cols=120, rows=36,
              env={**rc.env, "CC_LHC_MOD": "on", **(env or {})}, cwd=rc.cwd)
     t.wait_for(PROMPT)
+    return t
+
+
+def with_the_mod(rc, tmux, prompt: str, answer: str, *args, env=None):
+    """cc-lhc with the mod active (its handshake seen), ``prompt`` typed and ``answer`` drawn."""
+    t = start(rc, tmux, *args, env=env)
+    wait_for_log(rc, "mod_active")
+    type_line(t, prompt)
+    t.wait_for(answer)
     return t
 
 
@@ -141,10 +151,7 @@ def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
                    thinking_reply("second thought", "second answer", signature="SIG-SECOND",
                                   usage=OVER_USAGE)])
     rc.api.responder = lambda body: text_reply("answered on the compacted conversation", usage=SMALL_USAGE)
-    t = start(rc, tmux, *args, env=env)
-    wait_for_log(rc, "mod_active")
-    type_line(t, "first prompt")
-    t.wait_for("first answer")
+    t = with_the_mod(rc, tmux, "first prompt", "first answer", *args, env=env)
     type_line(t, "second prompt")
     if wait_last:  # (a failpoint may end cc-lhc before Claude has drawn it)
         t.wait_for("second answer")
@@ -201,10 +208,7 @@ def test_a_background_job_started_before_runs_on_and_its_notification_arrives(re
                                            "run_in_background": True}),
                    text_reply("started it", usage=OVER_USAGE)])
     rc.api.responder = lambda body: text_reply("noted", usage=SMALL_USAGE)
-    t = start(rc, tmux, "--allowedTools", "Bash")
-    wait_for_log(rc, "mod_active")
-    type_line(t, "start the job")
-    t.wait_for("started it")
+    t = with_the_mod(rc, tmux, "start the job", "started it", "--allowedTools", "Bash")
     wait_for_log(rc, "in_process_compact_served")
     (started,) = log_events(rc, "child_started")
     deadline = __import__("time").monotonic() + 30
@@ -245,10 +249,7 @@ def test_a_persons_own_compact_runs_through_the_hook_with_their_instructions(rea
     rc = real_claude
     rc.api.script([thinking_reply("a thought", "first answer", signature="SIG-A", usage=SMALL_USAGE)])
     rc.api.responder = lambda body: text_reply("after my compact", usage=SMALL_USAGE)
-    t = start(rc, tmux)
-    wait_for_log(rc, "mod_active")
-    type_line(t, "first prompt")
-    t.wait_for("first answer")
+    t = with_the_mod(rc, tmux, "first prompt", "first answer")
     n = len(rc.api.message_requests)
     type_line(t, "/compact keep the plan")
     wait_for_log(rc, "in_process_compact_served")
@@ -274,16 +275,10 @@ def test_native_compact_keeps_claudes_own_summary(real_claude, tmux):
     (rc.cwd / ".cc-lhc.json").write_text(json.dumps({"nativeCompact": True}))
     rc.api.script([text_reply("first answer", usage=SMALL_USAGE)])
     rc.api.responder = lambda body: text_reply("a summary of it all", usage=SMALL_USAGE)
-    t = start(rc, tmux)
-    wait_for_log(rc, "mod_active")
-    type_line(t, "first prompt")
-    t.wait_for("first answer")
+    t = with_the_mod(rc, tmux, "first prompt", "first answer")
     n = len(rc.api.message_requests)
     type_line(t, "/compact")
-    deadline = __import__("time").monotonic() + 30
-    while len(rc.api.message_requests) == n:  # Claude asked for its own summary
-        assert __import__("time").monotonic() < deadline
-        __import__("time").sleep(0.1)
+    wait_until(lambda: len(rc.api.message_requests) > n, "Claude asking for its own summary")
     assert not log_events(rc, "in_process_compact_started")
     shown = [e["text"] for e in log_events(rc, "notice")]
     assert cc_lhc.InProcessCompact.PERSON_NATIVE.format(why="nativeCompact is on") in shown
@@ -347,10 +342,7 @@ def test_after_clear_the_new_conversation_is_compacted_without_claudes_own_summa
     rc = real_claude
     rc.api.script(["before the clear", text_reply("after the clear, a long answer", usage=OVER_USAGE),
                    "on the rebuilt session"])
-    t = start(rc, tmux)
-    wait_for_log(rc, "mod_active")
-    type_line(t, "one")
-    t.wait_for("before the clear")
+    t = with_the_mod(rc, tmux, "one", "before the clear")
     type_line(t, "/clear")
     wait_for_log(rc, "session_followed")
     type_line(t, "two")
