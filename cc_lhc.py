@@ -9241,7 +9241,6 @@ class BackgroundCarry:
     def __init__(self, session):
         self.session = session
         self.jobs = []
-        self.taken = set()         # tool_use_ids carried already: a later swap does not redo them
         self.planned = {}          # tool_use_id -> its line in the manifest of the rebuild under way
         self.journals = []         # workflows whose journal follows the session at this switch
         self.carried_items = []    # every item a swap of this session carried, oldest first
@@ -9255,6 +9254,11 @@ class BackgroundCarry:
         self._kept_for = None      # the thread whose undelivered.json holds self._saved
         self.guard = CarryGuard(session.home, self.thread_id)
         self._load_kept()
+
+    @property
+    def taken(self) -> set:
+        """The tool_use_ids carried already: a later swap does not carry them anew."""
+        return {i.tool_use_id for i in self.carried_items}
 
     @property
     def thread_id(self):
@@ -9348,9 +9352,9 @@ class BackgroundCarry:
             if not job.finished:
                 said.append(f"{job.item.kind} {job.name} (still running, pid "
                             f"{', '.join(map(str, job.pids))})")
-        items = [i for i in items if i.tool_use_id not in self.taken]
+        taken = self.taken
+        items = [i for i in items if i.tool_use_id not in taken]
         for item in items:
-            self.taken.add(item.tool_use_id)
             name = item.task_id or item.label
             line = ""
             if item.kind == "shell":
@@ -9721,6 +9725,11 @@ class BackgroundCarry:
     def _load_kept(self) -> None:
         if not self.thread_id or not os.path.isdir(self.session.home.path("continuity", self.thread_id)):
             return  # (looked for without making the folder: most sessions never need it)
+        path = self.session.home.path("continuity", self.thread_id, "undelivered.json")
+        if os.path.exists(path) and read_kept_notes(path) is None:
+            # Not ours to overwrite: set aside as it is, and said in the log.
+            os.replace(path, f"{path}.{os.getpid()}.unreadable")
+            self.session.home.log("undelivered_unreadable", moved_to=f"{path}.{os.getpid()}.unreadable")
         kept, guards = kept_notes(self.session.home, self.thread_id)
         if not kept:
             return

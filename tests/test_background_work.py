@@ -463,3 +463,16 @@ def test_a_continuity_folder_that_cannot_be_written_does_not_end_the_session(tmp
     carry.notes.append("[runtime note] the job finished")
     assert carry.next_note(lambda: False) == ""  # no exception into the relay loop
     assert list(carry.notes) == ["[runtime note] the job finished"]  # still held, told later
+
+
+def test_an_unreadable_kept_notes_file_is_set_aside_not_overwritten(tmp_path):
+    home = a_home(tmp_path)
+    folder = tmp_path / "lhc" / "continuity" / "thread-1"
+    folder.mkdir(parents=True)
+    (folder / "undelivered.json").write_text("{not json")
+    carry = cc_lhc.BackgroundCarry(a_session(home))
+    carry.notes.append("[runtime note] the job finished")
+    carry.next_note(lambda: False)
+    (aside,) = folder.glob("undelivered.json.*.unreadable")
+    assert aside.read_text() == "{not json"
+    assert json.loads((folder / "undelivered.json").read_text()) == ["[runtime note] the job finished"]
