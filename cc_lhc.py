@@ -256,41 +256,56 @@ def _program_dir() -> str:
     return os.path.dirname(os.path.abspath(__file__))
 
 
-def _read_tokenizer_bytes():
-    """The o200k_base rank file from wherever this copy of cc-lhc carries it.
+def _tokenizer_location():
+    """Where this copy of cc-lhc carries the o200k_base rank file: (path, member).
 
-    Looked up in order: $CC_LHC_TOKENIZER_FILE, a PyInstaller bundle's data folder,
-    the zipapp archive, a checkout's .cache/tokenizer/. Returns (bytes, where) or
-    (None, None). Never touches the network: the tiktoken download host is not
-    reachable for many users and must never be needed.
+    Looked up in order: $CC_LHC_TOKENIZER_FILE, a PyInstaller bundle's data folder, a
+    checkout's .cache/tokenizer/, the zipapp archive (``member`` then names the file
+    inside it; None for a plain file). (None, None) when there is none. Never the
+    network: the tiktoken download host is not reachable for many users and must never
+    be needed.
     """
-    candidates = []
     if os.environ.get("CC_LHC_TOKENIZER_FILE"):
         # Named explicitly: that file or nothing, never a silent fall-through elsewhere.
         path = os.environ["CC_LHC_TOKENIZER_FILE"]
-        try:
-            with open(path, "rb") as f:
-                return f.read(), path
-        except OSError:
-            return None, None
+        return (path, None) if os.path.isfile(path) else (None, None)
+    candidates = []
     if getattr(sys, "_MEIPASS", None):
         candidates.append(os.path.join(sys._MEIPASS, "cc_lhc_data", TOKENIZER_FILE_NAME))
     candidates.append(os.path.join(_program_dir(), ".cache", "tokenizer", TOKENIZER_FILE_NAME))
     for path in candidates:
-        try:
-            with open(path, "rb") as f:
-                return f.read(), path
-        except OSError:
-            continue
+        if os.path.isfile(path):
+            return path, None
     archive = _program_dir()
     if os.path.isfile(archive):  # running from a zipapp: __file__ is inside the archive
-        import zipfile
-        try:
-            with zipfile.ZipFile(archive) as z:
-                return z.read("cc_lhc_data/" + TOKENIZER_FILE_NAME), archive
-        except (OSError, KeyError, zipfile.BadZipFile):
-            pass
+        return archive, "cc_lhc_data/" + TOKENIZER_FILE_NAME
     return None, None
+
+
+def _read_tokenizer_bytes(path, member):
+    """The rank file's bytes from _tokenizer_location()'s answer, or None."""
+    if member is None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.read(member)
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return None
+
+
+def _tokenizer_stamp(path, member) -> str | None:
+    """What identifies the rank file as it is now (path, size, mtime, inode): a rank file
+    whose checksum passed under the same stamp is not read and hashed again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{path}\0{member or ''}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
 
 
 # The rank file parsed (200,000 base64 lines: most of what loading the tokenizer cost)
@@ -355,38 +370,243 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
             pass
 
 
+# Counts already made are kept in the state folder by a hash of the text (never the text
+# itself), so a text is counted once: a second `measure` of a session, or a rebuild of a
+# thread whose older messages were counted before, needs no tokenizer at all. Building
+# tiktoken's table (0.12 s) is most of what a cold count costs; a lookup is microseconds.
+# The file is a cache: one that cannot be opened or read is set aside and counting goes on.
+COUNTS_CACHE_ROWS = 500_000   # about 28 MB; the oldest half goes when it is full
+COUNTS_CACHE_VERSION = 1
+
+
+def text_key(text: str) -> bytes:
+    """What the counts cache files a text under: 16 bytes of its BLAKE2b hash."""
+    import hashlib
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _is_o200k(data: bytes) -> bool:
+    import hashlib
+    return hashlib.sha256(data).hexdigest() == O200K_SHA256
+
+
+class CountsCache:
+    """Exact o200k_base counts by text_key, in cache/o200k-counts-<sha>.sqlite."""
+
+    def __init__(self, home=None):
+        self.home = home or StateHome()
+        self.path = self.home.path("cache", f"o200k-counts-{O200K_SHA256[:16]}.sqlite")
+        self._db = None
+        self._failed = False
+        self._renamed = False
+
+    def _open(self):
+        if self._db is None and not self._failed:
+            self._db = self._connect()
+            if self._db is None and self._renamed:
+                self._db = self._connect()  # the damaged file is out of the way: a new one
+            self._failed = self._db is None
+        return self._db
+
+    def _connect(self):
+        import sqlite3
+        if not os.path.isdir(self.home.root):
+            return None  # a cache is no reason to create the state folder
+        try:
+            self.home.ensure("cache")
+            _touch_private(self.path)
+            db = sqlite3.connect(self.path, timeout=0.5, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error):
+            return None
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = NORMAL")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("CREATE TABLE IF NOT EXISTS counts (k BLOB PRIMARY KEY, n INTEGER NOT NULL)")
+                db.execute("CREATE TABLE IF NOT EXISTS verified (stamp TEXT PRIMARY KEY)")
+                db.execute(f"PRAGMA user_version = {COUNTS_CACHE_VERSION}")
+                db.execute("COMMIT")
+            elif version != COUNTS_CACHE_VERSION:
+                db.close()
+                return None  # another cc-lhc's layout: left to it
+        except sqlite3.Error as e:
+            db.close()
+            self._set_aside(e)
+            return None
+        return db
+
+    def _set_aside(self, why) -> None:
+        """A cache that fails is not used again by this process; a damaged file (not a busy
+        one) is renamed out of the way, once, so the next use starts a new one."""
+        import sqlite3
+        self._failed = True
+        if self._db is not None:
+            try:
+                self._db.close()
+            except sqlite3.Error:
+                pass
+            self._db = None
+        if isinstance(why, sqlite3.OperationalError) or self._renamed:
+            return  # busy or locked: the file is sound
+        try:
+            os.replace(self.path, f"{self.path}.unreadable-{os.getpid()}")
+            for tail in ("-wal", "-shm"):
+                if os.path.exists(self.path + tail):
+                    os.unlink(self.path + tail)
+            self._renamed = True
+        except OSError:
+            pass
+
+    def get(self, keys) -> dict:
+        """key -> count for the keys the cache holds."""
+        import sqlite3
+        db = self._open()
+        found = {}
+        if db is None or not keys:
+            return found
+        keys = list(keys)
+        try:
+            for i in range(0, len(keys), 500):
+                part = keys[i:i + 500]
+                found.update(db.execute(f"SELECT k, n FROM counts WHERE k IN ({','.join('?' * len(part))})",
+                                        part).fetchall())
+        except sqlite3.Error as e:
+            self._set_aside(e)
+            return {}
+        return found
+
+    def put(self, counted: dict) -> None:
+        import sqlite3
+        db = self._open()
+        if db is None or not counted:
+            return
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("INSERT OR IGNORE INTO counts VALUES (?, ?)", counted.items())
+                low, high = db.execute("SELECT min(rowid), max(rowid) FROM counts").fetchone()
+                if high - low >= COUNTS_CACHE_ROWS:
+                    db.execute("DELETE FROM counts WHERE rowid < ?", (high - COUNTS_CACHE_ROWS // 2,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            self._set_aside(e)  # a busy or broken cache loses these counts, nothing else
+
+    def verified(self, stamp) -> bool:
+        """Whether a rank file under this stamp passed its checksum before."""
+        import sqlite3
+        db = self._open()
+        if db is None or stamp is None:
+            return False
+        try:
+            return db.execute("SELECT 1 FROM verified WHERE stamp = ?", (stamp,)).fetchone() is not None
+        except sqlite3.Error as e:
+            self._set_aside(e)
+            return False
+
+    def note_verified(self, stamp) -> None:
+        import sqlite3
+        db = self._open()
+        if db is None or stamp is None:
+            return
+        try:
+            db.execute("INSERT OR IGNORE INTO verified VALUES (?)", (stamp,))
+        except sqlite3.Error as e:
+            self._set_aside(e)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
 class TokenCounter:
-    """Counts tokens with tiktoken's o200k_base when it can, bytes/4 otherwise.
+    """Counts tokens with tiktoken's o200k_base when it can, a safe estimate otherwise.
 
     ``exact`` says which: every figure cc-lhc shows carries that label, because an
-    approximate count must never pass for an exact one.
+    approximate count must never pass for an exact one. Whether exact counts can be
+    made is settled cheaply (the rank file's checksum, tiktoken's presence); the
+    tokenizer itself is built only for a text no earlier count has seen (CountsCache).
     """
 
     def __init__(self):
         self._encoding = None
+        self._checked = False
         self._loaded = False
+        self._ranks_data = None
+        self._where = (None, None)
         self.exact = False
         self.reason = "not loaded yet"
+        self._memo = {}    # text_key -> count, this process
+        self._fresh = {}   # counted here and not yet in the cache
+        self.cache = None  # CountsCache, once exact counts are possible
+        import threading
+        self._lock = threading.Lock()  # the host builds the encoder on a thread of its own
 
-    def _load(self):
-        self._loaded = True
-        data, where = _read_tokenizer_bytes()
-        if data is None:
+    def usable(self) -> bool:
+        """Whether counts are exact, settled without building the tokenizer."""
+        if not self._checked:
+            self._check()
+        return self.exact
+
+    def _check(self):
+        self._checked = True
+        path, member = _tokenizer_location()
+        data = None
+        if path is None:
             self.reason = "o200k_base data not found (counts are approximate)"
             return
-        import hashlib
-        if hashlib.sha256(data).hexdigest() != O200K_SHA256:
-            self.reason = f"o200k_base data at {where} failed its checksum (counts are approximate)"
+        self.cache = CountsCache()
+        stamp = _tokenizer_stamp(path, member)
+        if not self.cache.verified(stamp):
+            data = _read_tokenizer_bytes(path, member)
+            if data is None:
+                self.reason = "o200k_base data not found (counts are approximate)"
+                return
+            if not _is_o200k(data):
+                self.reason = f"o200k_base data at {path} failed its checksum (counts are approximate)"
+                return
+            self._ranks_data = data
+        import importlib.util
+        try:
+            found = importlib.util.find_spec("tiktoken") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            self.reason = "tiktoken is not installed (counts are approximate)"
+            return
+        if data is not None:
+            self.cache.note_verified(stamp)
+        self._where = (path, member)
+        self.exact = True
+        self.reason = f"o200k_base from {path}"
+
+    def _load(self):
+        """Build tiktoken's encoder (once); a failure leaves every later count an estimate."""
+        self._loaded = True
+        data, self._ranks_data = self._ranks_data, None
+        if not self.usable():
             return
         try:
             import base64
             import tiktoken
             import tiktoken_ext.openai_public as public
-        except ImportError:
-            self.reason = "tiktoken is not installed (counts are approximate)"
+        except ImportError as e:
+            self.exact = False
+            self.reason = f"tiktoken could not be imported ({e}; counts are approximate)"
             return
         ranks = _cached_ranks(O200K_SHA256)
         if ranks is None:
+            if data is None:
+                data = _read_tokenizer_bytes(*self._where)
+            if data is None or not _is_o200k(data):
+                self.exact = False
+                self.reason = f"o200k_base data at {self._where[0]} changed while in use (counts are approximate)"
+                return
             ranks = {}
             for line in data.splitlines():
                 if line:
@@ -402,15 +622,51 @@ class TokenCounter:
         finally:
             public.load_tiktoken_bpe = original
         self._encoding = tiktoken.Encoding(**spec)
-        self.exact = True
-        self.reason = f"o200k_base from {where}"
+
+    def encoding(self):
+        """tiktoken's Encoding, built now if it was not (None without the tokenizer)."""
+        with self._lock:
+            if not self._loaded and self.usable():
+                self._load()
+        return self._encoding
 
     def count(self, text: str) -> int:
-        if not self._loaded:
-            self._load()
-        if self._encoding is not None:
-            return len(self._encoding.encode(text, disallowed_special=()))
-        return (len(text.encode("utf-8")) + 3) // 4
+        """One text's tokens; without the tokenizer, bytes/4 (labelled approximate)."""
+        if not self.usable():
+            return (len(text.encode("utf-8", "surrogatepass")) + 3) // 4
+        return self.count_many([text])[0]
+
+    def count_many(self, texts) -> list:
+        """Counts of many texts: known ones looked up, the rest counted in one batch.
+        Without the tokenizer, safe estimates (never under o200k_base's count)."""
+        if not self.usable():
+            return [safe_estimate(t) for t in texts]
+        keys = [text_key(t) if t else b"" for t in texts]
+        memo = self._memo
+        wanted = {k for k in keys if k and k not in memo}
+        if wanted:
+            memo.update(self.cache.get(wanted))
+        todo = {}
+        for k, t in zip(keys, texts):
+            if k and k not in memo and k not in todo:
+                todo[k] = t
+        if todo:
+            enc = self.encoding()
+            if enc is None:  # tiktoken failed to load after all: estimates from here on
+                return [0 if not t else memo.get(k) or safe_estimate(t) for k, t in zip(keys, texts)]
+            made = enc.encode_ordinary_batch(list(todo.values()), num_threads=4) if len(todo) > 1 \
+                else [enc.encode_ordinary(next(iter(todo.values())))]
+            for k, ids in zip(todo, made):
+                memo[k] = self._fresh[k] = len(ids)
+            if len(self._fresh) >= 5000:
+                self.save()
+        return [memo[k] if k else 0 for k in keys]
+
+    def save(self) -> None:
+        """Keep the counts made since the last save for later processes."""
+        if self._fresh and self.cache is not None:
+            fresh, self._fresh = self._fresh, {}
+            self.cache.put(fresh)
 
 
 TOKENS = TokenCounter()
@@ -2708,13 +2964,26 @@ class ViewCounter:
 
     @property
     def exact(self) -> bool:
-        self.tokens.count("")  # loads the tokenizer once
-        return self.tokens.exact
+        return self.tokens.usable()
 
     def text(self, text) -> int:
         if not text:
             return 0
         return self.tokens.count(text) if self.exact else safe_estimate(text)
+
+    def prime(self, pairs) -> None:
+        """Count many (message, stub) pairs in one batch before message() asks for each."""
+        todo = [(key, text) for key, text in (((m["seq"], stub), stub if stub is not None
+                                                else (m["text"] or m["data"] or "")) for m, stub in pairs)
+                if key not in self._cache]
+        if not todo:
+            return
+        if self.exact:
+            counts = self.tokens.count_many([text for _, text in todo])
+        else:
+            counts = [safe_estimate(text) for _, text in todo]
+        for (key, _), n in zip(todo, counts):
+            self._cache[key] = n + MESSAGE_TOKENS
 
     def prefill(self, counted: dict) -> None:
         """Counts made elsewhere, by (label, stub) as message() keys them (text only)."""
@@ -2733,10 +3002,10 @@ class ViewCounter:
 def view_tokens(view, header, turns, counter) -> dict:
     """What a served view holds, counted: header (summaries included), full, lean, notes."""
     out = {"header": counter.text(header), "full": 0, "lean": 0, "notes": 0}
-    for turn in turns:
-        if view.bands.get(turn.n, "omitted") in ("omitted", "summary"):
-            continue
-        note, items = turn_items(view, turn)
+    shown = [(turn, turn_items(view, turn)) for turn in turns
+             if view.bands.get(turn.n, "omitted") not in ("omitted", "summary")]
+    counter.prime(pair for _, (_, items) in shown for pair in items)
+    for turn, (note, items) in shown:
         if note:
             out["notes"] += counter.text(note) + MESSAGE_TOKENS
         for m, stub in items:
@@ -2783,6 +3052,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     used, view, header, counted = best
     view.tokens = used
     view.counting = "exact o200k_base" if counter.exact else "safe estimate"
+    counter.tokens.save()
     view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
     return view, header
 
@@ -5319,7 +5589,7 @@ class ModBridge:
         otherwise wait for it at the seam. The view's builder waits for this (ready)."""
         import threading
         if self.warming is None:
-            self.warming = threading.Thread(target=TOKENS.count, args=("",), name="cc-lhc-warm", daemon=True)
+            self.warming = threading.Thread(target=TOKENS.encoding, name="cc-lhc-warm", daemon=True)
             self.warming.start()
 
     def ready(self) -> None:
@@ -11284,11 +11554,7 @@ def cmd_rollout(args) -> int:
 
 def _count_many(texts):
     """Token counts for many strings at once (exact o200k when available)."""
-    TOKENS.count("")  # loads the tokenizer once
-    enc = TOKENS._encoding
-    if enc is None:
-        return [safe_estimate(t) for t in texts]
-    return [len(ids) for ids in enc.encode_ordinary_batch(list(texts), num_threads=4)]
+    return TOKENS.count_many(texts)
 
 
 class _EstimateOnly:
@@ -11296,8 +11562,17 @@ class _EstimateOnly:
 
     exact = False
 
+    def usable(self) -> bool:
+        return False
+
     def count(self, text) -> int:
         return safe_estimate(text)
+
+    def count_many(self, texts) -> list:
+        return [safe_estimate(t) for t in texts]
+
+    def save(self) -> None:
+        pass
 
 
 def measure_transcript(path: str, profile: str, target: int) -> dict:
@@ -11348,6 +11623,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         row["summary"] = [(None, slot(extractive_summary(t.messages)))]
         per_turn.append(row)
     counts = _count_many(texts)
+    TOKENS.save()
     totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     counter = ViewCounter()
@@ -11359,7 +11635,9 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     # The same figures by the estimate used without the tokenizer, for comparison.
     safe = [safe_estimate(t) for t in texts]
     estimated_full = sum(safe[i] for row in per_turn for _, i in row["full"])
-    estimated_view = view_tokens(view, header, turns, ViewCounter(_EstimateOnly()))["total"]
+    by_estimate = ViewCounter(_EstimateOnly())
+    by_estimate.prefill({key: safe[i] for key, i in known.items()})
+    estimated_view = view_tokens(view, header, turns, by_estimate)["total"]
     original = totals["full"]
 
     def cut(after):
@@ -11546,7 +11824,7 @@ def cmd_doctor(args) -> int:
               claude_fix)
     except (LhcError, OSError, subprocess.SubprocessError) as e:
         check("fail", "claude", str(e), claude_fix)
-    check("ok" if TOKENS.count("x") >= 0 and TOKENS.exact else "warn", "token counts", TOKENS.reason)
+    check("ok" if TOKENS.encoding() is not None and TOKENS.exact else "warn", "token counts", TOKENS.reason)
     import sqlite3
     check("ok" if trigram_available() else "warn", "exact-string search",
           f"SQLite {sqlite3.sqlite_version}: " + ("trigram index" if trigram_available() else

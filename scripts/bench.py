@@ -1061,6 +1061,19 @@ SEARCH_CHECKED = 300   # unique strings checked for a top-3 hit, in process
 SEARCH_TIMED = 12      # of those, the ones timed as whole processes
 
 
+def compiled_entry(root: Path) -> tuple[Path, list[str]]:
+    """A command line that runs cc_lhc as installed copies do (zipapp, bundle): imported from
+    bytecode compiled beforehand, which a copy beside its own __pycache__ gives even under
+    PYTHONDONTWRITEBYTECODE. Returns (the copy's folder, the command's first words)."""
+    lib = root / "lib"
+    lib.mkdir(exist_ok=True)
+    shutil.copy(REPO / "cc_lhc.py", lib / "cc_lhc.py")
+    py_compile.compile(str(lib / "cc_lhc.py"), cfile=importlib.util.cache_from_source(str(lib / "cc_lhc.py")),
+                       doraise=True)
+    return lib, [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); import cc_lhc; "
+                                       "sys.exit(cc_lhc.main(sys.argv[1:]))"]
+
+
 @bench("search", "`cc-lhc search` of unique strings from the older half of a 40 MiB real-CLI session, whole process")
 def _search(ctx: Ctx) -> dict:
     cc = ctx.need_cc()
@@ -1102,15 +1115,7 @@ def _search(ctx: Ctx) -> dict:
     desc = cc.create_descriptor(home, hostdb, tid, sid)
     registry.db.close()
     hostdb.db.close()
-    # As installed (zipapp, bundle): cc_lhc imported from bytecode compiled beforehand, which
-    # a copy beside its own __pycache__ gives even under PYTHONDONTWRITEBYTECODE.
-    lib = root / "lib"
-    lib.mkdir()
-    shutil.copy(REPO / "cc_lhc.py", lib / "cc_lhc.py")
-    py_compile.compile(str(lib / "cc_lhc.py"), cfile=importlib.util.cache_from_source(str(lib / "cc_lhc.py")),
-                       doraise=True)
-    entry = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); import cc_lhc; "
-                                   "sys.exit(cc_lhc.main(sys.argv[1:]))"]
+    lib, entry = compiled_entry(root)
     session_env = sandbox_env(root, CC_LHC_RUNTIME_DESCRIPTOR=desc["path"])
     person_env = sandbox_env(root)
     runs = ctx.runs(3)
@@ -1221,6 +1226,48 @@ def _cut(report: dict, mode: str) -> float | None:
     return None if row is None else row["reduction"] * 100
 
 
+@bench("measure-1m", "`cc-lhc measure` of the 1 MiB real-CLI session, whole process: texts never counted "
+                     "(the tokenizer is built) and counted before (their counts are known)")
+def _measure_1m(ctx: Ctx) -> dict:
+    cc = ctx.need_cc()
+    path = ctx.real_transcript(1)
+    root = ctx.scratch("measure-1m")
+    state = root / ".cc-lhc"
+    state.mkdir(parents=True, exist_ok=True)
+    counts = state / "cache" / f"o200k-counts-{cc.O200K_SHA256[:16]}.sqlite"
+
+    def forget() -> None:  # the ranks cache stays (someone who has used cc-lhc before)
+        for p in counts.parent.glob(counts.name + "*"):
+            p.unlink()
+
+    runs = ctx.runs(5)
+    env = sandbox_env(root)
+    _lib, entry = compiled_entry(root)
+    out: dict[str, Any] = {}
+    commands = {"source": entry}
+    exe = _dist_bundle_exe()
+    if exe:
+        commands["bundle"] = [str(exe)]
+    # the compiled copy has no .cache beside it: it is told where the checkout's rank file is
+    tokenizer = REPO / ".cache" / "tokenizer" / cc.TOKENIZER_FILE_NAME
+    envs = {"source": sandbox_env(root, CC_LHC_TOKENIZER_FILE=str(tokenizer)), "bundle": env}
+    for name, cmd in commands.items():
+        argv = cmd + ["measure", str(path), "--json"]
+        env = envs[name]
+        cold, proc = time_process(argv, runs, env, root, warmup=1, before=forget)
+        warm, proc = time_process(argv, runs, env, root, warmup=1)
+        report = json.loads(proc.stdout)["sessions"][0]
+        out[f"{name}: first count (median)"] = ms(statistics.median(cold), note=f"{spread(cold)}; "
+                                                  "tiktoken's table built, every text counted")
+        out[f"{name}: counted before (median)"] = ms(statistics.median(warm), 150, f"{spread(warm)}; "
+                                                     f"{report['counting']}, {report['tokens']:,} tokens")
+    if not exe:
+        out["bundle"] = Figure("not built", "", "make it with build/build.py")
+    bare, _p = time_process([sys.executable, "-c", "pass"], runs, env, root)
+    out["python3 -c pass"] = ms(statistics.median(bare), note="the interpreter alone")
+    return out
+
+
 @bench("measure", "`cc-lhc measure FILE --json` vs the peer `lcc measure-session` rule-based modes, same file")
 def _measure(ctx: Ctx) -> dict:
     ctx.need_cc()
@@ -1322,11 +1369,27 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
             lease = capture.lease
             capture.stop()
             lease.release()
+            # As for someone who has used cc-lhc before: the tokenizer's ranks are cached in
+            # the state folder; no text of this thread has been counted yet.
+            cc.TokenCounter().encoding()
+        counts = state / "cache" / f"o200k-counts-{cc.O200K_SHA256[:16]}.sqlite"
+        for p in counts.parent.glob(counts.name + "*"):
+            p.unlink()
         shutil.copytree(state, backup)
+        keep_counts = False
 
         def restore() -> None:
+            kept = root / "counts-kept"
+            if keep_counts and counts.exists():
+                shutil.rmtree(kept, ignore_errors=True)
+                kept.mkdir()
+                for p in counts.parent.glob(counts.name + "*"):
+                    shutil.copy(p, kept / p.name)
             shutil.rmtree(state)
             shutil.copytree(backup, state)
+            if keep_counts and kept.exists():
+                for p in kept.iterdir():
+                    shutil.copy(p, counts.parent / p.name)
             for f in transcript.parent.iterdir():
                 if f != transcript:
                     f.unlink()
@@ -1407,7 +1470,7 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
         out["components sum"] = ms(sum(statistics.median(v) for v in parts.values()), 300)
         out["pressure"] = Figure(reading.get("pressure"), "tokens",
                                  f"{reading.get('source')}; trigger {policy['upperBoundTokens']:,}")
-        out["rebuilt session"] = Figure(rebuilt["prefix"] / 1024, "KiB")
+        out["rebuilt session"] = Figure(rebuilt.prefix / 1024, "KiB")
 
     # 3. Whole processes with a fake Claude (its own time excluded): cc-lhc vs the bare child.
     slug = cc.project_slug(str(proj))
@@ -1415,10 +1478,15 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
                               "record": {"type": "last-prompt", "lastPrompt": PROMPT, "sessionId": "bench"}}}]
     plain_script = [{"transcript": {"path": str(root / "plain" / "{session_id}.jsonl"),
                                     "record": accept[0]["transcript"]["record"]}}]
+    # cc_lhc as installed copies run it (from compiled bytecode), told where the rank file is.
+    _lib, entry = compiled_entry(root)
+    tokenizer = REPO / ".cache" / "tokenizer" / cc.TOKENIZER_FILE_NAME
+    wrapped_env = sandbox_env(root, CC_LHC_CLAUDE_BIN=str(fake), FAKE_CLAUDE_SCRIPT=json.dumps(accept),
+                              CC_LHC_TOKENIZER_FILE=str(tokenizer))
     try:
-        wrapped, wproc = time_process([sys.executable, str(REPO / "cc_lhc.py")] + argv, runs,
-                                      sandbox_env(root, CC_LHC_CLAUDE_BIN=str(fake),
-                                                  FAKE_CLAUDE_SCRIPT=json.dumps(accept)), proj, before=restore)
+        wrapped, wproc = time_process(entry + argv, runs, wrapped_env, proj, before=restore)
+        keep_counts = True   # a later Smart Compact: the thread's older texts were counted before
+        again, _ = time_process(entry + argv, runs, wrapped_env, proj, before=restore)
         plain, _ = time_process([sys.executable, str(fake)] + argv, runs,
                                 sandbox_env(root, FAKE_CLAUDE_SCRIPT=json.dumps(plain_script)), proj)
     except CommandFailed as exc:
@@ -1426,11 +1494,13 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
         return out
     said = wproc.stderr.decode(errors="replace")
     note = "Smart Compact ran" if "Smart Compact" in said else "no Smart Compact line on stderr"
-    w, p = statistics.median(wrapped), statistics.median(plain)
-    out["cc-lhc --resume -p, fake claude"] = ms(w, note=spread(wrapped) + f"; {note}")
+    w, a, p = statistics.median(wrapped), statistics.median(again), statistics.median(plain)
+    out["cc-lhc --resume -p, fake claude"] = ms(w, note=spread(wrapped) + f"; {note}; no text counted before")
+    out["same, the thread's texts counted before"] = ms(a, note=spread(again))
     out["fake claude --resume -p alone"] = ms(p, note=spread(plain))
-    out["whole-process overhead"] = ms(w - p, note="difference: interpreter, import, Smart Compact, capture, "
-                                                   "acceptance")
+    out["whole-process overhead"] = ms(w - p, 300, "difference: interpreter, import, Smart Compact, capture, "
+                                                   "acceptance; the thread's first count")
+    out["whole-process overhead, counted before"] = ms(a - p, 300, "the same with the counts kept")
     out["_seconds"] = med["total"]
     return out
 

@@ -189,7 +189,7 @@ def test_an_older_thread_is_migrated_and_its_word_index_refilled(big, monkeypatc
 @pytest.fixture
 def exact_tokens():
     counter = cc_lhc.TokenCounter()
-    counter.count("")
+    counter.encoding()
     if not counter.exact:
         pytest.skip(f"needs the o200k_base tokenizer: {counter.reason}")
     return counter
@@ -269,5 +269,5 @@ def test_the_tokenizer_loads_from_its_cache_with_the_same_counts(exact_tokens, t
     Path(path).write_bytes(blob[:-10] + b"0123456789")
     assert cc_lhc._cached_ranks(cc_lhc.O200K_SHA256) is None
     again = cc_lhc.TokenCounter()
-    assert again.count(sample) == 18 and again.exact
+    assert again.encoding() is not None and again.count(sample) == 18 and again.exact
     assert cc_lhc._cached_ranks(cc_lhc.O200K_SHA256) is not None

@@ -128,3 +128,134 @@ def test_missing_data_is_approximate(tmp_path):
                           text=True, env=env, timeout=60)
     exact, reason, n = json.loads(proc.stdout)
     assert exact is False and "not found" in reason and n == 3
+
+
+# -- counts made once are kept (CountsCache) --------------------------------------------
+
+COUNTS = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {repo!r})
+    import cc_lhc
+    built = []
+    real = cc_lhc.TokenCounter._load
+    def spy(self):
+        built.append(1)
+        return real(self)
+    cc_lhc.TokenCounter._load = spy
+    {body}
+    cc_lhc.TOKENS.save()
+    print(json.dumps({{"out": out, "built": bool(built), "exact": cc_lhc.TOKENS.exact,
+                       "reason": cc_lhc.TOKENS.reason}}))
+""")
+
+
+def run_counts(tmp_path, body, env_extra=None):
+    """Run ``body`` (which sets ``out``) in a fresh interpreter with its state folder under
+    tmp_path; says what it printed and whether tiktoken's encoder had to be built."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CC_LHC_TOKENIZER")}
+    env["CC_LHC_HOME"] = str(tmp_path / "state")
+    env.update(env_extra or {})
+    proc = subprocess.run([sys.executable, "-c", COUNTS.format(repo=str(REPO), body=body)],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def counts_of(texts):
+    if len(repr(texts)) < 20_000:
+        return f"out = cc_lhc.TOKENS.count_many({texts!r})"
+    import tempfile
+    fd, path = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(texts, f)
+    return f"out = cc_lhc.TOKENS.count_many(json.load(open({path!r})))"
+
+
+def counts_file(tmp_path):
+    return tmp_path / "state" / "cache" / "o200k-counts-446a9538cb6c348e.sqlite"
+
+
+TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog. " * 50, "ünïcödé 日本語 <|endoftext|>"]
+
+
+def test_a_text_counted_once_is_not_counted_again_by_the_next_process(tmp_path):
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    first = run_counts(tmp_path, counts_of(TEXTS))
+    assert first["exact"] and first["built"] and first["out"][:2] == [2, 501]
+    again = run_counts(tmp_path, counts_of(TEXTS))
+    assert again == dict(first, built=False)  # the same exact counts, tiktoken never built
+    # one new text among known ones: only then is the encoder built, and the rest still agree
+    mixed = run_counts(tmp_path, counts_of(TEXTS[:2] + ["a text never seen before"]))
+    assert mixed["built"] and mixed["out"][:2] == [2, 501] and mixed["exact"]
+    # the cache holds hashes and numbers, never the text
+    blob = b"".join(p.read_bytes() for p in counts_file(tmp_path).parent.glob("o200k-counts-*"))
+    assert b"quick brown" not in blob and b"hello" not in blob
+
+
+def test_counts_from_the_cache_are_the_counts_tiktoken_makes(tmp_path):
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    texts = [line for path in sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))[:6]
+             for line in path.read_text(encoding="utf-8", errors="replace").splitlines()[:40]]
+    assert len(texts) > 50
+    fresh = run_counts(tmp_path, counts_of(texts))
+    known = run_counts(tmp_path, counts_of(texts))
+    listed = tmp_path / "texts.json"
+    listed.write_text(json.dumps(texts))
+    direct = run_counts(tmp_path, f"enc = cc_lhc.TOKENS.encoding(); "
+                                  f"out = [len(enc.encode_ordinary(t)) for t in json.load(open({str(listed)!r}))]")
+    assert not known["built"] and fresh["out"] == known["out"] == direct["out"]
+
+
+def test_a_damaged_counts_cache_is_set_aside_and_counting_goes_on(tmp_path):
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    run_counts(tmp_path, counts_of(TEXTS))
+    path = counts_file(tmp_path)
+    for extra in path.parent.glob(path.name + "-*"):
+        extra.unlink()
+    path.write_bytes(b"this is not a database" * 100)
+    report = run_counts(tmp_path, counts_of(TEXTS))
+    assert report["exact"] and report["built"] and report["out"][:2] == [2, 501]
+    assert list(path.parent.glob(path.name + ".unreadable-*"))  # kept for a look, never trusted
+    assert not run_counts(tmp_path, counts_of(TEXTS))["built"]  # a new cache took its place
+
+
+def test_without_a_state_folder_nothing_is_written_and_counts_stay_exact(tmp_path):
+    pytest.importorskip("tiktoken")
+    for _ in range(2):
+        report = run_counts(tmp_path, counts_of(TEXTS))
+        assert report["exact"] and report["built"] and report["out"][:2] == [2, 501]
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_rank_file_changed_after_its_check_is_checked_again(tmp_path):
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    copy = tmp_path / "copy.tiktoken"
+    copy.write_bytes(DATA.read_bytes())
+    env = {"CC_LHC_TOKENIZER_FILE": str(copy)}
+    assert run_counts(tmp_path, counts_of(TEXTS), env)["exact"]
+    assert not run_counts(tmp_path, counts_of(TEXTS), env)["built"]  # known, and the file's check kept
+    data = bytearray(DATA.read_bytes())
+    data[100] ^= 0x01
+    copy.write_bytes(bytes(data))
+    report = run_counts(tmp_path, counts_of(TEXTS), env)
+    assert report["exact"] is False and "checksum" in report["reason"]
+    assert report["out"][0] >= 2  # a safe estimate, not the counts kept for the good file
+
+
+def test_measure_a_second_time_builds_no_tokenizer_and_prints_the_same(tmp_path):
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    sample = sorted((REPO.parent / "shared" / "samples").glob("*.jsonl")) or \
+        sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
+    body = ("import io, contextlib\n"
+            "buf = io.StringIO()\n"
+            "with contextlib.redirect_stdout(buf):\n"
+            f"    cc_lhc.cmd_measure([{str(sample[0])!r}, '--json'])\n"
+            "out = json.loads(buf.getvalue())")
+    first, second = run_counts(tmp_path, body), run_counts(tmp_path, body)
+    assert first["built"] and not second["built"]
+    assert first["out"] == second["out"] and second["out"]["sessions"][0]["counting"] == "exact o200k_base"
