@@ -178,14 +178,16 @@ def test_a_monitor_is_relaunched_keeps_its_pid_across_two_swaps_and_each_event_a
     wait_until(lambda: running(marker) == [pid], "one copy of the monitor, cc-lhc's")
     first = rc.api.message_requests[0]["session_id"]
     wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] != first
-                        and f"event: {marker}-" in new_input(r)], "an event reaching the replacement")
+                        and f"event: {marker}-" in new_input(r)], "an event reaching the replacement",
+               timeout=60)  # the replacement's start and first settled seam, on a loaded machine
     pressure.swaps = 2  # the replacement's answers go over the trigger: a second swap
     _wait_for_log(rc, "handoff_switched", count=2, timeout=40)
     assert len(log_events(rc, "monitor_relaunched")) == 1
     assert running(marker) == [pid]  # the same process lives through the second swap
     second = log_events(rc, "handoff_switched")[1]["new_session"]
     wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] == second
-                        and f"event: {marker}-" in new_input(r)], "an event reaching the second replacement")
+                        and f"event: {marker}-" in new_input(r)], "an event reaching the second replacement",
+               timeout=60)
     said = [e["text"] for e in log_events(rc, "notice") if "carried across the swap" in e["text"]]
     assert said == [f"carried across the swap: monitor {relaunched['task']} (relaunched, pid {pid})",
                     f"carried across the swap: monitor {relaunched['task']} (still running, pid {pid})"]
