@@ -546,6 +546,8 @@ class TokenCounter:
         self.cache = None  # CountsCache, once exact counts are possible
         import threading
         self._lock = threading.Lock()  # the host builds the encoder on a thread of its own
+        self._saver = None
+        self._atexit = False
 
     def usable(self) -> bool:
         """Whether counts are exact, settled without building the tokenizer."""
@@ -664,9 +666,27 @@ class TokenCounter:
 
     def save(self) -> None:
         """Keep the counts made since the last save for later processes."""
-        if self._fresh and self.cache is not None:
-            fresh, self._fresh = self._fresh, {}
-            self.cache.put(fresh)
+        with self._lock:
+            if self._fresh and self.cache is not None:
+                fresh, self._fresh = self._fresh, {}
+                # one C call, so a count added meanwhile on another thread cannot break the
+                # write (it is then only left out of it)
+                self.cache.put(dict(list(fresh.items())))
+
+    def save_later(self) -> None:
+        """save() on a thread of its own: a view built at a seam does not wait for the write.
+        The process waits for it (briefly) before it exits."""
+        if not self._fresh or self.cache is None:
+            return
+        import atexit
+        import threading
+        if self._saver is not None and self._saver.is_alive():
+            return  # the running save takes these too, or the next one will
+        self._saver = threading.Thread(target=self.save, name="cc-lhc-counts", daemon=True)
+        self._saver.start()
+        if not self._atexit:
+            self._atexit = True
+            atexit.register(lambda: self._saver is not None and self._saver.join(timeout=5))
 
 
 TOKENS = TokenCounter()
@@ -3052,7 +3072,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     used, view, header, counted = best
     view.tokens = used
     view.counting = "exact o200k_base" if counter.exact else "safe estimate"
-    counter.tokens.save()
+    counter.tokens.save_later()
     view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
     return view, header
 
@@ -11573,6 +11593,8 @@ class _EstimateOnly:
 
     def save(self) -> None:
         pass
+
+    save_later = save
 
 
 def measure_transcript(path: str, profile: str, target: int) -> dict:
