@@ -545,18 +545,22 @@ class TokenCounter:
         self._fresh = {}   # counted here and not yet in the cache
         self.cache = None  # CountsCache, once exact counts are possible
         import threading
-        self._lock = threading.Lock()  # the host builds the encoder on a thread of its own
+        self._lock = threading.RLock()  # the host builds the encoder on a thread of its own
         self._saver = None
         self._atexit = False
 
     def usable(self) -> bool:
         """Whether counts are exact, settled without building the tokenizer."""
         if not self._checked:
-            self._check()
+            with self._lock:  # the host's warm-up thread may be settling it right now
+                if not self._checked:
+                    try:
+                        self._check()
+                    finally:
+                        self._checked = True
         return self.exact
 
     def _check(self):
-        self._checked = True
         path, member = _tokenizer_location()
         data = None
         if path is None:

@@ -268,3 +268,19 @@ def test_counts_saved_on_a_thread_are_written_before_the_process_exits(tmp_path)
     body = counts_of(TEXTS) + "\ncc_lhc.TOKENS.save_later(); saved_later = True"
     assert run_counts(tmp_path, body)["built"]
     assert not run_counts(tmp_path, counts_of(TEXTS))["built"]
+
+
+def test_exactness_asked_while_another_thread_settles_it_waits_for_the_answer(tmp_path):
+    pytest.importorskip("tiktoken")
+    # the host builds the encoder on a thread of its own; a view built meanwhile must not
+    # be told "approximate" because the check had started but not finished
+    body = ("import threading, time\n"
+            "slow, started = cc_lhc._tokenizer_location, threading.Event()\n"
+            "def late():\n"
+            "    started.set(); time.sleep(0.3); return slow()\n"
+            "cc_lhc._tokenizer_location = late\n"
+            "t = threading.Thread(target=cc_lhc.TOKENS.encoding); t.start()\n"
+            "started.wait()\n"
+            "out = [cc_lhc.TOKENS.usable(), cc_lhc.TOKENS.count('hello world')]\n"
+            "t.join()")
+    assert run_counts(tmp_path, body)["out"] == [True, 2]
