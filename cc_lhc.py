@@ -2653,7 +2653,7 @@ def band_cost(turn: Turn, band: str, summary_text: str = "", messages=None, tool
         return estimate_tokens(summary_text) + 8
     total = 0
     for m, stub in visible_messages(turn, band, messages=messages, tools=tools):
-        total += estimate_tokens(stub if stub is not None else (m["text"] or m["data"] or "")) + 4
+        total += estimate_tokens(shown_text(m, stub)) + 4
     return total
 
 
@@ -2977,6 +2977,12 @@ def safe_estimate(text) -> int:
     return max(by_bytes, len(TOKEN_PIECES.findall(text)))
 
 
+def shown_text(m, stub) -> str:
+    """What a view shows of a message: its stub when it has one, else its text (or its
+    block JSON)."""
+    return stub if stub is not None else (m["text"] or m["data"] or "")
+
+
 class ViewCounter:
     """Counts what a view serves: exact o200k tokens when the tokenizer is there, else
     safe_estimate. A message's count is kept by (label, stub), so fitting a view by
@@ -2991,22 +2997,15 @@ class ViewCounter:
         return self.tokens.usable()
 
     def text(self, text) -> int:
-        if not text:
-            return 0
-        return self.tokens.count(text) if self.exact else safe_estimate(text)
+        return self.tokens.count_many([text])[0] if text else 0
 
     def prime(self, pairs) -> None:
         """Count many (message, stub) pairs in one batch before message() asks for each."""
-        todo = [(key, text) for key, text in (((m["seq"], stub), stub if stub is not None
-                                                else (m["text"] or m["data"] or "")) for m, stub in pairs)
-                if key not in self._cache]
-        if not todo:
-            return
-        if self.exact:
-            counts = self.tokens.count_many([text for _, text in todo])
-        else:
-            counts = [safe_estimate(text) for _, text in todo]
-        for (key, _), n in zip(todo, counts):
+        todo = {}
+        for m, stub in pairs:
+            if (m["seq"], stub) not in self._cache:
+                todo[(m["seq"], stub)] = shown_text(m, stub)
+        for key, n in zip(todo, self.tokens.count_many(list(todo.values()))):
             self._cache[key] = n + MESSAGE_TOKENS
 
     def prefill(self, counted: dict) -> None:
@@ -3018,8 +3017,7 @@ class ViewCounter:
         key = (m["seq"], stub)
         got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = self.text(stub if stub is not None else (m["text"] or m["data"] or "")) \
-                + MESSAGE_TOKENS
+            got = self._cache[key] = self.text(shown_text(m, stub)) + MESSAGE_TOKENS
         return got
 
 
@@ -11576,11 +11574,6 @@ def cmd_rollout(args) -> int:
     return EXIT_OK
 
 
-def _count_many(texts):
-    """Token counts for many strings at once (exact o200k when available)."""
-    return TOKENS.count_many(texts)
-
-
 class _EstimateOnly:
     """A token counter that always estimates (what a view counts at without the tokenizer)."""
 
@@ -11589,16 +11582,8 @@ class _EstimateOnly:
     def usable(self) -> bool:
         return False
 
-    def count(self, text) -> int:
-        return safe_estimate(text)
-
     def count_many(self, texts) -> list:
         return [safe_estimate(t) for t in texts]
-
-    def save(self) -> None:
-        pass
-
-    save_later = save
 
 
 def measure_transcript(path: str, profile: str, target: int) -> dict:
@@ -11643,13 +11628,12 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         for band in ("full", "lean"):
             row[band] = []
             for m, stub in visible_messages(t, band):
-                i = slot(stub if stub is not None else (m["text"] or m["data"] or ""))
+                i = slot(shown_text(m, stub))
                 row[band].append((m["seq"], i))
                 known[(m["seq"], stub)] = i
         row["summary"] = [(None, slot(extractive_summary(t.messages)))]
         per_turn.append(row)
-    counts = _count_many(texts)
-    TOKENS.save()
+    counts = TOKENS.count_many(texts)  # serve_view below saves them for the next run
     totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     counter = ViewCounter()
