@@ -376,7 +376,10 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
 # tiktoken's table (0.12 s) is most of what a cold count costs; a lookup is microseconds.
 # The file is a cache: one that cannot be opened or read is set aside and counting goes on.
 COUNTS_CACHE_ROWS = 500_000   # about 28 MB; the oldest half goes when it is full
-COUNTS_CACHE_VERSION = 1
+COUNTS_MIGRATIONS = [
+    ("counts", "CREATE TABLE counts (k BLOB PRIMARY KEY, n INTEGER NOT NULL);\n"
+               "CREATE TABLE verified (stamp TEXT PRIMARY KEY)"),
+]
 
 
 def text_key(text: str) -> bytes:
@@ -414,28 +417,14 @@ class CountsCache:
             return None  # a cache is no reason to create the state folder
         try:
             self.home.ensure("cache")
-            _touch_private(self.path)
-            db = sqlite3.connect(self.path, timeout=0.5, isolation_level=None, check_same_thread=False)
+            return open_db(self.path, COUNTS_MIGRATIONS, busy_ms=500)
+        except SchemaTooNew:
+            return None  # a newer cc-lhc's layout: left to it
+        except LhcError as e:
+            self._set_aside(e.__cause__)
         except (OSError, sqlite3.Error):
-            return None
-        try:
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                db.execute("BEGIN IMMEDIATE")
-                db.execute("CREATE TABLE IF NOT EXISTS counts (k BLOB PRIMARY KEY, n INTEGER NOT NULL)")
-                db.execute("CREATE TABLE IF NOT EXISTS verified (stamp TEXT PRIMARY KEY)")
-                db.execute(f"PRAGMA user_version = {COUNTS_CACHE_VERSION}")
-                db.execute("COMMIT")
-            elif version != COUNTS_CACHE_VERSION:
-                db.close()
-                return None  # another cc-lhc's layout: left to it
-        except sqlite3.Error as e:
-            db.close()
-            self._set_aside(e)
-            return None
-        return db
+            pass
+        return None
 
     def _set_aside(self, why) -> None:
         """A cache that fails is not used again by this process; a damaged file (not a busy
@@ -448,8 +437,9 @@ class CountsCache:
             except sqlite3.Error:
                 pass
             self._db = None
-        if isinstance(why, sqlite3.OperationalError) or self._renamed:
-            return  # busy or locked: the file is sound
+        damaged = isinstance(why, sqlite3.DatabaseError) and not isinstance(why, sqlite3.OperationalError)
+        if not damaged or self._renamed:
+            return  # busy, locked or full: the file is sound
         try:
             os.replace(self.path, f"{self.path}.unreadable-{os.getpid()}")
             for tail in ("-wal", "-shm"):
@@ -459,64 +449,51 @@ class CountsCache:
         except OSError:
             pass
 
-    def get(self, keys) -> dict:
-        """key -> count for the keys the cache holds."""
+    def _use(self, work, otherwise):
+        """work(db) on the open cache; when it fails, the cache is set aside and the
+        answer is ``otherwise``: a cache never fails the count it serves."""
         import sqlite3
         db = self._open()
-        found = {}
-        if db is None or not keys:
-            return found
-        keys = list(keys)
+        if db is None:
+            return otherwise
         try:
+            return work(db)
+        except sqlite3.Error as e:
+            self._set_aside(e)
+            return otherwise
+
+    def get(self, keys) -> dict:
+        """key -> count for the keys the cache holds."""
+        keys = list(keys)
+
+        def read(db):
+            found = {}
             for i in range(0, len(keys), 500):
                 part = keys[i:i + 500]
                 found.update(db.execute(f"SELECT k, n FROM counts WHERE k IN ({','.join('?' * len(part))})",
-                                        part).fetchall())
-        except sqlite3.Error as e:
-            self._set_aside(e)
-            return {}
-        return found
+                                        part))
+            return found
+        return self._use(read, {}) if keys else {}
 
     def put(self, counted: dict) -> None:
-        import sqlite3
-        db = self._open()
-        if db is None or not counted:
-            return
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+        def write(db):
+            with Tx(db):
                 db.executemany("INSERT OR IGNORE INTO counts VALUES (?, ?)", counted.items())
                 low, high = db.execute("SELECT min(rowid), max(rowid) FROM counts").fetchone()
                 if high - low >= COUNTS_CACHE_ROWS:
                     db.execute("DELETE FROM counts WHERE rowid < ?", (high - COUNTS_CACHE_ROWS // 2,))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as e:
-            self._set_aside(e)  # a busy or broken cache loses these counts, nothing else
+        if counted:
+            self._use(write, None)
 
     def verified(self, stamp) -> bool:
         """Whether a rank file under this stamp passed its checksum before."""
-        import sqlite3
-        db = self._open()
-        if db is None or stamp is None:
-            return False
-        try:
-            return db.execute("SELECT 1 FROM verified WHERE stamp = ?", (stamp,)).fetchone() is not None
-        except sqlite3.Error as e:
-            self._set_aside(e)
-            return False
+        return stamp is not None and self._use(
+            lambda db: db.execute("SELECT 1 FROM verified WHERE stamp = ?", (stamp,)).fetchone() is not None,
+            False)
 
     def note_verified(self, stamp) -> None:
-        import sqlite3
-        db = self._open()
-        if db is None or stamp is None:
-            return
-        try:
-            db.execute("INSERT OR IGNORE INTO verified VALUES (?)", (stamp,))
-        except sqlite3.Error as e:
-            self._set_aside(e)
+        if stamp is not None:
+            self._use(lambda db: db.execute("INSERT OR IGNORE INTO verified VALUES (?)", (stamp,)), None)
 
     def close(self) -> None:
         if self._db is not None:
@@ -1706,7 +1683,11 @@ def _migrate(db, migrations) -> None:
         raise
 
 
-def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None):
+class SchemaTooNew(LhcError):
+    """A file written by a newer cc-lhc: left as it is."""
+
+
+def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy_ms=30_000):
     """Open one of our SQLite files, applying missing migrations in order.
 
     ``migrations`` is a list of (name, sql) and is append-only: a shipped entry is
@@ -1718,23 +1699,23 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None):
     """
     import sqlite3
     _touch_private(path)
-    db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    db = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
     db.create_function("lhc_text", 1, stored_text, deterministic=True)
     try:
-        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
         if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
             db.execute(f"PRAGMA page_size = {int(page_size)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {synchronous}")
         have = db.execute("PRAGMA user_version").fetchone()[0]
         if have > len(migrations):
-            raise LhcError(f"{path} was written by a newer cc-lhc (schema {have}; this version "
+            raise SchemaTooNew(f"{path} was written by a newer cc-lhc (schema {have}; this version "
                            f"knows {len(migrations)}). Upgrade cc-lhc to open it; the file is unchanged.")
         if have < len(migrations):
             _migrate(db, migrations)
     except sqlite3.DatabaseError as e:
         db.close()
-        raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is")
+        raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is") from e
     except BaseException:
         db.close()
         raise

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
 import pytest
 
 from conftest import REPO
@@ -284,3 +286,61 @@ def test_exactness_asked_while_another_thread_settles_it_waits_for_the_answer(tm
             "out = [cc_lhc.TOKENS.usable(), cc_lhc.TOKENS.count('hello world')]\n"
             "t.join()")
     assert run_counts(tmp_path, body)["out"] == [True, 2]
+
+
+def _cache_in(tmp_path):
+    sys.path.insert(0, str(REPO))
+    import cc_lhc
+    home = cc_lhc.StateHome(str(tmp_path / "state"))
+    home.ensure()
+    return cc_lhc, cc_lhc.CountsCache(home)
+
+
+def test_a_full_counts_cache_lets_its_oldest_half_go(tmp_path, monkeypatch):
+    cc_lhc, cache = _cache_in(tmp_path)
+    monkeypatch.setattr(cc_lhc, "COUNTS_CACHE_ROWS", 100)
+    first = {i.to_bytes(16, "big"): i for i in range(60)}
+    cache.put(first)
+    later = {(1000 + i).to_bytes(16, "big"): i for i in range(60)}
+    cache.put(later)  # 120 rows: over the cap, so the oldest go, down to half of it
+    kept = cache.get(list(first) + list(later))
+    newest = list(later)[-51:]
+    assert sorted(kept) == sorted(newest) and all(kept[k] == later[k] for k in newest)
+    cache.close()
+
+
+def test_a_busy_counts_cache_loses_one_write_and_is_kept(tmp_path):
+    import sqlite3
+    cc_lhc, cache = _cache_in(tmp_path)
+    cache.put({b"k" * 16: 7})
+    cache.close()
+    other = sqlite3.connect(cache.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process is writing
+    try:
+        busy = cc_lhc.CountsCache(cache.home)
+        busy.put({b"j" * 16: 8})      # waits its half second, then gives up: no error
+        assert busy.get([b"k" * 16]) == {}  # set aside for this process
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert not list(Path(cache.path).parent.glob("*.unreadable-*"))  # the file is sound
+    again = cc_lhc.CountsCache(cache.home)
+    assert again.get([b"k" * 16, b"j" * 16]) == {b"k" * 16: 7}
+    again.close()
+
+
+def test_a_counts_cache_of_a_newer_cc_lhc_is_left_alone(tmp_path):
+    import sqlite3
+    cc_lhc, cache = _cache_in(tmp_path)
+    cache.put({b"k" * 16: 7})
+    cache.close()
+    db = sqlite3.connect(cache.path)
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    before = Path(cache.path).read_bytes()
+    newer = cc_lhc.CountsCache(cache.home)
+    assert newer.get([b"k" * 16]) == {} and newer.verified("x") is False
+    newer.put({b"j" * 16: 8})
+    assert Path(cache.path).read_bytes() == before
+    assert not list(Path(cache.path).parent.glob("*.unreadable-*"))
