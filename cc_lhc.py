@@ -1072,7 +1072,7 @@ class RolloutParser:
     def feed(self, raw: bytes, line_no: int, offset: int) -> None:
         """One complete line (without its newline)."""
         try:
-            rec = json.loads(raw)
+            rec = transcript_json(raw)
         except ValueError as e:
             if raw.strip():
                 self._malformed(raw, line_no, offset, f"not valid JSON: {e}")
@@ -1428,6 +1428,28 @@ class RolloutParser:
             self._close_turn(last, "closed", stop or "api_error", created)
 
 
+_SCAN_JSON = json.JSONDecoder().scan_once  # json.loads's own scanner, with its defaults
+
+
+def transcript_json(raw: bytes):
+    """json.loads(raw), without its detours for what Claude writes: a UTF-8 line that is an object.
+
+    json.loads(bytes) first guesses the encoding and goes through three layers of Python
+    before its scanner; for a line that starts with "{" (so no BOM, no UTF-16/32) and is
+    strict UTF-8, the scanner alone gives the same value. Anything else, and every line
+    the scanner refuses, goes to json.loads itself, so errors read exactly as they did.
+    """
+    if raw[:1] == b"{" and raw[1:2] != b"\x00":
+        try:
+            text = raw.decode("utf-8")
+            value, end = _SCAN_JSON(text, 0)
+        except (UnicodeDecodeError, StopIteration, ValueError):
+            return json.loads(raw)
+        if end == len(text) or not text[end:].strip(" \t\n\r"):
+            return value
+    return json.loads(raw)
+
+
 # A surrogate escaped (\uD800-\uDFFF) or as raw UTF-8-style bytes (ED A0..BF): only such a
 # line can decode to text with a lone surrogate in it. The escaped form alone is searched
 # on every line: a pattern that starts with one literal byte is scanned for that byte
@@ -1552,6 +1574,48 @@ def _stored_row(row: MessageRow, packer=None) -> tuple:
         if packed is not row.text:
             return row._replace(text=packed)
     return row
+
+
+def stored_rows(messages, packer=None) -> list:
+    """A batch's message rows as the store keeps them; the packer's work is taken back here."""
+    if packer is not None:
+        packer.settle(messages)
+    return [_stored_row(m, packer) for m in messages]
+
+
+# The most rows one multi-row statement takes: a power of two, so that a table has at most
+# a dozen such statements in the connection's statement cache.
+INSERT_CHUNK_ROWS = 4096
+
+
+def insert_rows(db, head: str, width: int, rows, tail: str = "") -> None:
+    """``head VALUES (?, ...), (?, ...) ... tail`` for every row, in a few statements.
+
+    Chunks are powers of two, as many rows as SQLite's limit on bound values allows
+    (999 where the sqlite3 module cannot say; 32766 in any SQLite since 3.32).
+    """
+    if not rows:
+        return
+    try:
+        limit = db.getlimit(9)  # SQLITE_LIMIT_VARIABLE_NUMBER (Python 3.11+)
+    except AttributeError:
+        limit = 999
+    most = 1
+    while most * 2 <= min(INSERT_CHUNK_ROWS, limit // width):
+        most *= 2
+    at = 0
+    while at < len(rows):
+        n = most
+        while n > len(rows) - at:
+            n //= 2
+        db.execute(_values_sql(head, width, n, tail), [value for row in rows[at:at + n] for value in row])
+        at += n
+
+
+@functools.lru_cache(maxsize=256)
+def _values_sql(head: str, width: int, n: int, tail: str) -> str:
+    one = "(" + ", ".join("?" * width) + ")"
+    return f"{head} VALUES {', '.join([one] * n)}{tail}"
 
 
 class Packer:
@@ -2266,51 +2330,49 @@ class ThreadStore:
         return ClosedResponse(last[1], row[0], last[2], rows[0][0] if rows else None, size)
 
     def apply(self, session_id, out: ParseOutput, new_offset: int, lines_read: int,
-              prefix_sha256=None, packer=None) -> None:
+              prefix_sha256=None, packer=None, rows=None) -> None:
         """Write one parsed batch and the offset it reached, atomically.
 
         ``prefix_sha256`` is the hash of every byte captured up to ``new_offset``: what
         the next run checks the file against before trusting the offset. ``packer`` (a
-        Packer) holds the batch's large outputs already compressed, or on their way.
+        Packer) holds the batch's large outputs already compressed, or on their way;
+        ``rows``, when given, are the batch's messages already as stored (stored_rows).
+
+        Every table is written in a few multi-row statements, not one per row: SQLite
+        then does a whole chunk in one step with the GIL let go, so a writer thread
+        (Capture's BatchWriter) waits for the GIL a few times a batch, not once a row.
         """
         import hashlib
         db = self.db
         now = utc_now_iso()
+        if rows is None:
+            rows = stored_rows(out.messages, packer)
         with Tx(db):
-            if out.turns_opened:
-                db.executemany("INSERT INTO turns (n, kind, first_seq, source_session, started) "
-                               "VALUES (?, ?, ?, ?, ?)", out.turns_opened)
-            if out.messages:
-                if packer is not None:
-                    packer.settle(out.messages)
-                db.executemany(f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)}) VALUES "
-                               f"({', '.join('?' * len(MESSAGE_COLUMNS))})",
-                               (_stored_row(m, packer) for m in out.messages))
+            insert_rows(db, "INSERT INTO turns (n, kind, first_seq, source_session, started)", 5,
+                        out.turns_opened)
+            insert_rows(db, f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)})", len(MESSAGE_COLUMNS), rows)
             if out.turns_closed:
-                db.executemany("UPDATE turns SET last_seq = ?, status = ?, stop_reason = ?, ended = ? "
-                               "WHERE n = ?", [(last, status, stop, ended, n)
-                                               for n, last, status, stop, ended in out.turns_closed])
-            if out.segments:
-                db.executemany("INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?, ?, ?)", out.segments)
-            if out.usage:
-                db.executemany("INSERT OR REPLACE INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                               [(rid,) + row for rid, row in out.usage.items()])
-            if out.chain:
-                db.executemany("INSERT OR IGNORE INTO chain VALUES (?, ?)", out.chain)
+                # A turn may close twice in one batch (its final response rejoined it): the last wins.
+                closed = {c.n: c for c in out.turns_closed}
+                insert_rows(db, "WITH closed (n, last_seq, status, stop_reason, ended) AS (", 5,
+                            list(closed.values()), ") UPDATE turns SET (last_seq, status, stop_reason, ended) = "
+                            "(SELECT last_seq, status, stop_reason, ended FROM closed WHERE closed.n = turns.n) "
+                            "WHERE n IN (SELECT n FROM closed)")
+            insert_rows(db, "INSERT OR REPLACE INTO segments", 6, out.segments)
+            insert_rows(db, "INSERT OR REPLACE INTO usage", 9, [(rid,) + row for rid, row in out.usage.items()])
+            insert_rows(db, "INSERT OR IGNORE INTO chain", 2, out.chain)
             if out.agents:
                 self._note_agents(out.agents, now)
             if out.problems:
-                db.executemany("INSERT INTO problems (session, line, offset, kind, detail, created) "
-                               "VALUES (?, ?, ?, ?, ?, ?)", [p + (now,) for p in out.problems])
+                insert_rows(db, "INSERT INTO problems (session, line, offset, kind, detail, created)", 6,
+                            [p + (now,) for p in out.problems])
                 first = out.problems[0]
                 db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
                            (f"{first.kind} at line {first.line}: {first.detail}", session_id))
-            if out.raw_lines:
-                db.executemany("INSERT OR IGNORE INTO raw_lines VALUES (?, ?, ?, ?, ?, ?, ?)",
-                               [(session, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, now)
-                                for session, line, offset, reason, raw in out.raw_lines])
-            for rtype, (count, size) in out.telemetry.items():
-                self._count(session_id, rtype, count, size)
+            insert_rows(db, "INSERT OR IGNORE INTO raw_lines", 7,
+                        [(session, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, now)
+                         for session, line, offset, reason, raw in out.raw_lines])
+            self._count_all(session_id, [(rtype, count, size) for rtype, (count, size) in out.telemetry.items()])
             db.execute("UPDATE sources SET offset = ?, lines = lines + ?, parser_version = ?, "
                        "updated = ?, prefix_sha256 = ? WHERE session_id = ?",
                        (new_offset, lines_read, PARSER_VERSION, now, prefix_sha256, session_id))
@@ -2325,9 +2387,13 @@ class ThreadStore:
         self.db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES if yes else 0}")
 
     def _count(self, session_id, rtype, count, size):
-        self.db.execute("INSERT INTO telemetry VALUES (?, ?, ?, ?) ON CONFLICT (session, type) DO "
-                        "UPDATE SET count = count + excluded.count, bytes = bytes + excluded.bytes",
-                        (session_id, rtype, count, size))
+        self._count_all(session_id, [(rtype, count, size)])
+
+    def _count_all(self, session_id, tallies):
+        """Add (type, count, bytes) tallies to the session's telemetry."""
+        insert_rows(self.db, "INSERT INTO telemetry", 4, [(session_id,) + t for t in tallies],
+                    " ON CONFLICT (session, type) DO UPDATE SET count = count + excluded.count, "
+                    "bytes = bytes + excluded.bytes")
 
     def restart_source(self, session_id, kind, detail):
         """The transcript no longer holds what was captured: read it again from its start.
@@ -5629,16 +5695,78 @@ def segment_soft_bytes(policy) -> int:
     return int(target * PROFILE_SHARES[profile]["full"] / 2) * 4
 
 
+CaughtBatch = collections.namedtuple("CaughtBatch", "out consumed end lines rows digest prefix")
+
+
+class BatchWriter:
+    """Stores parsed batches one at a time: on a thread of its own, or (one batch) right here.
+
+    SQLite lets go of the GIL while it writes (ThreadStore.apply writes in a few
+    multi-row statements), so with a second core the store of one batch overlaps the
+    parsing of the next. One write at a time keeps the commits in file order, and the
+    caller touches the store's connection only between writes (after wait).
+    """
+
+    def __init__(self, background: bool):
+        self._thread = None
+        self._busy = False
+        if background:
+            import queue
+            import threading
+            self._todo, self._done = queue.SimpleQueue(), queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._work, name="cc-lhc-store", daemon=True)
+            self._thread.start()
+
+    def _work(self):
+        while True:
+            job = self._todo.get()
+            if job is None:
+                return
+            fn, arg = job
+            try:
+                fn(arg)
+                self._done.put(None)
+            except BaseException as e:  # handed back to wait(), on the caller's thread
+                self._done.put(e)
+
+    def submit(self, fn, arg) -> None:
+        """Start fn(arg); here and now (raising what it raises) when there is no thread."""
+        if self._thread is None:
+            fn(arg)
+            return
+        self._busy = True
+        self._todo.put((fn, arg))
+
+    def wait(self) -> None:
+        """Until the write submitted last is done; raises what it raised."""
+        if self._busy:
+            self._busy = False
+            error = self._done.get()
+            if error is not None:
+                raise error
+
+    def close(self) -> None:
+        """Wait for a write still running (its error is the caller's to have seen), then stop."""
+        if self._thread is not None:
+            if self._busy:
+                self._busy = False
+                self._done.get()
+            self._todo.put(None)
+            self._thread.join()
+            self._thread = None
+
+
 class Capture:
     """Reads one session's transcript into its thread: on demand, or live in a thread.
 
     Only newline-terminated lines are parsed, so a line Claude is still writing is
     waited on. Each batch of records is committed together with the byte offset it
     reached; killed at any point, the next run resumes exactly there. SQLite work
-    happens on the capture thread, never on the terminal relay's.
+    happens on the capture thread (a long catch-up writes on a store thread of its own,
+    see BatchWriter), never on the terminal relay's.
     """
 
-    BATCH_BYTES = 8 << 20
+    BATCH_BYTES = 4 << 20
     POLL_SECONDS = 0.05
     # Bytes before the offset compared on every read of a live session; the whole
     # captured span is checked against its stored hash once per process.
@@ -5761,29 +5889,69 @@ class Capture:
         if deadline is not None and time.monotonic() > deadline:
             return total
         packer, prefix = Packer(), self._prefix.copy()
+
+        def write(batch):
+            store.checkpoint_on_commit(batch.end >= size)
+            store.apply(self.session_id, batch.out, batch.end, batch.lines, batch.digest, rows=batch.rows)
+
         try:
-            for out, consumed, end, n in self._batches(f, parser, offset, src["lines"], packer, prefix):
-                store.checkpoint_on_commit(end >= size)
-                self._commit(out, consumed, end, n, packer, prefix)
-                self._report(out)
-                total += n
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-            else:
-                self.caught_up = True
+            batches = (CaughtBatch(out, consumed, end, n, stored_rows(out.messages, packer), prefix.hexdigest(),
+                                   prefix.copy())
+                       for out, consumed, end, n in self._batches(f, parser, offset, src["lines"], packer, prefix))
+            total, self.caught_up = self._store_batches(batches, write, self._trust,
+                                                        size - offset > self.BATCH_BYTES, deadline)
         finally:
             store.checkpoint_on_commit(True)
             packer.close()
         return total
+
+    def _store_batches(self, batches, write, stored, background: bool, deadline=None):
+        """Store each batch with write(batch) (a BatchWriter's, on its thread when
+        ``background``) while the next is parsed; once a write is done, stored(batch)
+        runs here and the batch's events are reported. Returns (lines stored, whether the
+        batches ran out): with a ``deadline``, it stops between batches once that passed.
+        """
+        import time
+        writer = BatchWriter(background)
+        total, held, ended = 0, None, False
+        try:
+            for batch in batches:
+                if held is not None:
+                    writer.wait()
+                    total += self._stored(held, stored)
+                writer.submit(write, batch)
+                held = batch
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+            else:
+                ended = True
+            if held is not None:
+                writer.wait()
+                total += self._stored(held, stored)
+        finally:
+            writer.close()
+        return total, ended
+
+    def _stored(self, batch, stored) -> int:
+        if stored is not None:
+            stored(batch)
+        self._report(batch.out)
+        return batch.lines
+
+    def _trust(self, batch) -> None:
+        """A batch is committed: what this process knows the file holds moves to its end."""
+        keep = self.TAIL_CHECK_BYTES
+        self._prefix, self._verified_offset = batch.prefix, batch.end
+        self._tail = (self._tail + batch.consumed[-keep:])[-keep:]
 
     def _batches(self, f, parser, offset, line_no, packer, prefix=None):
         """Parse f's complete lines from offset: yield (out, consumed bytes, end, lines) per batch.
 
         A batch is what one read of BATCH_BYTES holds up to its last newline; the rest
         waits for the next read (a line longer than that is read on until it ends). The
-        generator ends at the end of the file; the caller stores each batch (with the
-        packer its large outputs went to) before asking for the next, so a stop between
-        batches loses nothing. A ``prefix`` hash is brought up to each batch's end (on the
+        generator ends at the end of the file; the caller takes the packer's results for
+        a batch back before asking for the next, and trusts a batch's offset only once its
+        write committed, so a stop anywhere loses nothing. A ``prefix`` hash is brought up to each batch's end (on the
         packer's worker, while the batch is parsed) before the batch is yielded.
         """
         f.seek(offset)
@@ -5811,16 +5979,6 @@ class Capture:
                     packer.wait(("prefix", offset))
                 yield parser.take(), complete, end, n
                 line_no, offset = line_no + n, end
-
-    def _commit(self, out, consumed, end: int, lines: int, packer, prefix) -> None:
-        """Store one batch with the offset and prefix hash it reached; only then trust them.
-
-        ``prefix`` already holds the batch's bytes (see _batches); a copy of it is kept.
-        """
-        self.store.apply(self.session_id, out, end, lines, prefix.hexdigest(), packer)
-        keep = self.TAIL_CHECK_BYTES
-        self._prefix, self._verified_offset = prefix.copy(), end
-        self._tail = (self._tail + consumed[-keep:])[-keep:]
 
     def _rewrite_reason(self, f, src, size):
         """None while the file still holds what was captured, else (kind, detail).
@@ -5924,10 +6082,12 @@ class Capture:
         packer = Packer()
         with f:
             try:
-                for out, _consumed, end, n in self._batches(f, parser, src["offset"], src["lines"], packer):
-                    store.apply(key, out, end, n, packer=packer)
-                    self._report(out)
-                    total += n
+                batches = (CaughtBatch(out, None, end, n, stored_rows(out.messages, packer), None, None)
+                           for out, _consumed, end, n in self._batches(f, parser, src["offset"], src["lines"],
+                                                                       packer))
+                total, _ended = self._store_batches(
+                    batches, lambda b: store.apply(key, b.out, b.end, b.lines, rows=b.rows), None,
+                    size - src["offset"] > self.BATCH_BYTES)
             finally:
                 packer.close()
         return total

@@ -290,17 +290,78 @@ def test_a_long_catch_up_copies_its_wal_into_the_file_once_at_its_last_batch(tmp
     monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 1 << 20)
     cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path))
     cap._open()
-    sizes, commit = [os.path.getsize(cap.store.path)], cc_lhc.Capture._commit
+    sizes, trust = [os.path.getsize(cap.store.path)], cc_lhc.Capture._trust
 
-    def sized_commit(self, *args):
-        commit(self, *args)
+    def sized_commit(self, batch):  # runs once each batch is committed
+        trust(self, batch)
         sizes.append(os.path.getsize(self.store.path))
-    monkeypatch.setattr(cc_lhc.Capture, "_commit", sized_commit)
+    monkeypatch.setattr(cc_lhc.Capture, "_trust", sized_commit)
     cap.catch_up(index=False)
     assert len(sizes) > 3
     assert set(sizes[:-1]) == {sizes[0]} and sizes[-1] > sizes[0]
     assert cap.store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == cc_lhc.WAL_CHECKPOINT_PAGES
     assert exported(cap.store) == one_shot(tmp_path, data)[1]
+    cap.stop()
+
+
+def test_a_long_catch_up_writes_on_a_store_thread_and_a_failed_write_loses_nothing(tmp_path, monkeypatch):
+    """Many batches: each is written on the store thread while the next is parsed. The
+    capture thread reads the store only between writes, trusts a batch only once it is
+    committed, and a write that fails stops the catch-up there; the next one goes on from
+    the last commit and ends with exactly what a clean run stores."""
+    import threading
+    data = big_transcript(12, 3)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 256 << 10)
+    apply, trust = cc_lhc.ThreadStore.apply, cc_lhc.Capture._trust
+    seen = {"threads": set(), "writing": False, "calls": 0, "fail_at": 4, "trusted": [], "overlaps": 0}
+
+    def watched_apply(self, *args, **kwargs):
+        seen["threads"].add(threading.current_thread().name)
+        seen["calls"] += 1
+        if seen["calls"] == seen["fail_at"]:
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        seen["writing"] = True
+        try:
+            return apply(self, *args, **kwargs)
+        finally:
+            seen["writing"] = False
+
+    def watched_trust(self, batch):
+        seen["overlaps"] += seen["writing"]
+        seen["trusted"].append((batch.end, self.store.source(SESSION)["offset"]))
+        trust(self, batch)
+
+    monkeypatch.setattr(cc_lhc.ThreadStore, "apply", watched_apply)
+    monkeypatch.setattr(cc_lhc.Capture, "_trust", watched_trust)
+    responses = []
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path), POLICY,
+                         on_responses=lambda c: responses.append(seen["writing"]))
+    with pytest.raises(sqlite3.OperationalError, match="injected"):
+        cap.catch_up()
+    assert seen["threads"] == {"cc-lhc-store"}
+    assert not cap.caught_up and seen["overlaps"] == 0 and not any(responses)
+    # Trusted one by one, each only once its own offset was committed: 3 of them, then the failure.
+    assert [end for end, _ in seen["trusted"]] == [committed for _, committed in seen["trusted"]]
+    assert len(seen["trusted"]) == 3
+    assert cap.store.source(SESSION)["offset"] == seen["trusted"][-1][0]
+    assert not [t for t in threading.enumerate() if t.name == "cc-lhc-store"]
+
+    seen["fail_at"] = 0
+    cap.catch_up()
+    assert cap.caught_up and seen["overlaps"] == 0
+    snap, export, _ = one_shot(tmp_path, data)
+    assert snapshot(cap.store) == snap and exported(cap.store) == export
+    cap.stop()
+
+    # One batch's worth is written right here, with no thread started for it.
+    seen["threads"].clear()
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(data[:data.index(b"\n", 100_000) + 1])
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc2"), THREAD, SESSION, str(small), POLICY)
+    cap.catch_up()
+    assert seen["threads"] == {threading.current_thread().name}
     cap.stop()
 
 

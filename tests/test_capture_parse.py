@@ -886,3 +886,27 @@ def test_half_a_surrogate_pair_is_repaired_not_a_stalled_capture(tmp_path, captu
     texts = [m["text"] for m in c.messages()]
     assert texts == ["cut \ufffd here, whole \U0001F600", "still captured after it"]
     assert c.telemetry().get("text_repaired") == 1
+
+
+# Lines json.loads reads in its own ways: a BOM, UTF-16, surrogates escaped and as bytes,
+# invalid UTF-8, trailing whitespace or data, NaN, control characters, not an object.
+ODD_LINES = [b'{"a":1}', b'{"a":1} \t\r', b'{"a":1} x', b'{"a":', b'{', b'{}', b'[1]', b' {"a":1}',
+             b'\xef\xbb\xbf{"a":1}', '{"a":1}'.encode("utf-16-le"), '{"a":1}'.encode("utf-16"),
+             b'{"a":"\xed\xa0\x80"}', b'{"\\ud800":1}', b'{"a":"\xff"}', b'{"a":NaN}', b'{"a":-Infinity}',
+             b'{"a":"\x01"}', b'{"a":1e400}', b'{"a":{"a":{"a":[]}}}', b'{"k":1,"k":2}', b'{\x00}', b'"x"']
+
+
+@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.jsonl")) + sorted(
+    (Path(__file__).resolve().parent / "fixtures" / "versions").rglob("*.jsonl")), ids=lambda p: p.name)
+def test_transcript_lines_read_exactly_as_json_loads_reads_them(path):
+    # The parser's fast path for a line must give json.loads's value or json.loads's error.
+    def read(fn, line):
+        try:
+            return "ok", fn(line)
+        except (ValueError, RecursionError) as e:
+            return type(e).__name__, str(e)
+
+    lines = path.read_bytes().splitlines() + ODD_LINES
+    for line in lines:
+        mine, theirs = read(cc_lhc.transcript_json, line), read(json.loads, line)
+        assert repr(mine) == repr(theirs), line[:80]
