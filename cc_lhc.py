@@ -5767,7 +5767,12 @@ class Capture:
     """
 
     BATCH_BYTES = 4 << 20
+    # How often the files are looked at: often while Claude is writing (a settled seam
+    # or a served view is then seen within about FAST_POLL_SECONDS of its record), less
+    # once nothing changed for ACTIVE_SECONDS. A look is two stat()s.
     POLL_SECONDS = 0.05
+    FAST_POLL_SECONDS = 0.01
+    ACTIVE_SECONDS = 2.0
     # Bytes before the offset compared on every read of a live session; the whole
     # captured span is checked against its stored hash once per process.
     TAIL_CHECK_BYTES = 4096
@@ -6132,11 +6137,13 @@ class Capture:
         return key
 
     def _run(self):
-        last = None
+        import time
+        last, active_until = None, 0.0
         while not self._stop.is_set():
             try:
                 key = self._watched()
                 if key != last:
+                    active_until = time.monotonic() + self.ACTIVE_SECONDS
                     self.catch_up()
                     last = key  # only once read: a failed read is tried again next poll
             except FileNotFoundError:
@@ -6145,7 +6152,7 @@ class Capture:
                 self.error = e
                 self.home.log("capture_error", thread=self.thread_id, error=repr(e))
                 self._stop.wait(1.0)
-            self._stop.wait(self.POLL_SECONDS)
+            self._stop.wait(self.FAST_POLL_SECONDS if time.monotonic() < active_until else self.POLL_SECONDS)
 
     def stop(self) -> int:
         """Stop the live thread and read whatever Claude wrote last."""

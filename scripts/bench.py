@@ -1497,7 +1497,9 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
         wrapped, wproc = time_process(entry + argv, runs, wrapped_env, proj, before=restore)
         keep_counts = True   # a later Smart Compact: the thread's older texts were counted before
         again, _ = time_process(entry + argv, runs, wrapped_env, proj, before=restore)
-        plain, _ = time_process([sys.executable, str(fake)] + argv, runs,
+        # Run as cc-lhc runs it (through its #! line, which may find python3 through a shim
+        # that costs more than the fake itself), so the difference is cc-lhc's own.
+        plain, _ = time_process([str(fake)] + argv, runs,
                                 sandbox_env(root, FAKE_CLAUDE_SCRIPT=json.dumps(plain_script)), proj)
     except CommandFailed as exc:
         out["cc-lhc --resume -p (fake claude)"] = Figure("failed", "", str(exc))
