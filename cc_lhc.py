@@ -523,8 +523,11 @@ class TokenCounter:
         self.cache = None  # CountsCache, once exact counts are possible
         import threading
         self._lock = threading.RLock()  # the host builds the encoder on a thread of its own
+        self._cache_lock = threading.Lock()  # the cache's connection, one thread at a time
         self._saver = None
         self._atexit = False
+        self._ahead = None  # texts waiting for count_ahead's thread
+        self.ahead_error = None  # what stopped that thread, if anything did
 
     def usable(self) -> bool:
         """Whether counts are exact, settled without building the tokenizer."""
@@ -628,7 +631,8 @@ class TokenCounter:
         memo = self._memo
         wanted = {k for k in keys if k and k not in memo}
         if wanted:
-            memo.update(self.cache.get(wanted))
+            with self._cache_lock:
+                memo.update(self.cache.get(wanted))
         todo = {}
         for k, t in zip(keys, texts):
             if k and k not in memo and k not in todo:
@@ -647,7 +651,7 @@ class TokenCounter:
 
     def save(self) -> None:
         """Keep the counts made since the last save for later processes."""
-        with self._lock:
+        with self._cache_lock:
             if self._fresh and self.cache is not None:
                 fresh, self._fresh = self._fresh, {}
                 # one C call, so a count added meanwhile on another thread cannot break the
@@ -668,6 +672,72 @@ class TokenCounter:
         if not self._atexit:
             self._atexit = True
             atexit.register(lambda: self._saver is not None and self._saver.join(timeout=5))
+
+    AHEAD_BATCH = 2000  # texts counted together by count_ahead's thread
+
+    def count_ahead(self, texts) -> None:
+        """Count texts later, on a thread of its own at low priority, so that a view built
+        at a seam finds them counted: the live host hands over what it captures. The
+        counts are kept like any others (saved when the thread runs out of work, and at
+        exit). Nothing is done when counts cannot be exact."""
+        texts = [t for t in texts if t]
+        if not texts or not self.usable():
+            return
+        with self._lock:
+            if self._ahead is None:
+                import atexit
+                import queue
+                import threading
+                self._ahead = queue.Queue()
+                threading.Thread(target=self._count_ahead, name="cc-lhc-count-ahead", daemon=True).start()
+                atexit.register(self.save)
+        self._ahead.put(texts)
+
+    def _count_ahead(self) -> None:
+        import queue
+        lower_thread_priority()
+        while True:
+            texts, taken = self._ahead.get(), 1
+            while len(texts) < self.AHEAD_BATCH:  # a catch-up hands over many batches at once
+                try:
+                    texts, taken = texts + self._ahead.get_nowait(), taken + 1
+                except queue.Empty:
+                    break
+            try:
+                self.count_many(texts)
+                if self._ahead.empty():
+                    self.save()
+            except Exception as e:  # only ever a head start: the view counts what is missing
+                self.ahead_error = e
+            for _ in range(taken):
+                self._ahead.task_done()
+
+    def drain_ahead(self, timeout: float) -> bool:
+        """Wait up to timeout seconds for count_ahead's work to be done; whether it is."""
+        import time
+        deadline = time.monotonic() + timeout
+        while self._ahead is not None and self._ahead.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+
+def lower_thread_priority() -> None:
+    """Give the calling thread alone a nice value of 10, where threads have their own
+    (Linux); elsewhere it runs as it is."""
+    if sys.platform.startswith("linux"):
+        import threading
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (OSError, AttributeError):
+            pass
+
+
+def view_text(row) -> str:
+    """What a view shows of a captured message row, verbatim (shown_text of the row as
+    message_row reads it back from the store)."""
+    return row.text or (full_block_json(row.text, row.data) if row.data else "") or ""
 
 
 TOKENS = TokenCounter()
@@ -5940,6 +6010,10 @@ class Capture:
     def _stored(self, batch, stored) -> int:
         if stored is not None:
             stored(batch)
+        if self.request_handoff is not None:
+            # A live host builds views at its seams: their main-chain texts are counted now.
+            TOKENS.count_ahead([view_text(m) for m in batch.out.messages
+                                if m.agent is None and m.kind != "api_error"])
         self._report(batch.out)
         return batch.lines
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO
 
 DATA = REPO / ".cache" / "tokenizer" / "o200k_base.tiktoken"
+SAMPLES_DIR = REPO / "tests" / "fixtures" / "samples"
 
 # Every socket connect fails and every proxy points at a closed port: any download attempt
 # (tiktoken's own, or anything else) raises instead of quietly succeeding.
@@ -344,3 +345,55 @@ def test_a_counts_cache_of_a_newer_cc_lhc_is_left_alone(tmp_path):
     newer.put({b"j" * 16: 8})
     assert Path(cache.path).read_bytes() == before
     assert not list(Path(cache.path).parent.glob("*.unreadable-*"))
+
+
+LIVE_CAPTURE = """
+import os, threading
+home = cc_lhc.StateHome()
+home.ensure()
+cap = cc_lhc.Capture(home, "thread-1", "session-1", {path!r})
+cap.request_handoff = {live}
+cap.catch_up()
+cap.stop()
+drained = cc_lhc.TOKENS.drain_ahead(60)
+ahead = [t for t in threading.enumerate() if t.name == "cc-lhc-count-ahead"]
+nice = os.getpriority(os.PRIO_PROCESS, ahead[0].native_id) if ahead and hasattr(os, "getpriority") else None
+out = [drained, len(ahead), nice, os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else None]
+"""
+
+SHOWN_TEXTS = """
+store = cc_lhc.ThreadStore(cc_lhc.StateHome(), "thread-1")
+texts = [cc_lhc.shown_text(m, None) for m in store.messages() if m["agent"] is None and m["kind"] != "api_error"]
+counted = cc_lhc.TOKENS.count_many(texts)
+was_built = bool(built)
+enc = cc_lhc.TokenCounter().encoding()
+out = [len(texts), was_built, counted == [len(enc.encode_ordinary(t)) if t else 0 for t in texts]]
+"""
+
+
+@pytest.mark.parametrize("sample", [
+    SAMPLES_DIR / "02_tool_roundtrip_thinking.jsonl",  # tool calls and results, signed thinking
+    # empty signed thinking: what a view shows of it is its block JSON
+    REPO / "tests" / "fixtures" / "versions" / "2.0.76" / "20760000-0000-4000-8000-000000000002.jsonl",
+], ids=lambda p: p.parent.name)
+def test_a_live_capture_counts_what_it_stores_so_a_later_view_finds_it_counted(tmp_path, sample):
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    live = run_counts(tmp_path, LIVE_CAPTURE.format(path=str(sample), live="lambda **_: None"))
+    drained, threads, nice, own = live["out"]
+    assert drained and threads == 1 and live["built"]
+    if sys.platform.startswith("linux"):
+        assert nice == max(10, own)  # it takes only what the host and Claude leave over
+    # Another process reads the thread back as a view does: every text is counted already,
+    # and the counts are tiktoken's own.
+    later = run_counts(tmp_path, SHOWN_TEXTS)
+    n, was_built, same = later["out"]
+    assert n >= 4 and not was_built and same
+
+
+def test_a_capture_outside_a_live_host_counts_nothing_ahead(tmp_path):
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    sample = SAMPLES_DIR / "02_tool_roundtrip_thinking.jsonl"
+    done = run_counts(tmp_path, LIVE_CAPTURE.format(path=str(sample), live="None"))
+    assert done["out"][:2] == [True, 0] and not done["built"]
