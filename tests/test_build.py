@@ -4,6 +4,7 @@ installers and the release workflow (none of which can run for real here)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib.util
 import os
 import re
@@ -373,3 +374,39 @@ def test_requirements_pin_the_build_tools():
     assert pins["tree-sitter"] == "0.26.1" and pins["tree-sitter-powershell"] == "0.26.4"
     assert pins["tiktoken"] == "0.14.0" and pins["psutil"] == "7.2.2"
     assert pins["pexpect"] == "4.9.0" and pins["ptyprocess"] == "0.7.0"
+
+
+LEAVES_OUT_PROBE = r"""
+import ast, contextlib, io, json, sys
+sys.path.insert(0, sys.argv[1])
+import cc_lhc
+names = set()
+for node in ast.walk(ast.parse(open(cc_lhc.__file__, encoding="utf-8").read())):
+    if isinstance(node, ast.Import):
+        names.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        names.add(node.module)
+for name in sorted(names | {"tiktoken", "tiktoken_ext.openai_public", "psutil", "pexpect", "ptyprocess"}):
+    try:
+        __import__(name)
+    except ImportError:
+        pass  # another platform's module (winpty, msvcrt, ...)
+with contextlib.redirect_stdout(io.StringIO()):
+    cc_lhc.main(["measure", sys.argv[2], "--json"])
+    cc_lhc.main(["doctor"])
+print(json.dumps({"names": sorted(names), "present": [m for m in sys.argv[3:] if m in sys.modules]}))
+"""
+
+
+def test_cc_lhc_never_imports_what_the_bundle_leaves_out(tmp_path):
+    # The bundle saves a fifth of every start by leaving these modules out; an import of
+    # one anywhere in cc-lhc (or in what it imports) would fail there and only there.
+    sample = REPO / "tests" / "fixtures" / "samples" / "02_tool_roundtrip_thinking.jsonl"
+    env = dict(os.environ, CC_LHC_HOME=str(tmp_path / "state"))
+    proc = run(sys.executable, "-c", LEAVES_OUT_PROBE, REPO, sample, *BUILD.BUNDLE_LEAVES_OUT, env=env,
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    names, present = seen["names"], seen["present"]
+    assert "sqlite3" in names and "tiktoken" in names  # the probe did read cc-lhc's imports
+    assert present == [], f"cc-lhc imports {present}, which build/build.py leaves out of the bundle"
