@@ -6030,8 +6030,9 @@ class Capture:
         waits for the next read (a line longer than that is read on until it ends). The
         generator ends at the end of the file; the caller takes the packer's results for
         a batch back before asking for the next, and trusts a batch's offset only once its
-        write committed, so a stop anywhere loses nothing. A ``prefix`` hash is brought up to each batch's end (on the
-        packer's worker, while the batch is parsed) before the batch is yielded.
+        write committed, so a stop anywhere loses nothing. A ``prefix`` hash is brought up
+        to each batch's end (on the packer's worker, while the batch is parsed) before the
+        batch is yielded.
         """
         f.seek(offset)
         pending = b""
