@@ -3698,12 +3698,18 @@ def write_atomic(path: str, data: bytes, mode=0o600) -> None:
 ENVELOPE_LINE_RE = re.compile(rb'"type"\s*:\s*"(?:environment|date|model)"')
 
 
+# How much of a transcript read_envelope searches at a time, from its end backwards.
+ENVELOPE_WINDOW = 1 << 20
+
+
 def read_envelope(path: str):
     """The newest environment/date/model attachments of a transcript, plus its version and branch.
 
     Only lines that name one of those attachment types are parsed, and they are found by
     a regular expression over the mapped file rather than line by line: a long transcript
-    has many megabytes of records, and this runs inside Smart Compact.
+    has many megabytes of records, and this runs inside Smart Compact. The file is
+    searched from its end backwards, a window at a time, and the search stops once the
+    newest of each type (and a version) is known; Claude writes them with every prompt.
     """
     import mmap
     latest, meta = {}, {}
@@ -3714,14 +3720,14 @@ def read_envelope(path: str):
             except ValueError:  # an empty file cannot be mapped
                 return [], {}
             try:
-                end = -1
-                for hit in ENVELOPE_LINE_RE.finditer(data):
-                    if hit.start() < end:
-                        continue  # the same line named a second type
-                    start = data.rfind(b"\n", 0, hit.start()) + 1
-                    end = data.find(b"\n", hit.end())
-                    end = len(data) if end < 0 else end
-                    _envelope_line(data[start:end], latest, meta)
+                high = len(data)
+                while high > 0 and (len(latest) < len(ENVELOPE_ATTACHMENTS) or "version" not in meta):
+                    low = max(0, high - ENVELOPE_WINDOW)
+                    if low:
+                        low = data.rfind(b"\n", 0, low) + 1  # whole lines: a window starts at one
+                    for line in reversed(_envelope_lines(data, low, high)):
+                        _envelope_line(line, latest, meta)
+                    high = low
             finally:
                 data.close()
     except OSError:
@@ -3729,14 +3735,29 @@ def read_envelope(path: str):
     return [latest[k] for k in ENVELOPE_ATTACHMENTS if k in latest], meta
 
 
+def _envelope_lines(data, low: int, high: int) -> list:
+    """The lines within data[low:high] (which starts a line and ends one) that name an
+    envelope attachment type, in file order."""
+    lines, end = [], -1
+    for hit in ENVELOPE_LINE_RE.finditer(data, low, high):
+        if hit.start() < end:
+            continue  # the same line named a second type
+        start = data.rfind(b"\n", low, hit.start()) + 1 or low
+        end = data.find(b"\n", hit.end(), high)
+        end = high if end < 0 else end
+        lines.append(data[start:end])
+    return lines
+
+
 def _envelope_line(raw: bytes, latest: dict, meta: dict) -> None:
+    """One envelope line, newest first: what is already known is not replaced."""
     rec = json_record(raw)
     if rec is None:
         return
     att = rec.get("attachment")
     if rec.get("type") == "attachment" and isinstance(att, dict) and att.get("type") in ENVELOPE_ATTACHMENTS:
-        latest[att["type"]] = rec
-        if rec.get("version"):
+        latest.setdefault(att["type"], rec)
+        if rec.get("version") and "version" not in meta:
             meta.update(version=rec["version"], gitBranch=rec.get("gitBranch", ""))
 
 

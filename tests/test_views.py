@@ -1068,3 +1068,46 @@ def test_parts_are_the_recorded_segments_when_the_target_is_the_capture_one(tmp_
         assert p.messages[-1]["kind"] in ("tool_result", "assistant_text")
         ids = [m["tool_use_id"] for m in p.messages if m["tool_use_id"]]
         assert all(ids.count(i) == 2 for i in ids)
+
+
+def _envelope_forward(path):
+    """read_envelope as it was: every line of the file, in order, the newest of each kind kept."""
+    latest, meta = {}, {}
+    for raw in Path(path).read_bytes().splitlines():
+        if not cc_lhc.ENVELOPE_LINE_RE.search(raw):
+            continue
+        rec = cc_lhc.json_record(raw)
+        att = rec.get("attachment") if rec else None
+        if rec and rec.get("type") == "attachment" and isinstance(att, dict) and \
+                att.get("type") in cc_lhc.ENVELOPE_ATTACHMENTS:
+            latest[att["type"]] = rec
+            if rec.get("version"):
+                meta.update(version=rec["version"], gitBranch=rec.get("gitBranch", ""))
+    return [latest[k] for k in cc_lhc.ENVELOPE_ATTACHMENTS if k in latest], meta
+
+
+@pytest.mark.parametrize("window", [1 << 20, 700, 97])
+def test_the_envelope_read_from_the_end_is_the_newest_one(tmp_path, monkeypatch, window):
+    # Searched backwards a window at a time (small windows cut through lines and through
+    # the attachments of one prompt), it must find what a reading of every line finds.
+    monkeypatch.setattr(cc_lhc, "ENVELOPE_WINDOW", window)
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    paths = sorted(fixtures.rglob("*.jsonl"))
+    mixed = tmp_path / "mixed.jsonl"
+    lines = []
+    for i, (kind, version) in enumerate([("date", "2.1.1"), ("model", None), ("environment", "2.1.2"),
+                                         ("date", "2.1.3"), ("environment", None), ("model", "2.1.4")]):
+        rec = {"type": "attachment", "uuid": f"u{i}", "attachment": {"type": kind, "n": i}}
+        if version:
+            rec.update(version=version, gitBranch=f"b{i}")
+        lines.append(json.dumps(rec))
+        lines.append(json.dumps({"type": "user", "uuid": f"p{i}", "message": {"role": "user",
+                                 "content": 'a tool said "type": "date" ' * 20}}))
+        lines.append(json.dumps({"type": "system", "uuid": f"s{i}", "data": {"type": "model", "n": -1}}))
+    mixed.write_text("\n".join(lines) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    for path in paths + [mixed, empty]:
+        assert cc_lhc.read_envelope(str(path)) == _envelope_forward(path), path.name
+    found, meta = cc_lhc.read_envelope(str(mixed))
+    assert [r["attachment"]["n"] for r in found] == [4, 3, 5] and meta == {"version": "2.1.4", "gitBranch": "b5"}
