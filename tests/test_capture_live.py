@@ -365,6 +365,54 @@ def test_a_long_catch_up_writes_on_a_store_thread_and_a_failed_write_loses_nothi
     cap.stop()
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_rows_written_in_small_multi_row_statements_are_the_same_record(tmp_path, monkeypatch, chunk):
+    """Each table is written a chunk of rows per statement (a power of two up to
+    INSERT_CHUNK_ROWS); whatever the chunk, the record is the one a one-shot parse makes."""
+    data = big_transcript(13, 0.5)
+    expected = one_shot(tmp_path, data, "default")
+    monkeypatch.setattr(cc_lhc, "INSERT_CHUNK_ROWS", chunk)
+    chunked = one_shot(tmp_path, data, f"chunk{chunk}")
+    assert chunked[0] == expected[0] and chunked[1] == expected[1]
+
+
+def test_live_capture_looks_often_while_claude_writes_and_less_once_it_is_quiet(tmp_path, monkeypatch):
+    """After a change the files are looked at every FAST_POLL_SECONDS, and once nothing
+    changed for ACTIVE_SECONDS, every POLL_SECONDS."""
+    import threading
+    monkeypatch.setattr(cc_lhc.Capture, "ACTIVE_SECONDS", 0.3)
+    t = Transcript()
+    t.user("hello")
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path))
+    waits, changed = [], threading.Event()
+    cap.start()
+    real_wait = cap._stop.wait
+
+    def wait(timeout=None):
+        waits.append(timeout)
+        if len(waits) == 60:
+            changed.set()
+        return real_wait(timeout)
+    cap._stop.wait = wait
+    assert changed.wait(10)
+    with open(path, "a") as f:  # Claude writes again: quick looks again
+        f.write(json.dumps({"type": "user", "uuid": "late-1", "parentUuid": t.parent, "sessionId": SESSION,
+                            "timestamp": "2026-11-30T10:00:09.000Z",
+                            "message": {"role": "user", "content": "again"}}) + "\n")
+    wait_for(lambda: any(m["text"] == "again" for m in cc_lhc.ThreadStore(cap.home, THREAD).messages()),
+             what="the appended prompt")
+    seen = len(waits)
+    wait_for(lambda: len(waits) > seen + 3 and waits[-1] == cc_lhc.Capture.POLL_SECONDS, timeout=10,
+             what="quiet polling again")
+    cap.stop()
+    fast, slow = cc_lhc.Capture.FAST_POLL_SECONDS, cc_lhc.Capture.POLL_SECONDS
+    assert waits[0] == fast and slow in waits[:60]  # the first read was a change, then it went quiet
+    after = waits[60:]
+    assert fast in after and after[-1] == slow
+    assert set(waits) <= {fast, slow}
+
+
 # -- 2. corruption ------------------------------------------------------------------------
 
 NEVER_UTF8 = bytes([0xC0, 0xC1] + list(range(0xF5, 0x100)))  # bytes no UTF-8 text holds
