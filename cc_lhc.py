@@ -1781,12 +1781,78 @@ class Packer:
             self._thread = None
 
 
+class StoredMessage(dict):
+    """A stored message by column name, as the parser made it (text opened).
+
+    Its whole block JSON ("data") is put together when first read: rebuilding it means
+    encoding the message's text into it again, and a view reads every message of a thread
+    but shows few of them as their recorded blocks. Every way of reading the dict sees it.
+    """
+
+    __slots__ = ("_stored_data",)
+
+    def __missing__(self, key):
+        if key != "data":
+            raise KeyError(key)
+        data = self._stored_data
+        value = full_block_json(self["text"], data) if data else data
+        # in its column's place, right after "text", so the dict reads as the row does
+        keys = list(dict.keys(self))
+        after = [(k, dict.pop(self, k)) for k in keys[keys.index("text") + 1:]]
+        dict.__setitem__(self, "data", value)
+        for k, v in after:
+            dict.__setitem__(self, k, v)
+        return value
+
+    def whole(self) -> "StoredMessage":
+        if not dict.__contains__(self, "data"):
+            self["data"]
+        return self
+
+    def get(self, key, default=None):
+        return self["data"] if key == "data" else dict.get(self, key, default)
+
+    def __contains__(self, key):
+        return key == "data" or dict.__contains__(self, key)
+
+    def __iter__(self):
+        return dict.__iter__(self.whole())
+
+    def __len__(self):
+        return dict.__len__(self.whole())
+
+    def __eq__(self, other):
+        if isinstance(other, StoredMessage):
+            other.whole()
+        return dict.__eq__(self.whole(), other)
+
+    __hash__ = None
+
+    def keys(self):
+        return dict.keys(self.whole())
+
+    def values(self):
+        return dict.values(self.whole())
+
+    def items(self):
+        return dict.items(self.whole())
+
+    def copy(self):
+        return dict(self.whole())
+
+    def __reduce__(self):
+        return (dict, (dict(self.whole()),))
+
+    def __repr__(self):
+        return dict.__repr__(self.whole())
+
+
 def message_row(row) -> dict:
-    """A stored messages row (MESSAGE_COLUMNS) as the parser made it: text opened, block JSON whole."""
-    m = dict(zip(MESSAGE_COLUMNS, row))
-    text = m["text"] = stored_text(m["text"])
-    if m["data"]:
-        m["data"] = full_block_json(text, m["data"])
+    """A stored messages row (MESSAGE_COLUMNS) as the parser made it: text opened, block
+    JSON whole (made when first read, see StoredMessage)."""
+    m = StoredMessage(zip(MESSAGE_COLUMNS, row))
+    m["text"] = stored_text(m["text"])
+    m._stored_data = dict.pop(m, "data")
     return m
 
 
@@ -2665,9 +2731,14 @@ READ_TOOLS = frozenset(("Read", "NotebookRead"))
 WORKING_SET_LIMIT = 30
 
 
+def utf8_len(text: str) -> int:
+    """Bytes of text as UTF-8, without encoding it when it is ASCII (most tool output)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def estimate_tokens(text) -> int:
     """LHC's fast estimate (4 bytes a token), used for budgets; `measure` counts exactly."""
-    return (len(text.encode("utf-8")) + 3) // 4 if text else 0
+    return (utf8_len(text) + 3) // 4 if text else 0
 
 
 class Turn:
@@ -2697,12 +2768,12 @@ def tool_stub(m: dict, tool_name: str, native: bool = False) -> str:
     """The lean band's stand-in for a tool output: its size and the exact way back."""
     text = m["text"] or ""
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-    size = _human_size(len(text.encode("utf-8")))
+    size = _human_size(utf8_len(text))
     return f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size} · {read_back(m['seq'], native)}]"
 
 
 def _keeps_verbatim(m: dict) -> bool:
-    size = len((m["text"] or "").encode("utf-8"))
+    size = utf8_len(m["text"] or "")
     return size <= STUB_KEEP_BYTES or (bool(m["is_error"]) and size <= ERROR_KEEP_BYTES)
 
 

@@ -68,6 +68,43 @@ def test_each_payload_is_stored_once_and_large_output_compressed(big):
             json.loads(m["data"])
 
 
+def test_a_message_read_back_puts_its_block_json_together_only_when_read_and_reads_whole(big):
+    # A view reads every message but shows few as recorded blocks: the block JSON is
+    # made when first read, and any way of reading the dict sees the whole row, in order.
+    import copy
+    import pickle
+    raw = big.store.db.execute(f"SELECT {', '.join(cc_lhc.MESSAGE_COLUMNS)} FROM messages").fetchall()
+    made = []
+    real = cc_lhc.full_block_json
+    for row in raw:
+        eager = dict(zip(cc_lhc.MESSAGE_COLUMNS, row))
+        eager["text"] = cc_lhc.stored_text(eager["text"])
+        eager["data"] = real(eager["text"], eager["data"]) if eager["data"] else eager["data"]
+        readers = [dict, lambda m: dict(m.items()), lambda m: {**m}, copy.copy, copy.deepcopy,
+                   lambda m: json.loads(json.dumps(m)), lambda m: pickle.loads(pickle.dumps(m)),
+                   lambda m: {k: m[k] for k in m}, lambda m: dict(zip(m.keys(), m.values())),
+                   lambda m: {k: m.get(k) for k in cc_lhc.MESSAGE_COLUMNS}]
+        for read in readers:
+            m = cc_lhc.message_row(row)
+            got = read(m)
+            assert got == eager and list(got) == list(cc_lhc.MESSAGE_COLUMNS)
+        m = cc_lhc.message_row(row)
+        assert m == eager and eager == m and len(m) == len(eager) and "data" in m
+        made.append(row)
+    # built lazily: reading seq and text alone builds no block JSON
+    calls = []
+    cc_lhc.full_block_json = lambda t, d: calls.append(1) or real(t, d)
+    try:
+        for row in raw:
+            m = cc_lhc.message_row(row)
+            m["seq"], m["text"], m.get("kind")
+        assert calls == []
+        assert [cc_lhc.message_row(r)["data"] for r in raw] and calls
+    finally:
+        cc_lhc.full_block_json = real
+    assert made
+
+
 def test_export_is_byte_exact_for_stored_once_and_older_rows(big, capsys):
     now = _export(capsys, big)
     # The same thread as an older cc-lhc wrote it: text plain, block JSON whole.
