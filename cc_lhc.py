@@ -6103,9 +6103,13 @@ class Capture:
         if stored is not None:
             stored(batch)
         if self.request_handoff is not None:
-            # A live host builds views at its seams: their main-chain texts are counted now.
-            TOKENS.count_ahead([view_text(m) for m in batch.out.messages
-                                if m.agent is None and m.kind != "api_error"])
+            # A live host builds views at its seams: their main-chain texts are counted now
+            # (only ever a head start: nothing about it may keep the batch's events back).
+            try:
+                TOKENS.count_ahead([view_text(m) for m in batch.out.messages
+                                    if m.agent is None and m.kind != "api_error"])
+            except Exception as e:
+                TOKENS.ahead_error = e
         self._report(batch.out)
         return batch.lines
 

@@ -397,3 +397,24 @@ def test_a_capture_outside_a_live_host_counts_nothing_ahead(tmp_path):
     sample = SAMPLES_DIR / "02_tool_roundtrip_thinking.jsonl"
     done = run_counts(tmp_path, LIVE_CAPTURE.format(path=str(sample), live="None"))
     assert done["out"][:2] == [True, 0] and not done["built"]
+
+
+def test_a_count_ahead_that_fails_keeps_no_event_of_its_batch_back(tmp_path, monkeypatch):
+    import cc_lhc
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path / "state"))
+
+    def broken(_texts):
+        raise RuntimeError("counting broke")
+    monkeypatch.setattr(cc_lhc.TOKENS, "count_ahead", broken)
+    monkeypatch.setattr(cc_lhc.TOKENS, "ahead_error", None)  # put back as it was afterwards
+    events = []
+    home = cc_lhc.StateHome(str(tmp_path / "state"))
+    home.ensure()
+    sample = SAMPLES_DIR / "08_synthetic_resume_prompt_too_long_reactive_compact.jsonl"
+    cap = cc_lhc.Capture(home, "thread-1", "session-1", str(sample),
+                         on_event=lambda event, _cap: events.append(event.kind),
+                         on_responses=lambda _cap: events.append("responses"))
+    cap.request_handoff = lambda **_: None
+    assert cap.catch_up() > 0
+    assert "responses" in events and str(cc_lhc.TOKENS.ahead_error) == "counting broke"
+    cap.stop()
