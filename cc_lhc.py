@@ -478,7 +478,7 @@ class CountsCache:
     def put(self, counted: dict) -> None:
         def write(db):
             with Tx(db):
-                db.executemany("INSERT OR IGNORE INTO counts VALUES (?, ?)", counted.items())
+                insert_rows(db, "INSERT OR IGNORE INTO counts", 2, list(counted.items()))
                 low, high = db.execute("SELECT min(rowid), max(rowid) FROM counts").fetchone()
                 if high - low >= COUNTS_CACHE_ROWS:
                     db.execute("DELETE FROM counts WHERE rowid < ?", (high - COUNTS_CACHE_ROWS // 2,))
@@ -619,7 +619,7 @@ class TokenCounter:
     def count(self, text: str) -> int:
         """One text's tokens; without the tokenizer, bytes/4 (labelled approximate)."""
         if not self.usable():
-            return (len(text.encode("utf-8", "surrogatepass")) + 3) // 4
+            return estimate_tokens(text)
         return self.count_many([text])[0]
 
     def count_many(self, texts) -> list:
