@@ -527,7 +527,7 @@ class TokenCounter:
         self._saver = None
         self._atexit = False
         self._ahead = None  # texts waiting for count_ahead's thread
-        self.ahead_error = None  # what stopped that thread, if anything did
+        self.ahead_error = None  # count_ahead's last failure (it goes on; the session's end logs it)
 
     def usable(self) -> bool:
         """Whether counts are exact, settled without building the tokenizer."""
@@ -679,7 +679,8 @@ class TokenCounter:
         """Count texts later, on a thread of its own at low priority, so that a view built
         at a seam finds them counted: the live host hands over what it captures. The
         counts are kept like any others (saved when the thread runs out of work, and at
-        exit). Nothing is done when counts cannot be exact."""
+        exit; a session's end waits for it, see finish_counting_ahead). Nothing is done
+        when counts cannot be exact."""
         texts = [t for t in texts if t]
         if not texts or not self.usable():
             return
@@ -8146,6 +8147,7 @@ class ManagedSession:
         self._each_step(
             ("worker", lambda: self.worker and self.worker.stop()),
             ("capture", lambda: finish_capture(capture, spec, home)),
+            ("counts ahead", lambda: finish_counting_ahead(home)),
             ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
                                                                              self.policy)),
             ("acceptance", self._settle),
@@ -8357,6 +8359,19 @@ def classify_live(capture, home, policy) -> dict:
                      operation="prune", **p.c)
             capture.request_handoff(prune=True)
     return a.c
+
+
+# How long a session's end waits for the counts made ahead of its seams (TokenCounter.
+# count_ahead) to be done: then they are kept for the next launch, not left half made.
+COUNT_AHEAD_EXIT_SECONDS = 2.0
+
+
+def finish_counting_ahead(home) -> None:
+    """At a session's end: let the counting ahead finish (bounded), and say if it failed."""
+    if not TOKENS.drain_ahead(COUNT_AHEAD_EXIT_SECONDS):
+        home.log("count_ahead_unfinished", waited=COUNT_AHEAD_EXIT_SECONDS)
+    if TOKENS.ahead_error is not None:
+        home.log("count_ahead_failed", error=repr(TOKENS.ahead_error))
 
 
 def report_pressure_at_exit(capture, spec, home, policy) -> None:

@@ -356,3 +356,37 @@ def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux)
     assert "split the task into smaller steps" in screen
     log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
     assert log.count('"event": "too_long_continued"') == 1
+
+
+SHOWN_COUNTED = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import cc_lhc
+built = []
+real = cc_lhc.TokenCounter._load
+cc_lhc.TokenCounter._load = lambda self: (built.append(1), real(self))[1]
+home = cc_lhc.StateHome()
+((thread_id, *_),) = cc_lhc.Registry(home).threads()
+store = cc_lhc.ThreadStore(home, thread_id)
+texts = [cc_lhc.shown_text(m, None) for m in store.messages() if m["kind"] != "api_error"]
+counted = cc_lhc.TOKENS.count_many(texts)
+print(json.dumps({"texts": texts, "built": bool(built), "exact": cc_lhc.TOKENS.exact}))
+"""
+
+
+def test_an_interactive_session_leaves_what_it_captured_counted_for_the_next_launch(real_claude, tmux):
+    # The live host counts what it captures ahead of its seams, and its end waits for
+    # that to be done: a later process finds every text a view shows already counted.
+    real_claude.api.script(["The counted answer, unique 4711."])
+    t = tmux([sys.executable, CC_LHC], cols=100, rows=30, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "count me ahead")
+    t.wait_for("unique 4711")
+    exit_cleanly(t)
+    probe = real_claude.run([sys.executable, "-c", SHOWN_COUNTED, str(Path(CC_LHC).parent)])
+    assert probe.returncode == 0, probe.stderr
+    seen = json.loads(probe.stdout)
+    assert seen["exact"] and not seen["built"]
+    assert "count me ahead" in seen["texts"] and "The counted answer, unique 4711." in seen["texts"]
+    log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
+    assert "count_ahead_failed" not in log and "count_ahead_unfinished" not in log
