@@ -176,7 +176,9 @@ def counts_of(texts):
 
 
 def counts_file(tmp_path):
-    return tmp_path / "state" / "cache" / "o200k-counts-446a9538cb6c348e.sqlite"
+    sys.path.insert(0, str(REPO))
+    import cc_lhc
+    return Path(cc_lhc.CountsCache(cc_lhc.StateHome(str(tmp_path / "state"))).path)
 
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog. " * 50, "ünïcödé 日本語 <|endoftext|>"]
@@ -359,6 +361,7 @@ drained = cc_lhc.TOKENS.drain_ahead(60)
 ahead = [t for t in threading.enumerate() if t.name == "cc-lhc-count-ahead"]
 nice = os.getpriority(os.PRIO_PROCESS, ahead[0].native_id) if ahead and hasattr(os, "getpriority") else None
 out = [drained, len(ahead), nice, os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else None]
+saved_later = True  # no save here: the counting thread's own must have kept them
 """
 
 SHOWN_TEXTS = """
