@@ -1077,6 +1077,18 @@ def compiled_entry(root: Path) -> tuple[Path, list[str]]:
                                        "sys.exit(cc_lhc.main(sys.argv[1:]))"]
 
 
+def counts_forgetter(cc: Any, state: Path) -> tuple[Path, Callable[[], None]]:
+    """The counts cache of the state folder ``state`` (cc_lhc's own CountsCache path), and
+    a function that deletes it with its WAL files, leaving the ranks cache: someone who has
+    used cc-lhc before, whose texts were never counted."""
+    counts = Path(cc.CountsCache(cc.StateHome(str(state))).path)
+
+    def forget() -> None:
+        for p in counts.parent.glob(counts.name + "*"):
+            p.unlink()
+    return counts, forget
+
+
 @bench("search", "`cc-lhc search` of unique strings from the older half of a 40 MiB real-CLI session, whole process")
 def _search(ctx: Ctx) -> dict:
     cc = ctx.need_cc()
@@ -1237,12 +1249,7 @@ def _measure_1m(ctx: Ctx) -> dict:
     root = ctx.scratch("measure-1m")
     state = root / ".cc-lhc"
     state.mkdir(parents=True, exist_ok=True)
-    counts = state / "cache" / f"o200k-counts-{cc.O200K_SHA256[:16]}.sqlite"
-
-    def forget() -> None:  # the ranks cache stays (someone who has used cc-lhc before)
-        for p in counts.parent.glob(counts.name + "*"):
-            p.unlink()
-
+    _counts, forget = counts_forgetter(cc, state)
     runs = ctx.runs(5)
     env = sandbox_env(root)
     _lib, entry = compiled_entry(root)
@@ -1281,12 +1288,7 @@ def _measure(ctx: Ctx) -> dict:
     # (warm-up) run leaves the tokenizer's ranks cache there for the timed ones. The counts
     # it made go before each timed run: every text is counted, as lcc counts it.
     (root / ".cc-lhc").mkdir(parents=True, exist_ok=True)
-    counts = root / ".cc-lhc" / "cache" / f"o200k-counts-{cc.O200K_SHA256[:16]}.sqlite"
-
-    def forget() -> None:
-        for p in counts.parent.glob(counts.name + "*"):
-            p.unlink()
-
+    _counts, forget = counts_forgetter(cc, root / ".cc-lhc")
     times, proc = time_process([sys.executable, str(REPO / "cc_lhc.py"), "measure", str(path), "--json"],
                                runs, sandbox_env(root), root, warmup=1, before=forget)
     ours = json.loads(proc.stdout)["sessions"][0]
@@ -1382,9 +1384,8 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
             # As for someone who has used cc-lhc before: the tokenizer's ranks are cached in
             # the state folder; no text of this thread has been counted yet.
             cc.TokenCounter().encoding()
-        counts = state / "cache" / f"o200k-counts-{cc.O200K_SHA256[:16]}.sqlite"
-        for p in counts.parent.glob(counts.name + "*"):
-            p.unlink()
+        counts, forget = counts_forgetter(cc, state)
+        forget()
         shutil.copytree(state, backup)
         keep_counts = False
 
