@@ -139,6 +139,20 @@ def test_zipapp_contents_and_checksums(zipapp):
 
 
 @needs_source
+def test_zipapp_code_is_stored_as_it_is_with_bytecode_used_unchecked(zipapp):
+    # What makes its start cheap: zipimport neither inflates the code nor reads the source
+    # to hash it. Unchecked bytecode is still hash-based (reproducible, no mtime inside).
+    with zipfile.ZipFile(zipapp / "dist" / "cc-lhc.pyz") as z:
+        code = [i for i in z.infolist() if i.filename.endswith((".py", ".pyc"))]
+        assert code and all(i.compress_type == zipfile.ZIP_STORED for i in code)
+        others = [i for i in z.infolist() if not i.filename.endswith((".py", ".pyc"))]
+        assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in others)
+        for info in code:
+            if info.filename.endswith(".pyc"):
+                flags = int.from_bytes(z.read(info)[4:8], "little")
+                assert flags == 0b01, info.filename  # hash-based, source not checked
+
+
 def test_zipapp_vendors_the_pure_python_pty_layer(zipapp):
     pyz = zipapp / "dist" / "cc-lhc.pyz"
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import pexpect, ptyprocess; "
