@@ -944,6 +944,18 @@ TERMINAL_STOP_REASONS = frozenset(("end_turn", "stop_sequence", "max_tokens", "r
 TURN_END_SUBTYPES = frozenset(("turn_duration", "stop_hook_summary"))
 # Tools whose call starts an agent that writes its own records (a sidechain).
 AGENT_TOOLS = ("Agent", "Task")
+# A slash command Claude Code runs itself (/compact, /model, ...) asks the model nothing.
+# 2.1.328 writes /compact as a caveat (an isMeta user record), the command as a user record
+# and its output as a user record (compacted) or a system/local_command record (not
+# compacted); most other commands only as system/local_command records, which open no
+# turn. Written as user records, a command is a turn of its own, of kind "command", and
+# settled once its output is written, so a seam right after it is still a settled one. A
+# command that is a prompt (a skill, a custom command) writes no output: the model answers
+# it and its turn ends as any other.
+LOCAL_COMMAND_CAVEAT = "<local-command-caveat>"
+LOCAL_COMMAND_NAME = "<command-name>"
+LOCAL_COMMAND_OUTPUT = ("<local-command-stdout>", "<local-command-stderr>")
+COMMAND_TURN = "command"
 
 # The rows a parsed batch carries (ParseOutput). They are tuples in the store's column
 # order, so the store inserts them as they come; everything else reads them by name.
@@ -1057,6 +1069,9 @@ class ParseState:
         self.next_seq = next_seq
         self.next_turn = next_turn
         self.open_turn = None        # the turn number still running, or None
+        self.open_kind = None        # and its kind (TurnOpened.kind)
+        self.caveat_seq = None       # the caveat that opened the open command turn, while alone in it
+        self.answering = False       # the model has spoken in the open turn
         self.segment = 0             # current segment index within the open turn
         self.segment_first = None    # first seq of the current segment
         self.segment_bytes = 0       # size of the current segment's text so far
@@ -1226,6 +1241,9 @@ class RolloutParser:
                 self._link(data.get("agentId"), rec.get("parentToolUseID"))
             elif rtype == "system" and rec.get("subtype") in TURN_END_SUBTYPES and self.agent is None:
                 self._turn_ended(rec)
+            elif rtype == "system" and rec.get("subtype") == "local_command" and self.agent is None:
+                if _local_command_part(rec.get("content")) == "output":
+                    self._command_done(rec)
             self._count(label, size)
 
     def _replayed(self, rec, rtype, size) -> bool:
@@ -1333,8 +1351,8 @@ class RolloutParser:
                              status, why, created)
         n = self.s.next_turn
         self.s.next_turn += 1
-        self.s.open_turn = n
-        self.s.turn_first, self.s.unasked = seq, False
+        self.s.open_turn, self.s.open_kind = n, kind
+        self.s.turn_first, self.s.unasked, self.s.answering = seq, False, False
         self.s.segment, self.s.segment_first, self.s.segment_bytes = 0, seq, 0
         self.out.turns_opened.append(TurnOpened(n, kind, seq, self.session, created))
         return n
@@ -1369,6 +1387,8 @@ class RolloutParser:
         s.last_seq = seq
         if s.open_turn is None:
             self._open_turn("continuation", seq, rec.get("timestamp"))
+        if role == "assistant":
+            s.answering = True
         if s.segment_first is None:
             s.segment_first = seq
         s.segment_bytes += segment_size(kind, text, data)
@@ -1377,6 +1397,15 @@ class RolloutParser:
             response_id, model, self.session, rec.get("uuid"), block, line_no,
             rec.get("timestamp"), None)))
         return seq
+
+    def _command_done(self, rec):
+        """A local command's output is written: its turn is over, and the seam settled. (Not
+        a command that is a prompt the model is answering: a command run meanwhile, such as
+        /context, ends nothing.)"""
+        s = self.s
+        if (s.open_turn is not None and s.open_kind == COMMAND_TURN and not s.answering
+                and s.last_seq is not None):
+            self._close_turn(s.last_seq, "closed", "local_command", rec.get("timestamp"))
 
     def _turn_ended(self, rec):
         """A system record saying the turn is over closes it, unless a call still waits."""
@@ -1407,6 +1436,10 @@ class RolloutParser:
         if not isinstance(blocks, list):
             blocks = [{"type": "unknown", "value": blocks}]
         has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
+        local = None if has_result or self.agent is not None else _local_command_part(content)
+        if local is not None:
+            self._command_part(rec, local, blocks, line_no)
+            return
         if not has_result and not rec.get("isMeta"):
             origin = (rec.get("origin") or {}).get("kind") if isinstance(rec.get("origin"), dict) else None
             _require_text(origin)
@@ -1436,6 +1469,27 @@ class RolloutParser:
                 self._message("user", kind, block.get("text", ""), None, rec, i, line_no)
             else:
                 self._message("user", f"user_{btype}", None, _dump(block), rec, i, line_no)
+
+    def _command_part(self, rec, part, blocks, line_no):
+        """One user record of a local command (see LOCAL_COMMAND_CAVEAT): the caveat opens
+        its turn, the command's name joins the caveat just before it, its output ends it."""
+        s = self.s
+        created = rec.get("timestamp")
+        joins = s.open_turn is not None and s.open_kind == COMMAND_TURN and (
+            part == "output" or part == "name" and s.caveat_seq == s.last_seq)
+        if not joins:
+            self._open_turn(COMMAND_TURN, s.next_seq, created)
+        s.caveat_seq = s.next_seq if part == "caveat" else None
+        for i, block in enumerate(blocks):
+            if not isinstance(block, dict):
+                block = {"type": "unknown", "value": block}
+            if block.get("type") == "text":
+                kind = "user_meta" if rec.get("isMeta") else "user_text"
+                self._message("user", kind, block.get("text", ""), None, rec, i, line_no)
+            else:
+                self._message("user", f"user_{block.get('type')}", None, _dump(block), rec, i, line_no)
+        if part == "output":
+            self._command_done(rec)
 
     def _assistant(self, rec, line_no):
         message = rec.get("message") or {}
@@ -1497,6 +1551,24 @@ class RolloutParser:
             s.closed_response = ClosedResponse(response_id, s.open_turn, s.segment, s.segment_first,
                                                s.segment_bytes)
             self._close_turn(last, "closed", stop or "api_error", created)
+
+
+def _local_command_part(content):
+    """'caveat', 'name' or 'output' for a record's content that is part of a local command
+    (LOCAL_COMMAND_CAVEAT), else None."""
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict) \
+            and content[0].get("type") == "text":
+        content = content[0].get("text")
+    if not isinstance(content, str):
+        return None
+    head = content.lstrip()[:32]
+    if head.startswith(LOCAL_COMMAND_CAVEAT):
+        return "caveat"
+    if head.startswith(LOCAL_COMMAND_NAME):
+        return "name"
+    if head.startswith(LOCAL_COMMAND_OUTPUT):
+        return "output"
+    return None
 
 
 _SCAN_JSON = json.JSONDecoder().scan_once  # json.loads's own scanner, with its defaults
@@ -2391,7 +2463,14 @@ class ThreadStore:
         row = db.execute("SELECT n, kind, first_seq FROM turns WHERE status = 'open' ORDER BY n DESC "
                          "LIMIT 1").fetchone()
         if row:
-            state.open_turn, state.turn_first = row[0], row[2]
+            state.open_turn, state.open_kind, state.turn_first = row[0], row[1], row[2]
+            if row[1] == COMMAND_TURN:
+                state.answering = db.execute("SELECT 1 FROM messages WHERE turn = ? AND agent IS NULL AND "
+                                             "role = 'assistant' LIMIT 1", (row[0],)).fetchone() is not None
+                alone = db.execute("SELECT seq, text FROM messages WHERE turn = ? AND agent IS NULL "
+                                   "ORDER BY seq LIMIT 2", (row[0],)).fetchall()
+                if len(alone) == 1 and _local_command_part(stored_text(alone[0][1])) == "caveat":
+                    state.caveat_seq = alone[0][0]
             seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ? AND agent IS NULL",
                              (row[0],)).fetchone()[0]
             state.segment = seg or 0
@@ -6706,6 +6785,9 @@ def automatic_prune_due(policy, c: dict) -> bool:
     return bool(policy["pruneEnabled"]) and c["pressure"] is not None and c["pressure"] < c["trigger"]
 
 
+UNSETTLED = "not at a settled seam"  # how an assessment that waits for its seam begins its reason
+
+
 def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimate=0,
            manual=False, swap=False, idle=False, prune=False) -> Assessment:
     """Read the pressure of a session, check its seam, classify and receipt it.
@@ -6721,7 +6803,7 @@ def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimat
     receipt = receipts.classified(store, thread_id, session_id, c)
     a = Assessment(c, receipt, receipts, unsettled, "")
     if unsettled and (manual or c["state"] == STATE_OVER_OPEN):
-        a.reason = f"not at a settled seam ({unsettled})"
+        a.reason = f"{UNSETTLED} ({unsettled})"
         a.outcome("deferred: waits for a settled seam")
         return a
     if not manual and not c["would_mutate"]:
@@ -8907,6 +8989,11 @@ class LiveHandoff:
     STABILISE_SECONDS = 1.0
     REPLAY_LIMIT = 1 << 20
     GIVE_UP_SECONDS = 30.0
+    # A swap that must serve now (the in-process path was refused) but finds the seam
+    # unsettled, because Claude is still writing the records of the /compact it declined,
+    # is tried again this often, for this long; later seams ask for it as usual.
+    SEAM_RETRY_SECONDS = 0.2
+    SEAM_WAIT_SECONDS = 10.0
     MAX_FAILURES = 3
     NOTICE = "input typed during compaction was not delivered \u2014 please resend"
     RUNTIME_NOTE = ("[runtime note] The API rejected your last request as too long, so cc-lhc rebuilt "
@@ -8940,6 +9027,8 @@ class LiveHandoff:
         self.carrying = []          # the open background items of the seam being swapped
         self.told_at_turn = None    # a note was typed: the next one waits for a newer settled turn
         self.last_input = 0.0       # when the person last typed (monotonic)
+        self.retry_at = None        # swap_soon: when to try the waiting swap again (monotonic)
+        self.retry_until = None     # and until when
         self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
@@ -9106,14 +9195,32 @@ class LiveHandoff:
         else:
             self.replay_overflow = True
 
+    def swap_soon(self, relay) -> None:
+        """Swap now, or as soon as the seam settles (within SEAM_WAIT_SECONDS)."""
+        import time
+        why = self.start(relay, manual=True)
+        if why.startswith(UNSETTLED):
+            now = time.monotonic()
+            if self.retry_until is None:
+                self.retry_until = now + self.SEAM_WAIT_SECONDS
+                self.session.home.log("handoff_waits_for_seam", why=why)
+            if now < self.retry_until:
+                self.retry_at = now + self.SEAM_RETRY_SECONDS
+                return
+            self.session.home.log("handoff_seam_wait_over", why=why)
+        self.retry_at = self.retry_until = None
+
     @property
     def wants_tick(self) -> bool:
-        return self.candidate is not None or self.submit_at is not None or self.inproc.wants_tick
+        return (self.candidate is not None or self.submit_at is not None or self.retry_at is not None
+                or self.inproc.wants_tick)
 
     def on_tick(self, relay) -> None:
         import time
         self.inproc.on_tick(relay)
         now = time.monotonic()
+        if self.retry_at is not None and now >= self.retry_at and self.candidate is None:
+            self.swap_soon(relay)
         if self.submit_at is not None and now >= self.submit_at:
             self.submit_at = None
             relay.to_child += b"\r"
@@ -9517,7 +9624,7 @@ class InProcessCompact:
         home.log("in_process_compact_refused", why=why)
         session.announce(self.FALLBACK.format(why=why), relay)
         if swap:
-            self.handoff.start(relay, manual=True)
+            self.handoff.swap_soon(relay)
 
     def _answer_request(self, relay) -> None:
         """A person's own /compact: the hook asks for a view; prepare one or refuse it."""

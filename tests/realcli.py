@@ -57,8 +57,18 @@ def wait_for_log(rc, event: str, count: int = 1, timeout: float = 30) -> None:
         seen = log.read_text().count(f'"event": "{event}"') if log.exists() else 0
         if seen >= count:
             return
-        assert time.monotonic() < deadline, f"no {event!r} in wrapper.log after {timeout}s"
+        assert time.monotonic() < deadline, (f"no {event!r} in wrapper.log after {timeout}s; "
+                                             f"it holds:\n{log_story(log)}")
         time.sleep(POLL)
+
+
+def log_story(log: Path, last: int = 40) -> str:
+    """wrapper.log's newest events, one short line each, for a failure's message."""
+    try:
+        lines = log.read_text().splitlines()[-last:]
+    except OSError as e:
+        return f"(unreadable: {e})"
+    return "\n".join(line[:300] for line in lines) or "(empty)"
 
 
 def wait_until(check, what: str, timeout: float = 30):

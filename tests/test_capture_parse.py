@@ -910,3 +910,119 @@ def test_transcript_lines_read_exactly_as_json_loads_reads_them(path):
     for line in lines:
         mine, theirs = read(cc_lhc.transcript_json, line), read(json.loads, line)
         assert repr(mine) == repr(theirs), line[:80]
+
+
+# -- local commands: what 2.1.328 writes for a /compact it runs itself ------------------------
+
+CAVEAT = ("<local-command-caveat>The command below was run directly in Claude Code, not sent to "
+          "you as a request, and its output goes straight to the user. It's recorded here as "
+          "context for later messages.</local-command-caveat>")
+COMPACT_NAME = ("<command-name>/compact</command-name>\n            <command-message>compact"
+                "</command-message>\n            <command-args></command-args>")
+
+
+def answered(t: Transcript, prompt: str, answer: str) -> None:
+    t.user(prompt)
+    t.assistant(text(answer))
+    t.record({"type": "system", "subtype": "turn_duration", "durationMs": 12})
+
+
+def local_compact(t: Transcript, output: str | None) -> None:
+    """The caveat and the command as user records, then the output: a system record
+    (declined), a user record (compacted), or None (not written yet)."""
+    t.user(CAVEAT, isMeta=True)
+    t.user(COMPACT_NAME)
+    if output == "system":
+        t.record({"type": "system", "subtype": "local_command", "level": "info",
+                  "content": "<local-command-stdout>Not compacted \u00b7 cc-lhc: declined</local-command-stdout>",
+                  "commandRun": {"command": "compact", "args": ""}})
+    elif output == "user":
+        t.user("<local-command-stdout>\x1b[2mCompacted (ctrl+o to see full summary)\x1b[22m"
+               "</local-command-stdout>")
+
+
+def turn_shapes(store) -> list[tuple]:
+    return store.db.execute("SELECT n, kind, status, stop_reason FROM turns ORDER BY n").fetchall()
+
+
+@pytest.mark.parametrize("output", ["system", "user"], ids=["declined", "compacted"])
+def test_a_local_command_is_a_turn_of_its_own_settled_once_its_output_is_written(tmp_path, capture, output):
+    t = Transcript()
+    answered(t, "first prompt", "first answer")
+    local_compact(t, None)
+    running = capture(t.write(tmp_path / "running.jsonl"))
+    assert turn_shapes(running.store)[-1] == (2, "command", "open", None)
+    assert "t2 is still open" in cc_lhc.unsettled_reason(running.store)  # the command still runs
+    t = Transcript()
+    answered(t, "first prompt", "first answer")
+    local_compact(t, output)
+    done = capture(t.write(tmp_path / "done.jsonl"))
+    assert turn_shapes(done.store) == [(1, "prompt", "closed", "end_turn"),
+                                       (2, "command", "closed", "local_command")]
+    assert cc_lhc.unsettled_reason(done.store) == ""  # Claude is at its prompt: a settled seam
+    kinds = [(m["turn"], m["kind"]) for m in done.messages()]
+    assert kinds[2:4] == [(2, "user_meta"), (2, "user_text")]  # nothing of it is dropped
+    answered(t, "next prompt", "next answer")
+    later = capture(t.write(tmp_path / "later.jsonl"))
+    assert turn_shapes(later.store)[1:] == [(2, "command", "closed", "local_command"),
+                                            (3, "prompt", "closed", "end_turn")]
+
+
+def test_a_slash_command_that_is_a_prompt_ends_its_turn_when_the_model_has_answered(tmp_path, capture):
+    """A skill or custom command writes its name, then the prompt it stands for (isMeta),
+    and the model answers it: no output record, so its turn ends as a model turn does."""
+    t = Transcript()
+    answered(t, "first prompt", "first answer")
+    t.user("<command-name>/review</command-name>\n<command-message>review</command-message>")
+    t.user("Review the change on this branch.", isMeta=True)
+    running = capture(t.write(tmp_path / "running.jsonl"))
+    assert "t2 is still open" in cc_lhc.unsettled_reason(running.store)
+    t.assistant(text("reviewed"))
+    t.record({"type": "system", "subtype": "turn_duration", "durationMs": 12})
+    done = capture(t.write(tmp_path / "done.jsonl"))
+    assert turn_shapes(done.store)[-1] == (2, "command", "closed", "end_turn")
+    assert [m["turn"] for m in done.messages()][2:] == [2, 2, 2]
+
+
+def test_a_local_command_is_recorded_the_same_whatever_line_capture_restarts_at(tmp_path):
+    t = Transcript()
+    answered(t, "first prompt", "first answer")
+    local_compact(t, "system")
+    local_compact(t, "user")
+    t.user(COMPACT_NAME)  # a command written with no caveat before it
+    t.user("<local-command-stdout>done</local-command-stdout>")
+    t.user("<command-name>/review</command-name>")  # a prompt, and a command while it is answered
+    t.assistant(text("looking"), stop=None)
+    t.record({"type": "system", "subtype": "local_command", "content": "<local-command-stdout>4%</local-command-stdout>"})
+    t.assistant(text("reviewed"))
+    answered(t, "next prompt", "next answer")
+    data = t.data()
+    one = Captured(tmp_path / "one", t.write(tmp_path / "one.jsonl"))
+    want = stored_rows(one.store), turn_shapes(one.store)
+    one.close()
+    assert [kind for _, kind, _, _ in want[1]] == ["prompt", "command", "command", "command", "command", "prompt"]
+    assert want[1][4][2:] == ("closed", "end_turn")
+    path = tmp_path / "restarted.jsonl"
+    home = cc_lhc.StateHome(tmp_path / "restarted")
+    for end in [i + 1 for i, b in enumerate(data) if b == 0x0A]:  # a new process for every line
+        path.write_bytes(data[:end])
+        cap = cc_lhc.Capture(home, "th", "sess-1", str(path))
+        cap.catch_up()
+        cap.stop()
+    store = cc_lhc.ThreadStore(home, "th")
+    assert (stored_rows(store), turn_shapes(store)) == want
+    store.close()
+
+
+def test_a_local_command_run_while_the_model_answers_a_slash_command_ends_nothing(tmp_path, capture):
+    t = Transcript()
+    answered(t, "first prompt", "first answer")
+    t.user("<command-name>/review</command-name>\n<command-message>review</command-message>")
+    t.user("Review the change on this branch.", isMeta=True)
+    t.assistant(tool_use("toolu_r1", "git diff"), stop="tool_use")
+    t.tool_result(("toolu_r1", "diff --git a/x b/x"))
+    t.assistant(text("looking further"), stop=None)
+    t.record({"type": "system", "subtype": "local_command", "level": "info",
+              "content": "<local-command-stdout>Context usage: 4%</local-command-stdout>"})
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    assert turn_shapes(c.store)[-1] == (2, "command", "open", None)  # still the model's turn

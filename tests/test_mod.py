@@ -243,3 +243,69 @@ def test_mod_compact_passes_on_a_compaction_cc_lhc_gave_up(iso_env, capsys, monk
     # the hook leaves the conversation as it is rather than letting Claude summarise it
     assert json.loads(capsys.readouterr().out) == {"refused": "its view could not be written"}
     assert not (folder / cc_lhc.MOD_REQUEST_FILE).exists()
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _waiting_handoff(tmp_path, monkeypatch, answers):
+    """A LiveHandoff whose start() answers from ``answers`` (its session and relay are not
+    needed for the retry), on a clock the test moves."""
+    import time
+    from types import SimpleNamespace
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.candidate, h.submit_at = SimpleNamespace(home=home), None, None
+    h.retry_at = h.retry_until = None
+    h.inproc = SimpleNamespace(on_tick=lambda relay: None, wants_tick=False)
+    h._tell_carried = lambda relay: None
+    asked = []
+    h.start = lambda relay, manual=False: (asked.append(clock.now), answers.pop(0))[1]
+    return h, clock, asked, home
+
+
+def _events(home) -> list[str]:
+    return [json.loads(line)["event"] for line in Path(home.root, "wrapper.log").read_text().splitlines()]
+
+
+def test_a_swap_refused_for_an_unsettled_seam_is_tried_again_until_the_seam_settles(tmp_path, monkeypatch):
+    """The in-process path was refused while Claude still writes the /compact it declined:
+    the swap that must serve the seam waits for it to settle instead of being dropped."""
+    unsettled = f"{cc_lhc.UNSETTLED} (the transcript was left mid-turn (t3 is still open))"
+    h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch, [unsettled, unsettled, ""])
+    h.swap_soon(None)
+    assert h.wants_tick and len(asked) == 1
+    h.on_tick(None)
+    assert len(asked) == 1  # not before its time
+    clock.now += h.SEAM_RETRY_SECONDS
+    h.on_tick(None)
+    clock.now += h.SEAM_RETRY_SECONDS
+    h.on_tick(None)
+    assert len(asked) == 3 and not h.wants_tick  # started: nothing more to retry
+    clock.now += 5
+    h.on_tick(None)
+    assert len(asked) == 3
+    assert _events(home).count("handoff_waits_for_seam") == 1
+
+
+def test_a_swap_waits_for_its_seam_only_so_long_and_never_for_another_reason(tmp_path, monkeypatch):
+    unsettled = f"{cc_lhc.UNSETTLED} (the transcript was left mid-turn (t4 is still open))"
+    h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch, [unsettled] * 1000)
+    h.swap_soon(None)
+    while h.wants_tick:
+        clock.now += h.SEAM_RETRY_SECONDS
+        h.on_tick(None)
+    # tried about every SEAM_RETRY_SECONDS for SEAM_WAIT_SECONDS, then left to the next seam
+    assert len(asked) == round(h.SEAM_WAIT_SECONDS / h.SEAM_RETRY_SECONDS) + 1
+    assert _events(home)[-1] == "handoff_seam_wait_over"
+    h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch, ["under the trigger"])
+    h.swap_soon(None)
+    assert not h.wants_tick and len(asked) == 1

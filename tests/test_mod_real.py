@@ -144,6 +144,16 @@ def _rows(rc, sql, *args):
     return registry_rows(rc, sql, args)
 
 
+def _turns(rc) -> list[tuple]:
+    """(kind, status, stop_reason) of each turn of the one thread cc-lhc captured."""
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    store = cc_lhc.ThreadStore(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread["id"])
+    try:
+        return store.db.execute("SELECT kind, status, stop_reason FROM turns ORDER BY n").fetchall()
+    finally:
+        store.close()
+
+
 def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
     """A session with the mod active whose second answer (signed thinking) goes over the
     trigger at a settled seam; returns the pane once cc-lhc served the view in process."""
@@ -267,6 +277,9 @@ def test_a_persons_own_compact_runs_through_the_hook_with_their_instructions(rea
     (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
     record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
     assert any("keep the plan" in (m["text"] or "") for m in record)  # the instructions are in the thread
+    # the /compact itself is a turn of its own, over once Claude wrote that it compacted:
+    # the seam after it is a settled one
+    assert ("command", "closed", "local_command") in _turns(rc)
     exit_cleanly(t)
 
 
@@ -382,3 +395,6 @@ def test_when_the_hook_declines_the_swap_handles_the_seam_and_the_session_goes_o
     assert statuses == ["abandoned", "accepted"]  # the in-process attempt, then the swap
     assert len(log_events(rc, "in_process_compact_refused")) == 1
     exit_cleanly(t)
+    # the /compact Claude declined is a settled turn of its own (its output says so), so
+    # the swap never waits on it for a later seam
+    assert _turns(rc)[2] == ("command", "closed", "local_command")
