@@ -944,18 +944,20 @@ TERMINAL_STOP_REASONS = frozenset(("end_turn", "stop_sequence", "max_tokens", "r
 TURN_END_SUBTYPES = frozenset(("turn_duration", "stop_hook_summary"))
 # Tools whose call starts an agent that writes its own records (a sidechain).
 AGENT_TOOLS = ("Agent", "Task")
-# A slash command Claude Code runs itself (/compact, /model, ...) asks the model nothing.
-# 2.1.328 writes /compact as a caveat (an isMeta user record), the command as a user record
-# and its output as a user record (compacted) or a system/local_command record (not
-# compacted); most other commands only as system/local_command records, which open no
-# turn. Written as user records, a command is a turn of its own, of kind "command", and
-# settled once its output is written, so a seam right after it is still a settled one. A
-# command that is a prompt (a skill, a custom command) writes no output: the model answers
-# it and its turn ends as any other.
+# A slash command Claude Code runs itself (/compact, /model, /context, ...) asks the model
+# nothing. 2.1.328 writes /compact as a caveat (an isMeta user record), the command as a
+# user record and its output as a user record (compacted) or a system/local_command record
+# (not compacted); most other commands only as system/local_command records, which open no
+# turn, /context then adds its output for the model as an isMeta user record. Written as
+# user records, a command is a turn of its own, of kind "command", settled once its output
+# is written, so the seam after it is still a settled one. A command that is a prompt (a
+# skill, a custom command) writes no output: the model answers it and its turn ends as any
+# other.
 LOCAL_COMMAND_CAVEAT = "<local-command-caveat>"
 LOCAL_COMMAND_NAME = "<command-name>"
 LOCAL_COMMAND_OUTPUT = ("<local-command-stdout>", "<local-command-stderr>")
 COMMAND_TURN = "command"
+LOCAL_OUTPUT_KEY = "local_output:"  # + session id: ParseState.local_output, in the thread's meta
 
 # The rows a parsed batch carries (ParseOutput). They are tuples in the store's column
 # order, so the store inserts them as they come; everything else reads them by name.
@@ -1072,6 +1074,10 @@ class ParseState:
         self.open_kind = None        # and its kind (TurnOpened.kind)
         self.caveat_seq = None       # the caveat that opened the open command turn, while alone in it
         self.answering = False       # the model has spoken in the open turn
+        # The newest main-chain record was a local command's output: an isMeta record right
+        # after it is that output written out for the model (/context), not a new turn. Kept
+        # in the thread's meta (LOCAL_OUTPUT_KEY) when a batch changes it.
+        self.local_output = False
         self.segment = 0             # current segment index within the open turn
         self.segment_first = None    # first seq of the current segment
         self.segment_bytes = 0       # size of the current segment's text so far
@@ -1108,6 +1114,7 @@ class ParseOutput:
         self.events = []         # CaptureEvent ("native_compact", turn) and similar, for the host
         self.agents = []         # AgentRow: seen or linked
         self.raw_lines = []      # RawLine: lines kept verbatim
+        self.local_output = None  # ParseState.local_output at the batch's end, if the batch changed it
 
 
 # An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
@@ -1148,9 +1155,12 @@ class RolloutParser:
         self.agent_turn = agent_turn
         self.usage_session = session_id
         self._odd = []  # why the line being fed is also kept verbatim (text_repaired, ...)
+        self._local_output = state.local_output  # as the store holds it
 
     def take(self) -> ParseOutput:
         out, self.out = self.out, ParseOutput()
+        if self.s.local_output != self._local_output:
+            out.local_output = self._local_output = self.s.local_output
         return out
 
     # -- lines ---------------------------------------------------------------
@@ -1225,11 +1235,15 @@ class RolloutParser:
         if self.agent is None and self._replayed(rec, rtype, size):
             return
         if rtype == "user":
+            after_output = False
             if self.agent is None:
                 self.s.closed_response = None
+                after_output, self.s.local_output = self.s.local_output, False
             self._link_agents(rec)
-            self._user(rec, line_no, offset)
+            self._user(rec, line_no, offset, after_output)
         elif rtype == "assistant":
+            if self.agent is None:
+                self.s.local_output = False
             self._assistant(rec, line_no)
         else:
             label = rtype if rtype != "system" else f"system/{rec.get('subtype')}"
@@ -1403,6 +1417,7 @@ class RolloutParser:
         a command that is a prompt the model is answering: a command run meanwhile, such as
         /context, ends nothing.)"""
         s = self.s
+        s.local_output = True
         if (s.open_turn is not None and s.open_kind == COMMAND_TURN and not s.answering
                 and s.last_seq is not None):
             self._close_turn(s.last_seq, "closed", "local_command", rec.get("timestamp"))
@@ -1420,7 +1435,7 @@ class RolloutParser:
 
     # -- record kinds ----------------------------------------------------------
 
-    def _user(self, rec, line_no, offset):
+    def _user(self, rec, line_no, offset, after_output=False):
         message = rec.get("message") or {}
         content = message.get("content")
         created = rec.get("timestamp")
@@ -1437,6 +1452,10 @@ class RolloutParser:
             blocks = [{"type": "unknown", "value": blocks}]
         has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
         local = None if has_result or self.agent is not None else _local_command_part(content)
+        if local is None and after_output and rec.get("isMeta") and self.s.open_turn is None:
+            self._command_part(rec, "output", blocks, line_no)
+            self.s.local_output = False  # the output, once: a record after it is not
+            return
         if local is not None:
             self._command_part(rec, local, blocks, line_no)
             return
@@ -2501,6 +2520,8 @@ class ThreadStore:
                                            "NULL AND source_session = ?", (session_id,)).fetchall())
         state.sidechains.update((a, a) for (a,) in db.execute(
             "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
+        state.local_output = db.execute("SELECT value FROM meta WHERE key = ?",
+                                        (LOCAL_OUTPUT_KEY + session_id,)).fetchone() == ("1",)
         views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
                                 (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
         state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
@@ -2579,6 +2600,9 @@ class ThreadStore:
             insert_rows(db, "INSERT OR IGNORE INTO chain", 2, out.chain)
             if out.agents:
                 self._note_agents(out.agents, now)
+            if out.local_output is not None:
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                           (LOCAL_OUTPUT_KEY + session_id, "1" if out.local_output else "0"))
             if out.problems:
                 insert_rows(db, "INSERT INTO problems (session, line, offset, kind, detail, created)", 6,
                             [p + (now,) for p in out.problems])

@@ -941,6 +941,15 @@ def local_compact(t: Transcript, output: str | None) -> None:
                "</local-command-stdout>")
 
 
+def context_command(t: Transcript) -> None:
+    """/context as 2.1.328 writes it: two system records, then its output for the model."""
+    t.record({"type": "system", "subtype": "local_command", "level": "info",
+              "content": "<command-name>/context</command-name>\n<command-message>context</command-message>"})
+    t.record({"type": "system", "subtype": "local_command", "level": "info", "commandRun": {"command": "context"},
+              "content": "<local-command-stdout> \x1b[1mContext usage\x1b[22m</local-command-stdout>"})
+    t.user("## Context Usage\n\n**Tokens:** 10.9k / 1m (1%)", isMeta=True)
+
+
 def turn_shapes(store) -> list[tuple]:
     return store.db.execute("SELECT n, kind, status, stop_reason FROM turns ORDER BY n").fetchall()
 
@@ -989,6 +998,7 @@ def test_a_local_command_is_recorded_the_same_whatever_line_capture_restarts_at(
     answered(t, "first prompt", "first answer")
     local_compact(t, "system")
     local_compact(t, "user")
+    context_command(t)
     t.user(COMPACT_NAME)  # a command written with no caveat before it
     t.user("<local-command-stdout>done</local-command-stdout>")
     t.user("<command-name>/review</command-name>")  # a prompt, and a command while it is answered
@@ -1000,8 +1010,8 @@ def test_a_local_command_is_recorded_the_same_whatever_line_capture_restarts_at(
     one = Captured(tmp_path / "one", t.write(tmp_path / "one.jsonl"))
     want = stored_rows(one.store), turn_shapes(one.store)
     one.close()
-    assert [kind for _, kind, _, _ in want[1]] == ["prompt", "command", "command", "command", "command", "prompt"]
-    assert want[1][4][2:] == ("closed", "end_turn")
+    assert [kind for _, kind, _, _ in want[1]] == ["prompt"] + ["command"] * 5 + ["prompt"]
+    assert want[1][5][2:] == ("closed", "end_turn")
     path = tmp_path / "restarted.jsonl"
     home = cc_lhc.StateHome(tmp_path / "restarted")
     for end in [i + 1 for i, b in enumerate(data) if b == 0x0A]:  # a new process for every line
@@ -1026,3 +1036,16 @@ def test_a_local_command_run_while_the_model_answers_a_slash_command_ends_nothin
               "content": "<local-command-stdout>Context usage: 4%</local-command-stdout>"})
     c = capture(t.write(tmp_path / "t.jsonl"))
     assert turn_shapes(c.store)[-1] == (2, "command", "open", None)  # still the model's turn
+
+
+def test_context_written_out_for_the_model_leaves_the_seam_settled(tmp_path, capture):
+    t = Transcript()
+    answered(t, "first prompt", "first answer")
+    context_command(t)
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    assert turn_shapes(c.store)[1:] == [(2, "command", "closed", "local_command")]
+    assert cc_lhc.unsettled_reason(c.store) == ""
+    # an isMeta record that follows anything else still opens a turn the model answers
+    t.user("<task-notification>job b1 finished</task-notification>", isMeta=True)
+    c = capture(t.write(tmp_path / "t2.jsonl"))
+    assert turn_shapes(c.store)[-1] == (3, "continuation", "open", None)

@@ -324,6 +324,52 @@ def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, 
     assert first["session_id"] != second["session_id"]
 
 
+def _turns(rc) -> tuple[list[tuple], str]:
+    """(kind, status, stop_reason) of each turn of the only thread, and why its seam is
+    unsettled ('': it is settled)."""
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    store = cc_lhc.ThreadStore(home, thread_id)
+    try:
+        return (store.db.execute("SELECT kind, status, stop_reason FROM turns ORDER BY n").fetchall(),
+                cc_lhc.unsettled_reason(store))
+    finally:
+        store.close()
+
+
+def test_after_context_and_model_the_seam_is_still_settled_for_a_smart_compact(real_claude, tmux):
+    """/context writes its output for the model as a record of its own, /model only system
+    records: neither is a turn the model still owes, so Smart Compact runs at once after them."""
+    rc = real_claude
+    rc.api.script(["a small answer", "answered on the rebuilt session"])
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "hello")
+    t.wait_for("a small answer")
+    _wait_for_settled(rc)
+    type_line(t, "/context")
+    t.wait_for("Context usage")
+    deadline = time.monotonic() + 30
+    while ("command", "closed", "local_command") not in _turns(rc)[0]:
+        assert time.monotonic() < deadline, f"no settled /context turn: {_turns(rc)}"
+        time.sleep(0.05)
+    t.send_keys("Escape")
+    type_line(t, "/model")
+    t.wait_for("Select model")
+    t.send_keys("Escape")
+    t.wait_for("Kept model as")
+    assert _turns(rc)[1] == ""  # settled
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    type_line(t, "/smart-compact")
+    wait_for_log(rc, "handoff_switched")
+    t.wait_for(PROMPT)
+    type_line(t, "carry on")
+    t.wait_for("answered on the rebuilt session")
+    exit_cleanly(t)
+    assert [kind for kind, _, _ in _turns(rc)[0]] == ["human", "command", "human"]
+
+
 def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux):
     from fakeapi import error_reply, tool_use_reply
     too_long = error_reply(400, "prompt is too long: 1050000 tokens > 1000000 maximum")
