@@ -7405,6 +7405,43 @@ def win32_key(match) -> dict:
             "repeat": max(1, rc) if match.group(6) else 1}
 
 
+# What a terminal sends that starts with ESC, besides a lone Esc: keys (arrows, function
+# keys, CSI-u), mouse and focus reports (Claude Code 2.1.328 turns on mouse tracking, with
+# every motion, and focus events), and replies to the queries Claude sends as it starts
+# (device attributes \x1b[?..c, its version as DCS \x1bP>|..\x1b\\, OSC colours, mode
+# reports \x1b[?..$y, kitty keyboard flags \x1b[?..u). A string (OSC, DCS, APC, PM, SOS)
+# ends at BEL or ST. A sequence a read cuts short waits for the rest (a lone Esc at the
+# end of a read is the Esc key: terminals send nothing after it).
+TERMINAL_CSI = re.compile(rb"\x1b\[([0-9;:<=>?]*)[ -/]*([@-~])")
+TERMINAL_CSI_CUT = re.compile(rb"\x1b\[[0-9;:<=>?]*[ -/]*\Z")
+TERMINAL_STRING_END = re.compile(rb"\x07|\x1b\\")
+TERMINAL_STRING_MAX = 1 << 16  # longer than any answer: a string never ended is taken as it is
+
+
+def terminal_sent(data: bytes, i: int):
+    """(end, kind) of the sequence at data[i] (an ESC): kind 'key', 'mouse', 'reply', or
+    'cut' (end None: the read ends inside it); None for a lone Esc."""
+    nxt = data[i + 1:i + 2]
+    if nxt and nxt in b"]P_^X":
+        m = TERMINAL_STRING_END.search(data, i + 2)
+        if m:
+            return m.end(), "reply"
+        return (None, "cut") if len(data) - i < TERMINAL_STRING_MAX else (len(data), "reply")
+    if nxt == b"\\":
+        return i + 2, "reply"  # the end of a string whose start came in an earlier read
+    if nxt == b"O":
+        return (i + 3, "key") if i + 2 < len(data) else (None, "cut")
+    m = TERMINAL_CSI.match(data, i)
+    if not m:
+        return (None, "cut") if nxt and TERMINAL_CSI_CUT.match(data, i) else None
+    params, final = m.group(1), m.group(2)
+    if params.startswith(b"<") and final in b"Mm":
+        return m.end(), "mouse"
+    if params[:1] in (b"?", b">", b"=") or (not params and final in b"IO"):
+        return m.end(), "reply"  # (focus in and out too: Claude asked for those as well)
+    return m.end(), "key"
+
+
 def win32_is_leader(key: dict, leader: bytes) -> bool:
     """Whether a win32 key event is the leader pressed (its release never is)."""
     if not key["down"] or len(leader) != 1:
@@ -7458,7 +7495,7 @@ class ControlPanel:
     """The panel on ctrl-]: an alternate screen over Claude's, so nothing lands in its input.
 
     While it is open, keys go to the panel's own line and Claude's output is held back;
-    closing it (Esc, ctrl-] or /close) restores Claude's screen and delivers what was held.
+    closing it (Esc or ctrl-]) restores Claude's screen and delivers what was held.
     """
 
     def __init__(self, session, host, handoff):
@@ -7471,6 +7508,7 @@ class ControlPanel:
         self.output = []
         self.last_action = "none yet"
         self.told_fallback = False  # the configuration fallback is said on the first opening
+        self.cut = b""              # a terminal sequence the last read cut short (terminal_sent)
         leader = leader_key()
         self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
             if leader == b"\x1d" else (leader,)
@@ -7478,17 +7516,17 @@ class ControlPanel:
     # -- keys ---------------------------------------------------------------------------
 
     def on_input(self, data: bytes) -> bytes:
-        """Bytes for Claude; the leader and everything typed into the open panel stay here."""
+        """Bytes for Claude; the leader and everything typed into the open panel stay here
+        (but the terminal's replies to Claude's own queries go on to it)."""
         if not self.open:
+            data, self.cut = self.cut + data, b""  # (a panel closed meanwhile: it is Claude's)
             cut = self._find_leader(data)
             if cut is None:
                 return data
             at, end = cut
             self._show()
-            self._keys(data[end:])
-            return data[:at]
-        self._keys(data)
-        return b""
+            return data[:at] + self._keys(data[end:])
+        return self._keys(data)
 
     def _find_leader(self, data: bytes):
         """(start, end) of the first leader key in data, in any encoding, or None."""
@@ -7508,25 +7546,33 @@ class ControlPanel:
             return self.leaders[0] if win32_is_leader(key, self.leaders[0]) else win32_to_bytes(key)
         return WIN32_KEY.sub(typed, data)
 
-    def _keys(self, data: bytes) -> None:
-        data = self._from_win32(data)
-        i = 0
+    def _keys(self, data: bytes) -> bytes:
+        """Type data into the open panel; returns what of it is for Claude after all."""
+        data = self._from_win32(self.cut + data)
+        self.cut = b""
+        i, claudes = 0, bytearray()
         while i < len(data) and self.open:
             if any(data.startswith(s, i) for s in self.leaders):
                 self._hide()
-                return
+                return bytes(claudes)
             c = data[i]
             if c == 0x1B:
-                m = re.match(rb"\x1b(\[[0-9;?]*[ -/]*[@-~]|O.)", data[i:])
-                if not m:  # a lone Esc closes the panel
+                sent = terminal_sent(data, i)
+                if sent is None:  # a lone Esc closes the panel
                     self._hide()
-                    return
-                i += len(m.group(0))  # arrows and the like: not for the panel's line
+                    return bytes(claudes)
+                end, kind = sent
+                if kind == "cut":  # the rest of it comes in the next read
+                    self.cut = data[i:]
+                    break
+                if kind == "reply":  # Claude asked its terminal something: the answer is Claude's
+                    claudes += data[i:end]
+                i = end  # arrows, mouse reports and the like: not for the panel's line
                 continue
             if c in (0x0D, 0x0A):
                 self._run(self.line.strip())
                 if not self.open:
-                    return
+                    return bytes(claudes)
             elif c in (0x7F, 0x08):
                 self.line = self.line[:-1]
             elif c == 0x09:
@@ -7543,6 +7589,7 @@ class ControlPanel:
             i += 1
         if self.open:
             self._render()
+        return bytes(claudes)
 
     @staticmethod
     def _complete(line: str) -> str:
@@ -7554,7 +7601,7 @@ class ControlPanel:
 
     def _show(self) -> None:
         relay = self.relay
-        self.open = True
+        self.open, self.cut = True, b""
         relay.hold_output = True
         self.output = self._opening_notes() + [
             "Type a command (/help lists them); Esc or ctrl-] returns to Claude."]

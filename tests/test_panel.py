@@ -178,3 +178,37 @@ def test_the_served_view_reads_as_markdown_with_every_block_kind():
     assert "**tool call Bash** (`toolu_1`)" in text and '"command": "ls"' in text
     assert "**tool result · error** (`toolu_1`)" in text and "no such file" in text
     assert "permission-mode" not in text  # bookkeeping records are not part of the reading
+
+
+# What a terminal answers to the queries Claude Code 2.1.328 sends as it starts (its version,
+# device attributes, a colour, the kitty keyboard flags, a mode), and a focus report.
+TERMINAL_REPLIES = [b"\x1bP>|tmux 3.3a\x1b\\", b"\x1b[?1;2c", b"\x1b]11;rgb:0000/0000/0000\x07",
+                    b"\x1b]11;rgb:ffff/ffff/ffff\x1b\\", b"\x1b[?0u", b"\x1b[?2026;2$y", b"\x1b[I"]
+
+
+@pytest.mark.parametrize("reply", TERMINAL_REPLIES, ids=repr)
+def test_the_terminals_answers_to_claude_pass_through_the_open_panel(monkeypatch, reply):
+    p = panel(monkeypatch)
+    assert p.on_input(b"\x1d/he" + reply + b"lp") == reply  # Claude asked: Claude gets it
+    assert p.open and p.line == "/help"
+    # cut anywhere by the reads (but right after its ESC: that alone is the Esc key), it is
+    # still one answer and the panel stays open
+    for cut in range(2, len(reply)):
+        p = panel(monkeypatch)
+        p.on_input(b"\x1d")
+        got = p.on_input(b"/a" + reply[:cut]) + p.on_input(reply[cut:] + b"b")
+        assert got == reply and p.open and p.line == "/ab", cut
+
+
+def test_mouse_reports_neither_close_the_open_panel_nor_reach_claude(monkeypatch):
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d")
+    assert p.on_input(b"\x1b[<35;10;5M/st\x1b[<0;10;5m") == b"" and p.open and p.line == "/st"
+    assert p.on_input(b"\x1b") == b"" and not p.open  # Esc itself still closes it
+    assert p.on_input(b"x") == b"x"
+
+
+def test_a_command_that_closes_the_panel_leaves_nothing_for_claude(monkeypatch):
+    p = panel(monkeypatch)
+    p.cmd_smart_compact = lambda args: (p._hide(), "Smart Compact started")[1]  # as it does once started
+    assert p.on_input(b"\x1d/smart-compact\r") == b"" and not p.open

@@ -110,3 +110,27 @@ def test_a_standing_alarm_and_the_config_fallback_show_when_the_panel_opens(real
     exit_cleanly(t)
     # and the launch itself said it, before Claude started
     assert cc_lhc.LiveHandoff.ALARM in t.capture(history=True).replace("\n", "")
+
+
+def test_mouse_moves_and_focus_changes_leave_the_open_panel_open(real_claude, tmux):
+    """Claude turns on mouse reports for every motion and focus reports, and asks its
+    terminal for its version and attributes as it starts: a mouse move, a focus change or
+    an answer arriving while the panel is open is not an Esc, so the panel stays open (it
+    used to close at once). (The answers are sent here only in process, test_panel: Claude
+    may take an answer it never asked for as typing.)"""
+    real_claude.api.script(["first answer"])
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    t.send_text("\x1b[<35;20;10M\x1b[O\x1b[I")  # the mouse moved, the window lost focus and got it back
+    type_line(t, "/help")
+    screen = t.wait_for("/smart-compact")
+    assert "cc-lhc control panel" in screen
+    t.send_keys("Escape")
+    t.wait_for(PROMPT)
+    type_line(t, "hello")
+    t.wait_for("first answer")
+    exit_cleanly(t)
+    sent = json.dumps([r["body"]["messages"] for r in real_claude.api.message_requests])
+    assert "/help" not in sent
