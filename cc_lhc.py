@@ -1452,14 +1452,10 @@ class RolloutParser:
             blocks = [{"type": "unknown", "value": blocks}]
         has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
         local = None if has_result or self.agent is not None else _local_command_part(content)
-        if local is None and after_output and rec.get("isMeta") and self.s.open_turn is None:
-            self._command_part(rec, "output", blocks, line_no)
-            self.s.local_output = False  # the output, once: a record after it is not
-            return
-        if local is not None:
-            self._command_part(rec, local, blocks, line_no)
-            return
-        if not has_result and not rec.get("isMeta"):
+        written_out = local is None and after_output and rec.get("isMeta") and self.s.open_turn is None
+        if local is not None or written_out:
+            self._command_part(local or "output", created)
+        elif not has_result and not rec.get("isMeta"):
             origin = (rec.get("origin") or {}).get("kind") if isinstance(rec.get("origin"), dict) else None
             _require_text(origin)
             self._open_turn(origin or "prompt", self.s.next_seq, created)
@@ -1488,27 +1484,21 @@ class RolloutParser:
                 self._message("user", kind, block.get("text", ""), None, rec, i, line_no)
             else:
                 self._message("user", f"user_{btype}", None, _dump(block), rec, i, line_no)
+        if local == "output" or written_out:
+            self._command_done(rec)
+            if written_out:
+                self.s.local_output = False  # the output, once: a record after it is not
 
-    def _command_part(self, rec, part, blocks, line_no):
-        """One user record of a local command (see LOCAL_COMMAND_CAVEAT): the caveat opens
-        its turn, the command's name joins the caveat just before it, its output ends it."""
+    def _command_part(self, part, created):
+        """The turn a user record of a local command (see LOCAL_COMMAND_CAVEAT) belongs to:
+        the caveat opens it, the command's name joins the caveat just before it, and its
+        output joins the command (and then ends it, _command_done)."""
         s = self.s
-        created = rec.get("timestamp")
         joins = s.open_turn is not None and s.open_kind == COMMAND_TURN and (
             part == "output" or part == "name" and s.caveat_seq == s.last_seq)
         if not joins:
             self._open_turn(COMMAND_TURN, s.next_seq, created)
         s.caveat_seq = s.next_seq if part == "caveat" else None
-        for i, block in enumerate(blocks):
-            if not isinstance(block, dict):
-                block = {"type": "unknown", "value": block}
-            if block.get("type") == "text":
-                kind = "user_meta" if rec.get("isMeta") else "user_text"
-                self._message("user", kind, block.get("text", ""), None, rec, i, line_no)
-            else:
-                self._message("user", f"user_{block.get('type')}", None, _dump(block), rec, i, line_no)
-        if part == "output":
-            self._command_done(rec)
 
     def _assistant(self, rec, line_no):
         message = rec.get("message") or {}
@@ -1580,7 +1570,7 @@ def _local_command_part(content):
         content = content[0].get("text")
     if not isinstance(content, str):
         return None
-    head = content.lstrip()[:32]
+    head = content[:64].lstrip()
     if head.startswith(LOCAL_COMMAND_CAVEAT):
         return "caveat"
     if head.startswith(LOCAL_COMMAND_NAME):
@@ -2588,14 +2578,7 @@ class ThreadStore:
             insert_rows(db, "INSERT INTO turns (n, kind, first_seq, source_session, started)", 5,
                         out.turns_opened)
             insert_rows(db, f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)})", len(MESSAGE_COLUMNS), rows)
-            if out.turns_closed:
-                # A turn may close twice in one batch (its final response rejoined it): the last wins.
-                closed = {c.n: c for c in out.turns_closed}
-                insert_rows(db, "WITH closed (n, last_seq, status, stop_reason, ended) AS (", 5,
-                            list(closed.values()), ") UPDATE turns SET (last_seq, status, stop_reason, ended) = "
-                            "(SELECT last_seq, status, stop_reason, ended FROM closed WHERE closed.n = turns.n) "
-                            "WHERE n IN (SELECT n FROM closed)")
-            insert_rows(db, "INSERT OR REPLACE INTO segments", 6, out.segments)
+            self._write_closes(out)
             insert_rows(db, "INSERT OR REPLACE INTO usage", 9, [(rid,) + row for rid, row in out.usage.items()])
             insert_rows(db, "INSERT OR IGNORE INTO chain", 2, out.chain)
             if out.agents:
@@ -2616,6 +2599,33 @@ class ThreadStore:
             db.execute("UPDATE sources SET offset = ?, lines = lines + ?, parser_version = ?, "
                        "updated = ?, prefix_sha256 = ? WHERE session_id = ?",
                        (new_offset, lines_read, PARSER_VERSION, now, prefix_sha256, session_id))
+
+    def _write_closes(self, out: ParseOutput) -> None:
+        """The turns and segments a batch closed (inside the caller's transaction)."""
+        if out.turns_closed:
+            # A turn may close twice in one batch (its final response rejoined it): the last wins.
+            closed = {c.n: c for c in out.turns_closed}
+            insert_rows(self.db, "WITH closed (n, last_seq, status, stop_reason, ended) AS (", 5,
+                        list(closed.values()), ") UPDATE turns SET (last_seq, status, stop_reason, ended) = "
+                        "(SELECT last_seq, status, stop_reason, ended FROM closed WHERE closed.n = turns.n) "
+                        "WHERE n IN (SELECT n FROM closed)")
+        insert_rows(self.db, "INSERT OR REPLACE INTO segments", 6, out.segments)
+
+    def interrupt_open_turn(self, session_id, why: str):
+        """End the turn a session left open once its Claude is gone for good (a swap ended
+        it): nothing more can come for it, so it no longer holds every later seam open. The
+        turn is interrupted, as a new prompt would have cut it; returns its number or None."""
+        state = self.parse_state(session_id)
+        if state.open_turn is None or state.last_seq is None:
+            return None
+        row = self.db.execute("SELECT source_session FROM turns WHERE n = ?", (state.open_turn,)).fetchone()
+        if not row or row[0] != session_id:
+            return None
+        n, parser = state.open_turn, RolloutParser(session_id, state, 0)
+        parser._close_turn(state.last_seq, "interrupted", why, utc_now_iso())
+        with Tx(self.db):
+            self._write_closes(parser.take())
+        return n
 
     def checkpoint_on_commit(self, yes: bool) -> None:
         """Whether a commit that leaves the WAL past SQLite's threshold copies it into the file.
@@ -9350,12 +9360,16 @@ class LiveHandoff:
         fresh.request_handoff = old_capture.request_handoff
         session.capture, session.descriptor = fresh, pending.descriptor
         self.candidate, self.pending = None, None
+        # The old Claude is ended before its last lines are read: whatever it still wrote
+        # reaches the record, and a turn it opened after the seam (a notification that came
+        # meanwhile) is known to be over, not left open under every later seam.
+        self._end_old(old_child, self.carry.end_signal())
         finish_capture(old_capture, spec, home)
+        self._interrupt_left_turn(old_capture)
         fresh.start()
         remove_descriptor(home, session.hostdb, old_descriptor, "handed off")
         home.log("handoff_switched", thread=fresh.thread_id, new_session=spec.session_id,
                  old_pid=old_child.pid, new_pid=new.pid)
-        self._end_old(old_child, self.carry.end_signal())
         self.carry.carry_journals(old_capture.path, pending.path)
         self.host.watch(new.pid)
         if carried:
@@ -9434,6 +9448,19 @@ class LiveHandoff:
             return False
         self.told_at_turn = None
         return True
+
+    def _interrupt_left_turn(self, old_capture) -> None:
+        store = ThreadStore(self.session.home, old_capture.thread_id)
+        try:
+            n = store.interrupt_open_turn(old_capture.session_id, "swapped")
+        except Exception as e:  # the record stays as it was: the next prompt ends that turn
+            self.session.home.log("left_turn_not_ended", error=repr(e))
+            return
+        finally:
+            store.close()
+        if n is not None:
+            self.session.home.log("left_turn_interrupted", thread=old_capture.thread_id,
+                                  session=old_capture.session_id, turn=n)
 
     def _end_old(self, old_child, first=None) -> None:
         if first is not None:

@@ -1049,3 +1049,30 @@ def test_context_written_out_for_the_model_leaves_the_seam_settled(tmp_path, cap
     t.user("<task-notification>job b1 finished</task-notification>", isMeta=True)
     c = capture(t.write(tmp_path / "t2.jsonl"))
     assert turn_shapes(c.store)[-1] == (3, "continuation", "open", None)
+
+
+def test_a_turn_left_open_by_a_claude_a_swap_ended_is_interrupted_and_the_seam_settles(tmp_path):
+    """A notification reached the old Claude between the seam and the switch: its turn was
+    opened, never answered, and that Claude is gone. Once the swap has read its last lines
+    the turn is interrupted (as a new prompt would have cut it), not open under every seam."""
+    t = Transcript("old-session")
+    answered(t, "watch the counter", "monitoring")
+    t.user("<task-notification>\n<task-id>b7</task-id>\n<summary>Monitor event</summary>\n"
+           "</task-notification>", origin={"kind": "task-notification"})
+    c = Captured(tmp_path / "c", t.write(tmp_path / "old.jsonl"), session="old-session")
+    assert "t2 is still open" in cc_lhc.unsettled_reason(c.store)
+    assert c.store.interrupt_open_turn("another-session", "swapped") is None  # not its turn
+    assert c.store.interrupt_open_turn("old-session", "swapped") == 2
+    assert turn_shapes(c.store)[-1] == (2, "task-notification", "interrupted", "swapped")
+    assert stored_segments(c.store)[-1][-1] == "interrupted"
+    assert cc_lhc.unsettled_reason(c.store) == ""
+    assert c.store.interrupt_open_turn("old-session", "swapped") is None  # once
+    c.close()
+    # the replacement's own records go on in new turns
+    n = Transcript("new-session")
+    answered(n, "carry on", "carried on")
+    cap = cc_lhc.Capture(c.home, "thread-1", "new-session", str(n.write(tmp_path / "new.jsonl")))
+    cap.catch_up()
+    assert turn_shapes(cap.store)[1:] == [(2, "task-notification", "interrupted", "swapped"),
+                                          (3, "prompt", "closed", "end_turn")]
+    cap.stop()
