@@ -927,7 +927,7 @@ def load_policy(cwd: str, flag_values: dict) -> Policy:
 
 # Bumped whenever the mapping from transcript lines to canonical records changes;
 # every source row records the version that read it.
-PARSER_VERSION = 2
+PARSER_VERSION = 3  # 3: local commands are turns of their own (COMMAND_TURN)
 
 # Record types Claude Code writes for its own bookkeeping. They are counted, never
 # parsed into the record, and never an error. Unknown types are treated the same way.
