@@ -1072,7 +1072,6 @@ class ParseState:
         self.next_turn = next_turn
         self.open_turn = None        # the turn number still running, or None
         self.open_kind = None        # and its kind (TurnOpened.kind)
-        self.caveat_seq = None       # the caveat that opened the open command turn, while alone in it
         self.answering = False       # the model has spoken in the open turn
         # The newest main-chain record was a local command's output: an isMeta record right
         # after it is that output written out for the model (/context), not a new turn. Kept
@@ -1491,14 +1490,14 @@ class RolloutParser:
 
     def _command_part(self, part, created):
         """The turn a user record of a local command (see LOCAL_COMMAND_CAVEAT) belongs to:
-        the caveat opens it, the command's name joins the caveat just before it, and its
-        output joins the command (and then ends it, _command_done)."""
+        the caveat opens it, the command's name joins a command turn holding only the
+        record before it (the caveat), and its output joins the command (and then ends it,
+        _command_done)."""
         s = self.s
         joins = s.open_turn is not None and s.open_kind == COMMAND_TURN and (
-            part == "output" or part == "name" and s.caveat_seq == s.last_seq)
+            part == "output" or part == "name" and s.turn_first == s.last_seq)
         if not joins:
             self._open_turn(COMMAND_TURN, s.next_seq, created)
-        s.caveat_seq = s.next_seq if part == "caveat" else None
 
     def _assistant(self, rec, line_no):
         message = rec.get("message") or {}
@@ -2468,35 +2467,8 @@ class ThreadStore:
         state = ParseState()
         state.next_seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
         state.next_turn = (db.execute("SELECT max(n) FROM turns").fetchone()[0] or 0) + 1
-        state.last_seq = db.execute("SELECT max(seq) FROM messages WHERE agent IS NULL").fetchone()[0]
-        row = db.execute("SELECT n, kind, first_seq FROM turns WHERE status = 'open' ORDER BY n DESC "
-                         "LIMIT 1").fetchone()
-        if row:
-            state.open_turn, state.open_kind, state.turn_first = row[0], row[1], row[2]
-            if row[1] == COMMAND_TURN:
-                state.answering = db.execute("SELECT 1 FROM messages WHERE turn = ? AND agent IS NULL AND "
-                                             "role = 'assistant' LIMIT 1", (row[0],)).fetchone() is not None
-                alone = db.execute("SELECT seq, text FROM messages WHERE turn = ? AND agent IS NULL "
-                                   "ORDER BY seq LIMIT 2", (row[0],)).fetchall()
-                if len(alone) == 1 and _local_command_part(stored_text(alone[0][1])) == "caveat":
-                    state.caveat_seq = alone[0][0]
-            seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ? AND agent IS NULL",
-                             (row[0],)).fetchone()[0]
-            state.segment = seg or 0
-            closed = db.execute("SELECT 1 FROM segments WHERE turn = ? AND idx = ?",
-                                (row[0], state.segment)).fetchone()
-            if closed:
-                state.segment += 1
-            else:
-                # Measured in Python exactly as the parser measured it (SQLite's length()
-                # differs: it skips a tool call's block and stops at a NUL), or a restart
-                # would cut this segment somewhere a one-shot read would not.
-                rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? "
-                                  "AND segment = ? ORDER BY seq", (row[0], state.segment)).fetchall()
-                state.segment_first = rows[0][0] if rows else None
-                state.segment_bytes = sum(segment_size(kind, stored_text(text), data)
-                                          for _, kind, text, data in rows)
-        else:
+        self._open_turn_state(state)
+        if state.open_turn is None:
             state.closed_response = self._closed_response()
         unanswered = db.execute(
             "SELECT c.agent, c.tool_use_id, c.seq FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
@@ -2516,6 +2488,36 @@ class ThreadStore:
                                 (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
         state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
         return state
+
+    def _open_turn_state(self, state: ParseState):
+        """The parser's memory of the newest main-chain message and the open turn (into
+        state); returns the session the open turn came from (None when none is open)."""
+        db = self.db
+        state.last_seq = db.execute("SELECT max(seq) FROM messages WHERE agent IS NULL").fetchone()[0]
+        row = db.execute("SELECT n, kind, first_seq, source_session FROM turns WHERE status = 'open' "
+                         "ORDER BY n DESC LIMIT 1").fetchone()
+        if row:
+            state.open_turn, state.open_kind, state.turn_first = row[0], row[1], row[2]
+            if row[1] == COMMAND_TURN:
+                state.answering = db.execute("SELECT 1 FROM messages WHERE turn = ? AND agent IS NULL AND "
+                                             "role = 'assistant' LIMIT 1", (row[0],)).fetchone() is not None
+            seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ? AND agent IS NULL",
+                             (row[0],)).fetchone()[0]
+            state.segment = seg or 0
+            closed = db.execute("SELECT 1 FROM segments WHERE turn = ? AND idx = ?",
+                                (row[0], state.segment)).fetchone()
+            if closed:
+                state.segment += 1
+            else:
+                # Measured in Python exactly as the parser measured it (SQLite's length()
+                # differs: it skips a tool call's block and stops at a NUL), or a restart
+                # would cut this segment somewhere a one-shot read would not.
+                rows = db.execute("SELECT seq, kind, text, data FROM messages WHERE turn = ? "
+                                  "AND segment = ? ORDER BY seq", (row[0], state.segment)).fetchall()
+                state.segment_first = rows[0][0] if rows else None
+                state.segment_bytes = sum(segment_size(kind, stored_text(text), data)
+                                          for _, kind, text, data in rows)
+        return row[3] if row else None
 
     def agent_parse_state(self, source_key, agent_id) -> ParseState:
         """The parser's memory for one subagent file: only labels and its own chain."""
@@ -2615,11 +2617,8 @@ class ThreadStore:
         """End the turn a session left open once its Claude is gone for good (a swap ended
         it): nothing more can come for it, so it no longer holds every later seam open. The
         turn is interrupted, as a new prompt would have cut it; returns its number or None."""
-        state = self.parse_state(session_id)
-        if state.open_turn is None or state.last_seq is None:
-            return None
-        row = self.db.execute("SELECT source_session FROM turns WHERE n = ?", (state.open_turn,)).fetchone()
-        if not row or row[0] != session_id:
+        state = ParseState()
+        if self._open_turn_state(state) != session_id or state.last_seq is None:
             return None
         n, parser = state.open_turn, RolloutParser(session_id, state, 0)
         parser._close_turn(state.last_seq, "interrupted", why, utc_now_iso())
