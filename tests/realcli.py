@@ -9,6 +9,7 @@ tmuxdrive.Tmux), so every real-CLI test reads, waits and types the same way:
 - ``wait_until(check, what, timeout)``: poll any condition, failing with what did not happen.
 - ``running(needle)``: the processes of a command still running.
 - ``requests_holding(rc, text)``, ``new_input(request)``: what reached the fake API.
+- ``thread_turns(rc)``: the turns of the one thread cc-lhc captured, and whether its seam settled.
 """
 
 from __future__ import annotations
@@ -121,3 +122,17 @@ def new_input(request: dict) -> str:
     messages = request["body"]["messages"]
     answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     return json.dumps(messages[answers[-1] + 1 if answers else 0:])
+
+
+def thread_turns(rc) -> tuple[list[tuple], str]:
+    """(kind, status, stop_reason) of each turn of the one thread cc-lhc captured, and why
+    its seam is unsettled ('': it is settled)."""
+    import cc_lhc
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    store = cc_lhc.ThreadStore(home, thread_id)
+    try:
+        return (store.db.execute("SELECT kind, status, stop_reason FROM turns ORDER BY n").fetchall(),
+                cc_lhc.unsettled_reason(store))
+    finally:
+        store.close()

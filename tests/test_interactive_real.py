@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import cc_lhc
-from realcli import CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, type_line, wait_for_log
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, thread_turns, type_line, wait_for_log,
+                     wait_until)
 from tmuxdrive import TmuxTimeout
 
 def oneshot(rc, prompt: str, reply: str) -> str:
@@ -302,72 +303,55 @@ def test_the_control_panel_shows_status_and_gives_claude_its_screen_back(real_cl
     assert "/status" not in sent and "/bounds" not in sent and "and again" in sent
 
 
-def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, tmux):
-    real_claude.api.script(["a small answer", "answered on the rebuilt session"])
-    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
-    t.wait_for(PROMPT)
-    type_line(t, "hello")
-    t.wait_for("a small answer")
-    # Claude draws its answer a moment before it writes the turn's end; a manual Smart
-    # Compact needs that settled seam, so wait for it as a person would see the idle prompt.
-    _wait_for_settled(real_claude)
-    t.send_keys("C-]")
-    t.wait_for("cc-lhc control panel")
-    type_line(t, "/smart-compact")
-    wait_for_log(real_claude, "handoff_switched")
-    t.wait_for("This conversation was rebuilt by Smart Compact")
-    t.wait_for(PROMPT)
-    type_line(t, "carry on")
-    t.wait_for("answered on the rebuilt session")
-    exit_cleanly(t)
-    first, second = real_claude.api.message_requests
-    assert first["session_id"] != second["session_id"]
-
-
-def _turns(rc) -> tuple[list[tuple], str]:
-    """(kind, status, stop_reason) of each turn of the only thread, and why its seam is
-    unsettled ('': it is settled)."""
-    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
-    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
-    store = cc_lhc.ThreadStore(home, thread_id)
-    try:
-        return (store.db.execute("SELECT kind, status, stop_reason FROM turns ORDER BY n").fetchall(),
-                cc_lhc.unsettled_reason(store))
-    finally:
-        store.close()
-
-
-def test_after_context_and_model_the_seam_is_still_settled_for_a_smart_compact(real_claude, tmux):
-    """/context writes its output for the model as a record of its own, /model only system
-    records: neither is a turn the model still owes, so Smart Compact runs at once after them."""
-    rc = real_claude
+def _small_answer_settled(rc, tmux):
+    """cc-lhc with one small answer drawn and its turn's end recorded: Claude draws its
+    answer a moment before it writes the turn's end, and a manual Smart Compact needs that
+    settled seam, so this waits for it as a person would see the idle prompt."""
     rc.api.script(["a small answer", "answered on the rebuilt session"])
     t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=rc.env, cwd=rc.cwd)
     t.wait_for(PROMPT)
     type_line(t, "hello")
     t.wait_for("a small answer")
     _wait_for_settled(rc)
+    return t
+
+
+def _smart_compact_from_the_panel_and_carry_on(rc, t) -> None:
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    type_line(t, "/smart-compact")
+    wait_for_log(rc, "handoff_switched")
+    t.wait_for("This conversation was rebuilt by Smart Compact")
+    t.wait_for(PROMPT)
+    type_line(t, "carry on")
+    t.wait_for("answered on the rebuilt session")
+    exit_cleanly(t)
+
+
+def test_smart_compact_from_the_panel_hands_over_under_the_trigger(real_claude, tmux):
+    t = _small_answer_settled(real_claude, tmux)
+    _smart_compact_from_the_panel_and_carry_on(real_claude, t)
+    first, second = real_claude.api.message_requests
+    assert first["session_id"] != second["session_id"]
+
+
+def test_after_context_and_model_the_seam_is_still_settled_for_a_smart_compact(real_claude, tmux):
+    """/context writes its output for the model as a record of its own, /model only system
+    records: neither is a turn the model still owes, so Smart Compact runs at once after them."""
+    rc = real_claude
+    t = _small_answer_settled(rc, tmux)
     type_line(t, "/context")
     t.wait_for("Context usage")
-    deadline = time.monotonic() + 30
-    while ("command", "closed", "local_command") not in _turns(rc)[0]:
-        assert time.monotonic() < deadline, f"no settled /context turn: {_turns(rc)}"
-        time.sleep(0.05)
+    wait_until(lambda: ("command", "closed", "local_command") in thread_turns(rc)[0],
+               "a settled /context turn")
     t.send_keys("Escape")
     type_line(t, "/model")
     t.wait_for("Select model")
     t.send_keys("Escape")
     t.wait_for("Kept model as")
-    assert _turns(rc)[1] == ""  # settled
-    t.send_keys("C-]")
-    t.wait_for("cc-lhc control panel")
-    type_line(t, "/smart-compact")
-    wait_for_log(rc, "handoff_switched")
-    t.wait_for(PROMPT)
-    type_line(t, "carry on")
-    t.wait_for("answered on the rebuilt session")
-    exit_cleanly(t)
-    assert [kind for kind, _, _ in _turns(rc)[0]] == ["human", "command", "human"]
+    assert thread_turns(rc)[1] == ""  # settled
+    _smart_compact_from_the_panel_and_carry_on(rc, t)
+    assert [kind for kind, _, _ in thread_turns(rc)[0]] == ["human", "command", "human"]
 
 
 def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux):

@@ -16,8 +16,8 @@ import pytest
 
 import cc_lhc
 from fakeapi import tool_use_reply
-from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, type_line, wait_for_log,
-                     wait_until)
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, thread_turns, type_line,
+                     wait_for_log, wait_until)
 
 
 def details(t) -> str:
@@ -142,16 +142,6 @@ def _thinking_blocks(messages) -> list[dict]:
 def _rows(rc, sql, *args):
     from test_smart_compact_real import registry_rows
     return registry_rows(rc, sql, args)
-
-
-def _turns(rc) -> list[tuple]:
-    """(kind, status, stop_reason) of each turn of the one thread cc-lhc captured."""
-    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
-    store = cc_lhc.ThreadStore(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread["id"])
-    try:
-        return store.db.execute("SELECT kind, status, stop_reason FROM turns ORDER BY n").fetchall()
-    finally:
-        store.close()
 
 
 def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
@@ -279,7 +269,7 @@ def test_a_persons_own_compact_runs_through_the_hook_with_their_instructions(rea
     assert any("keep the plan" in (m["text"] or "") for m in record)  # the instructions are in the thread
     # the /compact itself is a turn of its own, over once Claude wrote that it compacted:
     # the seam after it is a settled one
-    assert ("command", "closed", "local_command") in _turns(rc)
+    assert ("command", "closed", "local_command") in thread_turns(rc)[0]
     exit_cleanly(t)
 
 
@@ -397,4 +387,4 @@ def test_when_the_hook_declines_the_swap_handles_the_seam_and_the_session_goes_o
     exit_cleanly(t)
     # the /compact Claude declined is a settled turn of its own (its output says so), so
     # the swap never waits on it for a later seam
-    assert _turns(rc)[2] == ("command", "closed", "local_command")
+    assert thread_turns(rc)[0][2] == ("command", "closed", "local_command")
