@@ -7507,6 +7507,8 @@ class ControlPanel:
     closing it (Esc or ctrl-]) restores Claude's screen and delivers what was held.
     """
 
+    ESC_WAIT_SECONDS = 0.05  # how long an ESC that ends a read waits for the rest of a sequence
+
     def __init__(self, session, host, handoff):
         self.session, self.host, self.handoff = session, host, handoff
         self.relay = None
@@ -7518,6 +7520,7 @@ class ControlPanel:
         self.last_action = "none yet"
         self.told_fallback = False  # the configuration fallback is said on the first opening
         self.cut = b""              # a terminal sequence the last read cut short (terminal_sent)
+        self.esc_at = None          # a lone ESC ended the last read: it is the Esc key after this
         leader = leader_key()
         self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
             if leader == b"\x1d" else (leader,)
@@ -7557,19 +7560,28 @@ class ControlPanel:
 
     def _keys(self, data: bytes) -> bytes:
         """Type data into the open panel; returns what of it is for Claude after all."""
-        data = self._from_win32(self.cut + data)
-        self.cut = b""
+        raw = self.cut + data
+        data = self._from_win32(raw)
+        self.cut, self.esc_at = b"", None
         i, claudes = 0, bytearray()
         while i < len(data) and self.open:
-            if any(data.startswith(s, i) for s in self.leaders):
+            leader = next((s for s in self.leaders if data.startswith(s, i)), None)
+            if leader is not None:  # closed: what follows it in this read is typed to Claude
                 self._hide()
-                return bytes(claudes)
+                return bytes(claudes) + self.on_input(data[i + len(leader):])
             c = data[i]
             if c == 0x1B:
                 sent = terminal_sent(data, i)
-                if sent is None:  # a lone Esc closes the panel
+                if sent is None and i == len(data) - 1 and raw.endswith(b"\x1b"):
+                    # The last byte of a read: the Esc key, or the first byte of an answer
+                    # the next read completes. As terminals do, wait briefly to tell (a
+                    # win32-input Esc key event says what it is).
+                    import time
+                    self.cut, self.esc_at = data[i:], time.monotonic() + self.ESC_WAIT_SECONDS
+                    break
+                if sent is None:  # a lone Esc closes the panel (and what follows is Claude's)
                     self._hide()
-                    return bytes(claudes)
+                    return bytes(claudes) + self.on_input(data[i + 1:])
                 end, kind = sent
                 if kind == "cut":  # the rest of it comes in the next read
                     self.cut = data[i:]
@@ -7658,13 +7670,18 @@ class ControlPanel:
 
     def on_tick(self, relay) -> None:
         import time
-        if self.restore_at is not None and time.monotonic() >= self.restore_at:
+        now = time.monotonic()
+        if self.esc_at is not None and now >= self.esc_at:
+            self.esc_at, self.cut = None, b""
+            if self.open:  # nothing followed the ESC: it was the Esc key
+                self._hide()
+        if self.restore_at is not None and now >= self.restore_at:
             self.restore_at = None
             self.host.child.setwinsize(*self.host.size())
 
     @property
     def wants_tick(self) -> bool:
-        return self.restore_at is not None
+        return self.restore_at is not None or self.esc_at is not None
 
     def _render(self) -> None:
         rows, cols = self.host.size()

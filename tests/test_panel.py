@@ -37,6 +37,15 @@ def panel(monkeypatch, leader=None, policy=None, found=None, home=None):
     return p
 
 
+def press_esc(p) -> bytes:
+    """The Esc key, alone in a read: the panel waits briefly for more, then closes."""
+    out = p.on_input(b"\x1b")
+    assert p.open and p.esc_at is not None  # it could still be the start of a sequence
+    p.esc_at = 0.0  # nothing came within the wait
+    p.on_tick(p.relay)
+    return out
+
+
 @pytest.mark.parametrize("leader", [b"\x1d", b"\x1b[93;5u", b"\x1b[27;5;93~"])
 def test_every_encoding_of_ctrl_bracket_opens_the_panel(monkeypatch, leader):
     p = panel(monkeypatch)
@@ -44,7 +53,7 @@ def test_every_encoding_of_ctrl_bracket_opens_the_panel(monkeypatch, leader):
     assert p.open and p.line == "/he"
     assert p.on_input(b"lp\r") == b""  # typed into the panel, never into Claude
     assert "/smart-compact" in p.output[0]
-    assert p.on_input(b"\x1b") == b"" and not p.open
+    assert press_esc(p) == b"" and not p.open
     assert p.on_input(b"hello") == b"hello"
 
 
@@ -126,7 +135,7 @@ def test_the_configuration_fallback_is_said_on_the_first_opening_only(monkeypatc
     p.on_input(b"\x1d")
     first = p.output[0]
     assert first.startswith(cc_lhc.MSG_CONFIG_FALLBACK) and "upperBoundTokens" in first
-    p.on_input(b"\x1b")
+    press_esc(p)
     p.on_input(b"\x1d")
     assert not any(cc_lhc.MSG_CONFIG_FALLBACK in line for line in p.output)
     p.on_input(b"/details\r")
@@ -191,9 +200,9 @@ def test_the_terminals_answers_to_claude_pass_through_the_open_panel(monkeypatch
     p = panel(monkeypatch)
     assert p.on_input(b"\x1d/he" + reply + b"lp") == reply  # Claude asked: Claude gets it
     assert p.open and p.line == "/help"
-    # cut anywhere by the reads (but right after its ESC: that alone is the Esc key), it is
-    # still one answer and the panel stays open
-    for cut in range(2, len(reply)):
+    # cut anywhere by the reads, even right after its ESC, it is still one answer and the
+    # panel stays open
+    for cut in range(1, len(reply)):
         p = panel(monkeypatch)
         p.on_input(b"\x1d")
         got = p.on_input(b"/a" + reply[:cut]) + p.on_input(reply[cut:] + b"b")
@@ -204,7 +213,7 @@ def test_mouse_reports_neither_close_the_open_panel_nor_reach_claude(monkeypatch
     p = panel(monkeypatch)
     p.on_input(b"\x1d")
     assert p.on_input(b"\x1b[<35;10;5M/st\x1b[<0;10;5m") == b"" and p.open and p.line == "/st"
-    assert p.on_input(b"\x1b") == b"" and not p.open  # Esc itself still closes it
+    assert press_esc(p) == b"" and not p.open  # Esc itself still closes it
     assert p.on_input(b"x") == b"x"
 
 
@@ -212,3 +221,25 @@ def test_a_command_that_closes_the_panel_leaves_nothing_for_claude(monkeypatch):
     p = panel(monkeypatch)
     p.cmd_smart_compact = lambda args: (p._hide(), "Smart Compact started")[1]  # as it does once started
     assert p.on_input(b"\x1d/smart-compact\r") == b"" and not p.open
+
+
+def test_an_esc_that_ends_a_read_waits_for_what_follows_it(monkeypatch):
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d/st")
+    assert p.on_input(b"\x1b") == b"" and p.open and p.wants_tick  # Esc, or an answer cut short
+    p.on_tick(p.relay)  # its wait is not over yet: still open
+    assert p.open and p.esc_at is not None
+    assert p.on_input(b"[?1;2c") == b"\x1b[?1;2c" and p.open and p.line == "/st"  # it was an answer
+    assert not p.wants_tick
+    # the Esc key then typing for Claude, the two in one read or the second in the next
+    assert p.on_input(b"\x1b") == b"" and p.open
+    assert p.on_input(b"hi") == b"hi" and not p.open and p.cut == b""
+    p.on_input(b"\x1d")
+    assert p.on_input(b"\x1bho") == b"ho" and not p.open
+
+
+def test_keys_after_the_leader_that_closes_the_panel_are_claudes(monkeypatch):
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d/st")
+    assert p.on_input(b"\x1dnext") == b"next" and not p.open
+    assert p.on_input(b"\x1d\x1d") == b"" and not p.open  # opened and closed again
