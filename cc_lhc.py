@@ -6594,6 +6594,49 @@ WORKFLOW_SCRIPT = re.compile(r"^Script file: (\S+)$", re.M)
 WORKFLOW_RUN = re.compile(r"^Run ID: (wf_[A-Za-z0-9_-]+)$|/subagents/workflows/(wf_[A-Za-z0-9_-]+)$",
                           re.M)  # e.g. wf_9169026d-0ab
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
+TASK_EVENT = re.compile(r"<event>(.*?)</event>", re.S)
+TASK_ID = re.compile(r"<task-id>([^<]*)</task-id>")
+TASK_SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.S)
+
+
+def after_seam_note(store, seam_turn, session) -> str:
+    """What reached a swapped-out Claude after the seam its replacement was rebuilt at, as a
+    note for the replacement ('' when there is nothing it would not learn otherwise).
+
+    Input typed then was dropped, so only background work speaks in that window: a shell
+    job's or an agent's end, a due wake-up or a workflow are told again by BackgroundCarry,
+    but a monitor event reached that Claude alone (the relaunched command starts afresh),
+    and whatever it began doing about any of them (the tools it called) is unknown to the
+    replacement. Both are in the thread; this says where.
+    """
+    events, acted = [], []
+    for (n,) in store.db.execute("SELECT n FROM turns WHERE n > ? AND source_session = ? ORDER BY n",
+                                 (seam_turn or 0, session)).fetchall():
+        calls = []
+        for kind, text, tool in store.db.execute(
+                "SELECT kind, text, tool_name FROM messages WHERE turn = ? AND agent IS NULL "
+                "ORDER BY seq", (n,)):
+            if kind in ("user_text", "user_meta") and "<task-notification>" in (text or ""):
+                task = TASK_ID.search(text)
+                summary = TASK_SUMMARY.search(text)
+                for event in TASK_EVENT.findall(text):
+                    what = f"monitor {task.group(1) if task else '(unnamed)'}"
+                    if summary and ":" in summary.group(1):  # Monitor event: "<description>"
+                        what += f" ({summary.group(1).split(':', 1)[1].strip().strip(chr(34))})"
+                    events.append(f"{what} reported {event.strip()}")
+            elif kind == "tool_call" and tool:
+                calls.append(tool)
+        if calls:
+            acted.append(f"t{n} (it called {', '.join(dict.fromkeys(calls))})")
+    said = []
+    if events:
+        said.append("These monitor events reached only the previous Claude process, just before "
+                    "cc-lhc replaced it for Smart Compact: " + "; ".join(events) + ".")
+    if acted:
+        said.append("The previous Claude process had begun acting on what reached it then and was "
+                    "stopped part-way: " + "; ".join(acted) + ". Read it back with cc-lhc get-turns "
+                    "before you go on.")
+    return "[runtime note] " + " ".join(said) if said else ""
 
 
 class BackgroundItem:
@@ -9126,6 +9169,7 @@ class LiveHandoff:
         self.last_input = 0.0       # when the person last typed (monotonic)
         self.retry_at = None        # swap_soon: when to try the waiting swap again (monotonic)
         self.retry_until = None     # and until when
+        self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
@@ -9202,6 +9246,7 @@ class LiveHandoff:
             if not a.go:
                 return a.reason
             self.carrying = background_items(store)
+            self.seam_turn = store.db.execute("SELECT max(n) FROM turns").fetchone()[0]
             manifest = self.carry.plan(self.carrying, spec.session_id, capture.path, store)
             # From here Smart Compact owns the settled session: bytes bound for Claude are
             # dropped (never buffered or replayed) until the switch or the failure says so.
@@ -9382,6 +9427,7 @@ class LiveHandoff:
         self._end_old(old_child, self.carry.end_signal())
         finish_capture(old_capture, spec, home)
         self._interrupt_left_turn(old_capture)
+        self._tell_after_seam(old_capture)
         fresh.start()
         remove_descriptor(home, session.hostdb, old_descriptor, "handed off")
         home.log("handoff_switched", thread=fresh.thread_id, new_session=spec.session_id,
@@ -9477,6 +9523,21 @@ class LiveHandoff:
         if n is not None:
             self.session.home.log("left_turn_interrupted", thread=old_capture.thread_id,
                                   session=old_capture.session_id, turn=n)
+
+    def _tell_after_seam(self, old_capture) -> None:
+        """The replacement runs on what the thread held at the seam; what reached the old
+        Claude since (see after_seam_note) is told to it as a runtime note."""
+        store = ThreadStore(self.session.home, old_capture.thread_id)
+        try:
+            note = after_seam_note(store, self.seam_turn, old_capture.session_id)
+        except Exception as e:  # noqa: BLE001 - the thread holds it all the same
+            self.session.home.log("after_seam_not_told", error=repr(e))
+            return
+        finally:
+            store.close()
+        if note:
+            self.carry.tell(note)
+            self.session.home.log("after_seam_told", thread=old_capture.thread_id, note=note[:200])
 
     def _end_old(self, old_child, first=None) -> None:
         if first is not None:
@@ -10536,6 +10597,11 @@ class BackgroundCarry:
         return [f"[runtime note] a wake-up was still pending when the previous session ended "
                 f"({item.args.get('reason') or 'no reason given'}): {item.args.get('prompt') or ''}"
                 for _due, item in self.wakeups]
+
+    def tell(self, note: str) -> None:
+        """A note to type at the next settled seam (kept for the next launch meanwhile)."""
+        self.notes.append(note)
+        self._persist()
 
     def _persist(self) -> None:
         """Keep undelivered.json equal to what the next launch must tell Claude if this

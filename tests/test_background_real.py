@@ -207,6 +207,50 @@ def test_a_monitor_is_relaunched_keeps_its_pid_across_two_swaps_and_each_event_a
     assert set(said) == set(emitted), "an event was never told"
 
 
+def test_a_monitor_event_that_reached_the_old_claude_during_the_swap_is_told_to_the_replacement(
+        real_claude, tmux, tmp_path):
+    """The monitor speaks once the replacement is spawned, so its event reaches the Claude
+    about to be ended, which starts answering it (a Bash call) and is then ended. The
+    replacement was rebuilt before that, and the relaunched command does not say it again:
+    cc-lhc tells the replacement what came and what the old Claude began doing about it."""
+    rc, go, once = real_claude, tmp_path / "go", tmp_path / "once"
+    command = (until_released(go) + f"if mkdir {once} 2>/dev/null; then echo LATE-7f2a; fi; "
+               "sleep 100")
+    rc.api.script([tool_use_reply("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+                   tool_use_reply("Monitor", {"description": "late", "timeout_ms": 120000,
+                                              "command": command}),
+                   text_reply("monitoring", usage=OVER_USAGE)])
+    acted = []
+
+    def answer(body):
+        if "LATE-7f2a" in new_input({"body": body}) and not acted:
+            acted.append(body)
+            return tool_use_reply("Bash", {"command": "echo looked", "description": "look"})
+        return "noted"
+    rc.api.responder = answer
+    t = launch(rc, tmux, "watch for it", "--allowedTools", "Monitor", "--allowedTools", "Bash")
+    _wait_for_log(rc, "handoff_spawned")
+    go.touch()
+    first = rc.api.message_requests[0]["session_id"]
+    wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] == first
+                        and "echo looked" in json.dumps(r["body"]["messages"])],
+               "the old Claude calling Bash about the event", timeout=30)
+    _wait_for_log(rc, "handoff_switched")
+    (told,) = log_events(rc, "after_seam_told")
+    assert "monitor " in told["note"] and "(late) reported LATE-7f2a" in told["note"]
+    new = log_events(rc, "handoff_switched")[0]["new_session"]
+    wait_until(lambda: [r for r in rc.api.message_requests if r["session_id"] == new
+                        and "reached only the previous Claude process" in new_input(r)],
+               "the replacement told of the event", timeout=60)
+    (request,) = [r for r in rc.api.message_requests if r["session_id"] == new
+                  and "reached only the previous Claude process" in new_input(r)]
+    said = new_input(request)
+    assert "LATE-7f2a" in said and "(it called Bash)" in said and "get-turns" in said
+    assert not [r for r in rc.api.message_requests if "event: LATE-7f2a" in new_input(r)]  # said once
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
 def start_agent(rc, tmux, task: str, answer):
     """A session whose last answer, over the trigger, comes after launching a background
     agent on ``task``; the agent's own requests get ``answer(body)``."""

@@ -476,3 +476,55 @@ def test_an_unreadable_kept_notes_file_is_set_aside_not_overwritten(tmp_path):
     (aside,) = folder.glob("undelivered.json.*.unreadable")
     assert aside.read_text() == "{not json"
     assert json.loads((folder / "undelivered.json").read_text()) == ["[runtime note] the job finished"]
+
+
+def test_what_reached_the_old_claude_after_the_seam_is_told_to_its_replacement(tmp_path):
+    """A monitor event that reached the Claude a swap then ended (the records the real CLI
+    wrote for one), and a tool it called about it: the replacement runs on the seam's view
+    and would learn neither, so both are told to it."""
+    cap, path, lines = recorded(tmp_path, "monitor-2.1.328.jsonl", 3)
+    try:
+        seam = cap.store.db.execute("SELECT max(n) FROM turns").fetchone()[0]
+        assert cc_lhc.after_seam_note(cap.store, seam, "sess-1") == ""  # nothing came after it
+        event = json.loads(lines[5])
+        acted = {"parentUuid": event["uuid"], "isSidechain": False, "type": "assistant",
+                 "uuid": "0c0ffee0-0000-4000-8000-000000000001", "sessionId": event["sessionId"],
+                 "timestamp": event["timestamp"], "cwd": event.get("cwd"),
+                 "message": {"id": "msg_acted", "type": "message", "role": "assistant",
+                             "model": "claude-opus-5-5", "stop_reason": "tool_use",
+                             "content": [{"type": "tool_use", "id": "toolu_acted", "name": "Bash",
+                                          "input": {"command": "cat counter.log"}}]}}
+        with open(path, "a") as f:
+            f.write("".join(lines[3:]) + json.dumps(acted) + "\n")
+        cap.catch_up()
+        assert cap.store.interrupt_open_turn("sess-1", "swapped") == seam + 1
+        assert cc_lhc.after_seam_note(cap.store, seam, "sess-1") == (
+            "[runtime note] These monitor events reached only the previous Claude process, just "
+            "before cc-lhc replaced it for Smart Compact: monitor bdz3tukym (count) reported EVT-1. "
+            f"The previous Claude process had begun acting on what reached it then and was stopped "
+            f"part-way: t{seam + 1} (it called Bash). Read it back with cc-lhc get-turns before you go on.")
+        assert cc_lhc.after_seam_note(cap.store, seam + 1, "sess-1") == ""  # a later seam saw it
+        assert cc_lhc.after_seam_note(cap.store, seam, "replacement") == ""  # not that session's
+    finally:
+        cap.stop()
+
+
+def test_a_job_that_ended_after_the_seam_is_left_to_the_carry_to_tell(tmp_path):
+    t = Transcript("sess-1")
+    launch(t, "toolu_bg", "Bash", SHELL_ACK.format(id="b1"), command="make", run_in_background=True)
+    t.user(notification("toolu_bg", "completed"), origin={"kind": "task-notification"})
+    cap = captured(tmp_path, t)
+    try:
+        seam = cap.store.db.execute("SELECT max(n) FROM turns").fetchone()[0] - 1
+        # the carry tells a finished job's result itself: said here too, it would come twice
+        assert cc_lhc.after_seam_note(cap.store, seam, "sess-1") == ""
+    finally:
+        cap.stop()
+
+
+def test_a_note_given_to_the_carry_is_kept_for_the_next_launch_until_typed(tmp_path):
+    home = a_home(tmp_path)
+    carry = cc_lhc.BackgroundCarry(a_session(home))
+    carry.tell("[runtime note] something")
+    kept = json.loads(Path(cc_lhc.kept_notes_path(home, "thread-1")).read_text())
+    assert kept == ["[runtime note] something"] and list(carry.notes) == kept
