@@ -11603,7 +11603,7 @@ def _take_flag(args, name) -> bool:
 
 def _no_more(args, command):
     if args:
-        raise usage_error(f"cc-lhc {command}: unexpected argument {args[0]!r}")
+        raise usage_error(f"{command}: unexpected argument {args[0]!r}")
 
 
 def _turn_number(text: str) -> int:
@@ -11833,7 +11833,7 @@ def emit_retrieval(command: str, thread_id: str, request: str, body: str, start:
 
     room = RETRIEVAL_CEILING - len(opening) - len(closing) - len(receipt(len(data), len(data)))
     if room < 1024:
-        raise usage_error(f"cc-lhc {command}: the request is too long to answer within the "
+        raise usage_error(f"{command}: the request is too long to answer within the "
                           f"{RETRIEVAL_CEILING:,}-byte output ceiling; ask for fewer labels or "
                           "shorter text")
     piece, next_from = slice_body(data, start, room)
@@ -12060,13 +12060,13 @@ def cmd_search(args) -> int:
         raise usage_error(SEARCH_USAGE)
     if not os.environ.get(RUNTIME_ENV):
         if start is not None:
-            raise usage_error("cc-lhc search: --from continues a search inside a session; "
+            raise usage_error("search: --from continues a search inside a session; "
                               "outside one the whole answer is printed")
         return _search_for_people(text, limit, thread, every)
     desc, store = _retrieval_store(StateHome())
     try:
         if thread is not None or every:
-            raise usage_error("cc-lhc search: inside a session it searches this session's thread; "
+            raise usage_error("search: inside a session it searches this session's thread; "
                               "--thread and --all are for use outside one")
         _search_in_session(desc, store, text, limit, start or 0)
     finally:
@@ -12091,7 +12091,7 @@ def _search_in_session(desc, store, text, limit, start):
 
 def _search_for_people(text, limit, thread, every) -> int:
     if thread is not None and every:
-        raise usage_error("cc-lhc search: give --thread T or --all, not both")
+        raise usage_error("search: give --thread T or --all, not both")
     home = StateHome()
     if not os.path.exists(home.path("registry.sqlite")):
         print("no threads yet")
