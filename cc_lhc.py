@@ -316,6 +316,50 @@ RANKS_CACHE_MAGIC = b"cc-lhc ranks 1\n"
 O200K_TOKENS = 199_998
 
 
+# o200k_base's split pattern and special tokens, as tiktoken_ext.openai_public defines them
+# (a test holds the two equal). With them tiktoken's compiled core is built straight from
+# its own file, without importing the tiktoken package: that import (concurrent.futures,
+# logging) is about 35 ms of a first count, the core itself about 1 ms.
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+O200K_SPECIAL = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+
+
+def _tiktoken_core():
+    """tiktoken's compiled core (the module tiktoken._tiktoken), loaded from the folder an
+    import of tiktoken would use (the first on the path) without running the package
+    itself; None when that folder does not hold it (then the package is imported as usual).
+    It is registered under its own name, so a later `import tiktoken` takes this very
+    module instead of initialising the extension a second time."""
+    import importlib.machinery
+    import importlib.util
+    name = "tiktoken._tiktoken"
+    if name in sys.modules:
+        return sys.modules[name]
+    for entry in sys.path:
+        folder = os.path.join(entry or os.curdir, "tiktoken")
+        if not os.path.isdir(folder):
+            continue
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_tiktoken" + suffix)
+            if os.path.isfile(path):
+                loader = importlib.machinery.ExtensionFileLoader(name, path)
+                spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+                module = importlib.util.module_from_spec(spec)
+                loader.exec_module(module)
+                sys.modules[name] = module
+                return module
+        return None
+    return None
+
+
 def _ranks_cache_path(data_sha256: str) -> str:
     name = f"o200k_base-{data_sha256[:16]}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
     return StateHome().path("cache", name)
@@ -501,6 +545,42 @@ class CountsCache:
             self._db = None
 
 
+def _token_count(core, text: str) -> int:
+    """o200k_base's count of one text, as tiktoken's Encoding.encode_ordinary makes it: a
+    text holding lone surrogates (which the core cannot take) is counted as tiktoken counts
+    it, each one read as U+FFFD."""
+    try:
+        return len(core.encode_ordinary(text))
+    except UnicodeEncodeError:
+        return len(core.encode_ordinary(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")))
+
+
+def _token_counts(core, texts, threads: int = 4) -> list:
+    """_token_count of each text, on up to ``threads`` threads: the core lets go of the GIL
+    while it encodes, so the cores share a large batch. A failure is raised here."""
+    threads = min(threads, len(texts), os.cpu_count() or 1)
+    if threads < 2:
+        return [_token_count(core, t) for t in texts]
+    import threading
+    out, failed = [0] * len(texts), []
+
+    def work(first):
+        try:
+            for i in range(first, len(texts), threads):
+                out[i] = _token_count(core, texts[i])
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            failed.append(e)
+    workers = [threading.Thread(target=work, args=(k,), name="cc-lhc-count") for k in range(1, threads)]
+    for w in workers:
+        w.start()
+    work(0)
+    for w in workers:
+        w.join()
+    if failed:
+        raise failed[0]
+    return out
+
+
 class TokenCounter:
     """Counts tokens with tiktoken's o200k_base when it can, a safe estimate otherwise.
 
@@ -578,9 +658,9 @@ class TokenCounter:
         if not self.usable():
             return
         try:
-            import base64
-            import tiktoken
-            import tiktoken_ext.openai_public as public
+            core = _tiktoken_core()
+            if core is None:
+                from tiktoken import _tiktoken as core
         except ImportError as e:
             self.exact = False
             self.reason = f"tiktoken could not be imported ({e}; counts are approximate)"
@@ -593,24 +673,19 @@ class TokenCounter:
                 self.exact = False
                 self.reason = f"o200k_base data at {self._where[0]} changed while in use (counts are approximate)"
                 return
+            import base64
             ranks = {}
             for line in data.splitlines():
                 if line:
                     token, rank = line.split()
                     ranks[base64.b64decode(token)] = int(rank)
             _save_ranks(O200K_SHA256, ranks)
-        # tiktoken's own o200k_base() would download the ranks; hand it ours instead so
-        # the split pattern and special tokens still come from tiktoken itself.
-        original = public.load_tiktoken_bpe
-        public.load_tiktoken_bpe = lambda *_a, **_k: ranks
-        try:
-            spec = public.o200k_base()
-        finally:
-            public.load_tiktoken_bpe = original
-        self._encoding = tiktoken.Encoding(**spec)
+        # (tiktoken's own o200k_base() would download the ranks)
+        self._encoding = core.CoreBPE(ranks, O200K_SPECIAL, O200K_PATTERN)
 
     def encoding(self):
-        """tiktoken's Encoding, built now if it was not (None without the tokenizer)."""
+        """tiktoken's o200k_base encoder (its core: encode_ordinary and the rest), built now
+        if it was not; None without the tokenizer."""
         with self._lock:
             if not self._loaded and self.usable():
                 self._load()
@@ -641,10 +716,8 @@ class TokenCounter:
             enc = self.encoding()
             if enc is None:  # tiktoken failed to load after all: estimates from here on
                 return [0 if not t else memo.get(k) or safe_estimate(t) for k, t in zip(keys, texts)]
-            made = enc.encode_ordinary_batch(list(todo.values()), num_threads=4) if len(todo) > 1 \
-                else [enc.encode_ordinary(next(iter(todo.values())))]
-            for k, ids in zip(todo, made):
-                memo[k] = self._fresh[k] = len(ids)
+            for k, n in zip(todo, _token_counts(enc, list(todo.values()))):
+                memo[k] = self._fresh[k] = n
             if len(self._fresh) >= 5000:
                 self.save()
         return [memo[k] if k else 0 for k in keys]

@@ -421,3 +421,47 @@ def test_a_count_ahead_that_fails_keeps_no_event_of_its_batch_back(tmp_path, mon
     assert cap.catch_up() > 0
     assert "responses" in events and str(cc_lhc.TOKENS.ahead_error) == "counting broke"
     cap.stop()
+
+
+def test_the_split_pattern_and_special_tokens_are_tiktokens_own(monkeypatch):
+    """cc-lhc builds tiktoken's core with o200k_base's pattern and special tokens held in
+    its own code (importing the package costs more than the core): they must be the ones
+    tiktoken_ext.openai_public defines."""
+    pytest.importorskip("tiktoken")
+    import tiktoken_ext.openai_public as public
+    import cc_lhc
+    monkeypatch.setattr(public, "load_tiktoken_bpe", lambda *_a, **_k: {})  # no download
+    spec = public.o200k_base()
+    assert cc_lhc.O200K_PATTERN == spec["pat_str"]
+    assert cc_lhc.O200K_SPECIAL == spec["special_tokens"]
+
+
+CORE_COUNTS = """
+listed = json.load(open({listed!r}))
+counts = cc_lhc.TOKENS.count_many(listed)
+package_imported = "tiktoken" in sys.modules
+import tiktoken
+import tiktoken_ext.openai_public as public
+public.load_tiktoken_bpe = lambda *_a, **_k: cc_lhc._cached_ranks(cc_lhc.O200K_SHA256)
+enc = tiktoken.Encoding(**public.o200k_base())
+same_core = enc._core_bpe.__class__ is type(cc_lhc.TOKENS.encoding())
+out = [counts, [len(enc.encode_ordinary(t)) for t in listed], package_imported, same_core]
+"""
+
+
+def test_counts_from_the_core_loaded_on_its_own_are_tiktokens(tmp_path):
+    """The same counts as tiktoken's own Encoding (threads sharing the batch, lone surrogates
+    read as tiktoken reads them, special tokens' text counted as text), without the tiktoken
+    package imported for them; importing it afterwards takes the same core."""
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    texts = [line for path in sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))[:8]
+             for line in path.read_text(encoding="utf-8", errors="replace").splitlines()[:30]]
+    texts += ["a lone \ud800 surrogate", "\udfff", "<|endoftext|> and <|endofprompt|>", "", "日本語 ünïcödé"]
+    listed = tmp_path / "texts.json"
+    listed.write_text(json.dumps(texts))
+    report = run_counts(tmp_path, CORE_COUNTS.format(listed=str(listed)))
+    counts, tiktokens, package_imported, same_core = report["out"]
+    assert report["built"] and report["exact"] and len(counts) == len(texts) > 100
+    assert counts == tiktokens
+    assert not package_imported and same_core
