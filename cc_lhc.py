@@ -4852,15 +4852,26 @@ class StateHome:
                         os.chmod(here, 0o700)
         return path
 
+    # wrapper.log is moved to wrapper.log.1 (replacing the one before) once it passes this
+    # size, so a long-used state folder holds at most about twice as much log.
+    LOG_ROTATE_BYTES = 16 << 20
+
     def log(self, event: str, **fields) -> None:
         """Append one line to wrapper.log. Logging never breaks a session."""
         try:
             self.ensure()
             line = json.dumps({"ts": utc_now_iso(), "pid": os.getpid(), "event": event, **fields},
                               ensure_ascii=False, sort_keys=False)
-            fd = os.open(self.path("wrapper.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            path = self.path("wrapper.log")
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.write(fd, (line + "\n").encode("utf-8"))
+                full = os.fstat(fd)
+                if full.st_size > self.LOG_ROTATE_BYTES:
+                    now = os.stat(path)
+                    # another process may have moved it already: only this very file goes
+                    if (now.st_ino, now.st_dev) == (full.st_ino, full.st_dev):
+                        os.replace(path, path + ".1")
             finally:
                 os.close(fd)
         except OSError:

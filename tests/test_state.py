@@ -161,3 +161,16 @@ def test_nothing_is_written_to_the_real_home(fake_claude, iso_env):
     # the child saw the isolated locations, never the real ones
     for launch_ in fake_claude.launches():
         assert launch_["env"]["HOME"] == str(iso_env.home)
+
+
+def test_a_full_wrapper_log_is_moved_aside_once_and_logging_goes_on(tmp_path, monkeypatch):
+    home = cc_lhc.StateHome(str(tmp_path / "home"))
+    monkeypatch.setattr(cc_lhc.StateHome, "LOG_ROTATE_BYTES", 300)
+    for i in range(8):
+        home.log("event", n=i, pad="x" * 40)
+    log, older = Path(home.path("wrapper.log")), Path(home.path("wrapper.log.1"))
+    kept = [json.loads(line)["n"] for path in (older, log) if path.exists()
+            for line in path.read_text().splitlines()]
+    assert older.exists() and older.stat().st_size > 300 and log.stat().st_size <= 300 + 120
+    assert kept == list(range(8))[-len(kept):] and kept[-1] == 7  # in order, newest last
+    assert stat.S_IMODE(log.stat().st_mode) == stat.S_IMODE(older.stat().st_mode) == 0o600
