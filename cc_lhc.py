@@ -81,7 +81,7 @@ CLAUDE_SUBCOMMANDS = frozenset(
 # The wrapper's own subcommands. They are never forwarded to Claude.
 LHC_SUBCOMMANDS = (
     "get-turns", "get-messages", "search", "backfill-labels", "rollout",
-    "measure", "threads", "export", "doctor", "mod-hello", "mod-compact",
+    "measure", "threads", "export", "doctor", "mod-hello", "mod-compact", "preview",
 )
 
 
@@ -7811,19 +7811,31 @@ class ControlPanel:
         return self.restore_at is not None or self.esc_at is not None
 
     def _render(self) -> None:
+        """One frame: the title and the output above, wrapped to the terminal's width and cut
+        to its height, and the line being typed on the last row. Nothing is ever written
+        past the last column or row, so no frame scrolls the screen, however small."""
+        import textwrap
         rows, cols = self.host.size()
-        width = max(20, cols - 2)
-        lines = [f"cc-lhc control panel \u00b7 thread {self.session.capture.thread_id[:8]} \u00b7 "
-                 f"session {self.session.spec.session_id[:8]}", ""]
+        rows, cols = max(1, rows), max(1, cols)
+        thread, session = self.session.capture.thread_id[:8], self.session.spec.session_id[:8]
+        # the longest title that fits on one row; the blank row under it only when there is room
+        title = next((t for t in (f"cc-lhc control panel \u00b7 thread {thread} \u00b7 session {session}",
+                                  f"cc-lhc control panel \u00b7 thread {thread}",
+                                  f"cc-lhc panel \u00b7 {thread}") if len(t) <= cols), "cc-lhc panel"[:cols])
+        lines = [title] + ([""] if rows > 8 else [])
         for text in self.output:
             for part in text.split("\n"):
-                lines += [part[k:k + width] for k in range(0, max(len(part), 1), width)]
-        lines = lines[:max(3, rows - 2)]
+                lines += textwrap.wrap(part, cols, replace_whitespace=False) or [""]
+        lines = lines[:rows - 1]
         hint = ""
         typed = self.line.split(" ")[0]
         if typed.startswith("/") and typed not in PANEL_COMMANDS:
             hint = "   " + " ".join(c for c in PANEL_COMMANDS if c.startswith(typed))
-        screen = "\x1b[H\x1b[2J" + "\r\n".join(lines) + f"\x1b[{rows};1H> {self.line}{hint}\x1b[{rows};{3 + len(self.line)}H"
+        # the end of a line longer than the row, so the cursor after it stays in sight
+        shown = ("> " + self.line)[-(cols - 1):] if cols > 1 else ""
+        prompt = (shown + hint)[:cols]
+        screen = ("\x1b[H\x1b[2J" + "\r\n".join(lines) + f"\x1b[{rows};1H{prompt}"
+                  f"\x1b[{rows};{min(cols, len(shown) + 1)}H")
         self.relay.to_user += screen.encode("utf-8", "replace")
 
     # -- commands -----------------------------------------------------------------------
@@ -8005,6 +8017,125 @@ class ControlPanel:
                f"cc-lhc mod: {spec.mod.details() if spec.mod else 'not offered (one-shot)'}",
                f"running operation: {running}",
                f"last action: {self.last_action}"])
+
+
+# -- Previewing the panel ----------------------------------------------------------------
+#
+# `cc-lhc preview` draws the panel's frames with the very renderer a session uses, in a
+# throwaway state folder, for named situations and terminal sizes, so its wording and
+# layout can be looked at (and tested) without a Claude to run.
+
+PREVIEW_GEOMETRIES = {"normal": (24, 80), "narrow": (24, 40), "20x5": (5, 20)}  # rows, columns
+PREVIEW_FIXTURES = {
+    "first-load": ("the panel as it first opens", b""),
+    "config-fallback": ("first opening after a configuration file failed to load", b""),
+    "autocompact": ("first opening of a launch given --autocompact", b""),
+    "alarm": ("the standing alarm: rebuilt sessions are not loading", b""),
+    "suggestions": ("a partial command typed: the names it could be", b"/s"),
+    "unknown": ("an unknown command entered", b"/nope\r"),
+    "help": ("/help", b"/help\r"),
+    "status": ("/status", b"/status\r"),
+    "details": ("/details", b"/details\r"),
+}
+PREVIEW_THREAD = "5e1ec7ed-0000-4000-8000-000000000001"
+PREVIEW_SESSION = "5e55104e-0000-4000-8000-000000000002"
+
+
+def preview_frame(fixture: str, geometry: str) -> bytes:
+    """The bytes the panel writes for its last frame of ``fixture`` at ``geometry``."""
+    import tempfile
+    import types
+    rows, cols = PREVIEW_GEOMETRIES[geometry]
+    _what, keys = PREVIEW_FIXTURES[fixture]
+    values, problems = dict(BUILTIN_POLICY), []
+    if fixture == "config-fallback":
+        problems = ["upperBoundTokens from ./.cc-lhc.json: not a whole number of tokens"]
+    policy = Policy(values, {k: "builtin" for k in values}, problems)
+    found = {"autocompact_arg": "--autocompact"} if fixture == "autocompact" else {}
+    with tempfile.TemporaryDirectory(prefix="cc-lhc-preview-") as tmp:
+        home = StateHome(tmp)
+        home.ensure()
+        ThreadStore(home, PREVIEW_THREAD).close()
+        session = types.SimpleNamespace(
+            home=home, policy=policy, descriptor=None, detached="", native_compacts=[], announced=[],
+            alarms=[LiveHandoff.ALARM] if fixture == "alarm" else [],
+            capture=types.SimpleNamespace(thread_id=PREVIEW_THREAD, session_id=PREVIEW_SESSION, lines=0),
+            spec=types.SimpleNamespace(session_id=PREVIEW_SESSION, found=found, autocompact=bool(found),
+                                       mod=None))
+        host = types.SimpleNamespace(size=lambda: (rows, cols))
+        panel = ControlPanel(session, host, None)
+        panel.relay = Relay(-1, None, -1)
+        panel.leaders = (b"\x1d",)
+        panel.on_input(b"\x1d" + keys)
+        data = bytes(panel.relay.to_user)
+    return data[data.rfind(b"\x1b[H\x1b[2J"):]
+
+
+def frame_text(data: bytes, rows: int, cols: int) -> list:
+    """A frame as the rows a terminal of that size would show (the panel's own escapes:
+    home, clear, cursor moves, CR and LF); the cursor's cell is marked with an underscore
+    when it is blank."""
+    grid = [[" "] * cols for _ in range(rows)]
+    r = c = 0
+    text = data.decode("utf-8", "replace")
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\x1b":
+            m = re.match(r"\x1b\[(\??)([0-9;]*)([A-Za-z])", text[i:])
+            if m:
+                if m.group(3) == "H" and not m.group(1):
+                    nums = [int(x) for x in m.group(2).split(";") if x] or [1, 1]
+                    r, c = max(0, min(rows - 1, nums[0] - 1)), max(0, min(cols - 1, (nums + [1])[1] - 1))
+                elif m.group(3) == "J":
+                    grid = [[" "] * cols for _ in range(rows)]
+                i += m.end()
+                continue
+        elif ch == "\r":
+            c = 0
+        elif ch == "\n":
+            r = min(rows - 1, r + 1)
+        elif c < cols:
+            grid[r][c] = ch
+            c += 1
+        i += 1
+    if grid[r][c] == " ":
+        grid[r][c] = "_"
+    return ["".join(row) for row in grid]
+
+
+def cmd_preview(args) -> int:
+    """The control panel's frames for named situations and sizes; never starts Claude."""
+    raw = _take_flag(args, "--raw")
+    listed = _take_flag(args, "--list")
+    fixture = _take_option(args, "--fixture")
+    geometry = _take_option(args, "--geometry")
+    _no_more(args, "preview")
+    if listed:
+        for name, (what, _keys) in PREVIEW_FIXTURES.items():
+            print(f"fixture  {name:<16} {what}")
+        for name, (rows, cols) in PREVIEW_GEOMETRIES.items():
+            print(f"geometry {name:<16} {cols} columns, {rows} rows")
+        return EXIT_OK
+    for value, known, flag in ((fixture, PREVIEW_FIXTURES, "--fixture"), (geometry, PREVIEW_GEOMETRIES, "--geometry")):
+        if value is not None and value not in known:
+            raise usage_error(f"{flag} is one of {', '.join(known)} (cc-lhc preview --list)")
+    if raw:
+        if fixture is None or geometry is None:
+            raise usage_error("--raw prints one frame: give --fixture and --geometry too")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(preview_frame(fixture, geometry))
+        sys.stdout.buffer.flush()
+        return EXIT_OK
+    out = []
+    for f in [fixture] if fixture else list(PREVIEW_FIXTURES):
+        for g in [geometry] if geometry else list(PREVIEW_GEOMETRIES):
+            rows, cols = PREVIEW_GEOMETRIES[g]
+            out.append(f"{f} at {g} ({cols}x{rows}): {PREVIEW_FIXTURES[f][0]}")
+            out += ["+" + "-" * cols + "+"] + [f"|{line}|" for line in frame_text(preview_frame(f, g), rows, cols)] \
+                + ["+" + "-" * cols + "+", ""]
+    print("\n".join(out).rstrip("\n"))
+    return EXIT_OK
 
 
 def write_session_export(home, store, thread_id, policy, rollout, cwd) -> dict:
@@ -11515,6 +11646,8 @@ Commands (handled by cc-lhc, never passed to Claude):
   measure <transcript|folder>    what Smart Compact would do, counts only
   rollout write ...              write a thread's view as a Claude session
   backfill-labels <thread>       add stable labels to older stored renderings
+  preview [--fixture F] [--geometry G] [--raw] [--list]
+                                 draw the control panel's frames (never starts Claude)
   doctor [--repair]              check this installation (--repair: rebuild the
                                  registry from the thread files)
 
@@ -12625,7 +12758,7 @@ def registry_check(home, repair: bool):
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
             "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout,
             "measure": cmd_measure, "backfill-labels": cmd_backfill_labels, "doctor": cmd_doctor,
-            "mod-hello": cmd_mod_hello, "mod-compact": cmd_mod_compact}
+            "mod-hello": cmd_mod_hello, "mod-compact": cmd_mod_compact, "preview": cmd_preview}
 
 
 def main(argv=None) -> int:
