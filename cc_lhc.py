@@ -4856,6 +4856,24 @@ class StateHome:
     # size, so a long-used state folder holds at most about twice as much log.
     LOG_ROTATE_BYTES = 16 << 20
 
+    @staticmethod
+    def _rotate_log(fd, path) -> None:
+        """Move the full log aside, holding its lock: a writer that saw it full too finds,
+        once it has the lock, that the file at the path is another (or none) and leaves it."""
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks here; a second move is only a lost .1
+            fcntl = None
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            full, now = os.fstat(fd), os.stat(path)
+            if (now.st_ino, now.st_dev) == (full.st_ino, full.st_dev):
+                os.replace(path, path + ".1")
+        finally:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
     def log(self, event: str, **fields) -> None:
         """Append one line to wrapper.log. Logging never breaks a session."""
         try:
@@ -4866,12 +4884,8 @@ class StateHome:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.write(fd, (line + "\n").encode("utf-8"))
-                full = os.fstat(fd)
-                if full.st_size > self.LOG_ROTATE_BYTES:
-                    now = os.stat(path)
-                    # another process may have moved it already: only this very file goes
-                    if (now.st_ino, now.st_dev) == (full.st_ino, full.st_dev):
-                        os.replace(path, path + ".1")
+                if os.fstat(fd).st_size > self.LOG_ROTATE_BYTES:
+                    self._rotate_log(fd, path)
             finally:
                 os.close(fd)
         except OSError:
@@ -7578,6 +7592,60 @@ def terminal_sent(data: bytes, i: int):
     return m.end(), "key"
 
 
+def cell_width(text: str) -> int:
+    """How many terminal cells text takes: wide and fullwidth characters (CJK, most emoji)
+    two, combining marks and format characters none, everything else one."""
+    if text.isascii():
+        return len(text)
+    import unicodedata
+    return sum(0 if unicodedata.category(ch) in ("Mn", "Me", "Cf")
+               else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)
+
+
+def cells_prefix(text: str, width: int) -> str:
+    """The longest start of text that fits in ``width`` cells."""
+    if text.isascii():
+        return text[:width]
+    used = 0
+    for i, ch in enumerate(text):
+        used += cell_width(ch)
+        if used > width:
+            return text[:i]
+    return text
+
+
+def wrap_cells(text: str, width: int) -> list:
+    """text as rows of at most ``width`` terminal cells, broken between words where it can
+    be (a paragraph's indentation kept, the spaces at a break dropped), a longer word cut;
+    a character wider than a whole row is shown as '?'."""
+    rows, row, used = [], "", 0
+    for word in re.findall(r"\s+|\S+", text):
+        w = cell_width(word)
+        if used + w <= width:
+            row, used = row + word, used + w
+            continue
+        if word.isspace():  # a break here: its spaces go
+            rows.append(row)
+            row, used = "", 0
+            continue
+        if row.strip():  # the word starts the next row
+            rows.append(row)
+            row, used = "", 0
+        while used + w > width:  # longer than what is left of the row: cut it
+            head = cells_prefix(word, width - used)
+            if not head and used:
+                rows.append(row)
+                row, used = "", 0
+                continue
+            head, word = (head, word[len(head):]) if head else ("?", word[1:])
+            rows.append(row + head)
+            row, used, w = "", 0, cell_width(word)
+        row, used = row + word, used + w
+    if row or not rows:
+        rows.append(row)
+    return [r.rstrip() if r.strip() else r for r in rows]
+
+
 def win32_is_leader(key: dict, leader: bytes) -> bool:
     """Whether a win32 key event is the leader pressed (its release never is)."""
     if not key["down"] or len(leader) != 1:
@@ -7634,7 +7702,11 @@ class ControlPanel:
     closing it (Esc or ctrl-]) restores Claude's screen and delivers what was held.
     """
 
-    ESC_WAIT_SECONDS = 0.05  # how long an ESC that ends a read waits for the rest of a sequence
+    # How long an ESC that ends a read waits for the rest of a sequence before it is the Esc
+    # key, and how long any other sequence a read cut short waits for its end before it is
+    # taken for keys (an Esc, then what was typed after it).
+    ESC_WAIT_SECONDS = 0.05
+    CUT_WAIT_SECONDS = 0.3
 
     def __init__(self, session, host, handoff):
         self.session, self.host, self.handoff = session, host, handoff
@@ -7647,7 +7719,8 @@ class ControlPanel:
         self.last_action = "none yet"
         self.told_fallback = False  # the configuration fallback is said on the first opening
         self.cut = b""              # a terminal sequence the last read cut short (terminal_sent)
-        self.esc_at = None          # a lone ESC ended the last read: it is the Esc key after this
+        self.cut_at = None          # when it began (monotonic)
+        self.hold_until = None      # when a cut still not completed is taken as keys after all
         leader = leader_key()
         self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
             if leader == b"\x1d" else (leader,)
@@ -7657,15 +7730,22 @@ class ControlPanel:
     def on_input(self, data: bytes) -> bytes:
         """Bytes for Claude; the leader and everything typed into the open panel stay here
         (but the terminal's replies to Claude's own queries go on to it)."""
-        if not self.open:
-            data, self.cut = self.cut + data, b""  # (a panel closed meanwhile: it is Claude's)
-            cut = self._find_leader(data)
-            if cut is None:
-                return data
-            at, end = cut
-            self._show()
-            return data[:at] + self._keys(data[end:])
-        return self._keys(data)
+        out = bytearray()
+        while True:  # (a loop, not recursion: a paste may hold any number of leaders)
+            if not self.open:
+                data, self.cut = self.cut + data, b""  # (a panel closed meanwhile: it is Claude's)
+                cut = self._find_leader(data)
+                if cut is None:
+                    return bytes(out + data)
+                at, end = cut
+                out += data[:at]
+                self._show()
+                data = data[end:]
+            claudes, rest = self._keys(data)
+            out += claudes
+            if rest is None:
+                return bytes(out)
+            data = rest  # typed after the key that closed the panel: Claude's
 
     def _find_leader(self, data: bytes):
         """(start, end) of the first leader key in data, in any encoding, or None."""
@@ -7685,17 +7765,20 @@ class ControlPanel:
             return self.leaders[0] if win32_is_leader(key, self.leaders[0]) else win32_to_bytes(key)
         return WIN32_KEY.sub(typed, data)
 
-    def _keys(self, data: bytes) -> bytes:
-        """Type data into the open panel; returns what of it is for Claude after all."""
+    def _keys(self, data: bytes):
+        """Type data into the open panel: (what of it is for Claude after all, and what
+        follows the key that closed the panel, or None when it is still open or a command
+        closed it)."""
         raw = self.cut + data
+        since = self.cut_at if self.cut else None  # when the sequence held back began
         data = self._from_win32(raw)
-        self.cut, self.esc_at = b"", None
+        self.cut, self.cut_at, self.hold_until = b"", None, None
         i, claudes = 0, bytearray()
         while i < len(data) and self.open:
             leader = next((s for s in self.leaders if data.startswith(s, i)), None)
-            if leader is not None:  # closed: what follows it in this read is typed to Claude
+            if leader is not None:
                 self._hide()
-                return bytes(claudes) + self.on_input(data[i + len(leader):])
+                return bytes(claudes), data[i + len(leader):]
             c = data[i]
             if c == 0x1B:
                 sent = terminal_sent(data, i)
@@ -7703,15 +7786,14 @@ class ControlPanel:
                     # The last byte of a read: the Esc key, or the first byte of an answer
                     # the next read completes. As terminals do, wait briefly to tell (a
                     # win32-input Esc key event says what it is).
-                    import time
-                    self.cut, self.esc_at = data[i:], time.monotonic() + self.ESC_WAIT_SECONDS
+                    self._hold(data[i:], since if i == 0 else None, self.ESC_WAIT_SECONDS)
                     break
-                if sent is None:  # a lone Esc closes the panel (and what follows is Claude's)
+                if sent is None:  # a lone Esc closes the panel
                     self._hide()
-                    return bytes(claudes) + self.on_input(data[i + 1:])
+                    return bytes(claudes), data[i + 1:]
                 end, kind = sent
-                if kind == "cut":  # the rest of it comes in the next read
-                    self.cut = data[i:]
+                if kind == "cut":  # the rest of it comes in the next read, or it was keys
+                    self._hold(data[i:], since if i == 0 else None, self.CUT_WAIT_SECONDS)
                     break
                 if kind == "reply":  # Claude asked its terminal something: the answer is Claude's
                     claudes += data[i:end]
@@ -7720,7 +7802,7 @@ class ControlPanel:
             if c in (0x0D, 0x0A):
                 self._run(self.line.strip())
                 if not self.open:
-                    return bytes(claudes)
+                    return bytes(claudes), None
             elif c in (0x7F, 0x08):
                 self.line = self.line[:-1]
             elif c == 0x09:
@@ -7737,7 +7819,14 @@ class ControlPanel:
             i += 1
         if self.open:
             self._render()
-        return bytes(claudes)
+        return bytes(claudes), None
+
+    def _hold(self, cut: bytes, since, wait: float) -> None:
+        """Keep back a sequence a read cut short until the next read completes it, or
+        until ``wait`` after it began: then it was keys (see on_tick)."""
+        import time
+        self.cut, self.cut_at = cut, since or time.monotonic()
+        self.hold_until = self.cut_at + wait
 
     @staticmethod
     def _complete(line: str) -> str:
@@ -7798,44 +7887,46 @@ class ControlPanel:
     def on_tick(self, relay) -> None:
         import time
         now = time.monotonic()
-        if self.esc_at is not None and now >= self.esc_at:
-            self.esc_at, self.cut = None, b""
-            if self.open:  # nothing followed the ESC: it was the Esc key
+        if self.hold_until is not None and now >= self.hold_until:
+            held, self.cut, self.cut_at, self.hold_until = self.cut, b"", None, None
+            if self.open:  # nothing completed it: the Esc key, and what was typed after it
                 self._hide()
+                relay.to_child += self.on_input(held[1:])
         if self.restore_at is not None and now >= self.restore_at:
             self.restore_at = None
             self.host.child.setwinsize(*self.host.size())
 
     @property
     def wants_tick(self) -> bool:
-        return self.restore_at is not None or self.esc_at is not None
+        return self.restore_at is not None or self.hold_until is not None
 
     def _render(self) -> None:
         """One frame: the title and the output above, wrapped to the terminal's width and cut
         to its height, and the line being typed on the last row. Nothing is ever written
         past the last column or row, so no frame scrolls the screen, however small."""
-        import textwrap
         rows, cols = self.host.size()
         rows, cols = max(1, rows), max(1, cols)
         thread, session = self.session.capture.thread_id[:8], self.session.spec.session_id[:8]
         # the longest title that fits on one row; the blank row under it only when there is room
         title = next((t for t in (f"cc-lhc control panel \u00b7 thread {thread} \u00b7 session {session}",
                                   f"cc-lhc control panel \u00b7 thread {thread}",
-                                  f"cc-lhc panel \u00b7 {thread}") if len(t) <= cols), "cc-lhc panel"[:cols])
+                                  f"cc-lhc panel \u00b7 {thread}") if cell_width(t) <= cols), "cc-lhc panel"[:cols])
         lines = [title] + ([""] if rows > 8 else [])
         for text in self.output:
             for part in text.split("\n"):
-                lines += textwrap.wrap(part, cols, replace_whitespace=False) or [""]
+                lines += wrap_cells(part, cols)
         lines = lines[:rows - 1]
         hint = ""
         typed = self.line.split(" ")[0]
         if typed.startswith("/") and typed not in PANEL_COMMANDS:
             hint = "   " + " ".join(c for c in PANEL_COMMANDS if c.startswith(typed))
         # the end of a line longer than the row, so the cursor after it stays in sight
-        shown = ("> " + self.line)[-(cols - 1):] if cols > 1 else ""
-        prompt = (shown + hint)[:cols]
+        shown = "> " + self.line
+        while shown and cell_width(shown) > cols - 1:
+            shown = shown[1:]
+        prompt = cells_prefix(shown + hint, cols)
         screen = ("\x1b[H\x1b[2J" + "\r\n".join(lines) + f"\x1b[{rows};1H{prompt}"
-                  f"\x1b[{rows};{min(cols, len(shown) + 1)}H")
+                  f"\x1b[{rows};{min(cols, cell_width(shown) + 1)}H")
         self.relay.to_user += screen.encode("utf-8", "replace")
 
     # -- commands -----------------------------------------------------------------------
@@ -9727,14 +9818,16 @@ class LiveHandoff:
         return True
 
     def _interrupt_left_turn(self, old_capture) -> None:
-        store = ThreadStore(self.session.home, old_capture.thread_id)
+        store = None
         try:
+            store = ThreadStore(self.session.home, old_capture.thread_id)
             n = store.interrupt_open_turn(old_capture.session_id, "swapped")
         except Exception as e:  # the record stays as it was: the next prompt ends that turn
             self.session.home.log("left_turn_not_ended", error=repr(e))
             return
         finally:
-            store.close()
+            if store is not None:
+                store.close()
         if n is not None:
             self.session.home.log("left_turn_interrupted", thread=old_capture.thread_id,
                                   session=old_capture.session_id, turn=n)
@@ -9742,14 +9835,16 @@ class LiveHandoff:
     def _tell_after_seam(self, old_capture) -> None:
         """The replacement runs on what the thread held at the seam; what reached the old
         Claude since (see after_seam_note) is told to it as a runtime note."""
-        store = ThreadStore(self.session.home, old_capture.thread_id)
+        store = None
         try:
+            store = ThreadStore(self.session.home, old_capture.thread_id)
             note = after_seam_note(store, self.seam_turn, old_capture.session_id)
         except Exception as e:  # noqa: BLE001 - the thread holds it all the same
             self.session.home.log("after_seam_not_told", error=repr(e))
             return
         finally:
-            store.close()
+            if store is not None:
+                store.close()
         if note:
             self.carry.tell(note)
             self.session.home.log("after_seam_told", thread=old_capture.thread_id, note=note[:200])

@@ -40,8 +40,8 @@ def panel(monkeypatch, leader=None, policy=None, found=None, home=None):
 def press_esc(p) -> bytes:
     """The Esc key, alone in a read: the panel waits briefly for more, then closes."""
     out = p.on_input(b"\x1b")
-    assert p.open and p.esc_at is not None  # it could still be the start of a sequence
-    p.esc_at = 0.0  # nothing came within the wait
+    assert p.open and p.hold_until is not None  # it could still be the start of a sequence
+    p.hold_until = 0.0  # nothing came within the wait
     p.on_tick(p.relay)
     return out
 
@@ -227,8 +227,9 @@ def test_an_esc_that_ends_a_read_waits_for_what_follows_it(monkeypatch):
     p = panel(monkeypatch)
     p.on_input(b"\x1d/st")
     assert p.on_input(b"\x1b") == b"" and p.open and p.wants_tick  # Esc, or an answer cut short
-    p.on_tick(p.relay)  # its wait is not over yet: still open
-    assert p.open and p.esc_at is not None
+    p.hold_until += 3600  # (its wait is not over yet, however slow this machine is)
+    p.on_tick(p.relay)
+    assert p.open and p.hold_until is not None
     assert p.on_input(b"[?1;2c") == b"\x1b[?1;2c" and p.open and p.line == "/st"  # it was an answer
     assert not p.wants_tick
     # the Esc key then typing for Claude, the two in one read or the second in the next
@@ -243,3 +244,34 @@ def test_keys_after_the_leader_that_closes_the_panel_are_claudes(monkeypatch):
     p.on_input(b"\x1d/st")
     assert p.on_input(b"\x1dnext") == b"next" and not p.open
     assert p.on_input(b"\x1d\x1d") == b"" and not p.open  # opened and closed again
+
+
+def test_a_paste_full_of_leaders_opens_and_closes_the_panel_without_end(monkeypatch):
+    p = panel(monkeypatch)
+    assert p.on_input(b"\x1d" * 5001) == b"" and p.open  # an odd number: open at the end
+    # closed by the first; then alt-x typed to Claude, opened, Esc closes, x typed, ...
+    assert p.on_input(b"\x1d" + b"\x1bx\x1d" * 3000) == b"\x1bx" + b"x" * 2999 and p.open
+
+
+def test_a_sequence_never_completed_is_taken_for_keys_once_its_wait_is_over(monkeypatch):
+    """Esc, then (in the next read) a key that would begin a terminal string: nothing
+    ends that string, so after a moment it was the Esc key and the keys after it."""
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d")
+    p.on_input(b"\x1b")
+    started = p.cut_at
+    assert p.on_input(b"P") == b"" and p.open and p.cut == b"\x1bP"
+    assert p.on_input(b"/help\r") == b"" and p.open  # still held: it could be an answer
+    assert p.cut_at == started  # typing on does not put the end off
+    assert p.hold_until == pytest.approx(started + cc_lhc.ControlPanel.CUT_WAIT_SECONDS)
+    p.hold_until = 0.0
+    p.on_tick(p.relay)
+    assert not p.open and bytes(p.relay.to_child) == b"P/help\r" and p.cut == b""
+    # the same with the leader typed meanwhile: it is one of the keys, and reopens the panel
+    q = panel(monkeypatch)
+    q.on_input(b"\x1d")
+    q.on_input(b"\x1b]")
+    q.on_input(b"\x1d")
+    q.hold_until = 0.0
+    q.on_tick(q.relay)
+    assert q.open and bytes(q.relay.to_child) == b"]"

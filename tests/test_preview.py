@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import unicodedata
 
 import pytest
 
@@ -42,10 +43,11 @@ def cells_written(frame: bytes, rows: int, cols: int):
         elif ch == "\n":
             r += 1
             assert r <= rows, "a line feed past the last row scrolls the screen"
-        else:
-            assert c <= cols, f"{ch!r} written past the last column of row {r}"
+        elif unicodedata.category(ch) not in ("Mn", "Me", "Cf"):
+            wide = unicodedata.east_asian_width(ch) in ("W", "F")  # two cells in a terminal
+            assert c + wide <= cols, f"{ch!r} written past the last column of row {r}"
             cells.append((r, c))
-            c += 1
+            c += 1 + wide
         i += 1
     return cells
 
@@ -131,3 +133,22 @@ def test_the_command_lists_draws_and_prints_one_raw_frame_without_claude(tmp_pat
         proc = run(*bad, env=env)
         assert proc.returncode == cc_lhc.EXIT_USAGE and why in proc.stderr, (bad, proc.stderr)
     assert not marker.exists() and not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("geometry", list(cc_lhc.PREVIEW_GEOMETRIES))
+def test_wide_characters_take_two_cells_and_still_fit(geometry, monkeypatch, tmp_path):
+    import types
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    rows, cols = cc_lhc.PREVIEW_GEOMETRIES[geometry]
+    session = types.SimpleNamespace(capture=types.SimpleNamespace(thread_id="t" * 36),
+                                    spec=types.SimpleNamespace(session_id="s" * 36, found={}, mod=None),
+                                    home=cc_lhc.StateHome(), alarms=[],
+                                    policy=cc_lhc.Policy(dict(cc_lhc.BUILTIN_POLICY), {}, []))
+    p = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (rows, cols)), None)
+    p.relay = cc_lhc.Relay(-1, None, -1)
+    p.on_input(b"\x1d")
+    p.output = ["exported to /home/\u5c71\u7530/\u30d7\u30ed\u30b8\u30a7\u30af\u30c8/"
+                "\u65e5\u672c\u8a9e\u306e\u30d5\u30a1\u30a4\u30eb\u540d.jsonl \U0001f680 done"]
+    p.on_input("\u65e5\u672c\u8a9e".encode() * 8)  # typed: a line wider than the row
+    frame = bytes(p.relay.to_user)
+    cells_written(frame[frame.rfind(b"\x1b[H\x1b[2J"):], rows, cols)

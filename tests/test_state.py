@@ -174,3 +174,18 @@ def test_a_full_wrapper_log_is_moved_aside_once_and_logging_goes_on(tmp_path, mo
     assert older.exists() and older.stat().st_size > 300 and log.stat().st_size <= 300 + 120
     assert kept == list(range(8))[-len(kept):] and kept[-1] == 7  # in order, newest last
     assert stat.S_IMODE(log.stat().st_mode) == stat.S_IMODE(older.stat().st_mode) == 0o600
+
+
+def test_a_log_another_writer_moved_aside_meanwhile_is_not_moved_again(tmp_path):
+    """Two writers both saw the log full: the first moved it and started a new one; the
+    second, holding the old file open, must not move that new one over the full one."""
+    path = tmp_path / "wrapper.log"
+    path.write_bytes(b"x" * 1000)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.replace(path, str(path) + ".1")  # the first writer's move
+        path.write_bytes(b"new\n")          # and its next line, in a new file
+        cc_lhc.StateHome._rotate_log(fd, str(path))
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"new\n" and Path(str(path) + ".1").read_bytes() == b"x" * 1000
