@@ -2513,6 +2513,25 @@ class ThreadStore:
             with Tx(self.db):
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('thread_id', ?)", (thread_id,))
 
+    @classmethod
+    def existing(cls, home: "StateHome", thread_id: str) -> "ThreadStore":
+        """The store of a thread known to have a record, for commands that read it: a file
+        that is gone or empty is an error that names it, never a new empty record made in
+        its place (which would hide that the record was lost)."""
+        path = home.path("threads", f"{thread_id}.sqlite")
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise LhcError(f"thread {thread_id}: its record {path} is missing; cc-lhc doctor says more")
+        except OSError as e:
+            raise LhcError(f"thread {thread_id}: its record {path} cannot be read ({e.strerror})")
+        if size == 0:
+            raise LhcError(f"thread {thread_id}: its record {path} is empty; cc-lhc doctor says more")
+        try:
+            return cls(home, thread_id)
+        except (OSError, sqlite3_errors()) as e:
+            raise LhcError(f"thread {thread_id}: its record {path} cannot be opened ({e})") from e
+
     def close(self):
         self.db.close()
 
@@ -11938,7 +11957,7 @@ def cmd_threads(args) -> int:
         rows = []
         for thread_id, cwd, created, origin, session in registry.threads():
             try:
-                store = ThreadStore(home, thread_id)
+                store = ThreadStore.existing(home, thread_id)
                 try:
                     info = store.summary()
                     cost = derivation_cost(store)
@@ -11963,12 +11982,12 @@ def cmd_threads(args) -> int:
     print(f"{'thread':<10} {'turns':>6} {'msgs':>7} {'captured':>10}  {'summaries':>18}  "
           f"{'last activity':<20} {'current session':<37} cwd")
     for r in rows:
-        flag = "  DEGRADED: " + r["degraded_reason"] if r["degraded"] else ""
+        flag = "  DEGRADED: " + escape_controls(r["degraded_reason"]) if r["degraded"] else ""
         s = r["summariser"]
         spent = f"{s['calls']} calls/{s['input_tokens'] + s['output_tokens']} tok"
         print(f"{r['id'][:8]:<10} {r['turns']:>6} {r['messages']:>7} {r['captured_bytes']:>10}  "
               f"{spent:>18}  {(r['last_activity'] or '-')[:19]:<20} {r['current_session'] or '-':<37} "
-              f"{r['cwd']}{flag}")
+              f"{escape_controls(r['cwd'] or '')}{flag}")
     return status
 
 
@@ -12006,13 +12025,21 @@ def export_record(m: dict, agents=None) -> dict:
     return out
 
 
+def code_fence(text) -> str:
+    """A Markdown fence longer than any run of backticks in text, so text cannot end it."""
+    runs = re.findall(r"`+", text or "")
+    return "`" * max(3, max(map(len, runs), default=0) + 1)
+
+
 def render_markdown_message(m: dict) -> str:
     label = f"m{m['seq']}" + (f" · subagent {m['agent']}" if m.get("agent") else "")
     if m["kind"] == "tool_call":
-        return f"**{label} · tool call {m['tool_name']}** (`{m['tool_use_id']}`)\n\n```json\n{m['text']}\n```\n"
+        fence = code_fence(m["text"])
+        return f"**{label} · tool call {m['tool_name']}** (`{m['tool_use_id']}`)\n\n{fence}json\n{m['text']}\n{fence}\n"
     if m["kind"] == "tool_result":
         err = " · error" if m["is_error"] else ""
-        return f"**{label} · tool result{err}** (`{m['tool_use_id']}`)\n\n```\n{m['text']}\n```\n"
+        fence = code_fence(m["text"])
+        return f"**{label} · tool result{err}** (`{m['tool_use_id']}`)\n\n{fence}\n{m['text']}\n{fence}\n"
     if m["kind"] == "thinking":
         return f"**{label} · thinking**\n\n> " + (m["text"] or "").replace("\n", "\n> ") + "\n"
     body = m["text"] if m["text"] is not None else f"`{m['data']}`"
@@ -12033,7 +12060,7 @@ def cmd_export(args) -> int:
     if not registry_known(home):
         raise usage_error("no threads yet")
     thread_id = Registry(home).resolve_prefix(args[0])
-    store = ThreadStore(home, thread_id)
+    store = ThreadStore.existing(home, thread_id)
     out = sys.stdout
     try:
         agents = store.agents()
@@ -12061,9 +12088,14 @@ RETRIEVAL_CEILING = 24_000  # whole stdout of one retrieval, envelope included
 LABEL_RANGE_RE = re.compile(r"^([tm])(\d+)(?:(?:-|\.\.|\u2013)\1?(\d+))?$")
 
 
+# The most labels one retrieval names in all (its ranges added up): far more than one
+# answer holds (the rest comes with --from), and a bound on what a request can cost.
+LABELS_MAX = 100_000
+
+
 def parse_labels(args, letter: str):
     """['t3', 't5-t7'] -> [3, 5, 6, 7] (order kept, duplicates dropped)."""
-    out, seen = [], set()
+    out, seen, named = [], set(), 0
     for a in args:
         for piece in a.replace(",", " ").split():
             m = LABEL_RANGE_RE.match(piece.strip())
@@ -12072,8 +12104,12 @@ def parse_labels(args, letter: str):
                                   f"label like {letter}12 or {letter}12-{letter}15")
             a_n = label_number(m.group(2), piece)
             b_n = label_number(m.group(3) or m.group(2), piece)
-            if b_n < a_n or b_n - a_n > 10_000:
+            if b_n < a_n or b_n - a_n > MESSAGE_RANGE_SPAN:
                 raise usage_error(f"{piece!r} is not a usable range")
+            named += b_n - a_n + 1
+            if named > LABELS_MAX:
+                raise usage_error(f"more than {LABELS_MAX:,} labels in one request; ask for fewer "
+                                  "(an answer holds a part of them anyway, the rest comes with --from)")
             for n in range(a_n, b_n + 1):
                 if n not in seen:
                     seen.add(n)
@@ -12405,41 +12441,51 @@ def _search_for_people(text, limit, thread, every) -> int:
     if thread is not None and every:
         raise usage_error("search: give --thread T or --all, not both")
     home = StateHome()
-    if not os.path.exists(home.path("registry.sqlite")):
+    if not registry_known(home):
         print("no threads yet")
         return EXIT_OK
     registry = Registry(home)
     if thread is not None:
         thread_ids = [registry.resolve_prefix(thread)]
     else:
-        here = os.path.realpath(os.getcwd())
+        try:
+            here = os.path.realpath(os.getcwd())
+        except OSError:  # the folder this runs in was removed: only --all can say anything
+            if not every:
+                raise usage_error("this folder no longer exists; search every thread with --all")
+            here = None
         thread_ids = [t[0] for t in registry.threads()
                       if every or (t[1] and os.path.realpath(t[1]) == here)]
         if not thread_ids:
             print(f"no thread was captured in {here}; search every thread with --all")
             return EXIT_OK
-    exact, words = [], []
+    exact, words, skipped = [], [], 0
     for thread_id in thread_ids:
         try:
-            store = ThreadStore(home, thread_id)
+            store = ThreadStore.existing(home, thread_id)
         except LhcError as e:  # one unreadable thread does not hide what the others hold
             say(f"thread {thread_id[:8]} skipped: {e}")
+            skipped += 1
             continue
         try:
             for hit in search_thread(store, text, limit):
                 (exact if hit.how == "exact" else words).append(hit)
+        except sqlite3_errors() as e:
+            say(f"thread {thread_id[:8]} skipped: {store.path} cannot be searched ({e})")
+            skipped += 1
         finally:
             store.close()
     exact.sort(key=lambda h: h.created or "", reverse=True)
     words.sort(key=lambda h: h.rank)
     hits = (exact or words)[:limit]  # words only for a text no thread holds exactly
+    status = EXIT_ERROR if skipped else EXIT_OK
     if not hits:
         print(f"no messages match {text!r}")
-        return EXIT_OK
+        return status
     for hit in hits:
         print(hit.line(with_thread=True))
     print("Show a hit's turns with: cc-lhc export <thread> --from tN --to tN --format markdown")
-    return EXIT_OK
+    return status
 
 
 def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, projects_root,
@@ -12683,7 +12729,7 @@ def cmd_backfill_labels(args) -> int:
     if not registry_known(home):
         raise usage_error("no threads yet")
     thread_id = Registry(home).resolve_prefix(args[0])
-    store = ThreadStore(home, thread_id)
+    store = ThreadStore.existing(home, thread_id)
     try:
         legacy = store.db.execute(
             "SELECT id, turn, kind FROM derivations WHERE format_version < 2 AND kind = 'turn_rendering' "
@@ -12864,6 +12910,9 @@ def main(argv=None) -> int:
         if argv and argv[0] == "__carry-guard" and len(argv) == 3:
             return run_carry_guard(argv[1], argv[2])
         if argv and argv[0] in LHC_SUBCOMMANDS:
+            bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
+            if bad is not None:  # (bytes the locale could not decode: nothing can match them)
+                raise usage_error(f"{argv[0]}: the argument {os.fsencode(bad)!r} is not UTF-8 text")
             return COMMANDS[argv[0]](argv[1:])
         return cmd_launch(argv)
     except LhcError as e:

@@ -281,6 +281,27 @@ def test_label_ranges_parse():
         assert e.value.status == cc_lhc.EXIT_USAGE
 
 
+def test_a_request_naming_too_many_labels_in_all_is_refused_at_once():
+    import time
+    started = time.monotonic()
+    with pytest.raises(cc_lhc.LhcError, match="more than 100,000 labels") as e:
+        cc_lhc.parse_labels(["t1-t10001"] * 3000, "t")  # each range allowed, the whole not
+    assert e.value.status == cc_lhc.EXIT_USAGE
+    assert len(cc_lhc.parse_labels(["m1-m10001"] * 9, "m")) == 10001  # repeats: within the bound
+    assert time.monotonic() - started < 30  # (never the gigabytes a full expansion took)
+
+
+def test_markdown_export_fences_outlast_any_backticks_in_the_content():
+    m = {"seq": 7, "kind": "tool_result", "tool_use_id": "toolu_1", "is_error": 0, "agent": None,
+         "text": "before\n```\n## t99\n**m99 \u00b7 user \u00b7 prompt**\n````` five\nafter"}
+    md = cc_lhc.render_markdown_message(m)
+    fence = "``````"  # one longer than the longest run inside
+    assert md.split("\n")[2] == fence and md.rstrip("\n").endswith("\n" + fence)
+    assert md.count(fence) == 2 and m["text"] in md
+    call = dict(m, kind="tool_call", tool_name="Bash", text='{"command": "echo ok"}')
+    assert "\n```json\n" in cc_lhc.render_markdown_message(call)  # three when nothing needs more
+
+
 @pytest.mark.parametrize("spec", ["t3-t5", "t3\u2013t5", "t3-5"])
 def test_get_turns_with_a_range(spec, thread, monkeypatch, capsysbinary):
     grant(thread, monkeypatch)

@@ -10,6 +10,7 @@ CLI, whose Bash runs `cc-lhc search` inside a session.
 from __future__ import annotations
 
 import bisect
+import os
 import itertools
 import json
 import random
@@ -410,7 +411,8 @@ def test_a_thread_this_version_cannot_open_is_named_and_skipped(two_folders, mon
     threads["a1"].store.db.execute("PRAGMA user_version = 99")
     monkeypatch.chdir(folders["a"])
     status, out, err = search(capsysbinary, "alpha")
-    assert status == 0 and {h["thread"] for h in hits_of(out)} == {threads["a2"].id[:8]}
+    # the others' hits all the same, and the exit status says the answer is not whole
+    assert status == 1 and {h["thread"] for h in hits_of(out)} == {threads["a2"].id[:8]}
     assert f"thread {threads['a1'].id[:8]} skipped: " in err and "newer cc-lhc" in err
 
 
@@ -436,3 +438,50 @@ def test_doctor_says_whether_search_has_its_index(available, line, monkeypatch, 
     cc_lhc.main(["doctor"])
     out = capsys.readouterr().out
     assert line in out and ("scans" in out) == (not available)
+
+
+def test_search_finds_threads_once_the_registry_is_lost(two_folders, monkeypatch, capsysbinary):
+    folders, threads = two_folders
+    home = cc_lhc.StateHome()
+    for t in threads.values():
+        t.store.close()
+    os.unlink(home.path("registry.sqlite"))
+    status, out, _ = search(capsysbinary, "--all", "alpha word")
+    assert status == 0 and {h["thread"] for h in hits_of(out)} == {t.id[:8] for t in threads.values()}
+
+
+def test_a_thread_whose_file_is_gone_or_unopenable_is_named_not_made_anew(two_folders, monkeypatch,
+                                                                          capsysbinary):
+    """Read-only commands never create an empty record where a thread's file was: the
+    loss is said, and the other threads still answer."""
+    folders, threads = two_folders
+    home = cc_lhc.StateHome()
+    for t in threads.values():
+        t.store.close()
+    gone = Path(home.path("threads", f"{threads['a1'].id}.sqlite"))
+    gone.unlink()
+    Path(home.path("threads", f"{threads['b1'].id}.sqlite")).unlink()
+    Path(home.path("threads", f"{threads['b1'].id}.sqlite")).mkdir()  # cannot be opened at all
+    status, out, err = search(capsysbinary, "--all", "alpha word")
+    assert status == 1 and {h["thread"] for h in hits_of(out)} == {threads["a2"].id[:8]}
+    assert f"thread {threads['a1'].id[:8]} skipped: " in err and "is missing" in err
+    assert f"thread {threads['b1'].id[:8]} skipped: " in err
+    assert not gone.exists()
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["threads"]) == 1 and not gone.exists()
+    assert b"is missing" in capsysbinary.readouterr().err
+    with pytest.raises(cc_lhc.LhcError, match="is missing"):
+        cc_lhc.cmd_export([threads["a1"].id[:8]])
+    assert not gone.exists()
+    gone.write_bytes(b"")  # emptied: the same
+    with pytest.raises(cc_lhc.LhcError, match="is empty"):
+        cc_lhc.cmd_export([threads["a1"].id[:8]])
+    assert gone.stat().st_size == 0
+
+
+def test_an_argument_that_is_not_utf8_is_refused_plainly(two_folders, capsysbinary):
+    bad = os.fsdecode(b"\xff\xfe")
+    for argv in (["search", bad], ["export", bad], ["search", "--thread", bad, "x"]):
+        capsysbinary.readouterr()
+        assert cc_lhc.main(argv) == cc_lhc.EXIT_USAGE, argv
+        assert b"is not UTF-8 text" in capsysbinary.readouterr().err
