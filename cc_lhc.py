@@ -7473,10 +7473,13 @@ class Relay:
                     if not data:
                         self.input_open = False
                         self._interest(sel, self.in_fd, 0, "in")
-                    elif self.drop_input:
-                        self.dropped += len(data)
                     else:
-                        self.to_child += self.on_input(data) if self.on_input else data
+                        # (the panel still takes its keys while Claude's are dropped)
+                        data = self.on_input(data) if self.on_input else data
+                        if self.drop_input:
+                            self.dropped += len(data)
+                        else:
+                            self.to_child += data
                 elif tag == "out":
                     self._write_some(self.out_fd, self.to_user)
             if self.on_tick:
@@ -7902,6 +7905,11 @@ class ControlPanel:
             self.restore_at = time.monotonic() + 0.15
             relay.timeout = 0.05
         relay.held.clear()
+
+    def resized(self, _rows, _cols) -> None:
+        """The terminal changed size: an open panel is drawn again to fit it."""
+        if self.open:
+            self._render()
 
     def on_tick(self, relay) -> None:
         import time
@@ -8507,9 +8515,15 @@ class InteractiveHost:
                 except OSError:
                     pass
 
+        resized = []  # what else follows the terminal's size (the swap's candidate, the panel)
+
+        def set_child_size(rows, cols):
+            self.child.setwinsize(rows, cols)
+            for follow in resized:
+                follow(rows, cols)
+
         relay = Relay(self.child.fd, self.in_fd if _readable(self.in_fd) else None, self.out_fd,
-                      get_size=lambda: terminal_size(self.out_fd),
-                      set_child_size=lambda rows, cols: self.child.setwinsize(rows, cols),
+                      get_size=lambda: terminal_size(self.out_fd), set_child_size=set_child_size,
                       on_signal=on_signal)
         session = spec.session
         handoff = None
@@ -8519,6 +8533,7 @@ class InteractiveHost:
             relay.on_tick = handoff.on_tick
             panel = ControlPanel(session, self, handoff)
             panel.relay = relay
+            resized += [handoff.resized, panel.resized]
             follower = SessionFollower(session, self, handoff)
             if spec.flags.get("--lhc-no-notifier"):
                 relay.on_input = panel.on_input
@@ -9440,6 +9455,56 @@ def with_runtime(kept, runtime: dict):
     return out
 
 
+class DraftWatch:
+    """Whether Claude's input box holds a message the person has begun and not sent, told
+    from the keys that reach Claude: text typed since the last Enter that sent something.
+    A backslash or a paste before an Enter makes it a new line, not a send; ctrl-c empties
+    the box. Terminal sequences (arrows, focus reports, answers) are no text.
+
+    Smart Compact waits while there is one: typed /compact would be sent with it, and a swap
+    would end the Claude that holds it. ``sent_at`` is when the last prompt went: Claude
+    writes it into its transcript a moment later, so until then the seam only looks settled.
+    """
+
+    def __init__(self):
+        self.pending = False
+        self.sent_at = None       # monotonic time of the last prompt sent (not a /command)
+        self._slash = False       # the draft began with "/": a command, not a prompt
+        self._last = 0
+        self._paste = False
+
+    def feed(self, data: bytes, now: float) -> bool:
+        """Take keys that reached Claude; True when they sent a prompt."""
+        sent, i = False, 0
+        while i < len(data):
+            b = data[i]
+            if b == 0x1B:
+                if data.startswith(b"\x1b[200~", i) or data.startswith(b"\x1b[201~", i):
+                    self._paste = data[i + 4] == 0x30
+                    if self._paste:
+                        self._begin()
+                    i += 6
+                    continue
+                sent = terminal_sent(data, i)
+                i = i + 1 if sent is None else (len(data) if sent[0] is None else sent[0])
+                continue
+            if b in (0x0D, 0x0A) and not self._paste and self._last != 0x5C:
+                if self.pending and not self._slash:
+                    self.sent_at, sent = now, True
+                self.pending = False
+            elif b == 0x03:
+                self.pending = False
+            elif b >= 0x20 and b != 0x7F or b in (0x0D, 0x0A):
+                self._begin(b)
+            self._last = b
+            i += 1
+        return sent
+
+    def _begin(self, b=None) -> None:
+        if not self.pending:
+            self.pending, self._slash = True, b == 0x2F
+
+
 class LiveHandoff:
     """Spawn-first Smart Compact for a running interactive session.
 
@@ -9495,6 +9560,9 @@ class LiveHandoff:
         self.retry_at = None        # swap_soon: when to try the waiting swap again (monotonic)
         self.retry_until = None     # and until when
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
+        self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
+        self.sent_turn = 0          # the newest recorded turn when the person last sent a prompt
+        self.missed = False         # a seam asked for Smart Compact while one was under way
         self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
@@ -9542,7 +9610,13 @@ class LiveHandoff:
         pruned view, and no handoff at all when the visibility boundary would not move.
         """
         if self.candidate is not None or self.inproc.pending is not None:
+            self.missed = not manual  # asked again once that one is over (InProcessCompact)
             return "a Smart Compact is already under way"
+        if not self.continue_note:
+            why = self._person_is_writing()
+            if why:
+                self.session.home.log("handoff_waits_for_person", why=why, manual=manual)
+                return why
         if self.submit_at is not None:
             # A runtime note or the continuation is typed but not yet submitted: a swap now
             # would drop it with the old Claude. The next settled seam asks again.
@@ -9555,6 +9629,23 @@ class LiveHandoff:
             self.session.home.log("handoff_error", error=repr(e))
             self._fail(relay, f"could not prepare the rebuild: {e}")
             return f"it could not start: {e}"
+
+    # How long after the person sent a prompt Claude may still be writing it down: until
+    # its turn is recorded (or this long has passed) the last seam recorded is not the one
+    # Claude is at.
+    SENT_SETTLE_SECONDS = 2.0
+    DRAFT_WAITS = ("Claude's input box holds a message not sent yet; Smart Compact waits for it "
+                   "(send it, or clear it with ctrl-c)")
+
+    def _person_is_writing(self) -> str:
+        """Why Smart Compact must not start at this seam because of the person ('' if not)."""
+        import time
+        if self.draft.pending:
+            return self.DRAFT_WAITS
+        if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS
+                and (self._last_turn() or 0) <= self.sent_turn):
+            return "a prompt was just sent to Claude; Smart Compact waits for its turn to be recorded"
+        return ""
 
     def _begin(self, relay, manual=False, prune=None):
         session, spec, home = self.session, self.session.spec, self.session.home
@@ -9716,12 +9807,23 @@ class LiveHandoff:
         if spec.mod:
             spec.mod.expect(new.pid)  # the replacement's mod shakes hands anew
         rows, cols = self.host.size()
+        try:
+            if tuple(new.getwinsize()) != (rows, cols):  # (resized while it was starting)
+                new.setwinsize(rows, cols)
+        except OSError:
+            pass
         # The old screen (and the notice, when input was dropped) scrolls up into the
         # terminal's history; the replacement's own first frame is drawn on a clean screen.
         notice = f"\r\n{PROG}: {self.NOTICE}" if relay.dropped else ""
         if relay.dropped:
             session.notices.append(self.NOTICE)
-        relay.to_user += (notice + "\r\n" * rows + "\x1b[H\x1b[2J").encode() + bytes(self.replay)
+        frame = (notice + "\r\n" * rows + "\x1b[H\x1b[2J").encode() + bytes(self.replay)
+        if relay.hold_output:
+            # The panel is open: the old Claude's held output belongs to a screen that is
+            # gone, so the replacement's first frame is what the panel's closing shows.
+            relay.held[:] = frame
+        else:
+            relay.to_user += frame
         relay.dropped = 0
         relay.drop_input = False
         if self.replay_overflow:  # too much to replay: a size change makes Claude redraw
@@ -9792,7 +9894,11 @@ class LiveHandoff:
 
         def heard(data):
             self.last_input = time.monotonic()
-            return inner(data) if inner else data
+            out = inner(data) if inner else data
+            if out and not relay.drop_input and self.draft.feed(out, self.last_input):
+                # (what is dropped never reached the box) a prompt went: its turn is the next
+                self.sent_turn = self._last_turn() or 0
+            return out
 
         relay.on_input = heard
 
@@ -9801,7 +9907,7 @@ class LiveHandoff:
         and only after the person has not typed for a moment, so it does not land in the
         middle of what they are writing."""
         import time
-        if (self.submit_at is not None or relay.to_child or self.session.detached
+        if (self.submit_at is not None or relay.to_child or self.session.detached or self.draft.pending
                 or time.monotonic() - self.last_input < self.QUIET_SECONDS):
             return
         note = self.carry.next_note(self._settled_for_note)
@@ -9850,6 +9956,14 @@ class LiveHandoff:
         if n is not None:
             self.session.home.log("left_turn_interrupted", thread=old_capture.thread_id,
                                   session=old_capture.session_id, turn=n)
+
+    def resized(self, rows, cols) -> None:
+        """The terminal changed size: a replacement still starting off-route follows it."""
+        if self.candidate is not None:
+            try:
+                self.candidate.setwinsize(rows, cols)
+            except OSError:
+                pass
 
     def _tell_after_seam(self, old_capture) -> None:
         """The replacement runs on what the thread held at the seam; what reached the old
@@ -10095,6 +10209,12 @@ class InProcessCompact:
         if answered:
             pending, self.pending = self.pending, None
             accept_in_process(session.home, session.capture.thread_id, pending, self.replayed)
+            if self.handoff.missed:
+                # A seam (the first answer on the compacted conversation, say) asked for Smart
+                # Compact while this one waited to be accepted: it is looked at now.
+                self.handoff.missed = False
+                self.session.home.log("handoff_asked_again", session=session.spec.session_id)
+                self.handoff.start(relay)
 
     def _clear_view(self) -> None:
         """The view is in Claude now: no later compaction may find it again."""

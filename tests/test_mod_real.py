@@ -388,3 +388,48 @@ def test_when_the_hook_declines_the_swap_handles_the_seam_and_the_session_goes_o
     # the /compact Claude declined is a settled turn of its own (its output says so), so
     # the swap never waits on it for a later seam
     assert thread_turns(rc)[0][2] == ("command", "closed", "local_command")
+
+
+@pytest.mark.parametrize("mod", ["on", "off"])
+def test_a_draft_in_claudes_box_waits_for_the_person_and_smart_compact_follows_its_answer(
+        real_claude, tmux, mod):
+    """The person writes the next prompt (two lines, not sent) while Claude answers the one
+    that goes over the trigger. Typing /compact now would send the draft with it, and a swap
+    would end the Claude holding it: Smart Compact waits. The draft, sent later, is a prompt
+    of its own, and the seam after its answer is compacted."""
+    import threading
+    rc, hold, sent = real_claude, threading.Event(), []
+    from fakeapi import text_reply, user_texts
+
+    def answer(body):
+        texts = user_texts(body)
+        if texts and "DRAFTLINE-TWO" in texts[-1] and not sent:
+            sent.append(texts[-1])
+            return text_reply("answered the draft", usage=OVER_USAGE)
+        if texts and "first prompt" in texts[-1] and not hold.is_set():
+            return dict(text_reply("first answer", usage=OVER_USAGE), hold=hold)
+        return "plain"
+    rc.api.responder = answer
+    t = start(rc, tmux, env={"CC_LHC_MOD": mod})
+    if mod == "on":
+        wait_for_log(rc, "mod_active")
+    type_line(t, "first prompt")
+    rc.api.wait_for_requests(1, answered=False)
+    t.send_text("DRAFTLINE-ONE")
+    t.send_text("\\")
+    t.send_keys("Enter")
+    t.send_text("DRAFTLINE-TWO")
+    t.wait_for("DRAFTLINE-TWO")
+    hold.set()
+    t.wait_for("first answer")
+    wait_for_log(rc, "handoff_waits_for_person")
+    (waited,) = log_events(rc, "handoff_waits_for_person")[:1]
+    assert "input box holds a message not sent yet" in waited["why"] and not waited["manual"]
+    assert not log_events(rc, "in_process_compact_started") and not log_events(rc, "handoff_spawned")
+    assert "DRAFTLINE-ONE" in t.capture()  # still in the box, as the person left it
+    assert not [r for r in rc.api.message_requests if "DRAFTLINE" in json.dumps(r["body"]["messages"])]
+    t.send_keys("Enter")  # the person sends it
+    wait_until(lambda: sent, "the draft sent as a prompt")
+    assert "DRAFTLINE-ONE" in sent[0] and "/compact" not in sent[0]
+    wait_for_log(rc, "in_process_compact_served" if mod == "on" else "handoff_switched", timeout=60)
+    exit_cleanly(t)

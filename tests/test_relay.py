@@ -383,3 +383,52 @@ def test_one_shot_burst_through_a_slow_pipe_reader(fake_claude):
         wrapper.stderr.close()
     assert total == size
     assert digest.hexdigest() == hashlib.sha256(burst_bytes(size)).hexdigest()
+
+
+def test_the_draft_watch_tells_a_message_being_written_from_one_sent():
+    d = cc_lhc.DraftWatch()
+    d.feed(b"\x1b[I\x1b[A\x1b[<35;1;1M", 1.0)  # focus, an arrow, a mouse move: no text
+    assert not d.pending and d.sent_at is None
+    d.feed(b"line one\\", 2.0)
+    d.feed(b"\r", 2.1)  # backslash-Enter: a new line in the box, nothing sent
+    assert d.pending and d.sent_at is None
+    d.feed(b"line two", 2.2)
+    d.feed(b"\r", 3.0)
+    assert not d.pending and d.sent_at == 3.0
+    d.feed(b"\x1b[200~pasted\rlines\x1b[201~", 4.0)  # a paste's newlines send nothing
+    assert d.pending and d.sent_at == 3.0
+    d.feed(b"\x03", 4.5)  # ctrl-c empties the box
+    assert not d.pending
+    d.feed(b"/model\r", 5.0)  # a command is no prompt: no turn for the transcript to show
+    assert not d.pending and d.sent_at == 3.0
+    d.feed(b"\r", 6.0)  # Enter on an empty box sends nothing
+    assert d.sent_at == 3.0
+
+
+def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch, tmp_path):
+    import time
+    import types
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    session = types.SimpleNamespace(home=cc_lhc.StateHome(), detached="",
+                                    spec=types.SimpleNamespace(mod=None, session_id="s"))
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.candidate, h.submit_at, h.continue_note = session, None, None, None
+    h.inproc = types.SimpleNamespace(pending=None, usable=False)
+    h.draft, h.sent_turn, turns = cc_lhc.DraftWatch(), 4, [4]
+    h._last_turn = lambda: turns[0]
+    begun = []
+    h._begin = lambda relay, manual, prune: begun.append(manual)
+    h.draft.feed(b"half a thought", 0.0)
+    assert h.start(None) == cc_lhc.LiveHandoff.DRAFT_WAITS and h.start(None, manual=True) and not begun
+    h.draft.feed(b"\r", time.monotonic())
+    assert "just sent" in h.start(None) and not begun  # its turn is not recorded yet
+    turns[0] = 5  # now it is (and answered: a settled seam again)
+    assert h.start(None) == "" and begun == [False]
+    turns[0], begun[:] = 4, []
+    h.draft.sent_at -= cc_lhc.LiveHandoff.SENT_SETTLE_SECONDS  # or no turn came in time
+    assert h.start(None) == "" and begun == [False]
+    h.continue_note = "[runtime note] ..."  # the too-long recovery does not wait
+    h.draft.feed(b"more", 0.0)
+    assert h.start(None, manual=True) == "" and begun == [False, True]
+    logged = (tmp_path / "wrapper.log").read_text()
+    assert logged.count('"handoff_waits_for_person"') == 3
