@@ -2307,6 +2307,7 @@ class Registry:
 
     def __init__(self, home: "StateHome", restore=True):
         self.home = home
+        self.unreadable = []  # thread files restore_missing could not read
         path = home.path("registry.sqlite")
         self.db = open_db(path, REGISTRY_MIGRATIONS, synchronous="FULL")
         if restore:
@@ -2365,7 +2366,18 @@ class Registry:
         if not files:
             return []
         known = {r[0] for r in self.db.execute("SELECT id FROM threads")}
-        copies = [c for c in (thread_copy(self.home, t) for t in sorted(files - known)) if c]
+        copies = []
+        for thread_id in sorted(files - known):
+            try:
+                copy = thread_copy(self.home, thread_id)
+            except LhcError as e:  # said, not passed over: this thread is lost to the registry
+                self.home.log("registry_restore_skipped", thread=thread_id, error=str(e))
+                self.unreadable.append(thread_id)
+                if announce:
+                    say(f"{e}: it cannot be put back into registry.sqlite; cc-lhc doctor says more")
+                continue
+            if copy:
+                copies.append(copy)
         if not copies:
             return []
         restored = []
@@ -2864,11 +2876,7 @@ def thread_copy(home, thread_id: str):
     A file written before copies existed still names the sessions it captured: the
     newest becomes current, and the working folder comes from cc-lhc.sqlite.
     """
-    try:
-        store = ThreadStore(home, thread_id)
-    except LhcError as e:
-        home.log("registry_restore_skipped", thread=thread_id, error=str(e))
-        return None
+    store = ThreadStore.existing(home, thread_id)  # (a damaged one raises, and is named)
     try:
         db = store.db
         meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN "
@@ -8228,6 +8236,8 @@ def cmd_preview(args) -> int:
     listed = _take_flag(args, "--list")
     fixture = _take_option(args, "--fixture")
     geometry = _take_option(args, "--geometry")
+    # a size names its geometry too: 80x24 is normal
+    geometry = {f"{c}x{r}": name for name, (r, c) in PREVIEW_GEOMETRIES.items()}.get(geometry, geometry)
     _no_more(args, "preview")
     if listed:
         for name, (what, _keys) in PREVIEW_FIXTURES.items():
@@ -12069,7 +12079,7 @@ def cmd_threads(args) -> int:
     as_json = _take_flag(args, "--json")
     _no_more(args, "threads")
     home = StateHome()
-    broken = []
+    broken, registry = [], None
     if not registry_known(home):
         rows = []
     else:
@@ -12092,7 +12102,7 @@ def cmd_threads(args) -> int:
                          "degraded_reason": info["degraded"], "summariser": cost})
     for thread_id, e in broken:
         say(f"thread {thread_id[:8]} left out of this list: {e}; cc-lhc doctor says how to fix it")
-    status = EXIT_ERROR if broken else EXIT_OK
+    status = EXIT_ERROR if broken or (registry is not None and registry.unreadable) else EXIT_OK
     if as_json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return status
@@ -12767,6 +12777,11 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     }
 
 
+def _change(cut_pct) -> str:
+    """A cut as the change it makes to the size: -72.9% for a 72.9% cut, 0.0% for none."""
+    return f"{-cut_pct:+.1f}%" if round(cut_pct, 1) else "0.0%"
+
+
 def _percentile(values, p):
     values = sorted(values)
     if not values:
@@ -12790,20 +12805,36 @@ def cmd_measure(args) -> int:
     if len(args) != 1:
         raise usage_error("usage: cc-lhc measure <transcript.jsonl | folder> [--json | --markdown] "
                           "[--profile P] [--target N]")
+    if as_json and as_md:
+        raise usage_error("--json and --markdown: give one of them")
     where = args[0]
+    unread = []  # (path, why): named on stderr, and the exit status says the report is not whole
     if os.path.isdir(where):
-        files = sorted(os.path.join(d, f) for d, _s, names in os.walk(where) for f in names
+        files = sorted(os.path.join(d, f) for d, _s, names in
+                       os.walk(where, onerror=lambda e: unread.append((e.filename, e.strerror)))
+                       for f in names
                        if f.endswith(".jsonl") and os.path.isfile(os.path.join(d, f))  # no FIFOs or devices
                        and "subagents" not in os.path.relpath(d, where).split(os.sep))
+        if not files and not unread:
+            raise usage_error(f"{where!r} holds no transcripts (.jsonl files)")
     elif os.path.isfile(where):
         files = [where]
     else:
         raise usage_error(f"{where!r} is neither a transcript nor a folder")
     rows = []
-    for i, path in enumerate(files, 1):
-        row = measure_transcript(path, profile, target)
-        row["session"] = i
+    for path in files:
+        try:
+            row = measure_transcript(path, profile, target)
+        except OSError as e:
+            unread.append((path, e.strerror or str(e)))
+            continue
+        row["session"] = len(rows) + 1
         rows.append(row)
+    for path, why in unread:
+        say(f"{path} could not be read ({why}): left out of the figures")
+    if files and not rows:
+        return EXIT_ERROR
+    status = EXIT_ERROR if unread else EXIT_OK
     report = {"profile": profile, "target": target, "sessions": rows}
     if len(rows) > 1:
         for key in ("lean_cut_pct", "summary_cut_pct", "smart_compact_cut_pct"):
@@ -12812,15 +12843,15 @@ def cmd_measure(args) -> int:
             report[f"p90_{key}"] = _percentile(vals, 0.9)
     if as_json:
         print(json.dumps(report, indent=2))
-        return EXIT_OK
+        return status
     # No timings: the same input prints the same bytes (scripts/bench.py times measure).
     head = ["session", "messages", "tool calls", "tokens", "lean", "summary", "smart compact"]
     lines = []
     for r in rows:
         lines.append([str(r["session"]), str(r["messages"]), str(r["tool_calls"]), f"{r['tokens']:,}",
-                      f"{r['lean_tokens']:,} ({-r['lean_cut_pct']:+.1f}%)",
-                      f"{r['summary_tokens']:,} ({-r['summary_cut_pct']:+.1f}%)",
-                      f"{r['smart_compact_tokens']:,} ({-r['smart_compact_cut_pct']:+.1f}%)"])
+                      f"{r['lean_tokens']:,} ({_change(r['lean_cut_pct'])})",
+                      f"{r['summary_tokens']:,} ({_change(r['summary_cut_pct'])})",
+                      f"{r['smart_compact_tokens']:,} ({_change(r['smart_compact_cut_pct'])})"])
     counting = rows[0]["counting"] if rows else TOKENS.reason
     if as_md:
         print("| " + " | ".join(head) + " |")
@@ -12832,12 +12863,12 @@ def cmd_measure(args) -> int:
         print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
         for ln in lines:
             print("  ".join(c.ljust(w) for c, w in zip(ln, widths)))
-    if len(rows) > 1:
+    if len(rows) > 1 and report["median_lean_cut_pct"] is not None:
         print(f"median cut: lean {report['median_lean_cut_pct']}%, smart compact "
               f"{report['median_smart_compact_cut_pct']}%; p90: lean {report['p90_lean_cut_pct']}%, "
               f"smart compact {report['p90_smart_compact_cut_pct']}%")
     print(f"tokens: {counting}; profile {profile}, target {target:,}")
-    return EXIT_OK
+    return status
 
 
 def cmd_backfill_labels(args) -> int:
@@ -12882,7 +12913,13 @@ def store_file_check(path: str, what: str, migrations):
     """
     import sqlite3
     import shlex
+    chmod = f"make it readable and writable by you: chmod 600 {shlex.quote(path)}"
     try:
+        if not os.access(path, os.R_OK | os.W_OK):
+            return ("fail", what, f"{path} cannot be read and written by you", chmod)
+        if os.path.getsize(path) == 0:
+            return ("fail", what, f"{path} is empty: what it held is gone",
+                    "restore it from a backup, or remove it (cc-lhc then starts that file anew)")
         db = sqlite3.connect(path, timeout=5)
         try:
             have = db.execute("PRAGMA user_version").fetchone()[0]
@@ -12892,7 +12929,7 @@ def store_file_check(path: str, what: str, migrations):
     except sqlite3.Error as e:
         damage, have = [str(e)], 0
     except OSError as e:
-        return ("fail", what, f"{path}: {e}", f"make it readable and writable by you: chmod 600 {shlex.quote(path)}")
+        return ("fail", what, f"{path}: {e}", chmod)
     if damage != ["ok"]:
         return ("fail", what, f"{path} is damaged: {'; '.join(damage)}",
                 f"restore it from a backup, or salvage it with `sqlite3 {shlex.quote(path)} .recover "
@@ -12939,7 +12976,11 @@ def cmd_doctor(args) -> int:
           f"SQLite {sqlite3.sqlite_version}: " + ("trigram index" if trigram_available() else
                                                   "no trigram tokenizer (3.34+), so search scans"))
     if not os.path.isdir(home.root):
-        check("ok", "state home", f"{home.root} (not created yet)")
+        if os.path.lexists(home.root):
+            check("fail", "state home", f"{home.root} is not a folder",
+                  "move that file away, or point CC_LHC_HOME at a folder")
+        else:
+            check("ok", "state home", f"{home.root} (not created yet)")
         return EXIT_ERROR if "fail" in results else EXIT_OK
     def readable_by_others(path):
         try:
@@ -12979,19 +13020,27 @@ def cmd_doctor(args) -> int:
             if name.endswith(".json"):
                 try:
                     with open(os.path.join(folder, name)) as f:
-                        owner = json.load(f).get("owner")
+                        held = json.load(f)
+                    owner = held.get("owner") if isinstance(held, dict) else None
                 except (OSError, ValueError):
                     owner = None
                 stale += 0 if identity_alive(owner) else 1
     check("ok" if not stale else "warn", "leases", f"{stale} left by processes that are gone"
           if stale else "none stale")
     if os.path.exists(home.path("cc-lhc.sqlite")):
-        hostdb = HostDB(home)
-        dead = sum(1 for (owner,) in hostdb.db.execute(
-            "SELECT owner FROM descriptors WHERE revoked IS NULL") if not owner_alive(owner))
-        check("ok" if not dead else "warn", "runtime descriptors",
-              f"{dead} stale (removed at the next launch)" if dead else "none stale")
-    check(*registry_check(home, repair))
+        try:
+            hostdb = HostDB(home)
+            dead = sum(1 for (owner,) in hostdb.db.execute(
+                "SELECT owner FROM descriptors WHERE revoked IS NULL") if not owner_alive(owner))
+            check("ok" if not dead else "warn", "runtime descriptors",
+                  f"{dead} stale (removed at the next launch)" if dead else "none stale")
+        except (LhcError, sqlite3.Error) as e:  # named above; the checks after it still run
+            check("fail", "runtime descriptors", f"cc-lhc.sqlite cannot be read: {e}")
+    try:
+        check(*registry_check(home, repair))
+    except (LhcError, sqlite3.Error) as e:
+        check("fail", "registry", f"registry.sqlite cannot be read: {e}",
+              "cc-lhc doctor --repair rebuilds it from the thread files once it is moved away")
     return EXIT_ERROR if "fail" in results else EXIT_OK
 
 
@@ -13007,8 +13056,14 @@ def registry_check(home, repair: bool):
                 f"{len(ids)} thread file(s) carry a fresh copy of their entries")
     files = _thread_file_ids(home)
     known = set()
-    if os.path.exists(home.path("registry.sqlite")):
-        known = {r[0] for r in Registry(home, restore=False).db.execute("SELECT id FROM threads")}
+    path = home.path("registry.sqlite")
+    if os.path.exists(path) and os.path.getsize(path):
+        import sqlite3  # read as it is: doctor applies no migration and writes nothing here
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            known = {r[0] for r in db.execute("SELECT id FROM threads")}
+        finally:
+            db.close()
     missing = len(files - known)
     if not missing:
         return ("ok", "registry", f"{len(known)} thread(s)")

@@ -306,6 +306,29 @@ def test_measure_reads_an_odd_file_alone_and_in_a_folder(tmp_path, odd_line):
     assert [r["messages"] for r in json.loads(out)["sessions"]] == [4, 4]
 
 
+def test_measure_names_a_transcript_it_cannot_read_and_measures_the_rest(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (folder / name).write_bytes(two_turns(Transcript()).data())
+    real = cc_lhc.measure_transcript
+
+    def measure(path, *args):
+        if path.endswith("b.jsonl"):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, *args)
+    monkeypatch.setattr(cc_lhc, "measure_transcript", measure)
+    status, out = run_main("measure", str(folder), "--json")
+    assert status == 1 and [r["session"] for r in json.loads(out)["sessions"]] == [1]
+    assert "b.jsonl could not be read (Permission denied): left out" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(cc_lhc.LhcError, match="holds no transcripts"):
+        cc_lhc.cmd_measure([str(empty)])
+    with pytest.raises(cc_lhc.LhcError, match="give one of them"):
+        cc_lhc.cmd_measure([str(folder), "--json", "--markdown"])
+
+
 def test_a_shrink_read_in_between_still_takes_what_is_appended_later(tmp_path):
     home, thread = registered_thread()
     t = two_turns(Transcript())

@@ -296,6 +296,31 @@ def test_doctor_exits_0_when_everything_is_sound(fake_claude):
     assert "[fail]" not in out(p) and "[  ok] thread files: 1 checked" in out(p)
 
 
+def test_doctor_reads_odd_state_without_tracebacks_or_writes(fake_claude, iso_env, tmp_path):
+    """A lease holding JSON that is no object, an empty registry, a damaged cc-lhc.sqlite:
+    each is named, the checks after it still run, and doctor writes nothing."""
+    assert lhc(fake_claude, "-p", "one").returncode == 0
+    (iso_env.lhc / "owners" / "odd.json").write_text("[1]")
+    registry = iso_env.lhc / "registry.sqlite"
+    for extra in ("-wal", "-shm"):
+        (iso_env.lhc / f"registry.sqlite{extra}").unlink(missing_ok=True)
+    registry.write_bytes(b"")
+    host = iso_env.lhc / "cc-lhc.sqlite"
+    for extra in ("-wal", "-shm"):
+        (iso_env.lhc / f"cc-lhc.sqlite{extra}").unlink(missing_ok=True)
+    host.write_bytes(b"not a database at all " * 200)
+    p = lhc(fake_claude, "doctor")
+    assert p.returncode == 1 and "Traceback" not in err(p), err(p)
+    assert "[fail] schema registry.sqlite" in out(p) and "is empty" in out(p)
+    assert "[fail] runtime descriptors: cc-lhc.sqlite cannot be read" in out(p)
+    assert "] registry:" in out(p)  # the last check ran all the same
+    assert registry.stat().st_size == 0  # read only: no schema was written into it
+    lone = tmp_path / "a-file"
+    lone.write_text("x")
+    p = lhc(fake_claude, "doctor", env={"CC_LHC_HOME": str(lone)})
+    assert p.returncode == 1 and f"[fail] state home: {lone} is not a folder" in out(p)
+
+
 # -- finding Claude -----------------------------------------------------------------------
 
 def test_claude_bin_override_pointing_nowhere_exits_127(fake_claude, tmp_path):

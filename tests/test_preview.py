@@ -126,6 +126,7 @@ def test_the_command_lists_draws_and_prints_one_raw_frame_without_claude(tmp_pat
     assert every.stdout.decode().count("\n+") == 2 * len(cc_lhc.PREVIEW_FIXTURES) * len(cc_lhc.PREVIEW_GEOMETRIES)
     raw = run("--fixture", "alarm", "--geometry", "narrow", "--raw", env=env)
     assert raw.returncode == 0 and raw.stdout == cc_lhc.preview_frame("alarm", "narrow")
+    assert run("--fixture", "alarm", "--geometry", "40x24", "--raw", env=env).stdout == raw.stdout
     for bad, why in [(["--raw", "--fixture", "help"], b"give --fixture and --geometry"),
                      (["--fixture", "nope"], b"--fixture is one of first-load"),
                      (["--geometry", "huge"], b"--geometry is one of normal, narrow, 20x5"),

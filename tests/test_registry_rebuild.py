@@ -218,3 +218,17 @@ def test_a_process_checks_for_missing_threads_once_until_the_registry_or_threads
     again = cc_lhc.Registry(home)
     assert listed == [1] and REBUILT_LINE in capsys.readouterr().err
     assert again.current_session(thread) == new
+
+
+def test_a_damaged_thread_file_the_registry_lost_is_named_not_passed_over(fake_claude, iso_env, monkeypatch):
+    thread, _session = a_thread(fake_claude, monkeypatch)
+    other = iso_env.lhc / "threads" / f"{uuid.uuid4()}.sqlite"
+    other.write_bytes(b"this is no database" * 50)
+    empty = iso_env.lhc / "threads" / f"{uuid.uuid4()}.sqlite"
+    empty.write_bytes(b"")
+    lose_registry(iso_env)
+    p = lhc(fake_claude, "threads", "--json")
+    assert p.returncode == 1  # the list is not whole, and says which files it could not read
+    assert [t["id"] for t in json.loads(p.stdout)] == [thread]
+    assert other.stem in p.stderr and empty.stem in p.stderr and "cc-lhc doctor" in p.stderr
+    assert empty.stat().st_size == 0  # read, never written into
