@@ -2462,9 +2462,9 @@ class Registry:
         if not prefix.strip():
             raise usage_error("name a thread (an id prefix; see cc-lhc threads)")
         rows = [r[0] for r in self.db.execute("SELECT id FROM threads WHERE substr(id, 1, ?) = ? "
-                                              "ORDER BY id", (len(prefix), prefix)).fetchall()]
+                                              "ORDER BY id", (len(prefix), prefix.lower())).fetchall()]
         if not rows and is_uuid(prefix):
-            by_session = self.thread_for_session(prefix)
+            by_session = self.thread_for_session(prefix.lower())
             rows = [by_session] if by_session else []
         if not rows:
             raise usage_error(f"no thread matches {prefix!r} (see cc-lhc threads)")

@@ -232,3 +232,4 @@ def test_a_damaged_thread_file_the_registry_lost_is_named_not_passed_over(fake_c
     assert [t["id"] for t in json.loads(p.stdout)] == [thread]
     assert other.stem in p.stderr and empty.stem in p.stderr and "cc-lhc doctor" in p.stderr
     assert empty.stat().st_size == 0  # read, never written into
+    assert lhc(fake_claude, "export", thread[:8].upper()).returncode == 0  # ids are hex: any case
