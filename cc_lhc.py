@@ -9467,9 +9467,10 @@ def with_runtime(kept, runtime: dict):
 
 class DraftWatch:
     """Whether Claude's input box holds a message the person has begun and not sent, told
-    from the keys that reach Claude: text typed since the last Enter that sent something.
-    A backslash or a paste before an Enter makes it a new line, not a send; ctrl-c empties
-    the box. Terminal sequences (arrows, focus reports, answers) are no text.
+    from the keys that reach Claude: the characters typed since the last Enter that sent
+    something, less those erased (backspace; ctrl-u on a one-line draft; ctrl-c empties the
+    box). A backslash or a paste before an Enter makes it a new line, not a send. Terminal
+    sequences (arrows, focus reports, answers) are no text.
 
     Smart Compact waits while there is one: typed /compact would be sent with it, and a swap
     would end the Claude that holds it. ``sent_at`` is when the last prompt went: Claude
@@ -9477,11 +9478,16 @@ class DraftWatch:
     """
 
     def __init__(self):
-        self.pending = False
+        self.chars = 0            # characters in the box, as far as the keys tell
+        self.lines = 0            # new lines in it
         self.sent_at = None       # monotonic time of the last prompt sent (not a /command)
         self._slash = False       # the draft began with "/": a command, not a prompt
         self._last = 0
         self._paste = False
+
+    @property
+    def pending(self) -> bool:
+        return self.chars > 0 or self.lines > 0
 
     def feed(self, data: bytes, now: float) -> bool:
         """Take keys that reached Claude; True when they sent a prompt."""
@@ -9491,28 +9497,34 @@ class DraftWatch:
             if b == 0x1B:
                 if data.startswith(b"\x1b[200~", i) or data.startswith(b"\x1b[201~", i):
                     self._paste = data[i + 4] == 0x30
-                    if self._paste:
-                        self._begin()
                     i += 6
                     continue
-                sent = terminal_sent(data, i)
-                i = i + 1 if sent is None else (len(data) if sent[0] is None else sent[0])
+                seq = terminal_sent(data, i)
+                i = i + 1 if seq is None else (len(data) if seq[0] is None else seq[0])
                 continue
-            if b in (0x0D, 0x0A) and not self._paste and self._last != 0x5C:
-                if self.pending and not self._slash:
-                    self.sent_at, sent = now, True
-                self.pending = False
+            if b in (0x0D, 0x0A):
+                if self._paste or self._last == 0x5C:  # a new line in the box
+                    self.lines += 1
+                else:
+                    if self.pending and not self._slash:
+                        self.sent_at, sent = now, True
+                    self.chars = self.lines = 0
             elif b == 0x03:
-                self.pending = False
-            elif b >= 0x20 and b != 0x7F or b in (0x0D, 0x0A):
-                self._begin(b)
+                self.chars = self.lines = 0
+            elif b == 0x15 and not self.lines:
+                self.chars = 0
+            elif b in (0x7F, 0x08):
+                if self.chars:
+                    self.chars -= 1
+                elif self.lines:
+                    self.lines -= 1
+            elif b >= 0x20 and not 0x80 <= b < 0xC0:  # (a UTF-8 character once, by its first byte)
+                if not self.pending:
+                    self._slash = b == 0x2F
+                self.chars += 1
             self._last = b
             i += 1
         return sent
-
-    def _begin(self, b=None) -> None:
-        if not self.pending:
-            self.pending, self._slash = True, b == 0x2F
 
 
 class LiveHandoff:

@@ -403,6 +403,15 @@ def test_the_draft_watch_tells_a_message_being_written_from_one_sent():
     assert not d.pending and d.sent_at == 3.0
     d.feed(b"\r", 6.0)  # Enter on an empty box sends nothing
     assert d.sent_at == 3.0
+    d.feed(b"typo\x7f\x7f\x7f\x7f", 7.0)  # typed, then erased key by key
+    assert not d.pending
+    d.feed("h\u00e9llo".encode(), 7.5)
+    assert d.chars == 5
+    d.feed(b"\x15", 7.6)  # ctrl-u erases a one-line draft
+    assert not d.pending
+    d.feed(b"one\\\rtwo\x15", 8.0)  # ...but only the line the cursor is on of a longer one
+    assert d.pending and d.lines == 1
+    assert d.feed(b"\r\x1b[I", 9.0) and d.sent_at == 9.0  # sent, whatever follows in the read
 
 
 def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch, tmp_path):
