@@ -2304,6 +2304,7 @@ class Registry:
     # missing when one of them changed (the registry was lost or replaced, or thread
     # files were put in), so a process that opens the registry often checks once.
     _checked = {}
+    _named = set()  # thread files restore_missing could not read that it has said so of
 
     def __init__(self, home: "StateHome", restore=True):
         self.home = home
@@ -2373,8 +2374,9 @@ class Registry:
             except LhcError as e:  # said, not passed over: this thread is lost to the registry
                 self.home.log("registry_restore_skipped", thread=thread_id, error=str(e))
                 self.unreadable.append(thread_id)
-                if announce:
-                    say(f"{e}: it cannot be put back into registry.sqlite; cc-lhc doctor says more")
+                if announce and thread_id not in Registry._named:  # once a process (a live one too)
+                    Registry._named.add(thread_id)
+                    say(f"{e} (it is left out of registry.sqlite)")
                 continue
             if copy:
                 copies.append(copy)
@@ -8555,7 +8557,11 @@ class InteractiveHost:
                         session.announce(text, relay)
 
                 notifier = LifecycleNotifier(advise)
-                relay.on_input = lambda data: notifier.observe(panel.on_input(data))
+
+                def typed(data):
+                    out = panel.on_input(data)
+                    return out if relay.drop_input else notifier.observe(out)  # (dropped: never typed)
+                relay.on_input = typed
 
             handoff.listen(relay)
 
@@ -9465,6 +9471,11 @@ def with_runtime(kept, runtime: dict):
     return out
 
 
+# A key in the kitty (CSI code;mods u) or xterm modifyOtherKeys (CSI 27;mods;code ~)
+# encodings, which Claude Code turns on where the terminal has them.
+ENCODED_KEY = re.compile(rb"\x1b\[(\d+)(?:;(\d+))?u|\x1b\[27;(\d+);(\d+)~")
+
+
 class DraftWatch:
     """Whether Claude's input box holds a message the person has begun and not sent, told
     from the keys that reach Claude: the characters typed since the last Enter that sent
@@ -9478,12 +9489,17 @@ class DraftWatch:
     """
 
     def __init__(self):
+        self.sent_at = None       # monotonic time of the last prompt sent (not a /command)
+        self.clear()
+
+    def clear(self) -> None:
+        """The box is empty (a new Claude's, say)."""
         self.chars = 0            # characters in the box, as far as the keys tell
         self.lines = 0            # new lines in it
-        self.sent_at = None       # monotonic time of the last prompt sent (not a /command)
         self._slash = False       # the draft began with "/": a command, not a prompt
         self._last = 0
         self._paste = False
+        self._cut = b""           # a sequence the last read cut short
 
     @property
     def pending(self) -> bool:
@@ -9491,6 +9507,7 @@ class DraftWatch:
 
     def feed(self, data: bytes, now: float) -> bool:
         """Take keys that reached Claude; True when they sent a prompt."""
+        data, self._cut = self._cut + data, b""
         sent, i = False, 0
         while i < len(data):
             b = data[i]
@@ -9499,18 +9516,36 @@ class DraftWatch:
                     self._paste = data[i + 4] == 0x30
                     i += 6
                     continue
-                seq = terminal_sent(data, i)
-                i = i + 1 if seq is None else (len(data) if seq[0] is None else seq[0])
-                continue
-            if b in (0x0D, 0x0A):
-                if self._paste or self._last == 0x5C:  # a new line in the box
+                if data[i + 1:i + 2] in (b"\r", b"\n"):  # alt- or shift-Enter: a new line
                     self.lines += 1
-                else:
-                    if self.pending and not self._slash:
-                        self.sent_at, sent = now, True
-                    self.chars = self.lines = 0
+                    i += 2
+                    continue
+                seq = terminal_sent(data, i)
+                if seq is not None and seq[0] is None or seq is None and i == len(data) - 1:
+                    self._cut = data[i:]  # the rest comes with the next read (or it was Esc)
+                    break
+                if seq is None:
+                    i += 1
+                    continue
+                key = ENCODED_KEY.fullmatch(data, i, seq[0])
+                i = seq[0]
+                if key is None:
+                    continue  # an arrow, a focus report, an answer: no text
+                code = int(key.group(1) or key.group(4))
+                mods = int(key.group(2) or key.group(3) or 1) - 1
+                b = (code & 0x1F if mods & 4 and 0x40 <= code < 0x80 else
+                     0x0A if code == 13 and mods else code)  # ctrl-c as 3, shift-Enter as LF
+                if b >= 0x20 and b != 0x7F:
+                    continue  # a printable key comes as itself in the modes Claude turns on
+            if b == 0x0D and not self._paste and self._last != 0x5C:
+                if self.pending and not self._slash:
+                    self.sent_at, sent = now, True
+                self.chars = self.lines = 0
+            elif b in (0x0D, 0x0A):  # a new line in the box (ctrl-j, backslash-Enter, a paste's)
+                self.lines += 1
             elif b == 0x03:
                 self.chars = self.lines = 0
+                self._paste = False
             elif b == 0x15 and not self.lines:
                 self.chars = 0
             elif b in (0x7F, 0x08):
@@ -9584,7 +9619,7 @@ class LiveHandoff:
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
         self.sent_turn = 0          # the newest recorded turn when the person last sent a prompt
-        self.missed = False         # a seam asked for Smart Compact while one was under way
+        self.missed = None          # (kind, prune target) a seam asked for while one was under way
         self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
@@ -9615,7 +9650,8 @@ class LiveHandoff:
             session.announce(self.THINKING_NOTICE.format(session=refused), relay)
             if not session.continued:
                 self.continue_note = self.THINKING_NOTE
-            if self.start(relay, manual=True):
+            # (the API refuses every request of this session until it is rebuilt: no waiting)
+            if self.start(relay, manual=True, urgent=True):
                 self.continue_note = None
             return
         if self.alarmed or not (b"h" in asked or b"p" in asked):
@@ -9625,16 +9661,17 @@ class LiveHandoff:
         else:
             self.start(relay, prune=session.policy["pruneTargetTokens"])
 
-    def start(self, relay, manual=False, prune=None) -> str:
+    def start(self, relay, manual=False, prune=None, urgent=False) -> str:
         """Begin a handoff if the seam allows; returns why not, or ''.
 
         ``prune`` (a target in tokens) makes it Smart Prune: the same steps with the
         pruned view, and no handoff at all when the visibility boundary would not move.
         """
         if self.candidate is not None or self.inproc.pending is not None:
-            self.missed = not manual  # asked again once that one is over (InProcessCompact)
+            if not manual:  # asked again once that one is over (InProcessCompact)
+                self.missed = ("prune", prune) if prune is not None else ("compact", None)
             return "a Smart Compact is already under way"
-        if not self.continue_note:
+        if not self.continue_note and not urgent:
             why = self._person_is_writing()
             if why:
                 self.session.home.log("handoff_waits_for_person", why=why, manual=manual)
@@ -9658,6 +9695,7 @@ class LiveHandoff:
     SENT_SETTLE_SECONDS = 2.0
     DRAFT_WAITS = ("Claude's input box holds a message not sent yet; Smart Compact waits for it "
                    "(send it, or clear it with ctrl-c)")
+    JUST_SENT = "a prompt was just sent to Claude"
 
     def _person_is_writing(self) -> str:
         """Why Smart Compact must not start at this seam because of the person ('' if not)."""
@@ -9666,7 +9704,7 @@ class LiveHandoff:
             return self.DRAFT_WAITS
         if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS
                 and (self._last_turn() or 0) <= self.sent_turn):
-            return "a prompt was just sent to Claude; Smart Compact waits for its turn to be recorded"
+            return self.JUST_SENT + "; Smart Compact waits for its turn to be recorded"
         return ""
 
     def _begin(self, relay, manual=False, prune=None):
@@ -9779,7 +9817,7 @@ class LiveHandoff:
         """Swap now, or as soon as the seam settles (within SEAM_WAIT_SECONDS)."""
         import time
         why = self.start(relay, manual=True)
-        if why.startswith(UNSETTLED):
+        if why.startswith(UNSETTLED) or why == self.DRAFT_WAITS or why.startswith(self.JUST_SENT):
             now = time.monotonic()
             if self.retry_until is None:
                 self.retry_until = now + self.SEAM_WAIT_SECONDS
@@ -9870,6 +9908,7 @@ class LiveHandoff:
         fresh.request_handoff = old_capture.request_handoff
         session.capture, session.descriptor = fresh, pending.descriptor
         self.candidate, self.pending = None, None
+        self.draft.clear()  # the replacement's box is empty
         # The old Claude is ended before its last lines are read: whatever it still wrote
         # reaches the record, and a turn it opened after the seam (a notification that came
         # meanwhile) is known to be over, not left open under every later seam.
@@ -10233,10 +10272,10 @@ class InProcessCompact:
             accept_in_process(session.home, session.capture.thread_id, pending, self.replayed)
             if self.handoff.missed:
                 # A seam (the first answer on the compacted conversation, say) asked for Smart
-                # Compact while this one waited to be accepted: it is looked at now.
-                self.handoff.missed = False
-                self.session.home.log("handoff_asked_again", session=session.spec.session_id)
-                self.handoff.start(relay)
+                # Compact (or Smart Prune) while this one waited to be accepted: looked at now.
+                (kind, target), self.handoff.missed = self.handoff.missed, None
+                self.session.home.log("handoff_asked_again", session=session.spec.session_id, kind=kind)
+                self.handoff.start(relay, prune=target)
 
     def _clear_view(self) -> None:
         """The view is in Claude now: no later compaction may find it again."""

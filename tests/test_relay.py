@@ -441,3 +441,29 @@ def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch,
     assert h.start(None, manual=True) == "" and begun == [False, True]
     logged = (tmp_path / "wrapper.log").read_text()
     assert logged.count('"handoff_waits_for_person"') == 3
+
+
+def test_the_draft_watch_reads_the_keyboard_encodings_claude_turns_on_and_cut_reads():
+    d = cc_lhc.DraftWatch()
+    d.feed(b"one\x1b\r", 0.0)  # alt- or shift-Enter as ESC CR: a new line
+    d.feed(b"two\n", 0.1)      # ctrl-j: a new line too
+    assert d.pending and d.lines == 2 and d.sent_at is None
+    d.feed(b"\x1b[99;5u", 0.2)  # ctrl-c in the kitty encoding empties the box
+    assert not d.pending
+    d.feed(b"abc\x1b[117;5u", 0.3)  # ctrl-u (kitty) on a one-line draft
+    assert not d.pending
+    d.feed(b"x\x1b[13;2u", 0.4)  # shift-Enter (kitty): a new line, nothing sent
+    assert d.pending and d.sent_at is None
+    assert d.feed(b"y\x1b[13u", 0.5) and d.sent_at == 0.5 and not d.pending  # Enter (kitty) sends
+    d.feed(b"z\x1b[27;5;99~", 0.6)  # ctrl-c in xterm's modifyOtherKeys encoding
+    assert not d.pending
+    # a paste's end cut by the reads is still its end: the Enter after it sends
+    d.feed(b"\x1b[200~abc\ndef\x1b[20", 1.0)
+    d.feed(b"1~", 1.1)
+    assert d.feed(b"\r", 1.2) and not d.pending
+    d.feed(b"\x1b[200~never ended", 2.0)
+    d.feed(b"\x03", 2.1)  # ctrl-c ends a paste that never said so, with the box
+    assert d.feed(b"q\r", 2.2)
+    d.feed(b"typed\x1b", 3.0)  # an ESC that ends a read: the next read says what it was
+    d.feed(b"[A", 3.1)  # an arrow
+    assert d.chars == 5
