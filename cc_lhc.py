@@ -8225,8 +8225,11 @@ def frame_text(data: bytes, rows: int, cols: int) -> list:
             r = min(rows - 1, r + 1)
         elif c < cols:
             grid[r][c] = ch
-            c += 1
+            if cell_width(ch) == 2 and c + 1 < cols:
+                grid[r][c + 1] = ""  # the second cell of a wide character
+            c += max(1, cell_width(ch))
         i += 1
+    c = min(c, cols - 1)
     if grid[r][c] == " ":
         grid[r][c] = "_"
     return ["".join(row) for row in grid]
@@ -9696,6 +9699,8 @@ class LiveHandoff:
     DRAFT_WAITS = ("Claude's input box holds a message not sent yet; Smart Compact waits for it "
                    "(send it, or clear it with ctrl-c)")
     JUST_SENT = "a prompt was just sent to Claude"
+    # How the reasons for not starting that pass by themselves begin (swap_soon waits them out).
+    PASSING = (UNSETTLED, DRAFT_WAITS, JUST_SENT)
 
     def _person_is_writing(self) -> str:
         """Why Smart Compact must not start at this seam because of the person ('' if not)."""
@@ -9817,7 +9822,7 @@ class LiveHandoff:
         """Swap now, or as soon as the seam settles (within SEAM_WAIT_SECONDS)."""
         import time
         why = self.start(relay, manual=True)
-        if why.startswith(UNSETTLED) or why == self.DRAFT_WAITS or why.startswith(self.JUST_SENT):
+        if why.startswith(self.PASSING):
             now = time.monotonic()
             if self.retry_until is None:
                 self.retry_until = now + self.SEAM_WAIT_SECONDS
@@ -10003,17 +10008,24 @@ class LiveHandoff:
         self.told_at_turn = None
         return True
 
-    def _interrupt_left_turn(self, old_capture) -> None:
+    def _on_thread(self, thread_id, fn, failed: str):
+        """fn(store) on the thread's store, or None (logged as ``failed``) when it fails: a
+        note about the thread at the switch must never take the session down."""
         store = None
         try:
-            store = ThreadStore(self.session.home, old_capture.thread_id)
-            n = store.interrupt_open_turn(old_capture.session_id, "swapped")
-        except Exception as e:  # the record stays as it was: the next prompt ends that turn
-            self.session.home.log("left_turn_not_ended", error=repr(e))
-            return
+            store = ThreadStore(self.session.home, thread_id)
+            return fn(store)
+        except Exception as e:  # noqa: BLE001 - the record stays as it was
+            self.session.home.log(failed, error=repr(e))
+            return None
         finally:
             if store is not None:
                 store.close()
+
+    def _interrupt_left_turn(self, old_capture) -> None:
+        # (on failure the next prompt ends that turn)
+        n = self._on_thread(old_capture.thread_id, lambda store: store.interrupt_open_turn(
+            old_capture.session_id, "swapped"), "left_turn_not_ended")
         if n is not None:
             self.session.home.log("left_turn_interrupted", thread=old_capture.thread_id,
                                   session=old_capture.session_id, turn=n)
@@ -10029,16 +10041,8 @@ class LiveHandoff:
     def _tell_after_seam(self, old_capture) -> None:
         """The replacement runs on what the thread held at the seam; what reached the old
         Claude since (see after_seam_note) is told to it as a runtime note."""
-        store = None
-        try:
-            store = ThreadStore(self.session.home, old_capture.thread_id)
-            note = after_seam_note(store, self.seam_turn, old_capture.session_id)
-        except Exception as e:  # noqa: BLE001 - the thread holds it all the same
-            self.session.home.log("after_seam_not_told", error=repr(e))
-            return
-        finally:
-            if store is not None:
-                store.close()
+        note = self._on_thread(old_capture.thread_id, lambda store: after_seam_note(
+            store, self.seam_turn, old_capture.session_id), "after_seam_not_told")
         if note:
             self.carry.tell(note)
             self.session.home.log("after_seam_told", thread=old_capture.thread_id, note=note[:200])

@@ -152,4 +152,8 @@ def test_wide_characters_take_two_cells_and_still_fit(geometry, monkeypatch, tmp
                 "\u65e5\u672c\u8a9e\u306e\u30d5\u30a1\u30a4\u30eb\u540d.jsonl \U0001f680 done"]
     p.on_input("\u65e5\u672c\u8a9e".encode() * 8)  # typed: a line wider than the row
     frame = bytes(p.relay.to_user)
-    cells_written(frame[frame.rfind(b"\x1b[H\x1b[2J"):], rows, cols)
+    frame = frame[frame.rfind(b"\x1b[H\x1b[2J"):]
+    cells_written(frame, rows, cols)
+    # the preview's picture of it gives each wide character its two cells as well
+    last = cc_lhc.frame_text(frame, rows, cols)[-1]
+    assert cc_lhc.cell_width(last) <= cols and last.rstrip("_ ").endswith("\u8a9e")

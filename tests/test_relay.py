@@ -439,8 +439,22 @@ def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch,
     h.continue_note = "[runtime note] ..."  # the too-long recovery does not wait
     h.draft.feed(b"more", 0.0)
     assert h.start(None, manual=True) == "" and begun == [False, True]
+    h.continue_note = None  # nor the rebuild after the API refused replayed thinking
+    assert h.start(None, manual=True, urgent=True) == "" and begun == [False, True, True]
+    assert h.start(None) == cc_lhc.LiveHandoff.DRAFT_WAITS and len(begun) == 3
     logged = (tmp_path / "wrapper.log").read_text()
-    assert logged.count('"handoff_waits_for_person"') == 3
+    assert logged.count('"handoff_waits_for_person"') == 4
+    # a runtime note about carried work is not typed into the draft either
+    told = []
+    h.submit_at, h.last_input = None, 0.0
+    h.carry = types.SimpleNamespace(next_note=lambda settled: told.append(1) or "[runtime note] x")
+    relay = types.SimpleNamespace(to_child=bytearray())
+    h._tell_carried(relay)
+    assert not told and relay.to_child == b""
+    h.draft.clear()
+    h._last_turn = lambda: 9
+    h._tell_carried(relay)
+    assert told and relay.to_child == b"[runtime note] x"
 
 
 def test_the_draft_watch_reads_the_keyboard_encodings_claude_turns_on_and_cut_reads():
