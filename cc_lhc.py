@@ -12110,6 +12110,16 @@ def _take_option(args, name, default=None, cast=str):
         raise usage_error(f"{name}: {value!r} is not valid")
 
 
+def _take_number(args, name, default, low, high=None):
+    """An integer option within low..high (no upper bound when high is None): a value out
+    of range is refused, never quietly moved into it."""
+    value = _take_option(args, name, default, int)
+    if value != default and (value < low or (high is not None and value > high)):
+        span = f"from {low:,} to {high:,}" if high is not None else f"{low:,} or more"
+        raise usage_error(f"{name}: {value} is out of range ({span})")
+    return value
+
+
 def _take_flag(args, name) -> bool:
     if name in args:
         args.remove(name)
@@ -12405,7 +12415,7 @@ def _retrieve(args, letter: str, command: str, render) -> int:
     ``render(store, numbers)`` returns (body parts, turns they came from); the descriptor
     is checked before the store is opened, and the impression recorded after the output.
     """
-    start = _take_option(args, "--from", 0, int)
+    start = _take_number(args, "--from", 0, 0)
     numbers = parse_labels(args, letter)
     desc, store = _retrieval_store(StateHome())
     try:
@@ -12570,6 +12580,7 @@ def search_thread(store, text: str, limit: int):
     return _exact_hits(store, text, limit) or _word_hits(store, text, limit)
 
 
+SEARCH_LIMIT_MAX = 200
 SEARCH_USAGE = "usage: cc-lhc search <text> [--limit N] [--thread T | --all] [--from TOKENS] [-- <text>]"
 
 
@@ -12584,8 +12595,8 @@ def cmd_search(args) -> int:
     if "--" in args:
         at = args.index("--")
         args, text_args = args[:at], args[at + 1:]
-    limit = max(1, min(_take_option(args, "--limit", 20, int), 200))
-    start = _take_option(args, "--from", None, int)
+    limit = _take_number(args, "--limit", 20, 1, SEARCH_LIMIT_MAX)
+    start = _take_number(args, "--from", None, 0)
     thread = _take_option(args, "--thread")
     every = _take_flag(args, "--all")
     text = " ".join(args + text_args)

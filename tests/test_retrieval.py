@@ -456,3 +456,9 @@ def test_a_descriptor_used_outside_its_sessions_process_tree_is_refused(fake_cla
     finally:
         wrapper.terminate()
         wrapper.communicate(timeout=30)
+
+
+def test_a_negative_offset_is_refused(thread, monkeypatch, capsysbinary):
+    grant(thread, monkeypatch)
+    status, out, err = run_main(capsysbinary, "get-turns", "--from=-5", "t1")
+    assert status == cc_lhc.EXIT_USAGE and "--from: -5 is out of range (0 or more)" in err and out == b""

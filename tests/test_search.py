@@ -485,3 +485,16 @@ def test_an_argument_that_is_not_utf8_is_refused_plainly(two_folders, capsysbina
         capsysbinary.readouterr()
         assert cc_lhc.main(argv) == cc_lhc.EXIT_USAGE, argv
         assert b"is not UTF-8 text" in capsysbinary.readouterr().err
+
+
+@pytest.mark.parametrize("argv, said", [(["--limit", "0"], "--limit: 0 is out of range (from 1 to 200)"),
+                                        (["--limit", "201"], "--limit: 201 is out of range (from 1 to 200)"),
+                                        (["--limit=-3"], "--limit: -3 is out of range"),
+                                        (["--from=-1"], "--from: -1 is out of range (0 or more)")])
+def test_a_number_out_of_range_is_refused_not_moved_into_it(argv, said, hard, monkeypatch, capsysbinary):
+    grant(hard, monkeypatch)
+    status, out, err = search(capsysbinary, *argv, "parser")
+    assert status == cc_lhc.EXIT_USAGE and said in err and out == ""
+    # the edges themselves are taken
+    status, out, err = search(capsysbinary, "--limit", "200", "parser")
+    assert status == 0, err
