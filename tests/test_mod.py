@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 import cc_lhc
 
 
@@ -323,3 +325,42 @@ def test_a_swap_waits_out_the_person_as_it_waits_out_the_seam(tmp_path, monkeypa
         clock.now += h.SEAM_RETRY_SECONDS
         h.on_tick(None)
     assert len(asked) == 3 and not h.wants_tick
+
+
+@pytest.mark.parametrize("prune", [None, 40_000])
+def test_a_seam_asking_while_an_in_process_compact_waits_is_asked_again_as_it_asked(prune, tmp_path, monkeypatch):
+    """An automatic Smart Compact or Smart Prune asked for while an in-process compact waits
+    for acceptance is remembered (a manual one is the person's to repeat) and asked again,
+    the same kind with the same target, once that compact is accepted."""
+    from types import SimpleNamespace
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.candidate, h.missed = SimpleNamespace(home=home), None, None
+    h.inproc = SimpleNamespace(pending=object())
+    assert h.start(None, manual=True, prune=prune) == "a Smart Compact is already under way"
+    assert h.missed is None
+    assert h.start(None, prune=prune) == "a Smart Compact is already under way"
+    assert h.missed == (("prune", prune) if prune else ("compact", None))
+
+    asked, accepted = [], []
+    h.start = lambda relay, manual=False, prune=None: asked.append(prune) or ""
+    ipc = cc_lhc.InProcessCompact.__new__(cc_lhc.InProcessCompact)
+    ipc.session = SimpleNamespace(home=home, capture=SimpleNamespace(thread_id="T"),
+                                  spec=SimpleNamespace(session_id="S", mod=None), views_replayed=[7])
+    ipc.handoff, ipc.pending, ipc.replayed = h, SimpleNamespace(session_id="K"), 7
+
+    class _Store:
+        def __init__(self, *_a):
+            self.db = SimpleNamespace(execute=lambda *_a: SimpleNamespace(fetchone=lambda: (1,)))
+
+        def close(self):
+            pass
+    monkeypatch.setattr(cc_lhc, "ThreadStore", _Store)
+    monkeypatch.setattr(cc_lhc, "accept_in_process", lambda *a: accepted.append(a))
+    ipc.on_tick(None)
+    assert len(accepted) == 1 and ipc.pending is None
+    assert asked == [prune] and h.missed is None
+    assert _events(home)[-1] == "handoff_asked_again"
+    ipc.on_tick(None)
+    assert asked == [prune]  # once
