@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import cc_lhc
-from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, thread_turns, type_line, wait_for_log,
-                     wait_until)
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, thread_turns, type_line,
+                     wait_for_log, wait_until)
 from tmuxdrive import TmuxTimeout
 
 def oneshot(rc, prompt: str, reply: str) -> str:
@@ -147,6 +147,10 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     t.wait_for("a very long answer")
     wait_for_log(real_claude, "handoff_spawned")
     t.send_text("typed while it swaps")  # dropped, and said so: it is never delivered late
+    # a /clear typed alone meanwhile is dropped too: Claude never gets it, so no advisory
+    t.send_keys("C-u")
+    t.send_text("/clear")
+    t.send_keys("Enter")
     log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
     spawned = next(json.loads(line) for line in log.splitlines() if "handoff_spawned" in line)
     # the replacement continues with the effort and permission mode Claude last recorded
@@ -166,6 +170,8 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     exit_cleanly(t)
     screen = t.capture(history=True).replace("\n", "")
     assert "input typed during compaction was not delivered \u2014 please resend" in screen
+    assert cc_lhc.LIFECYCLE_NOTES["clear"][:40] not in screen
+    assert not [e for e in log_events(real_claude, "notice") if e["text"] == cc_lhc.LIFECYCLE_NOTES["clear"]]
     first, second = real_claude.api.message_requests
     assert first["session_id"] != second["session_id"]
     opening = second["body"]["messages"][0]["content"]
