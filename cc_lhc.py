@@ -9477,6 +9477,7 @@ def with_runtime(kept, runtime: dict):
 # A key in the kitty (CSI code;mods u) or xterm modifyOtherKeys (CSI 27;mods;code ~)
 # encodings, which Claude Code turns on where the terminal has them.
 ENCODED_KEY = re.compile(rb"\x1b\[(\d+)(?:;(\d+))?u|\x1b\[27;(\d+);(\d+)~")
+HISTORY_KEY = re.compile(rb"\x1b(?:\[(?:1;\d+)?|O)([AB])")  # up and down, either cursor mode
 
 
 class DraftWatch:
@@ -9484,7 +9485,11 @@ class DraftWatch:
     from the keys that reach Claude: the characters typed since the last Enter that sent
     something, less those erased (backspace; ctrl-u on a one-line draft; ctrl-c empties the
     box). A backslash or a paste before an Enter makes it a new line, not a send. Terminal
-    sequences (arrows, focus reports, answers) are no text.
+    sequences (focus reports, answers, most cursor keys) are no text. Up brings back an
+    earlier prompt the keys never showed, as ctrl-r's history search and ctrl-y's yank put
+    in text they do not show: until Down undoes each Up, or Enter or ctrl-c empties the box,
+    the box is taken to hold a draft (waiting on one that is not there costs a wait; typing
+    /compact under one that is sends it).
 
     Smart Compact waits while there is one: typed /compact would be sent with it, and a swap
     would end the Claude that holds it. ``sent_at`` is when the last prompt went: Claude
@@ -9499,6 +9504,8 @@ class DraftWatch:
         """The box is empty (a new Claude's, say)."""
         self.chars = 0            # characters in the box, as far as the keys tell
         self.lines = 0            # new lines in it
+        self.recalled = 0         # Up presses Down has not undone: an earlier prompt may be there
+        self.unseen = False       # ctrl-r or ctrl-y put in text the keys do not show
         self._slash = False       # the draft began with "/": a command, not a prompt
         self._last = 0
         self._paste = False
@@ -9506,7 +9513,11 @@ class DraftWatch:
 
     @property
     def pending(self) -> bool:
-        return self.chars > 0 or self.lines > 0
+        return self.chars > 0 or self.lines > 0 or self.recalled > 0 or self.unseen
+
+    def _empty(self) -> None:
+        self.chars = self.lines = self.recalled = 0
+        self.unseen = False
 
     def feed(self, data: bytes, now: float) -> bool:
         """Take keys that reached Claude; True when they sent a prompt."""
@@ -9531,9 +9542,12 @@ class DraftWatch:
                     i += 1
                     continue
                 key = ENCODED_KEY.fullmatch(data, i, seq[0])
+                arrow = HISTORY_KEY.fullmatch(data, i, seq[0])
                 i = seq[0]
+                if arrow is not None:
+                    self.recalled = self.recalled + 1 if arrow.group(1) == b"A" else max(0, self.recalled - 1)
                 if key is None:
-                    continue  # an arrow, a focus report, an answer: no text
+                    continue  # a cursor key, a focus report, an answer: no text
                 code = int(key.group(1) or key.group(4))
                 mods = int(key.group(2) or key.group(3) or 1) - 1
                 b = (code & 0x1F if mods & 4 and 0x40 <= code < 0x80 else
@@ -9541,14 +9555,16 @@ class DraftWatch:
                 if b >= 0x20 and b != 0x7F:
                     continue  # a printable key comes as itself in the modes Claude turns on
             if b == 0x0D and not self._paste and self._last != 0x5C:
-                if self.pending and not self._slash:
+                if self.pending and (not self._slash or self.recalled or self.unseen):
                     self.sent_at, sent = now, True
-                self.chars = self.lines = 0
+                self._empty()
             elif b in (0x0D, 0x0A):  # a new line in the box (ctrl-j, backslash-Enter, a paste's)
                 self.lines += 1
             elif b == 0x03:
-                self.chars = self.lines = 0
+                self._empty()
                 self._paste = False
+            elif b in (0x12, 0x19):  # ctrl-r, ctrl-y
+                self.unseen = True
             elif b == 0x15 and not self.lines:
                 self.chars = 0
             elif b in (0x7F, 0x08):

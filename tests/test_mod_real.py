@@ -433,3 +433,49 @@ def test_a_draft_in_claudes_box_waits_for_the_person_and_smart_compact_follows_i
     assert "DRAFTLINE-ONE" in sent[0] and "/compact" not in sent[0]
     wait_for_log(rc, "in_process_compact_served" if mod == "on" else "handoff_switched", timeout=60)
     exit_cleanly(t)
+
+
+def test_an_earlier_prompt_brought_back_with_up_is_a_draft_smart_compact_waits_for(real_claude, tmux):
+    """While Claude answers over the trigger, the person presses Up twice and brings back an
+    earlier prompt of two lines: nothing typed shows it, yet typing ctrl-u and /compact under
+    it would send its first line with "/compact". Smart Compact waits; sent again, it is the
+    same prompt, and the seam after its answer is compacted."""
+    import threading
+    rc, hold, again = real_claude, threading.Event(), []
+    from fakeapi import text_reply, user_texts
+
+    def answer(body):
+        texts = user_texts(body)
+        last = texts[-1] if texts else ""
+        if "RECALL-TWO" in last:
+            again.append(last)
+            return text_reply("answered it again", usage=OVER_USAGE) if len(again) > 1 else "plain"
+        if "first prompt" in last and not hold.is_set():
+            return dict(text_reply("first answer", usage=OVER_USAGE), hold=hold)
+        return "plain"
+    rc.api.responder = answer
+    t = start(rc, tmux, env={"CC_LHC_MOD": "on"})
+    wait_for_log(rc, "mod_active")
+    t.send_text("RECALL-ONE")
+    t.send_text("\\")
+    t.send_keys("Enter")
+    t.send_text("RECALL-TWO")
+    t.send_keys("Enter")
+    wait_until(lambda: again, "the two-line prompt answered")
+    t.wait_for("plain")
+    type_line(t, "first prompt")
+    rc.api.wait_for_requests(2, answered=False)
+    t.send_keys("Up")
+    t.wait_for("History 2/2")  # (Claude reads one Up at a time)
+    t.send_keys("Up")
+    t.wait_for("History 1/2")
+    hold.set()
+    t.wait_for("first answer")
+    wait_for_log(rc, "handoff_waits_for_person")
+    assert not log_events(rc, "in_process_compact_started") and not log_events(rc, "handoff_spawned")
+    assert not [r for r in rc.api.message_requests if "/compact" in json.dumps(r["body"]["messages"])]
+    t.send_keys("Enter")  # the person sends it again
+    wait_until(lambda: len(again) > 1, "the recalled prompt sent")
+    assert "RECALL-ONE" in again[1] and "/compact" not in again[1]
+    wait_for_log(rc, "in_process_compact_served", timeout=60)
+    exit_cleanly(t)

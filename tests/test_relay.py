@@ -387,7 +387,7 @@ def test_one_shot_burst_through_a_slow_pipe_reader(fake_claude):
 
 def test_the_draft_watch_tells_a_message_being_written_from_one_sent():
     d = cc_lhc.DraftWatch()
-    d.feed(b"\x1b[I\x1b[A\x1b[<35;1;1M", 1.0)  # focus, an arrow, a mouse move: no text
+    d.feed(b"\x1b[I\x1b[D\x1bOC\x1b[<35;1;1M", 1.0)  # focus, left and right, a mouse move: no text
     assert not d.pending and d.sent_at is None
     d.feed(b"line one\\", 2.0)
     d.feed(b"\r", 2.1)  # backslash-Enter: a new line in the box, nothing sent
@@ -481,3 +481,32 @@ def test_the_draft_watch_reads_the_keyboard_encodings_claude_turns_on_and_cut_re
     d.feed(b"typed\x1b", 3.0)  # an ESC that ends a read: the next read says what it was
     d.feed(b"[A", 3.1)  # an arrow
     assert d.chars == 5
+
+
+def test_the_draft_watch_takes_a_recalled_prompt_for_a_draft_until_it_is_undone_or_sent():
+    """Up brings back an earlier prompt (one of several lines, maybe, that ctrl-u would not
+    clear): the box holds a draft the keys never showed."""
+    d = cc_lhc.DraftWatch()
+    for up, down in ((b"\x1b[A", b"\x1b[B"), (b"\x1bOA", b"\x1bOB"), (b"\x1b[1;2A", b"\x1b[1;2B")):
+        d.feed(up, 1.0)
+        assert d.pending
+        d.feed(up + down, 1.1)
+        assert d.pending  # one Up is still not undone
+        d.feed(down, 1.2)
+        assert not d.pending  # back where it began: the empty box
+    d.feed(b"\x1b[B\x1b[B", 1.5)  # Down on the empty box brings nothing back
+    assert not d.pending
+    d.feed(b"\x1b[A\x15", 2.0)  # ctrl-u clears one line of what came back, maybe not all
+    assert d.pending
+    assert d.feed(b"\r", 2.1) and d.sent_at == 2.1 and not d.pending  # Enter sent what came back
+    d.feed(b"\x1b[A\x03", 3.0)  # ctrl-c empties the box
+    assert not d.pending and d.recalled == 0
+    d.feed(b"\x12", 4.0)  # ctrl-r: a history search fills the box out of sight
+    assert d.pending
+    d.feed(b"\x03\x19", 5.0)  # ctrl-y: the last text cut comes back
+    assert d.pending
+    assert d.feed(b"\r", 5.1) and not d.pending
+    d.feed(b"draft\x1b[A\x1b[B", 6.0)  # up and down inside a draft leave it as it was
+    assert d.pending and d.chars == 5 and d.recalled == 0
+    d.clear()
+    assert not d.pending
