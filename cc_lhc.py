@@ -1000,7 +1000,7 @@ def load_policy(cwd: str, flag_values: dict) -> Policy:
 
 # Bumped whenever the mapping from transcript lines to canonical records changes;
 # every source row records the version that read it.
-PARSER_VERSION = 3  # 3: local commands are turns of their own (COMMAND_TURN)
+PARSER_VERSION = 4  # 3: local commands are turns of their own (COMMAND_TURN); 4: queued prompts
 
 # Record types Claude Code writes for its own bookkeeping. They are counted, never
 # parsed into the record, and never an error. Unknown types are treated the same way.
@@ -1317,6 +1317,8 @@ class RolloutParser:
             if self.agent is None:
                 self.s.local_output = False
             self._assistant(rec, line_no)
+        elif rtype == "attachment" and self._queued_prompt(rec, line_no):
+            return
         else:
             label = rtype if rtype != "system" else f"system/{rec.get('subtype')}"
             if rtype == "attachment":
@@ -1560,6 +1562,28 @@ class RolloutParser:
             self._command_done(rec)
             if written_out:
                 self.s.local_output = False  # the output, once: a record after it is not
+
+    def _queued_prompt(self, rec, line_no) -> bool:
+        """A message the person sent while Claude worked: Claude Code writes it only as a
+        queued_command attachment and hands it to the model inside the running turn. It is
+        their own words, so it is a user message of that turn (or opens one, if none is
+        open), never telemetry; its data is the attachment (QUEUED_PROMPT_SQL). False for
+        any other attachment."""
+        att = rec.get("attachment")
+        prompt = att.get("prompt") if isinstance(att, dict) and att.get("type") == "queued_command" else None
+        if isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, list):
+            text = flatten_tool_output(prompt)
+        else:
+            return False
+        data = _dump(att)
+        if self.agent is None:
+            self.s.closed_response = None
+            if self.s.open_turn is None:
+                self._open_turn("prompt", self.s.next_seq, rec.get("timestamp"))
+        self._message("user", "user_text", text, data, rec, 0, line_no)
+        return True
 
     def _command_part(self, part, created):
         """The turn a user record of a local command (see LOCAL_COMMAND_CAVEAT) belongs to:
@@ -7146,12 +7170,18 @@ def handle_floor(store, session_id) -> int:
     return max(row[0] or 0, int(_meta(store, f"handles_after:{session_id}", 0)))
 
 
+# A user text message that came from a queued_command attachment (the only user text
+# with data): Claude holds it as an attachment, under no handle the hook is given.
+QUEUED_PROMPT_SQL = "(kind = 'user_text' AND data IS NOT NULL)"
+
+
 def live_handles(store, session_id) -> dict:
     """Source uuid -> how many recorded messages it holds, for the records of a session
     Claude still has under their own uuids (what the hook gets as handles)."""
     return dict(store.db.execute(
         "SELECT source_uuid, count(*) FROM messages WHERE source_session = ? AND agent IS NULL "
-        "AND seq > ? GROUP BY source_uuid", (session_id, handle_floor(store, session_id))).fetchall())
+        f"AND seq > ? AND NOT {QUEUED_PROMPT_SQL} GROUP BY source_uuid",
+        (session_id, handle_floor(store, session_id))).fetchall())
 
 
 def _opens_turn(rec) -> bool:
@@ -7171,7 +7201,7 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     start = n
     for i in range(n - 1, 0, -1):
         src = sources[i]
-        if src is None or not src[1] or handles.get(src[0]) != src[2]:
+        if src is None or not src[1] or (handles.get(src[0]) != src[2] and _user_words(records[i]) is None):
             break
         if _opens_turn(records[i]):
             start = i
@@ -7184,10 +7214,26 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     if start < n:
         out.append({"role": "assistant", "text": IN_PROCESS_ACK})
         for i in range(start, n):
-            if i == start or sources[i][0] != sources[i - 1][0]:
+            if handles.get(sources[i][0]) != sources[i][2]:
+                # Words of the person's that Claude holds under no handle of its own (a
+                # message sent mid-turn is an attachment to it): handed back as text.
+                out.append({"role": "user", "text": _user_words(records[i])})
+            elif i == start or sources[i][0] != sources[i - 1][0]:
                 out.append({"handle": sources[i][0]})
     out.append({"role": "assistant", "text": IN_PROCESS_VIEW_END})
     return out
+
+
+def _user_words(rec):
+    """A user record's text when text is all it holds (nothing signed or paired in it, so
+    it can go back as a message built anew), else None."""
+    content = rec["message"]["content"] if rec.get("type") == "user" else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+            isinstance(b, dict) and b.get("type") == "text" for b in content):
+        return "\n".join(str(b.get("text", "")) for b in content)
+    return None
 
 
 def _rendered_record(rec) -> str:

@@ -1076,3 +1076,31 @@ def test_a_turn_left_open_by_a_claude_a_swap_ended_is_interrupted_and_the_seam_s
     assert turn_shapes(cap.store)[1:] == [(2, "task-notification", "interrupted", "swapped"),
                                           (3, "prompt", "closed", "end_turn")]
     cap.stop()
+
+
+def test_a_message_sent_mid_turn_is_a_user_message_of_that_turn():
+    """Claude Code writes a message typed while it works only as a queued_command
+    attachment: a user message of the running turn, or of a new one when none is open; a
+    prompt of several blocks keeps them; other attachments stay telemetry."""
+    t = Transcript()
+    t.user("run it")
+    t.assistant(tool_use("toolu_1", "make"), stop="tool_use")
+    t.tool_result(("toolu_1", "built"))
+    queued = {"type": "queued_command", "prompt": "QUEUED also the date", "commandMode": "prompt"}
+    t.record({"type": "attachment", "attachment": queued})
+    t.record({"type": "attachment", "attachment": {"type": "date", "date": "2026-12-01"}})
+    t.assistant(text("did both"))
+    blocks = [{"type": "text", "text": "after the turn"}, {"type": "image", "source": {"data": "AA=="}}]
+    t.record({"type": "attachment", "attachment": {"type": "queued_command", "prompt": blocks}})
+    t.assistant(text("seen"))
+    t.record({"type": "attachment", "attachment": {"type": "queued_command", "prompt": None}})
+    out = parse_bytes(t.data())
+    got = [(m.turn, m.role, m.kind, m.text) for m in out.messages if m.role == "user"]
+    assert got == [(1, "user", "user_text", "run it"), (1, "user", "tool_result", "built"),
+                   (1, "user", "user_text", "QUEUED also the date"),
+                   (2, "user", "user_text", "after the turn\n[image]")]
+    assert json.loads(out.messages[-2].data)["prompt"] == blocks
+    assert [(o.n, o.kind) for o in out.turns_opened] == [(1, "prompt"), (2, "prompt")]
+    assert [c.status for c in out.turns_closed] == ["closed", "closed"]
+    assert "attachment/queued_command" in out.telemetry  # the one without a prompt
+    assert out.telemetry["attachment/queued_command"].count == 1 and "attachment/date" in out.telemetry

@@ -426,3 +426,35 @@ def test_an_interactive_session_leaves_what_it_captured_counted_for_the_next_lau
     assert "count me ahead" in seen["texts"] and "The counted answer, unique 4711." in seen["texts"]
     log = (Path(real_claude.env["CC_LHC_HOME"]) / "wrapper.log").read_text()
     assert "count_ahead_failed" not in log and "count_ahead_unfinished" not in log
+
+
+def test_a_message_typed_while_claude_works_is_captured_in_the_turn_it_joined(real_claude, tmux):
+    """Claude Code hands a message sent mid-turn to the model inside the running turn and
+    writes it only as a queued_command attachment: it is the person's own words, so the
+    thread holds it (export, search, get-messages), in that turn."""
+    import threading
+    from fakeapi import tool_use_reply, user_texts
+    hold = threading.Event()
+    real_claude.api.script([dict(tool_use_reply("Bash", {"command": "echo ran"}), hold=hold),
+                            "answered both", "later"])
+    t = tmux([sys.executable, CC_LHC, "--allowedTools", "Bash"], cols=100, rows=30,
+             env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "run the thing")
+    real_claude.api.wait_for_requests(1, answered=False)
+    type_line(t, "QUEUED-WORDS also check the date")
+    t.wait_for("QUEUED-WORDS")
+    hold.set()
+    t.wait_for("answered both")
+    second = real_claude.api.message_requests[1]
+    assert "QUEUED-WORDS" in json.dumps(second["body"]["messages"])  # the model had it in this turn
+    exit_cleanly(t)
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    export = json.loads(real_claude.run([sys.executable, CC_LHC, "export", thread_id]).stdout)
+    queued = [m for m in export if "QUEUED-WORDS" in (m.get("text") or "")]
+    assert [(m["role"], m["kind"], m["text"]) for m in queued] == [
+        ("user", "user_text", "QUEUED-WORDS also check the date")]
+    assert [m["turn"] for m in export if m.get("text") == "run the thing"] == [queued[0]["turn"]]
+    found = real_claude.run([sys.executable, CC_LHC, "search", "--thread", thread_id, "check the date"])
+    assert found.returncode == 0 and queued[0]["label"] in found.stdout

@@ -479,3 +479,28 @@ def test_an_earlier_prompt_brought_back_with_up_is_a_draft_smart_compact_waits_f
     assert "RECALL-ONE" in again[1] and "/compact" not in again[1]
     wait_for_log(rc, "in_process_compact_served", timeout=60)
     exit_cleanly(t)
+
+
+def test_a_message_typed_mid_turn_goes_back_to_claude_by_its_handle(real_claude, tmux):
+    """A message sent while Claude works is a queued_command attachment Claude holds among
+    its messages: the in-process view hands it back by its uuid like any newest record."""
+    import threading
+    rc, hold = real_claude, threading.Event()
+    from fakeapi import text_reply, tool_use_reply
+    rc.api.script([dict(tool_use_reply("Bash", {"command": "echo ran"}), hold=hold),
+                   text_reply("answered both", usage=OVER_USAGE), "after the compact"])
+    t = start(rc, tmux, "--allowedTools", "Bash", env={"CC_LHC_MOD": "on"})
+    wait_for_log(rc, "mod_active")
+    type_line(t, "run the thing")
+    rc.api.wait_for_requests(1, answered=False)
+    type_line(t, "QUEUED-WORDS also check the date")
+    t.wait_for("QUEUED-WORDS")
+    hold.set()
+    t.wait_for("answered both")
+    wait_for_log(rc, "in_process_compact_served", timeout=60)
+    assert not log_events(rc, "in_process_compact_refused")
+    type_line(t, "next")
+    t.wait_for("after the compact")
+    sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    assert "QUEUED-WORDS also check the date" in sent and "run the thing" in sent
+    exit_cleanly(t)
