@@ -2079,6 +2079,7 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
     _touch_private(path)
     db = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
     db.create_function("lhc_text", 1, stored_text, deterministic=True)
+    db.create_function("lhc_no_nul", 1, _no_nul, deterministic=True)
     try:
         db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
         if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
@@ -2133,6 +2134,16 @@ SEARCH_BODY_SQL = """CASE
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
    WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
  END"""
+
+# What the indexes are given: FTS5 reads a text only up to its first NUL (a `find -print0`
+# output, say), so a NUL goes in as a space; a query holds none, and the hits are checked
+# against the text itself.
+INDEXED_BODY_SQL = f"lhc_no_nul({SEARCH_BODY_SQL})"
+
+
+def _no_nul(value):
+    """lhc_no_nul() in SQL (SQLite's own replace() cannot name a NUL)."""
+    return value.replace("\0", " ") if isinstance(value, str) else value
 
 
 @functools.lru_cache(maxsize=None)
@@ -2831,7 +2842,8 @@ class ThreadStore:
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
         if top > done:
             with Tx(db):
-                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, lhc_text(text) FROM messages "
+                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, "
+                           "lhc_no_nul(lhc_text(text)) FROM messages "
                            "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
         self._index_exact(top)
@@ -2851,7 +2863,7 @@ class ThreadStore:
             return
         with Tx(db):
             db.execute(EXACT_INDEX_DDL)  # absent when the migration ran without trigrams
-            db.execute(f"INSERT INTO messages_exact (rowid, body) SELECT m.seq, {SEARCH_BODY_SQL} "
+            db.execute(f"INSERT INTO messages_exact (rowid, body) SELECT m.seq, {INDEXED_BODY_SQL} "
                        "FROM messages m WHERE m.seq > ? AND m.seq <= ?", (done, top))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('exact_upto', ?)", (str(top),))
 

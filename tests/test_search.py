@@ -498,3 +498,23 @@ def test_a_number_out_of_range_is_refused_not_moved_into_it(argv, said, hard, mo
     # the edges themselves are taken
     status, out, err = search(capsysbinary, "--limit", "200", "parser")
     assert status == 0, err
+
+
+def test_text_after_a_nul_is_found_exactly(tmp_path, monkeypatch, capsysbinary):
+    """FTS5 reads a text only up to a NUL: output such as `find -print0`'s is indexed with
+    its NULs as spaces, so what follows one is found as exactly as what comes before."""
+    tr = Transcript()
+    tr.prompt("list the files")
+    calls = tr.response(tool_use("Bash", command="find . -print0"), stop="tool_use")
+    out = "./a.txt\x00./src/zq_main.py\x00./b.txt\x00"
+    tr.results((calls[0]["id"], out, False))
+    tr.response(text("three files"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    (result,) = [m for m in thread.messages().values() if m["kind"] == "tool_result"]
+    assert result["text"] == out  # kept as it was
+    for needle in ("./a.txt", "./src/zq_main.py", "src/zq_ma", "zq_main", "./b.txt"):
+        status, found, err = search(capsysbinary, "--limit", "3", "--", needle)
+        hits = hits_of(found)
+        assert status == 0 and hits and hits[0]["how"] == "exact", (needle, found, err)
+        assert int(hits[0]["seq"]) == result["seq"]
