@@ -7444,6 +7444,17 @@ class Relay:
         self.hold_output = False
         self.held = bytearray()
         self.child_alt_screen = False  # whether the child itself drew on the alternate screen
+        # Job control. Claude runs in a session of its own, so the SIGTSTP it sends itself
+        # on ctrl-z is discarded by the kernel (an orphaned process group may not stop):
+        # it would leave the terminal and wait for a SIGCONT that never comes. So when a
+        # ctrl-z reached it and it let go of its terminal (the PTY back in canonical
+        # mode), or cc-lhc itself is sent SIGTSTP, on_suspend(relay) stops the whole job
+        # the shell's way and brings it back on fg.
+        self.on_suspend = None
+        self.suspend_asked = None   # (monotonic time, whether to stop even if Claude does not)
+
+    SUSPEND_KEYS = (b"\x1a", b"\x1b[122;5u", b"\x1b[27;5;122~")  # ctrl-z, and its kitty and xterm forms
+    SUSPEND_WAIT_SECONDS = 1.0
 
     def run(self) -> None:
         import selectors
@@ -7451,7 +7462,8 @@ class Relay:
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
-        watched = (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+        watched = (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD) + (
+            (signal.SIGTSTP,) if self.on_suspend else ())
         previous = {s: signal.signal(s, lambda *_: None) for s in watched}
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         sel = self._sel = selectors.DefaultSelector()
@@ -7506,7 +7518,8 @@ class Relay:
             for tag, (fd, _cb) in self.readers.items():
                 self._interest(sel, fd, selectors.EVENT_READ, tag)
             ready = [(tag, events) for tag, events in self.always_ready.items() if events]
-            for tag, mask in [(k.data, m) for k, m in sel.select(0 if ready else self.timeout)] + ready:
+            wait = 0 if ready else (0.02 if self.suspend_asked else self.timeout)
+            for tag, mask in [(k.data, m) for k, m in sel.select(wait)] + ready:
                 if tag in self.readers:
                     self.readers[tag][1](self)
                 elif tag == "wake":
@@ -7548,11 +7561,37 @@ class Relay:
                             self.dropped += len(data)
                         else:
                             self.to_child += data
+                            if self.on_suspend and any(k in data for k in self.SUSPEND_KEYS):
+                                self._ask_suspend(force=False)
                 elif tag == "out":
                     self._write_some(self.out_fd, self.to_user)
+            if self.suspend_asked and master_open:
+                self._check_suspend()
             if self.on_tick:
                 self.on_tick(self)
         self._flush_user()
+
+    def _ask_suspend(self, force: bool) -> None:
+        import time
+        self.suspend_asked = (time.monotonic(), force or bool(self.suspend_asked and self.suspend_asked[1]))
+
+    def _check_suspend(self) -> None:
+        """Stop the job once Claude has let go of its terminal after a ctrl-z (or at once,
+        when the stop came as a signal and Claude did not take it as one)."""
+        import termios
+        import time
+        try:
+            cooked = bool(termios.tcgetattr(self.master_fd)[3] & termios.ICANON)
+        except (termios.error, OSError):
+            cooked = False
+        since, force = self.suspend_asked
+        late = time.monotonic() - since > self.SUSPEND_WAIT_SECONDS
+        if not cooked and not late:
+            return
+        self.suspend_asked = None
+        if cooked or force:
+            self._flush_user()  # Claude's own words on leaving ("Claude Code is suspended...")
+            self.on_suspend(self)
 
     def _note_alt_screen(self, data: bytes) -> None:
         on = max(data.rfind(b"\x1b[?1049h"), data.rfind(b"\x1b[?1047h"))
@@ -7617,7 +7656,12 @@ class Relay:
         except BlockingIOError:
             return
         for signum in data:
-            if signum == signal.SIGWINCH and self.get_size and self.set_child_size:
+            if signum == signal.SIGTSTP and self.on_suspend:
+                # Stopped from outside (kill -TSTP): Claude is asked to leave its terminal
+                # as on ctrl-z; the job stops when it has, or after a moment regardless.
+                self.to_child += b"\x1a"
+                self._ask_suspend(force=True)
+            elif signum == signal.SIGWINCH and self.get_size and self.set_child_size:
                 size = self.get_size()
                 if size:
                     self.set_child_size(*size)
@@ -8525,9 +8569,31 @@ class RawTerminal:
     def __exit__(self, *exc):
         if self.saved is not None:
             import termios
-            # TCSAFLUSH: drop input typed for the dead child instead of handing it to the shell.
-            termios.tcsetattr(self.fd, termios.TCSAFLUSH, self.saved)
+            try:
+                # TCSAFLUSH: drop input typed for the dead child instead of handing it to the shell.
+                termios.tcsetattr(self.fd, termios.TCSAFLUSH, self.saved)
+            except (termios.error, OSError):
+                pass  # the terminal is gone (its window closed): nothing is left to put back
         return False
+
+    def suspend(self) -> None:
+        """The terminal as it was, while cc-lhc is stopped (ctrl-z)."""
+        if self.saved is not None:
+            import termios
+            try:
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+            except (termios.error, OSError):
+                pass
+
+    def resume(self) -> None:
+        """Raw again once the shell hands the terminal back (fg)."""
+        if self.saved is not None:
+            import termios
+            import tty
+            try:
+                tty.setraw(self.fd, termios.TCSANOW)
+            except (termios.error, OSError):
+                pass
 
 
 # == 14. Hosts: the managed interactive session and the one-shot ================
@@ -8556,6 +8622,23 @@ class InteractiveHost:
         dog = start_watchdog(pid)
         if dog:
             self.watchdogs.append(dog)
+
+    def suspend(self, relay, terminal, set_child_size) -> None:
+        """ctrl-z (see Relay.on_suspend): the terminal as the shell left it, Claude's process
+        group stopped, this job stopped; on fg all of it back, at the terminal's size now."""
+        pid = self.child.pid
+        terminal.suspend()
+        _signal_group(pid, signal.SIGSTOP)
+        self.home.log("suspended", child_pid=pid)
+        try:
+            _stop_this_job()
+        finally:
+            terminal.resume()
+            _signal_group(pid, signal.SIGCONT)
+            size = terminal_size(self.out_fd)
+            if size:
+                set_child_size(*size)
+            self.home.log("resumed", child_pid=pid)
 
     def run(self) -> int:
         try:
@@ -8641,7 +8724,9 @@ class InteractiveHost:
             relay.on_tick = tick
             relay.timeout = SessionFollower.POLL_SECONDS
         try:
-            with RawTerminal(self.in_fd):
+            with RawTerminal(self.in_fd) as terminal:
+                if terminal.saved is not None and os.name == "posix":
+                    relay.on_suspend = lambda relay: self.suspend(relay, terminal, set_child_size)
                 relay.run()
         finally:
             if handoff is not None and handoff.candidate is not None:
@@ -8655,6 +8740,23 @@ class InteractiveHost:
                 dog.kill()
         home.log("child_exited", mode="interactive", child_pid=self.child.pid, status=status)
         return status
+
+
+def _signal_group(pid, signum) -> None:
+    try:
+        os.killpg(pid, signum)
+    except OSError:
+        pass  # gone already
+
+
+def _stop_this_job() -> None:
+    """Stop this process's job as ctrl-z in a shell does; returns once it is continued (at
+    once where nothing does job control: there the stop is discarded)."""
+    previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+    try:
+        os.killpg(os.getpgrp(), signal.SIGTSTP)
+    finally:
+        signal.signal(signal.SIGTSTP, previous)
 
 
 def _readable(fd) -> bool:

@@ -206,3 +206,67 @@ def test_a_session_file_is_new_until_it_holds_an_earlier_prompt(tmp_path):
     assert cc_lhc.starts_a_conversation(str(path))
     path.write_text('{"type":"user","message":{"content":"an earlier prompt"}}\n')
     assert not cc_lhc.starts_a_conversation(str(path))             # a resumed conversation
+
+
+def _shell(real_claude, tmux):
+    """An interactive bash (job control on) in a tmux pane, as a person's terminal."""
+    import shlex
+    t = tmux(["bash", "--norc", "--noprofile", "-i"], cols=100, rows=30,
+             env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for("bash")
+    t.send_text("PS1='SHELL$ '")
+    t.send_keys("Enter")
+    t.wait_for("SHELL$")
+    t.send_text(shlex.join([sys.executable, CC_LHC]))
+    t.send_keys("Enter")
+    t.wait_for(PROMPT)
+    return t
+
+
+def _stopped(pid) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
+    """Claude sits in a session of its own, where the kernel discards the stop it sends
+    itself on ctrl-z: cc-lhc stops the job as the shell would (Claude included), and on fg
+    the turn goes on where it was, with nothing lost. A SIGTSTP sent to cc-lhc does the same."""
+    import os
+    import re
+    import signal
+    import threading
+    from realcli import wait_until
+    hold = threading.Event()
+    real_claude.api.script([dict(text_reply("the held answer"), hold=hold), "second answer", "third answer"])
+    t = _shell(real_claude, tmux)
+    type_line(t, "a long question")
+    real_claude.api.wait_for_requests(1, answered=False)
+    t.send_keys("C-z")
+    t.wait_for(re.compile(r"Stopped .*cc_lhc\.py\s+SHELL\$"))
+    (claude,) = [e["child_pid"] for e in log_events(real_claude, "child_started")]
+    assert _stopped(claude)  # the whole job stopped, as with claude alone
+    hold.set()
+    t.send_text("fg")
+    t.send_keys("Enter")
+    t.wait_for("the held answer")
+    type_line(t, "after fg")
+    t.wait_for("second answer")
+    wait_for_log(real_claude, "resumed")
+    # stopped from outside: the same, Claude first asked to let go of the terminal
+    (lhc,) = [e["pid"] for e in log_events(real_claude, "launch")]
+    os.kill(lhc, signal.SIGTSTP)
+    wait_until(lambda: _stopped(lhc) and _stopped(claude), "the job stopped by SIGTSTP", timeout=10)
+    t.send_text("fg")
+    t.send_keys("Enter")
+    wait_for_log(real_claude, "resumed", count=2)
+    type_line(t, "after the second fg")
+    t.wait_for("third answer")
+    t.send_text("/exit")
+    t.send_keys("Enter")
+    wait_for_log(real_claude, "child_exited")
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    export = json.loads(real_claude.run([sys.executable, CC_LHC, "export", thread_id]).stdout)
+    assert [m.get("text") for m in export] == ["a long question", "the held answer", "after fg", "second answer",
+                                               "after the second fg", "third answer"]
