@@ -12211,13 +12211,22 @@ def announce_policy(policy: Policy, home: StateHome) -> None:
     home.log("config_fallback", message=MSG_CONFIG_FALLBACK, problems=policy.problems)
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def build_launch(argv) -> LaunchSpec:
     flags, claude_args = parse_launch(argv)
     spec = LaunchSpec()
     spec.flags = flags
     spec.claude_args = claude_args
     found = scan_claude_args(claude_args)
-    spec.print_mode = found["print_mode"]
+    # Claude itself answers and exits when its output is no terminal (`cc-lhc "x" > out`,
+    # a pipe, a CI job), -p or not; in a PTY it would wait for keys nobody types.
+    spec.print_mode = found["print_mode"] or not _is_terminal(sys.stdout)
     spec.autocompact = found["autocompact"]
     spec.positionals = found["positionals"]
     first = found["positionals"][0] if found["positionals"] else None

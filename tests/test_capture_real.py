@@ -241,3 +241,16 @@ def test_continue_resolves_to_this_folders_most_recent_thread(real_claude):
     assert named == {i for i in ids if i.startswith(shared)}
     p = lhc(rc, "export", "zzzz", ok=False)
     assert p.returncode == 2 and "no thread matches" in p.stderr
+
+
+def test_without_p_and_without_a_terminal_claude_answers_and_exits(real_claude):
+    """`cc-lhc "x" > out`, a pipe, a CI job: no terminal, so Claude answers and exits as
+    claude alone does there, and the turn is captured; nothing waits for keys."""
+    real_claude.api.script(["piped answer", "stdin answer"])
+    p = lhc(real_claude, "the argv prompt", timeout=60)
+    assert p.stdout == "piped answer\n"
+    p = lhc(real_claude, input="the stdin prompt\n", timeout=60)
+    assert p.stdout == "stdin answer\n"
+    texts = sorted([m.get("text") for m in json.loads(read_in_process("export", t["id"]))]
+                   for t in threads(real_claude))  # two launches, two new sessions
+    assert texts == [["the argv prompt", "piped answer"], ["the stdin prompt\n", "stdin answer"]]

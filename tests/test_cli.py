@@ -441,12 +441,14 @@ def test_every_print_form_is_a_one_shot(fake_claude, iso_env, args):
     assert [e["mode"] for e in log_events(iso_env, "launch")] == ["oneshot"]
 
 
-def test_without_print_claude_gets_a_terminal(fake_claude, iso_env):
+def test_without_print_and_without_a_terminal_claude_runs_as_a_plain_child(fake_claude, iso_env):
+    """Output to a pipe or file, -p or not: Claude answers and exits, as claude alone does
+    there (in a PTY it would wait for keys nobody types)."""
     p = lhc(fake_claude, "hello", script=[{"print": "answer"}])
     assert p.returncode == 0, err(p)
-    assert only_launch(fake_claude)["tty"]["stdout"] is True
-    assert b"answer" in p.stdout
-    assert [e["mode"] for e in log_events(iso_env, "launch")] == ["interactive"]
+    assert only_launch(fake_claude)["tty"]["stdout"] is False
+    assert out(p) == "answer\n"
+    assert [e["mode"] for e in log_events(iso_env, "launch")] == ["oneshot"]
 
 
 def test_one_shot_passes_piped_stdin_to_claude(fake_claude):

@@ -82,7 +82,8 @@ def test_wrapper_log_gets_one_json_line_per_launch(fake_claude, iso_env):
     lines = log_lines(iso_env.lhc)  # every line is one JSON object
     launches = [e for e in lines if e["event"] == "launch"]
     assert [e["session"] for e in launches] == sessions
-    assert [e["mode"] for e in launches] == ["oneshot", "oneshot", "interactive"]
+    # (no terminal here: without -p too, Claude runs as a plain child, as claude alone would)
+    assert [e["mode"] for e in launches] == ["oneshot", "oneshot", "oneshot"]
     for e in launches:
         assert e["version"] == cc_lhc.VERSION and e["cwd"] == str(iso_env.work)
         assert e["ts"].endswith("Z") and isinstance(e["pid"], int)
