@@ -9138,6 +9138,9 @@ def report_pressure_at_exit(capture, spec, home, policy) -> None:
             f"`cc-lhc --resume {spec.session_id}` rebuilds it before Claude starts")
 
 
+ONESHOT_INTERRUPT_GRACE_SECONDS = 1.0
+
+
 def run_oneshot(spec, home: StateHome) -> int:
     """Run `claude -p` as a plain child sharing our stdin, stdout and stderr."""
     import subprocess
@@ -9164,8 +9167,25 @@ def run_oneshot(spec, home: StateHome) -> int:
         except OSError:
             pass
 
-    # ctrl-c reaches Claude through the shared process group; the wrapper only waits.
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    def interrupted(_signum, _frame):
+        # ctrl-c reaches Claude through the shared process group and Claude decides what it
+        # means; a SIGINT sent to cc-lhc alone (kill -INT <pid>, a supervisor) would not.
+        # So it is passed on if Claude is still running a moment later, which it is not
+        # once it took the first: it never gets a second one in the middle of its exit.
+        import threading
+
+        def late():
+            if child.poll() is None:
+                try:
+                    child.send_signal(signal.SIGINT)
+                except OSError:
+                    pass
+        timer = threading.Timer(ONESHOT_INTERRUPT_GRACE_SECONDS, late)
+        timer.daemon = True
+        timer.start()
+
+    previous = {signal.SIGINT: signal.signal(
+        signal.SIGINT, interrupted if os.name == "posix" else signal.SIG_IGN)}
     for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), getattr(signal, "SIGBREAK", None)):
         if s is not None:
             previous[s] = signal.signal(s, forward)

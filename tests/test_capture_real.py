@@ -254,3 +254,28 @@ def test_without_p_and_without_a_terminal_claude_answers_and_exits(real_claude):
     texts = sorted([m.get("text") for m in json.loads(read_in_process("export", t["id"]))]
                    for t in threads(real_claude))  # two launches, two new sessions
     assert texts == [["the argv prompt", "piped answer"], ["the stdin prompt\n", "stdin answer"]]
+
+
+def test_a_sigint_to_cc_lhc_alone_interrupts_a_one_shot(real_claude):
+    """A supervisor's kill -INT <cc-lhc pid> stops the one-shot as it stops claude -p."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    hold = threading.Event()
+    real_claude.api.script([{"text": "NEVER-SHOWN", "hold": hold}])
+    proc = subprocess.Popen(real_claude.lhc_argv("-p", "a long one"), env=real_claude.env,
+                            cwd=real_claude.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        real_claude.api.wait_for_requests(1, answered=False)
+        proc.send_signal(signal.SIGINT)
+        out, _err = proc.communicate(timeout=20)
+    finally:
+        hold.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert b"NEVER-SHOWN" not in out
+    (thread,) = threads(real_claude)
+    assert [m.get("text") for m in json.loads(read_in_process("export", thread["id"]))][0] == "a long one"
