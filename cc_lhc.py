@@ -11968,6 +11968,9 @@ def scan_claude_args(args):
             i += 1
             continue
         name, eq, inline = a.partition("=")
+        if (not a.startswith("--") and len(a) > 2 and a[2] != "="
+                and CLAUDE_VALUE_OPTIONS.get(a[:2]) in ("value", "optional")):
+            name, eq, inline = a[:2], "=", a[2:]  # a short option's value written onto it: -r<id>
         kind = CLAUDE_VALUE_OPTIONS.get(name)
         value = inline if eq else None
         consumed = 1

@@ -82,7 +82,7 @@ def test_prompts_and_resumes_give_one_thread_holding_everything_in_order(real_cl
     p = lhc(rc, "--resume", session, "-p", "second prompt: run the tool", "--allowedTools", "Bash")
     assert p.stdout.strip() == "Saw: real-42"
     api.script(["third reply"])
-    lhc(rc, "--resume", session, "-p", "third prompt")
+    lhc(rc, f"-r{session}", "-p", "third prompt")  # the short option's value written onto it
     # every request of every launch went to the one session
     assert {r["session_id"] for r in api.message_requests} == {session}
 
