@@ -5339,6 +5339,7 @@ class Lease:
                 holder = f" by cc-lhc pid {owner.get('pid')}"
             except (OSError, ValueError, AttributeError):
                 pass
+            self.held_by = holder
             raise usage_error(f"thread {self.thread_id[:8]} is already in use{holder}; "
                               "not starting a second Claude on it (nothing was queued)")
         self.fd = fd
@@ -10577,6 +10578,7 @@ class SessionFollower:
         self.session, self.host, self.handoff = session, host, handoff
         self.next_poll = 0.0
         self.refused = None  # a session cc-lhc could not take: not asked again
+        self.left = None     # the bound session, let go when Claude moved to a refused one
         self.seen, self.sid = None, None  # (pid, mtime, size) of Claude's pid file, its session
 
     def on_tick(self, relay) -> None:
@@ -10601,7 +10603,8 @@ class SessionFollower:
     def take(self, relay, sid) -> None:
         """Follow Claude to ``sid`` when it is another session than the bound one; the
         poll above and the mod's own session.start report both land here."""
-        if sid and sid != self.session.spec.session_id and sid != self.refused:
+        # (back on the session it was bound to after a refused move: taken again)
+        if sid and sid != self.refused and (sid != self.session.spec.session_id or sid == self.left):
             try:
                 self.follow(relay, sid)
             except Exception as e:  # never take the session down over following it
@@ -10615,7 +10618,8 @@ class SessionFollower:
         old_sid, old = spec.session_id, session.capture
         path = rollout_path(new_sid, spec.cwd)
         cleared = starts_a_conversation(path)
-        self._let_go(old_sid)
+        if self.left is None:
+            self._let_go(old_sid)
         registry = Registry(home)
         thread = registry.thread_for_session(new_sid)
         created = thread is None
@@ -10624,10 +10628,12 @@ class SessionFollower:
         lease = Lease(home, thread)
         try:
             lease.acquire()
-        except LhcError as e:
-            self.refused = new_sid
-            session.detached = (f"Claude moved to session {new_sid}, but {e}; cc-lhc does not capture "
-                                "or serve retrieval for it in this window")
+        except LhcError:
+            self.refused, self.left = new_sid, old_sid
+            held = getattr(lease, "held_by", "") or " by another cc-lhc"
+            session.detached = (f"Claude moved to session {new_sid}, whose thread {thread[:8]} is held"
+                                f"{held}: cc-lhc does not capture or serve retrieval for it in this "
+                                f"window; going back to session {old_sid} is followed again")
             home.log("follow_refused", old_session=old_sid, new_session=new_sid, thread=thread)
             session.announce(session.detached, relay)
             return
@@ -10643,6 +10649,7 @@ class SessionFollower:
         fresh.lease = lease
         fresh.request_handoff = old.request_handoff
         spec.session_id = spec.resume = new_sid
+        self.left = self.refused = None
         if spec.mod:
             spec.mod.rebind(new_sid)
         session.capture, session.detached = fresh, ""

@@ -13,6 +13,8 @@ import json
 import sys
 import uuid
 
+import pytest
+
 import cc_lhc
 from fakeapi import text_reply, tool_use_reply
 from realcli import CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, type_line, wait_for_log
@@ -95,7 +97,8 @@ def test_in_app_resume_follows_a_free_thread_and_refuses_a_held_one(real_claude,
     lease = cc_lhc.Lease(home, by_session[held])
     lease.acquire()  # as another live cc-lhc would hold it
     try:
-        real_claude.api.script(["answer in the first window", "back on the free topic"])
+        real_claude.api.script(["answer in the first window", "back on the free topic",
+                                "back again after the refusal"])
         t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=real_claude.env, cwd=real_claude.cwd)
         t.wait_for(PROMPT)
         type_line(t, "a fresh start")
@@ -111,11 +114,23 @@ def test_in_app_resume_follows_a_free_thread_and_refuses_a_held_one(real_claude,
         type_line(t, f"/resume {held}")
         wait_for_log(real_claude, "follow_refused")
         notices = [e["text"] for e in log_events(real_claude, "notice")]
-        assert any("already in use" in n and f"pid {cc_lhc.os.getpid()}" in n for n in notices)
+        assert any(f"whose thread {by_session[held][:8]} is held by cc-lhc pid {cc_lhc.os.getpid()}" in n
+                   for n in notices)
+        assert not any("nothing was queued" in n for n in notices)
+        # back on the session it was bound to: taken again, lease, capture and all
+        t.wait_for(PROMPT)
+        type_line(t, f"/resume {free}")
+        wait_for_log(real_claude, "session_followed", count=2)
+        with pytest.raises(cc_lhc.LhcError):
+            cc_lhc.Lease(home, by_session[free]).acquire()  # this window holds it again
+        t.wait_for(PROMPT)
+        type_line(t, "after coming back")
+        t.wait_for("back again after the refusal")
         exit_cleanly(t)
     finally:
         lease.release()
-    assert texts(real_claude, by_session[free])[-2:] == ["more on it", "back on the free topic"]
+    assert texts(real_claude, by_session[free])[-4:] == ["more on it", "back on the free topic",
+                                                        "after coming back", "back again after the refusal"]
     # nothing of the held thread's window was mixed into either thread
     assert texts(real_claude, by_session[held]) == ["the held topic", "noted: the held topic"]
 
