@@ -6195,6 +6195,75 @@ class BatchWriter:
             self._thread = None
 
 
+class FileSpan:
+    """What one process has verified a transcript file holds: the hash of the span captured
+    from it, that span's last bytes, and the offset they end at (None until the first read
+    checks them). Claude only appends; a file that no longer holds those bytes is read
+    again from its start."""
+
+    # Bytes before the offset compared on every read of a live session; the whole
+    # captured span is checked against its stored hash once per process.
+    TAIL_CHECK_BYTES = 4096
+    READ_BYTES = 4 << 20
+
+    def __init__(self, path):
+        self.path = path
+        self.prefix = None
+        self.tail = b""
+        self.offset = None
+
+    def restart(self) -> None:
+        import hashlib
+        self.prefix, self.tail, self.offset = hashlib.sha256(), b"", 0
+
+    def trust(self, batch) -> None:
+        """A batch is committed: what this process knows the file holds moves to its end."""
+        keep = self.TAIL_CHECK_BYTES
+        self.prefix, self.offset = batch.prefix, batch.end
+        self.tail = (self.tail + batch.consumed[-keep:])[-keep:]
+
+    def rewrite_reason(self, f, src, size):
+        """None while the file still holds what was captured, else (kind, detail).
+
+        A file that is shorter, or whose bytes before the offset differ (a line deleted
+        and another appended in its place), would make reading on from the offset start
+        mid-line and skip records.
+        """
+        offset, start = src["offset"], src["start_offset"]
+        if size < offset:
+            return ("transcript_shrank", f"{self.path} is {size} bytes, {offset} were already captured")
+        if self.offset == offset:
+            f.seek(offset - len(self.tail))
+            if f.read(len(self.tail)) == self.tail:
+                return None
+        elif self._prefix_matches(f, start, offset, src["prefix_sha256"]):
+            return None
+        return ("transcript_rewritten", f"{self.path} no longer holds the bytes captured before "
+                                        f"offset {offset}")
+
+    def _prefix_matches(self, f, start, offset, stored) -> bool:
+        """Hash the captured span [start, offset) and compare; remember it when it matches.
+
+        A thread written before hashes were kept has none to compare with: the file as
+        it is now is taken as what was captured.
+        """
+        import hashlib
+        prefix, tail, keep = hashlib.sha256(), b"", self.TAIL_CHECK_BYTES
+        f.seek(start)
+        remaining = offset - start
+        while remaining > 0:
+            chunk = f.read(min(remaining, self.READ_BYTES))
+            if not chunk:
+                return False
+            prefix.update(chunk)
+            tail = (tail + chunk[-keep:])[-keep:]
+            remaining -= len(chunk)
+        if stored is not None and prefix.hexdigest() != stored:
+            return False
+        self.prefix, self.tail, self.offset = prefix, tail, offset
+        return True
+
+
 class Capture:
     """Reads one session's transcript into its thread: on demand, or live in a thread.
 
@@ -6212,10 +6281,6 @@ class Capture:
     POLL_SECONDS = 0.05
     FAST_POLL_SECONDS = 0.01
     ACTIVE_SECONDS = 2.0
-    # Bytes before the offset compared on every read of a live session; the whole
-    # captured span is checked against its stored hash once per process.
-    TAIL_CHECK_BYTES = 4096
-
     def __init__(self, home, thread_id, session_id, path, policy=None, start_offset=0,
                  on_event=None, on_responses=None):
         self.home = home
@@ -6235,11 +6300,8 @@ class Capture:
         self.caught_up = False
         self.hostdb = None  # opened on the capture thread when live classification needs it
         self.request_handoff = None  # set by an interactive host that can swap children
-        # What this process has verified the file holds: the hash of the captured span, its
-        # last bytes, and the offset they end at (None until the first read checks them).
-        self._prefix = None
-        self._tail = b""
-        self._verified_offset = None
+        self._span = FileSpan(path)   # what this process has verified the transcript holds
+        self._agent_spans = {}        # the same for each subagent file, by source key
 
     def _open(self):
         if self.store is None:
@@ -6310,19 +6372,11 @@ class Capture:
         self.caught_up = True  # nothing can be read; the thread says why
 
     def _read_new_lines(self, f, deadline):
-        import hashlib
         import time
         store = self.store
         src = store.source(self.session_id)
         size = os.fstat(f.fileno()).st_size
-        changed = self._rewrite_reason(f, src, size)
-        if changed:
-            kind, detail = changed
-            store.restart_source(self.session_id, kind, detail)
-            self.home.log(kind, thread=self.thread_id, session=self.session_id, path=self.path,
-                          detail=detail, action="read again from the start; nothing captured is removed")
-            self._prefix, self._tail, self._verified_offset = hashlib.sha256(), b"", 0
-            src = store.source(self.session_id)
+        src = self._check_span(f, self._span, self.session_id, src, size)
         offset = src["offset"]
         if size == offset:
             self.caught_up = True
@@ -6332,7 +6386,7 @@ class Capture:
         total = 0
         if deadline is not None and time.monotonic() > deadline:
             return total
-        packer, prefix = Packer(), self._prefix.copy()
+        packer, prefix = Packer(), self._span.prefix.copy()
 
         def write(batch):
             store.checkpoint_on_commit(batch.end >= size)
@@ -6391,10 +6445,20 @@ class Capture:
         return batch.lines
 
     def _trust(self, batch) -> None:
-        """A batch is committed: what this process knows the file holds moves to its end."""
-        keep = self.TAIL_CHECK_BYTES
-        self._prefix, self._verified_offset = batch.prefix, batch.end
-        self._tail = (self._tail + batch.consumed[-keep:])[-keep:]
+        self._span.trust(batch)
+
+    def _check_span(self, f, span, key, src, size):
+        """The source row to read on from: the same, or (when the file no longer holds what
+        was captured) one restarted at the file's start, the reason recorded and logged."""
+        changed = span.rewrite_reason(f, src, size)
+        if not changed:
+            return src
+        kind, detail = changed
+        self.store.restart_source(key, kind, detail)
+        self.home.log(kind, thread=self.thread_id, session=key, path=span.path, detail=detail,
+                      action="read again from the start; nothing captured is removed")
+        span.restart()
+        return self.store.source(key)
 
     def _batches(self, f, parser, offset, line_no, packer, prefix=None):
         """Parse f's complete lines from offset: yield (out, consumed bytes, end, lines) per batch.
@@ -6433,47 +6497,6 @@ class Capture:
                 yield parser.take(), complete, end, n
                 line_no, offset = line_no + n, end
 
-    def _rewrite_reason(self, f, src, size):
-        """None while the file still holds what was captured, else (kind, detail).
-
-        Claude only appends. A transcript that is shorter, or whose bytes before the
-        offset differ (a line deleted and another appended in its place), would make
-        reading on from the offset start mid-line and skip records: it is read again.
-        """
-        offset, start = src["offset"], src["start_offset"]
-        if size < offset:
-            return ("transcript_shrank", f"{self.path} is {size} bytes, {offset} were already captured")
-        if self._verified_offset == offset:
-            f.seek(offset - len(self._tail))
-            if f.read(len(self._tail)) == self._tail:
-                return None
-        elif self._prefix_matches(f, start, offset, src["prefix_sha256"]):
-            return None
-        return ("transcript_rewritten", f"{self.path} no longer holds the bytes captured before "
-                                        f"offset {offset}")
-
-    def _prefix_matches(self, f, start, offset, stored) -> bool:
-        """Hash the captured span [start, offset) and compare; remember it when it matches.
-
-        A thread written before hashes were kept has none to compare with: the file as
-        it is now is taken as what was captured.
-        """
-        import hashlib
-        prefix, tail, keep = hashlib.sha256(), b"", self.TAIL_CHECK_BYTES
-        f.seek(start)
-        remaining = offset - start
-        while remaining > 0:
-            chunk = f.read(min(remaining, self.BATCH_BYTES))
-            if not chunk:
-                return False
-            prefix.update(chunk)
-            tail = (tail + chunk[-keep:])[-keep:]
-            remaining -= len(chunk)
-        if stored is not None and prefix.hexdigest() != stored:
-            return False
-        self._prefix, self._tail, self._verified_offset = prefix, tail, offset
-        return True
-
     def agent_files(self):
         """(source key, path, agent id, kind) of each subagent transcript of this session.
 
@@ -6511,38 +6534,40 @@ class Capture:
             store.add_source(key, path)
             src = store.source(key)
         try:
-            size = os.path.getsize(path)
-        except OSError:
+            f = open_regular(path)
+        except OSError as e:
+            self.home.log("transcript_unreadable", thread=self.thread_id, session=key, path=path,
+                          reason=str(e))
             return 0
-        if size < src["offset"]:
-            if not src["degraded"]:
-                store.mark_degraded(key, "transcript_shrank",
-                                    f"{path} is {size} bytes, {src['offset']} were already captured")
-            return 0
+        with f:
+            return self._read_agent(f, key, path, agent_id, kind, src)
+
+    def _read_agent(self, f, key, path, agent_id, kind, src) -> int:
+        """A subagent file's new lines, checked as the session's own transcript is: one that
+        shrank or was rewritten is read again from its start (nothing captured removed)."""
+        store = self.store
+        size = os.fstat(f.fileno()).st_size
+        span = self._agent_spans.get(key)
+        if span is None:
+            span = self._agent_spans[key] = FileSpan(path)
+        src = self._check_span(f, span, key, src, size)
         if size == src["offset"]:
             return 0
         with Tx(store.db):
             store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
                                agent=agent_id, agent_turn=store.agent_turn(agent_id))
-        total = 0
+        packer, prefix = Packer(), span.prefix.copy()
         try:
-            f = open_regular(path)
-        except OSError as e:
-            self.home.log("transcript_unreadable", thread=self.thread_id, session=key, path=path,
-                          reason=str(e))
-            return 0
-        packer = Packer()
-        with f:
-            try:
-                batches = (CaughtBatch(out, None, end, n, stored_rows(out.messages, packer), None, None)
-                           for out, _consumed, end, n in self._batches(f, parser, src["offset"], src["lines"],
-                                                                       packer))
-                total, _ended = self._store_batches(
-                    batches, lambda b: store.apply(key, b.out, b.end, b.lines, rows=b.rows), None,
-                    size - src["offset"] > self.BATCH_BYTES)
-            finally:
-                packer.close()
+            batches = (CaughtBatch(out, consumed, end, n, stored_rows(out.messages, packer), prefix.hexdigest(),
+                                   prefix.copy())
+                       for out, consumed, end, n in self._batches(f, parser, src["offset"], src["lines"],
+                                                                  packer, prefix))
+            total, _ended = self._store_batches(
+                batches, lambda b: store.apply(key, b.out, b.end, b.lines, b.digest, rows=b.rows), span.trust,
+                size - src["offset"] > self.BATCH_BYTES)
+        finally:
+            packer.close()
         return total
 
     @staticmethod

@@ -200,6 +200,45 @@ def test_agent_files_read_in_small_batches_match_one_read(tmp_path, monkeypatch)
     assert [r[2] for r in by_agent(agent_rows(t))] == [r[2] for r in by_agent(expected)]
 
 
+def test_an_agent_file_that_shrinks_or_is_rewritten_is_read_again(tmp_path):
+    """A subagent file is checked as the session's own transcript is: shorter, or holding
+    other bytes before the captured offset, it is read again from its start, each record
+    once, nothing captured removed, the reason recorded (it used to stop at a shrink and
+    read on mid-line after a rewrite)."""
+    path = fixture_copy("2.1.39", tmp_path)
+    t = intake(path, SESSIONS["2.1.39"])
+    agent_file = path.parent / SESSIONS["2.1.39"] / "subagents" / "agent-a2139one.jsonl"
+    key = f"{SESSIONS['2.1.39']}/subagents/agent-a2139one.jsonl"
+    lines = agent_file.read_bytes().splitlines()
+    before = agent_rows(t, "a2139one")
+    first = json.loads(lines[0])
+
+    def record(n, words):
+        return json.dumps(dict(first, uuid=f"00000000-0000-4000-8000-00000000a{n:03d}",
+                               parentUuid=first["uuid"], message={"role": "user", "content": words},
+                               timestamp="2025-09-01T10:01:00.000Z")).encode()
+
+    def again():
+        cap = cc_lhc.Capture(t.home, t.id, SESSIONS["2.1.39"], str(path))
+        cap.catch_up()
+        cap.stop()
+    agent_file.write_bytes(lines[0] + b"\n" + record(1, "after the shrink SHRUNK-NEEDLE") + b"\n")
+    again()
+    after = agent_rows(t, "a2139one")
+    assert after[:len(before)] == before and [r[2] for r in after[len(before):]] == [
+        "after the shrink SHRUNK-NEEDLE"]
+    # replaced by a longer file whose bytes before the offset differ
+    agent_file.write_bytes(b"\n".join([record(2, "x" * 40 + " REWRITTEN-ONE"), *lines,
+                                       record(3, "REWRITTEN-TWO")]) + b"\n")
+    again()
+    texts = [r[2] for r in agent_rows(t, "a2139one")]
+    assert texts[:len(after)] == [r[2] for r in after]
+    assert sorted(texts[len(after):]) == ["REWRITTEN-TWO", "x" * 40 + " REWRITTEN-ONE"]
+    kinds = [r[0] for r in t.store.db.execute("SELECT kind FROM problems WHERE session = ?", (key,))]
+    assert kinds == ["transcript_shrank", "transcript_rewritten"]
+    assert t.store.source(key)["offset"] == agent_file.stat().st_size
+
+
 def test_live_capture_picks_up_a_subagent_file_that_appears_later(tmp_path):
     path = fixture_copy("2.1.39", tmp_path)
     agent_dir = path.parent / SESSIONS["2.1.39"] / "subagents"
