@@ -2135,9 +2135,9 @@ SEARCH_BODY_SQL = """CASE
    WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
  END"""
 
-# What the indexes are given: FTS5 reads a text only up to its first NUL (a `find -print0`
-# output, say), so a NUL goes in as a space; a query holds none, and the hits are checked
-# against the text itself.
+# What the substring index is given: FTS5 reads a text only up to its first NUL (a
+# `find -print0` output, say), so a NUL goes in as a space; a query holds none, and the
+# hits are checked against the text itself.
 INDEXED_BODY_SQL = f"lhc_no_nul({SEARCH_BODY_SQL})"
 
 
@@ -2842,8 +2842,9 @@ class ThreadStore:
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
         if top > done:
             with Tx(db):
-                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, "
-                           "lhc_no_nul(lhc_text(text)) FROM messages "
+                # (NULs kept: the word index's content is messages_plain, and its snippets
+                # must match it; what follows a NUL is found by the substring index)
+                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, lhc_text(text) FROM messages "
                            "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
         self._index_exact(top)
@@ -7478,6 +7479,7 @@ class Relay:
         # the shell's way and brings it back on fg.
         self.on_suspend = None
         self.suspend_asked = None   # (monotonic time, whether to stop even if Claude does not)
+        self.raw_awaited = None     # after fg: keys wait (until then) for Claude's raw mode
 
     SUSPEND_KEYS = (b"\x1a", b"\x1b[122;5u", b"\x1b[27;5;122~")  # ctrl-z, and its kitty and xterm forms
     SUSPEND_WAIT_SECONDS = 1.0
@@ -7530,7 +7532,7 @@ class Relay:
             m_events = 0
             if len(self.to_user) < self.HIGH_WATER and len(self.held) < self.HIGH_WATER:
                 m_events |= selectors.EVENT_READ
-            if self.to_child:
+            if self.to_child and not self._awaiting_raw():
                 m_events |= selectors.EVENT_WRITE
             self._interest(sel, self.master_fd, m_events, "master")
             if self.input_open:
@@ -7544,7 +7546,7 @@ class Relay:
             for tag, (fd, _cb) in self.readers.items():
                 self._interest(sel, fd, selectors.EVENT_READ, tag)
             ready = [(tag, events) for tag, events in self.always_ready.items() if events]
-            wait = 0 if ready else (0.02 if self.suspend_asked else self.timeout)
+            wait = 0 if ready else (0.02 if self.suspend_asked or self.raw_awaited else self.timeout)
             for tag, mask in [(k.data, m) for k, m in sel.select(wait)] + ready:
                 if tag in self.readers:
                     self.readers[tag][1](self)
@@ -7618,6 +7620,23 @@ class Relay:
         if cooked or force:
             self._flush_user()  # Claude's own words on leaving ("Claude Code is suspended...")
             self.on_suspend(self)
+            # Keys typed right after fg would reach a Claude still in canonical mode, where
+            # Enter is a new line in its box, not a send: they wait for it to be raw again.
+            self.raw_awaited = time.monotonic() + self.SUSPEND_WAIT_SECONDS
+
+    def _awaiting_raw(self) -> bool:
+        import termios
+        import time
+        if self.raw_awaited is None:
+            return False
+        try:
+            cooked = bool(termios.tcgetattr(self.master_fd)[3] & termios.ICANON)
+        except (termios.error, OSError):
+            cooked = False
+        if cooked and time.monotonic() < self.raw_awaited:
+            return True
+        self.raw_awaited = None
+        return False
 
     def _note_alt_screen(self, data: bytes) -> None:
         on = max(data.rfind(b"\x1b[?1049h"), data.rfind(b"\x1b[?1047h"))
@@ -9692,7 +9711,7 @@ class DraftWatch:
     something, less those erased (backspace; ctrl-u on a one-line draft; ctrl-c empties the
     box). A backslash or a paste before an Enter makes it a new line, not a send. Terminal
     sequences (focus reports, answers, most cursor keys) are no text. Up brings back an
-    earlier prompt the keys never showed, as ctrl-r's history search and ctrl-y's yank put
+    earlier prompt the keys never showed (as ctrl-p does), as ctrl-r's history search and ctrl-y's yank put
     in text they do not show: until Down undoes each Up, or Enter or ctrl-c empties the box,
     the box is taken to hold a draft (waiting on one that is not there costs a wait; typing
     /compact under one that is sends it).
@@ -9771,6 +9790,10 @@ class DraftWatch:
                 self._paste = False
             elif b in (0x12, 0x19):  # ctrl-r, ctrl-y
                 self.unseen = True
+            elif b == 0x10:  # ctrl-p: Claude's Up
+                self.recalled += 1
+            elif b == 0x0E:  # ctrl-n: its Down
+                self.recalled = max(0, self.recalled - 1)
             elif b == 0x15 and not self.lines:
                 self.chars = 0
             elif b in (0x7F, 0x08):
@@ -10645,6 +10668,7 @@ class SessionFollower:
         cleared = starts_a_conversation(path)
         if self.left is None:
             self._let_go(old_sid)
+            self.left = old_sid  # until another binding is taken (a failure below keeps it)
         registry = Registry(home)
         thread = registry.thread_for_session(new_sid)
         created = thread is None
@@ -10654,7 +10678,7 @@ class SessionFollower:
         try:
             lease.acquire()
         except LhcError:
-            self.refused, self.left = new_sid, old_sid
+            self.refused = new_sid
             held = getattr(lease, "held_by", "") or " by another cc-lhc"
             session.detached = (f"Claude moved to session {new_sid}, whose thread {thread[:8]} is held"
                                 f"{held}: cc-lhc does not capture or serve retrieval for it in this "

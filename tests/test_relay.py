@@ -494,6 +494,10 @@ def test_the_draft_watch_takes_a_recalled_prompt_for_a_draft_until_it_is_undone_
         assert d.pending  # one Up is still not undone
         d.feed(down, 1.2)
         assert not d.pending  # back where it began: the empty box
+    d.feed(b"\x10", 1.3)  # ctrl-p is Claude's Up (and ctrl-n its Down), also in the kitty form
+    assert d.pending
+    d.feed(b"\x1b[110;5u", 1.4)
+    assert not d.pending
     d.feed(b"\x1b[B\x1b[B", 1.5)  # Down on the empty box brings nothing back
     assert not d.pending
     d.feed(b"\x1b[A\x15", 2.0)  # ctrl-u clears one line of what came back, maybe not all
