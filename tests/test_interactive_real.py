@@ -458,3 +458,31 @@ def test_a_message_typed_while_claude_works_is_captured_in_the_turn_it_joined(re
     assert [m["turn"] for m in export if m.get("text") == "run the thing"] == [queued[0]["turn"]]
     found = real_claude.run([sys.executable, CC_LHC, "search", "--thread", thread_id, "check the date"])
     assert found.returncode == 0 and queued[0]["label"] in found.stdout
+
+
+def test_a_message_typed_mid_turn_is_in_the_rebuilt_session_a_swap_resumes(real_claude, tmux):
+    """The swap's rebuilt session holds the message sent mid-turn as a user record of its
+    turn, and the replacement Claude resumes it and sends it on."""
+    import threading
+    from fakeapi import text_reply, tool_use_reply
+    hold = threading.Event()
+    real_claude.api.script([dict(tool_use_reply("Bash", {"command": "echo ran"}), hold=hold),
+                            text_reply("answered both", usage=OVER_USAGE), "after the swap"])
+    t = tmux([sys.executable, CC_LHC, "--allowedTools", "Bash"], cols=100, rows=30,
+             env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "run the thing")
+    real_claude.api.wait_for_requests(1, answered=False)
+    type_line(t, "QUEUED-WORDS also check the date")
+    t.wait_for("QUEUED-WORDS")
+    hold.set()
+    t.wait_for("answered both")
+    wait_for_log(real_claude, "handoff_switched", timeout=60)
+    t.wait_for(PROMPT)
+    type_line(t, "next one")
+    t.wait_for("after the swap")
+    last = real_claude.api.message_requests[-1]
+    sent = json.dumps(last["body"]["messages"])
+    assert last["session_id"] != real_claude.api.message_requests[0]["session_id"]  # the replacement
+    assert "QUEUED-WORDS also check the date" in sent and "run the thing" in sent
+    exit_cleanly(t)
