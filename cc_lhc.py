@@ -9866,7 +9866,7 @@ class LiveHandoff:
         self.retry_until = None     # and until when
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
-        self.sent_turn = 0          # the newest recorded turn when the person last sent a prompt
+        self.sent_mark = 0          # the newest recorded prompt when the person last sent one
         self.missed = None          # (kind, prune target) a seam asked for while one was under way
         self.inproc = InProcessCompact(self)
 
@@ -9953,8 +9953,8 @@ class LiveHandoff:
         if self.draft.pending:
             return self.DRAFT_WAITS
         if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS
-                and (self._last_turn() or 0) <= self.sent_turn):
-            return self.JUST_SENT + "; Smart Compact waits for its turn to be recorded"
+                and (self._last_prompt() or 0) <= self.sent_mark):
+            return self.JUST_SENT + "; Smart Compact waits for it to be recorded"
         return ""
 
     def _begin(self, relay, manual=False, prune=None):
@@ -10207,8 +10207,8 @@ class LiveHandoff:
             self.last_input = time.monotonic()
             out = inner(data) if inner else data
             if out and not relay.drop_input and self.draft.feed(out, self.last_input):
-                # (what is dropped never reached the box) a prompt went: its turn is the next
-                self.sent_turn = self._last_turn() or 0
+                # (what is dropped never reached the box) a prompt went: the next one recorded
+                self.sent_mark = self._last_prompt() or 0
             return out
 
         relay.on_input = heard
@@ -10231,9 +10231,17 @@ class LiveHandoff:
                               note=note[:200])
 
     def _last_turn(self):
+        return self._newest("SELECT max(n) FROM turns")
+
+    def _last_prompt(self):
+        """The newest message the person sent that capture has recorded: a prompt opens a
+        turn with one, a message sent while Claude works joins the running turn as one."""
+        return self._newest("SELECT max(seq) FROM messages WHERE kind = 'user_text' AND agent IS NULL")
+
+    def _newest(self, sql):
         store = ThreadStore(self.session.home, self.session.capture.thread_id)
         try:
-            row = store.db.execute("SELECT max(n) FROM turns").fetchone()
+            row = store.db.execute(sql).fetchone()
         finally:
             store.close()
         return row[0] if row else None

@@ -260,7 +260,8 @@ def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
     t.send_keys("C-z")
     t.wait_for(re.compile(r"Stopped .*cc_lhc\.py\s+SHELL\$"))
     (claude,) = [e["child_pid"] for e in log_events(real_claude, "child_started")]
-    assert _stopped(claude)  # the whole job stopped, as with claude alone
+    # the whole job stopped, as with claude alone (a SIGSTOP lands when Claude next runs)
+    wait_until(lambda: _stopped(claude), "Claude stopped with the job", timeout=10)
     hold.set()
     t.send_text("fg")
     t.send_keys("Enter")

@@ -316,7 +316,7 @@ def test_a_swap_waits_for_its_seam_only_so_long_and_never_for_another_reason(tmp
 def test_a_swap_waits_out_the_person_as_it_waits_out_the_seam(tmp_path, monkeypatch):
     """After a refused in-process compact the swap that serves it finds a draft in Claude's
     box, then a prompt just sent: it tries again, as for an unsettled seam, not never."""
-    just_sent = cc_lhc.LiveHandoff.JUST_SENT + "; Smart Compact waits for its turn to be recorded"
+    just_sent = cc_lhc.LiveHandoff.JUST_SENT + "; Smart Compact waits for it to be recorded"
     h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch,
                                              [cc_lhc.LiveHandoff.DRAFT_WAITS, just_sent, ""])
     h.swap_soon(None)

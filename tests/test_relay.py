@@ -423,8 +423,8 @@ def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch,
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.candidate, h.submit_at, h.continue_note = session, None, None, None
     h.inproc = types.SimpleNamespace(pending=None, usable=False)
-    h.draft, h.sent_turn, turns = cc_lhc.DraftWatch(), 4, [4]
-    h._last_turn = lambda: turns[0]
+    h.draft, h.sent_mark, turns = cc_lhc.DraftWatch(), 4, [4]
+    h._last_prompt = lambda: turns[0]
     begun = []
     h._begin = lambda relay, manual, prune: begun.append(manual)
     h.draft.feed(b"half a thought", 0.0)
