@@ -136,3 +136,18 @@ def thread_turns(rc) -> tuple[list[tuple], str]:
                 cc_lhc.unsettled_reason(store))
     finally:
         store.close()
+
+
+QUEUED = "QUEUED-WORDS also check the date"
+
+
+def message_mid_turn(rc, t, hold) -> None:
+    """A prompt whose tool call the fake API holds, then a message typed while Claude works
+    (Claude writes it as a queued_command attachment), then the turn on to the answer the
+    script gives as "answered both"."""
+    type_line(t, "run the thing")
+    rc.api.wait_for_requests(1, answered=False)
+    type_line(t, QUEUED)
+    t.wait_for("QUEUED-WORDS")
+    hold.set()
+    t.wait_for("answered both")

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import cc_lhc
-from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, thread_turns, type_line,
-                     wait_for_log, wait_until)
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, message_mid_turn, thread_turns,
+                     type_line, wait_for_log, wait_until)
 from tmuxdrive import TmuxTimeout
 
 def oneshot(rc, prompt: str, reply: str) -> str:
@@ -433,19 +433,14 @@ def test_a_message_typed_while_claude_works_is_captured_in_the_turn_it_joined(re
     writes it only as a queued_command attachment: it is the person's own words, so the
     thread holds it (export, search, get-messages), in that turn."""
     import threading
-    from fakeapi import tool_use_reply, user_texts
+    from fakeapi import tool_use_reply
     hold = threading.Event()
     real_claude.api.script([dict(tool_use_reply("Bash", {"command": "echo ran"}), hold=hold),
                             "answered both", "later"])
     t = tmux([sys.executable, CC_LHC, "--allowedTools", "Bash"], cols=100, rows=30,
              env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    type_line(t, "run the thing")
-    real_claude.api.wait_for_requests(1, answered=False)
-    type_line(t, "QUEUED-WORDS also check the date")
-    t.wait_for("QUEUED-WORDS")
-    hold.set()
-    t.wait_for("answered both")
+    message_mid_turn(real_claude, t, hold)
     second = real_claude.api.message_requests[1]
     assert "QUEUED-WORDS" in json.dumps(second["body"]["messages"])  # the model had it in this turn
     exit_cleanly(t)
@@ -471,12 +466,7 @@ def test_a_message_typed_mid_turn_is_in_the_rebuilt_session_a_swap_resumes(real_
     t = tmux([sys.executable, CC_LHC, "--allowedTools", "Bash"], cols=100, rows=30,
              env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    type_line(t, "run the thing")
-    real_claude.api.wait_for_requests(1, answered=False)
-    type_line(t, "QUEUED-WORDS also check the date")
-    t.wait_for("QUEUED-WORDS")
-    hold.set()
-    t.wait_for("answered both")
+    message_mid_turn(real_claude, t, hold)
     wait_for_log(real_claude, "handoff_switched", timeout=60)
     t.wait_for(PROMPT)
     type_line(t, "next one")

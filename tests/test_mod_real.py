@@ -16,8 +16,8 @@ import pytest
 
 import cc_lhc
 from fakeapi import tool_use_reply
-from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, thread_turns, type_line,
-                     wait_for_log, wait_until)
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, message_mid_turn, thread_turns,
+                     type_line, wait_for_log, wait_until)
 
 
 def details(t) -> str:
@@ -491,12 +491,7 @@ def test_a_message_typed_mid_turn_goes_back_to_claude_by_its_handle(real_claude,
                    text_reply("answered both", usage=OVER_USAGE), "after the compact"])
     t = start(rc, tmux, "--allowedTools", "Bash", env={"CC_LHC_MOD": "on"})
     wait_for_log(rc, "mod_active")
-    type_line(t, "run the thing")
-    rc.api.wait_for_requests(1, answered=False)
-    type_line(t, "QUEUED-WORDS also check the date")
-    t.wait_for("QUEUED-WORDS")
-    hold.set()
-    t.wait_for("answered both")
+    message_mid_turn(rc, t, hold)
     wait_for_log(rc, "in_process_compact_served", timeout=60)
     assert not log_events(rc, "in_process_compact_refused")
     type_line(t, "next")
