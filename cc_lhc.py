@@ -7212,14 +7212,16 @@ def handle_floor(store, session_id) -> int:
 # A user text message that came from a queued_command attachment (the only user text
 # with data): Claude holds it as an attachment, under no handle the hook is given.
 QUEUED_PROMPT_SQL = "(kind = 'user_text' AND data IS NOT NULL)"
+HELD_AS_WORDS = -1  # live_handles' count for such a message: the view gives it back as text
 
 
 def live_handles(store, session_id) -> dict:
     """Source uuid -> how many recorded messages it holds, for the records of a session
-    Claude still has under their own uuids (what the hook gets as handles)."""
+    Claude still has under their own uuids (what the hook gets as handles); HELD_AS_WORDS
+    for a message sent mid-turn, which Claude holds but under no handle."""
     return dict(store.db.execute(
-        "SELECT source_uuid, count(*) FROM messages WHERE source_session = ? AND agent IS NULL "
-        f"AND seq > ? AND NOT {QUEUED_PROMPT_SQL} GROUP BY source_uuid",
+        f"SELECT source_uuid, CASE WHEN max({QUEUED_PROMPT_SQL}) THEN {HELD_AS_WORDS} ELSE count(*) END "
+        "FROM messages WHERE source_session = ? AND agent IS NULL AND seq > ? GROUP BY source_uuid",
         (session_id, handle_floor(store, session_id))).fetchall())
 
 
@@ -7240,7 +7242,7 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     start = n
     for i in range(n - 1, 0, -1):
         src = sources[i]
-        if src is None or not src[1] or (handles.get(src[0]) != src[2] and _user_words(records[i]) is None):
+        if src is None or not src[1] or handles.get(src[0]) not in (src[2], HELD_AS_WORDS):
             break
         if _opens_turn(records[i]):
             start = i
@@ -7253,9 +7255,7 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     if start < n:
         out.append({"role": "assistant", "text": IN_PROCESS_ACK})
         for i in range(start, n):
-            if handles.get(sources[i][0]) != sources[i][2]:
-                # Words of the person's that Claude holds under no handle of its own (a
-                # message sent mid-turn is an attachment to it): handed back as text.
+            if handles.get(sources[i][0]) == HELD_AS_WORDS:
                 out.append({"role": "user", "text": _user_words(records[i])})
             elif i == start or sources[i][0] != sources[i - 1][0]:
                 out.append({"handle": sources[i][0]})
@@ -7263,16 +7263,12 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     return out
 
 
-def _user_words(rec):
-    """A user record's text when text is all it holds (nothing signed or paired in it, so
-    it can go back as a message built anew), else None."""
-    content = rec["message"]["content"] if rec.get("type") == "user" else None
+def _user_words(rec) -> str:
+    """The text of a view's user record that holds only text (a message sent mid-turn)."""
+    content = rec["message"]["content"]
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and content and all(
-            isinstance(b, dict) and b.get("type") == "text" for b in content):
-        return "\n".join(str(b.get("text", "")) for b in content)
-    return None
+    return "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
 
 
 def _rendered_record(rec) -> str:
@@ -7603,15 +7599,19 @@ class Relay:
         import time
         self.suspend_asked = (time.monotonic(), force or bool(self.suspend_asked and self.suspend_asked[1]))
 
+    def _child_cooked(self) -> bool:
+        """Whether the child's terminal is in canonical mode (Claude let go of it)."""
+        import termios
+        try:
+            return bool(termios.tcgetattr(self.master_fd)[3] & termios.ICANON)
+        except (termios.error, OSError):
+            return False
+
     def _check_suspend(self) -> None:
         """Stop the job once Claude has let go of its terminal after a ctrl-z (or at once,
         when the stop came as a signal and Claude did not take it as one)."""
-        import termios
         import time
-        try:
-            cooked = bool(termios.tcgetattr(self.master_fd)[3] & termios.ICANON)
-        except (termios.error, OSError):
-            cooked = False
+        cooked = self._child_cooked()
         since, force = self.suspend_asked
         late = time.monotonic() - since > self.SUSPEND_WAIT_SECONDS
         if not cooked and not late:
@@ -7625,15 +7625,10 @@ class Relay:
             self.raw_awaited = time.monotonic() + self.SUSPEND_WAIT_SECONDS
 
     def _awaiting_raw(self) -> bool:
-        import termios
         import time
         if self.raw_awaited is None:
             return False
-        try:
-            cooked = bool(termios.tcgetattr(self.master_fd)[3] & termios.ICANON)
-        except (termios.error, OSError):
-            cooked = False
-        if cooked and time.monotonic() < self.raw_awaited:
+        if time.monotonic() < self.raw_awaited and self._child_cooked():
             return True
         self.raw_awaited = None
         return False
@@ -8612,33 +8607,27 @@ class RawTerminal:
         return self
 
     def __exit__(self, *exc):
-        if self.saved is not None:
-            import termios
-            try:
-                # TCSAFLUSH: drop input typed for the dead child instead of handing it to the shell.
-                termios.tcsetattr(self.fd, termios.TCSAFLUSH, self.saved)
-            except (termios.error, OSError):
-                pass  # the terminal is gone (its window closed): nothing is left to put back
+        # TCSAFLUSH: drop input typed for the dead child instead of handing it to the shell.
+        self._set(lambda termios, tty: termios.tcsetattr(self.fd, termios.TCSAFLUSH, self.saved))
         return False
 
     def suspend(self) -> None:
         """The terminal as it was, while cc-lhc is stopped (ctrl-z)."""
-        if self.saved is not None:
-            import termios
-            try:
-                termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
-            except (termios.error, OSError):
-                pass
+        self._set(lambda termios, tty: termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved))
 
     def resume(self) -> None:
         """Raw again once the shell hands the terminal back (fg)."""
-        if self.saved is not None:
-            import termios
-            import tty
-            try:
-                tty.setraw(self.fd, termios.TCSANOW)
-            except (termios.error, OSError):
-                pass
+        self._set(lambda termios, tty: tty.setraw(self.fd, termios.TCSANOW))
+
+    def _set(self, change) -> None:
+        if self.saved is None:
+            return
+        import termios
+        import tty
+        try:
+            change(termios, tty)
+        except (termios.error, OSError):
+            pass  # the terminal is gone (its window closed): nothing is left to set
 
 
 # == 14. Hosts: the managed interactive session and the one-shot ================
@@ -8668,7 +8657,7 @@ class InteractiveHost:
         if dog:
             self.watchdogs.append(dog)
 
-    def suspend(self, relay, terminal, set_child_size) -> None:
+    def suspend(self, terminal, set_child_size) -> None:
         """ctrl-z (see Relay.on_suspend): the terminal as the shell left it, Claude's process
         group stopped, this job stopped; on fg all of it back, at the terminal's size now."""
         pid = self.child.pid
@@ -8771,7 +8760,7 @@ class InteractiveHost:
         try:
             with RawTerminal(self.in_fd) as terminal:
                 if terminal.saved is not None and os.name == "posix":
-                    relay.on_suspend = lambda relay: self.suspend(relay, terminal, set_child_size)
+                    relay.on_suspend = lambda _relay: self.suspend(terminal, set_child_size)
                 relay.run()
         finally:
             if handoff is not None and handoff.candidate is not None:
