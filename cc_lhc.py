@@ -6394,15 +6394,20 @@ class Capture:
             store.apply(self.session_id, batch.out, batch.end, batch.lines, batch.digest, rows=batch.rows)
 
         try:
-            batches = (CaughtBatch(out, consumed, end, n, stored_rows(out.messages, packer), prefix.hexdigest(),
-                                   prefix.copy())
-                       for out, consumed, end, n in self._batches(f, parser, offset, src["lines"], packer, prefix))
+            batches = self._caught(f, parser, src, packer, prefix)
             total, self.caught_up = self._store_batches(batches, write, self._trust,
                                                         size - offset > self.BATCH_BYTES, deadline)
         finally:
             store.checkpoint_on_commit(True)
             packer.close()
         return total
+
+    def _caught(self, f, parser, src, packer, prefix):
+        """The batches of f's new lines from the source's offset, each with its rows and the
+        hash of the file up to its end."""
+        for out, consumed, end, n in self._batches(f, parser, src["offset"], src["lines"], packer, prefix):
+            yield CaughtBatch(out, consumed, end, n, stored_rows(out.messages, packer), prefix.hexdigest(),
+                              prefix.copy())
 
     def _store_batches(self, batches, write, stored, background: bool, deadline=None):
         """Store each batch with write(batch) (a BatchWriter's, on its thread when
@@ -6560,10 +6565,7 @@ class Capture:
                                agent=agent_id, agent_turn=store.agent_turn(agent_id))
         packer, prefix = Packer(), span.prefix.copy()
         try:
-            batches = (CaughtBatch(out, consumed, end, n, stored_rows(out.messages, packer), prefix.hexdigest(),
-                                   prefix.copy())
-                       for out, consumed, end, n in self._batches(f, parser, src["offset"], src["lines"],
-                                                                  packer, prefix))
+            batches = self._caught(f, parser, src, packer, prefix)
             total, _ended = self._store_batches(
                 batches, lambda b: store.apply(key, b.out, b.end, b.lines, b.digest, rows=b.rows), span.trust,
                 size - src["offset"] > self.BATCH_BYTES)
@@ -9699,11 +9701,11 @@ class DraftWatch:
     from the keys that reach Claude: the characters typed since the last Enter that sent
     something, less those erased (backspace; ctrl-u on a one-line draft; ctrl-c empties the
     box). A backslash or a paste before an Enter makes it a new line, not a send. Terminal
-    sequences (focus reports, answers, most cursor keys) are no text. Up brings back an
-    earlier prompt the keys never showed (as ctrl-p does), as ctrl-r's history search and ctrl-y's yank put
-    in text they do not show: until Down undoes each Up, or Enter or ctrl-c empties the box,
-    the box is taken to hold a draft (waiting on one that is not there costs a wait; typing
-    /compact under one that is sends it).
+    sequences (focus reports, answers, most cursor keys) are no text. Up (or ctrl-p) brings
+    back an earlier prompt the keys never showed, as ctrl-r's history search and ctrl-y's
+    yank put in text they do not show: until Down (ctrl-n) undoes each Up, or Enter or
+    ctrl-c empties the box, the box is taken to hold a draft (waiting on one that is not
+    there costs a wait; typing /compact under one that is sends it).
 
     Smart Compact waits while there is one: typed /compact would be sent with it, and a swap
     would end the Claude that holds it. ``sent_at`` is when the last prompt went: Claude
