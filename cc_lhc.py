@@ -2459,8 +2459,10 @@ class Registry:
                               (thread_id,)).fetchone()
         return row[0] if row else None
 
-    def create_thread(self, session_id: str, cwd: str, origin: str) -> str:
-        thread_id = str(uuid.uuid4())
+    def create_thread(self, session_id: str, cwd: str, origin: str, thread_id=None) -> str:
+        """A new thread whose current session is session_id (``thread_id``: one whose
+        file was made ready under that id first, see fork_thread)."""
+        thread_id = thread_id or str(uuid.uuid4())
         now = utc_now_iso()
         with Tx(self.db):
             self.db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (thread_id, cwd, now, origin))
@@ -9293,9 +9295,15 @@ def attach_thread(spec, home, policy):
     origin = "fresh"
     lease = None
     if spec.fork and spec.resume:
-        # A fork starts a new session as a copy of the source: a thread of its own, whose
-        # capture adopts the copied history. The source's thread is only read, never owned.
+        # A fork starts a new session as a copy of the source: a thread of its own. Claude
+        # copies the transcript and capture adopts it, unless that copy would not be the
+        # whole thread or would start over the trigger (then fork_thread writes it). The
+        # source's thread is only read, never changed.
         source = registry.thread_for_session(spec.resume)
+        if source is not None:
+            capture = fork_thread(spec, home, policy, registry, hostdb, source)
+            if capture is not None:
+                return capture
         current = registry.current_session(source) if source else None
         if current and current != spec.resume:
             _resume_session(spec, current)
@@ -9353,6 +9361,133 @@ def attach_thread(spec, home, policy):
         say(alarm[0])
         spec.autocompact = True
     capture = new_capture(spec, home, policy, hostdb, thread, spec.session_id, path)
+    capture.lease = lease
+    return capture
+
+
+def _catch_up_source(spec, home, policy, registry, hostdb, thread_id):
+    """The current session of a thread about to be forked, its record read up to the
+    transcript's end first when no one holds the thread (a live cc-lhc that does is
+    capturing it already); an interrupted Smart Compact of it is settled on the way."""
+    import time
+    lease = Lease(home, thread_id)
+    try:
+        lease.acquire()
+    except LhcError:
+        return registry.current_session(thread_id)
+    try:
+        recover_thread(home, registry, hostdb, thread_id)
+        current = registry.current_session(thread_id)
+        path = _session_rollout(hostdb, current, spec.cwd)
+        if current and os.path.exists(path):
+            known = hostdb.session(current)
+            capture = Capture(home, thread_id, current, path, policy,
+                              start_offset=known["replayed_prefix_bytes"] if known else 0)
+            try:
+                capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
+            finally:
+                capture.stop()
+        return current
+    finally:
+        lease.release()
+
+
+def _copy_thread_file(home, source_store, thread_id, session_id, cwd) -> None:
+    """threads/<thread_id>.sqlite as a copy of the source thread's record: every message,
+    turn, summary and index under the same labels, with the registry rows of a new thread
+    whose current session is session_id. Written beside and renamed into place, so a crash
+    leaves either no file or a whole one that restore_missing can bring back."""
+    import sqlite3
+    path = home.path("threads", f"{thread_id}.sqlite")
+    tmp = f"{path}.{os.getpid()}.copy"
+    now = utc_now_iso()
+    try:
+        db = sqlite3.connect(tmp)
+        try:
+            source_store.db.backup(db)
+            with db:
+                db.execute("UPDATE meta SET value = ? WHERE key = 'thread_id'", (thread_id,))
+                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", {
+                    "cwd": cwd, "created": now, "origin": "fork", "project_slug": project_slug(cwd),
+                    "registry_copied": now, "forked_from": source_store.thread_id}.items())
+                db.execute("DELETE FROM registry_aliases")
+                db.execute("INSERT INTO registry_aliases VALUES (?, 1, ?)", (session_id, now))
+                db.execute("DELETE FROM registry_rebuilds")
+                db.execute("DELETE FROM registry_alarm")
+                # summaries the source's own process was writing are the fork's to write again
+                db.execute("UPDATE work SET status = 'queued', owner = NULL, claimed_at = NULL "
+                           "WHERE status = 'claimed'")
+        finally:
+            db.close()
+        os.replace(tmp, path)
+    except BaseException:
+        for leftover in (tmp, tmp + "-journal", tmp + "-wal", tmp + "-shm"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+        raise
+
+
+def fork_thread(spec, home, policy, registry, hostdb, source):
+    """--fork-session of a session of thread ``source``, when Claude's own copy will not do.
+
+    Claude copies only the current transcript. That is the whole thread while the thread
+    has one session and fits; otherwise (a rebuilt session holds a header and a view, not
+    the turns; or the copy would start over the trigger) the fork is made here: a new
+    thread holding a copy of the source's record under the same labels, and a session
+    written from it (Smart Compact when over the trigger) that Claude resumes. Returns
+    its Capture, or None to let Claude fork as it does (the caller goes on as before).
+    """
+    current = _catch_up_source(spec, home, policy, registry, hostdb, source)
+    if not current:
+        return None
+    store = ThreadStore.existing(home, source)
+    try:
+        elsewhere = store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL AND "
+                                     "source_session IS NOT ? LIMIT 1", (current,)).fetchone()
+        c, _unsettled = current_classification(store, current, policy, prompt_estimate(spec), idle=True)
+        over = c["pressure"] is not None and c["pressure"] >= c["trigger"]
+        if not elsewhere and not over:
+            return None
+        fork_id = str(uuid.uuid4())
+        _copy_thread_file(home, store, fork_id, spec.session_id, spec.cwd)
+        turns = store.summary()["turns"]
+    finally:
+        store.close()
+    if registry.thread_for_session(spec.session_id):
+        os.unlink(home.path("threads", f"{fork_id}.sqlite"))
+        raise usage_error(f"session {spec.session_id} already exists; continue it with "
+                          f"--resume {spec.session_id}")
+    registry.create_thread(spec.session_id, spec.cwd, "fork", thread_id=fork_id)
+    lease = Lease(home, fork_id)
+    lease.acquire()
+    try:
+        if over:
+            say(f"Smart Compact of the fork: {describe_reading(c)}")
+        say(f"the fork of thread {source[:8]} is thread {fork_id[:8]}: its {turns} turns under "
+            "the same labels")
+        fork_store = ThreadStore(home, fork_id)
+        try:
+            written = rebuild(home, hostdb, fork_store, fork_id, current, policy, spec.cwd,
+                              envelope_from=_session_rollout(hostdb, current, spec.cwd),
+                              session_id=spec.session_id, pending=False)
+        finally:
+            fork_store.close()
+        home.log("thread_forked", thread=fork_id, source=source, from_session=current,
+                 session=spec.session_id, over=over, turns=turns)
+        drop = set()
+        for i, n in [*spec.found.get("selectors", ()), *spec.found.get("fork_args", ())]:
+            drop.update(range(i, i + n))
+        spec.child_argv = [spec.child_argv[0], "--resume", spec.session_id] + [
+            a for j, a in enumerate(spec.claude_args) if j not in drop]
+        spec.resume, spec.fork, spec.assigned_session = spec.session_id, False, False
+        hostdb.note_session(spec.session_id, fork_id, written.path, spec.cwd)
+        home.log("thread_attached", thread=fork_id, session=spec.session_id, origin="fork")
+        capture = new_capture(spec, home, policy, hostdb, fork_id, spec.session_id, written.path)
+    except BaseException:
+        lease.release()
+        raise
     capture.lease = lease
     return capture
 
@@ -12011,7 +12146,7 @@ def scan_claude_args(args):
     """
     found = {"print_mode": False, "resume": None, "continue_": False, "session_id": None,
              "fork": False, "autocompact": False, "help_or_version": False,
-             "positionals": [], "selectors": [], "no_persistence": False}
+             "positionals": [], "selectors": [], "fork_args": [], "no_persistence": False}
     i = 0
     while i < len(args):
         a = args[i]
@@ -12049,12 +12184,14 @@ def scan_claude_args(args):
             found["selectors"].append((i, consumed))
             found["continue_"] = True
         elif name == "--session-id":
+            found["fork_args"].append((i, consumed))  # (a fork cc-lhc writes names it itself)
             if value is None:
                 raise usage_error("--session-id needs a session id (a UUID)")
             if not is_uuid(value):
                 raise usage_error(f"--session-id {value!r} is not a UUID")
             found["session_id"] = value
         elif name == "--fork-session":
+            found["fork_args"].append((i, consumed))
             found["fork"] = True
         elif name == "--autocompact":
             found["autocompact"] = True

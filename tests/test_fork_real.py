@@ -1,0 +1,156 @@
+"""`--fork-session` of a session cc-lhc keeps a thread of, with the real CLI and the fake API.
+
+A fork is a thread of its own that starts as the source thread: the same turns under the
+same labels. When the source is over the trigger, or its transcript no longer holds the
+whole thread (a rebuilt session), cc-lhc writes the fork's session from the copied thread
+(Smart Compact when it is over the trigger) instead of letting Claude copy the transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import cc_lhc
+from fakeapi import text_reply, tool_use_reply
+from realcli import CC_LHC, PROMPT, exit_cleanly, type_line
+
+
+def usage(total: int) -> dict:
+    return {"input_tokens": total - 1_000, "cache_creation_input_tokens": 600,
+            "cache_read_input_tokens": 400, "output_tokens": 5}
+
+
+OVER = usage(371_000)     # over the built-in 360k trigger
+SMALL = usage(2_000)
+REPLY = "fine answer from the fake API"
+
+
+def ok(p):
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    return p
+
+
+def over_trigger_session(rc) -> str:
+    """A thread of two turns whose newest reply reports a context over the trigger."""
+    rc.api.script([text_reply("first answer, remember 777", usage=SMALL)])
+    sid = json.loads(ok(rc.run_lhc("-p", "hello one", "--output-format", "json")).stdout)["session_id"]
+    rc.api.script([tool_use_reply("Bash", {"command": "seq 1 300", "description": "numbers"}),
+                   text_reply("second answer", usage=OVER)])
+    ok(rc.run_lhc("--resume", sid, "-p", "hello two", "--allowedTools", "Bash"))
+    rc.api.responder = lambda body: text_reply(REPLY, usage=SMALL)
+    return sid
+
+
+def threads(rc) -> dict:
+    return {t["id"]: t for t in json.loads(ok(rc.run_lhc("threads", "--json")).stdout)}
+
+
+def export(rc, thread_id) -> list[dict]:
+    return json.loads(ok(rc.run_lhc("export", thread_id, "--format", "json")).stdout)
+
+
+def user_texts(records) -> list[str]:
+    return [m["text"] for m in records if m["kind"] == "user_text"]
+
+
+def fork(rc, source, prompt):
+    n = len(rc.api.message_requests)
+    p = ok(rc.run_lhc("--resume", source, "--fork-session", "-p", prompt, "--output-format", "json"))
+    return json.loads(p.stdout), rc.api.message_requests[n:], p
+
+
+def test_fork_of_a_session_over_the_trigger_starts_smart_compacted(real_claude):
+    rc = real_claude
+    source = over_trigger_session(rc)
+    [source_thread] = threads(rc)
+    before = export(rc, source_thread)
+
+    answer, sent, p = fork(rc, source, "in the fork")
+    assert answer["is_error"] is False and REPLY in answer["result"]
+    assert "Smart Compact" in p.stderr
+    forked = answer["session_id"]
+    assert forked != source and [r["session_id"] for r in sent] == [forked]
+    body = json.dumps(sent[0]["body"]["messages"])
+    assert cc_lhc.REBUILT_MARKER in body
+    assert "remember 777" in body and "in the fork" in body
+
+    rows = threads(rc)
+    assert len(rows) == 2 and rows[source_thread]["current_session"] == source
+    assert export(rc, source_thread) == before              # the source is only read
+    [fork_thread] = [t for t in rows if t != source_thread]
+    assert rows[fork_thread]["current_session"] == forked
+    record = export(rc, fork_thread)
+    # the fork holds the source's turns under the same labels, then its own
+    strip = [{k: m.get(k) for k in ("label", "turn", "kind", "text")} for m in record]
+    assert strip[:len(before)] == [{k: m.get(k) for k in ("label", "turn", "kind", "text")} for m in before]
+    assert user_texts(record) == ["hello one", "hello two", "in the fork"]
+
+    # The source's own next resume is still Smart Compacted: the fork took nothing from it.
+    n = len(rc.api.message_requests)
+    p = ok(rc.run_lhc("--resume", source, "-p", "back in the source"))
+    assert "Smart Compact" in p.stderr
+    assert rc.api.message_requests[n]["session_id"] not in (source, forked)
+
+
+def test_fork_of_a_rebuilt_session_keeps_the_source_labels(real_claude):
+    rc = real_claude
+    source = over_trigger_session(rc)
+    ok(rc.run_lhc("--resume", source, "-p", "compact me"))   # Smart Compact: a rebuilt session
+    [source_thread] = threads(rc)
+    rebuilt = threads(rc)[source_thread]["current_session"]
+    assert rebuilt != source
+    before = export(rc, source_thread)
+
+    answer, sent, p = fork(rc, rebuilt, "fork of the rebuilt one")
+    assert answer["is_error"] is False and "Smart Compact" not in p.stderr
+    forked = answer["session_id"]
+    assert [r["session_id"] for r in sent] == [forked]
+    rows = threads(rc)
+    [fork_thread] = [t for t in rows if t != source_thread]
+    record = export(rc, fork_thread)
+    assert user_texts(record) == ["hello one", "hello two", "compact me", "fork of the rebuilt one"]
+    assert [(m["label"], m["turn"], m.get("text")) for m in record[:len(before)]] == \
+        [(m["label"], m["turn"], m.get("text")) for m in before]
+    assert record[0]["label"] == "m1" and record[0]["text"] == "hello one"     # m1 is not a header
+    assert export(rc, source_thread) == before
+
+
+def test_fork_of_a_small_single_session_is_claudes_own_copy(real_claude):
+    rc = real_claude
+    rc.api.script([text_reply("noted", usage=SMALL)])
+    source = json.loads(ok(rc.run_lhc("-p", "the topic", "--output-format", "json")).stdout)["session_id"]
+    rc.api.responder = lambda body: text_reply(REPLY, usage=SMALL)
+    answer, sent, p = fork(rc, source, "small fork")
+    body = json.dumps(sent[0]["body"]["messages"])
+    assert cc_lhc.REBUILT_MARKER not in body and "the topic" in body
+    assert (rc.project_dir / f"{answer['session_id']}.jsonl").exists()
+
+
+def test_a_lost_registry_brings_back_the_fork_and_its_source(real_claude):
+    rc = real_claude
+    source = over_trigger_session(rc)
+    answer, _sent, _p = fork(rc, source, "in the fork")
+    rows = {t["current_session"]: (t["id"], t["messages"]) for t in threads(rc).values()}
+    (rc.iso.lhc / "registry.sqlite").unlink()
+    again = {t["current_session"]: (t["id"], t["messages"]) for t in threads(rc).values()}
+    assert again == rows and set(rows) == {source, answer["session_id"]}
+
+
+def test_an_interactive_fork_over_the_trigger_opens_the_forks_own_session(real_claude, tmux):
+    rc = real_claude
+    source = over_trigger_session(rc)
+    rc.api.responder = lambda body: text_reply("answered in the interactive fork", usage=SMALL)
+    n = len(rc.api.message_requests)
+    t = tmux([sys.executable, CC_LHC, "--resume", source, "--fork-session"], cols=120, rows=30,
+             env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "typed in the fork")
+    t.wait_for("answered in the interactive fork")
+    exit_cleanly(t)
+    (request,) = rc.api.message_requests[n:]
+    rows = threads(rc)
+    [fork_thread] = [tid for tid, row in rows.items() if row["current_session"] != source]
+    assert request["session_id"] == rows[fork_thread]["current_session"]
+    assert cc_lhc.REBUILT_MARKER in json.dumps(request["body"]["messages"])
+    assert user_texts(export(rc, fork_thread)) == ["hello one", "hello two", "typed in the fork"]
