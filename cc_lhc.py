@@ -2471,6 +2471,19 @@ class Registry:
         self.save_copy(thread_id)
         return thread_id
 
+    def drop_thread(self, thread_id: str) -> None:
+        """Remove a thread that never recorded anything (its rows, then its file)."""
+        with Tx(self.db) as db:
+            for table, column in (("aliases", "thread_id"), ("rebuilds", "thread_id"),
+                                  ("thread_alarms", "thread_id"), ("threads", "id")):
+                db.execute(f"DELETE FROM {table} WHERE {column} = ?", (thread_id,))
+        path = self.home.path("threads", f"{thread_id}.sqlite")
+        for leftover in (path, path + "-wal", path + "-shm"):
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
+
     def add_alias(self, session_id: str, thread_id: str, current: bool) -> None:
         """Bind a session to a thread; with current=True it becomes the thread's current alias."""
         now = utc_now_iso()
@@ -8934,6 +8947,7 @@ class ManagedSession:
                 home, self.hostdb, self.descriptor, "session ended")),
             ("notices", self._last_words),
             ("control pipe", self._close_control),
+            ("empty thread", lambda: forget_empty_thread(spec, home, self.hostdb)),
             ("lease", lambda: capture.lease and capture.lease.release()))
         return False
 
@@ -9049,6 +9063,33 @@ def finish_capture(capture, spec, home):
         return
     # The capture's own session: after a swap spec already names the next one.
     home.log("capture_done", thread=capture.thread_id, session=capture.session_id, lines=capture.lines)
+
+
+def forget_empty_thread(spec, home, hostdb) -> None:
+    """The thread this launch made, removed again when Claude never wrote its session
+    (it refused its arguments, say, or was left before the first prompt): nothing was
+    captured and there is nothing Claude could resume, so it would only be an empty row
+    in `cc-lhc threads`. Runs under the thread's lease, after capture has finished."""
+    if spec.new_thread is None:
+        return
+    thread, session, path = spec.new_thread
+    if os.path.lexists(path):
+        return
+    store = ThreadStore.existing(home, thread)
+    try:
+        kept = store.db.execute("SELECT (SELECT count(*) FROM messages) + (SELECT count(*) FROM raw_lines) "
+                                "+ (SELECT count(*) FROM problems) + (SELECT count(*) FROM turns)").fetchone()[0]
+    finally:
+        store.close()
+    registry = Registry(home)
+    if kept or registry.db.execute("SELECT count(*) FROM aliases WHERE thread_id = ?",
+                                   (thread,)).fetchone()[0] != 1:
+        return  # it recorded something, or took another session (a /clear, a rebuild)
+    registry.drop_thread(thread)
+    with Tx(hostdb.db) as db:
+        db.execute("DELETE FROM sessions WHERE session_id = ? AND thread_id = ?", (session, thread))
+    home.log("empty_thread_dropped", thread=thread, session=session,
+             reason=f"Claude never wrote {path}")
 
 
 TOO_LONG = re.compile(r"too long", re.I)
@@ -9348,6 +9389,7 @@ def attach_thread(spec, home, policy):
         path = rollout_path(spec.session_id, spec.cwd)
         origin = "fork" if spec.fork else "fresh"
         thread = registry.create_thread(spec.session_id, spec.cwd, origin)
+        spec.new_thread = (thread, spec.session_id, path)
         lease = Lease(home, thread)
         lease.acquire()
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
@@ -12135,6 +12177,7 @@ class LaunchSpec:
         self.extra_env = {}           # added to the child's environment
         self.after_spawn = None       # called once the child exists (failpoints)
         self.session = None           # the ManagedSession around the child, once there is one
+        self.new_thread = None        # (thread, session, transcript) when this launch made the thread
         self.governed = True          # False when Claude keeps no transcript to capture
 
 

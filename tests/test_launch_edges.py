@@ -45,6 +45,23 @@ def test_fork_session_becomes_a_thread_of_its_own(real_claude):
     assert texts[:2] == ["the original topic", "noted"] and texts[-2:] == ["in the fork", "forked reply"]
 
 
+def test_a_launch_claude_refuses_leaves_no_empty_thread(real_claude):
+    kept = first_session(real_claude)
+    p = lhc(real_claude, "-p", "hi", "--no-such-claude-option")
+    assert p.returncode == 1 and "--no-such-claude-option" in p.stderr
+    assert [t["current_session"] for t in threads(real_claude)] == [kept]
+    files = list((real_claude.iso.lhc / "threads").glob("*.sqlite"))
+    assert [f.stem for f in files] == [threads(real_claude)[0]["id"]]
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    assert [e["reason"] for e in _log(home, "empty_thread_dropped")] and \
+        cc_lhc.HostDB(home).db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
+
+
+def _log(home, event):
+    with open(home.path("wrapper.log")) as f:
+        return [e for e in map(json.loads, f) if e.get("event") == event]
+
+
 def test_reusing_a_known_session_id_is_a_clear_refusal(real_claude):
     sid = first_session(real_claude)
     p = lhc(real_claude, "--session-id", sid, "-p", "again")
