@@ -12689,11 +12689,13 @@ def cmd_export(args) -> int:
     fmt = _take_option(args, "--format", "json")
     first = _take_option(args, "--from", None, _turn_number)
     last = _take_option(args, "--to", None, _turn_number)
-    if fmt not in ("json", "markdown"):
-        raise usage_error("--format is json or markdown")
+    if fmt not in ("json", "markdown", "raw-lines"):
+        raise usage_error("--format is json, markdown or raw-lines")
     if len(args) != 1:
-        raise usage_error("usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown] "
+        raise usage_error("usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown|raw-lines] "
                           "[--from tN] [--to tN]")
+    if fmt == "raw-lines" and (first is not None or last is not None):
+        raise usage_error("--format raw-lines keeps no turns: give it without --from and --to")
     home = StateHome()
     if not registry_known(home):
         raise usage_error("no threads yet")
@@ -12702,7 +12704,11 @@ def cmd_export(args) -> int:
     out = sys.stdout
     try:
         agents = store.agents()
-        if fmt == "json":
+        if fmt == "raw-lines":
+            for row in store.db.execute("SELECT session, line, offset, reason, raw, created FROM raw_lines "
+                                        "ORDER BY created, session, offset"):
+                out.write(json.dumps(raw_line_record(*row), ensure_ascii=False) + "\n")
+        elif fmt == "json":
             out.write("[")
             sep = "\n"
             for m in store.messages(first, last, agents=True):
@@ -12720,6 +12726,19 @@ def cmd_export(args) -> int:
     finally:
         store.close()
     return EXIT_OK
+
+
+def raw_line_record(session, line, offset, reason, raw, created) -> dict:
+    """One transcript line the record keeps as it was (malformed, or repaired on the way
+    in): where it stood, why, and its bytes (as text when they are UTF-8, else base64)."""
+    out = {"session": session, "line": line, "offset": offset, "reason": reason, "created": created}
+    raw = bytes(raw or b"")
+    try:
+        out["raw"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+        out["raw_base64"] = base64.b64encode(raw).decode("ascii")
+    return out
 
 
 RETRIEVAL_CEILING = 24_000  # whole stdout of one retrieval, envelope included

@@ -462,3 +462,26 @@ def test_a_negative_offset_is_refused(thread, monkeypatch, capsysbinary):
     grant(thread, monkeypatch)
     status, out, err = run_main(capsysbinary, "get-turns", "--from=-5", "t1")
     assert status == cc_lhc.EXIT_USAGE and "--from: -5 is out of range (0 or more)" in err and out == b""
+
+
+def test_export_raw_lines_gives_back_what_the_record_could_not_read(tmp_path, capsysbinary):
+    from test_views import intake
+    tr = Transcript()
+    tr.prompt("before the damage")
+    tr.response(text("fine"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    torn, foreign = b'{"type":"user","uuid":"torn-in-the-mid', b'\xff\xfe not utf-8 {'
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:1] + [torn + b"\n", foreign + b"\n"] + lines[1:]))
+    thread = intake(str(path), tr.session_id, tr.cwd)
+    status, out, err = run_main(capsysbinary, "export", thread.id, "--format", "raw-lines")
+    assert status == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["line"], r["reason"]) for r in rows] == [(2, "malformed_line"), (3, "malformed_line")]
+    assert rows[0]["raw"].encode() == torn and rows[0]["session"] == tr.session_id
+    import base64
+    assert base64.b64decode(rows[1]["raw_base64"]) == foreign and "raw" not in rows[1]
+    # the messages around them are all there, and the format takes no turn range
+    assert [m["text"] for m in thread.store.messages()] == ["before the damage", "fine"]
+    status, out, err = run_main(capsysbinary, "export", thread.id, "--format", "raw-lines", "--from", "t1")
+    assert status == cc_lhc.EXIT_USAGE and out == b""
