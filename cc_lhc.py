@@ -2472,17 +2472,19 @@ class Registry:
         return thread_id
 
     def drop_thread(self, thread_id: str) -> None:
-        """Remove a thread that never recorded anything (its rows, then its file)."""
+        """Remove a thread that holds nothing worth keeping: its rows and its file go in
+        one registry transaction (the file first), so a registry repair running meanwhile
+        can never bring back a thread without its file."""
+        path = self.home.path("threads", f"{thread_id}.sqlite")
         with Tx(self.db) as db:
             for table, column in (("aliases", "thread_id"), ("rebuilds", "thread_id"),
                                   ("thread_alarms", "thread_id"), ("threads", "id")):
                 db.execute(f"DELETE FROM {table} WHERE {column} = ?", (thread_id,))
-        path = self.home.path("threads", f"{thread_id}.sqlite")
-        for leftover in (path, path + "-wal", path + "-shm"):
-            try:
-                os.unlink(leftover)
-            except FileNotFoundError:
-                pass
+            for leftover in (path, path + "-wal", path + "-shm"):
+                try:
+                    os.unlink(leftover)
+                except FileNotFoundError:
+                    pass
 
     def add_alias(self, session_id: str, thread_id: str, current: bool) -> None:
         """Bind a session to a thread; with current=True it becomes the thread's current alias."""
@@ -4025,6 +4027,11 @@ def write_atomic(path: str, data: bytes, mode=0o600) -> None:
         except OSError:
             pass
         raise
+    fsync_folder(folder)
+
+
+def fsync_folder(folder: str) -> None:
+    """Make a rename into ``folder`` durable (POSIX; elsewhere the rename is all there is)."""
     if os.name == "posix":
         dfd = os.open(folder, os.O_RDONLY)
         try:
@@ -6143,6 +6150,24 @@ def rollout_path(session_id: str, cwd: str) -> str:
     return os.path.join(claude_config_dir(), "projects", project_slug(cwd), f"{session_id}.jsonl")
 
 
+def transcript_elsewhere(path: str):
+    """A session transcript of the same name in another folder of the same projects
+    folder (session ids are unique), when ``path`` names one that does not exist; else None."""
+    name, folder = os.path.basename(path), os.path.dirname(path)
+    projects = os.path.dirname(folder)
+    if not (name.endswith(".jsonl") and is_uuid(name[:-6])):
+        return None
+    try:
+        entries = os.listdir(projects)
+    except OSError:
+        return None
+    for entry in sorted(entries):
+        candidate = os.path.join(projects, entry, name)
+        if candidate != path and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
 def segment_soft_bytes(policy) -> int:
     """Half the full-fidelity share of the lower target, as bytes (4 per token)."""
     target = policy["lowerBoundTokens"] if policy is not None else BUILTIN_POLICY["lowerBoundTokens"]
@@ -6368,8 +6393,10 @@ class Capture:
         try:
             f = open_regular(self.path)
         except FileNotFoundError:
-            self.caught_up = True  # no transcript yet: nothing to catch up with
-            return 0
+            f = self._relocated()
+            if f is None:
+                self.caught_up = True  # no transcript yet: nothing to catch up with
+                return 0
         except OSError as e:
             self._unreadable(str(e))
             return 0
@@ -6377,6 +6404,39 @@ class Capture:
             total = self._read_new_lines(f, deadline)
         self.lines += total
         return total
+
+    RELOCATE_EVERY = 1.0  # seconds between looks for a transcript written somewhere else
+
+    def _relocated(self):
+        """The session's transcript opened where Claude really writes it, when that is not
+        where cc-lhc expected it (Claude's --worktree runs in a folder of its own, so its
+        projects folder has another name): the capture follows it there, and the thread and
+        cc-lhc.sqlite name the real path. None while there is none."""
+        import time
+        now = time.monotonic()
+        if now - getattr(self, "_looked", -self.RELOCATE_EVERY) < self.RELOCATE_EVERY:
+            return None
+        self._looked = now
+        found = transcript_elsewhere(self.path)
+        if found is None:
+            return None
+        try:
+            f = open_regular(found)
+        except OSError:
+            return None
+        self.home.log("transcript_elsewhere", thread=self.thread_id, session=self.session_id,
+                      expected=self.path, path=found)
+        self.path = found
+        self._span = FileSpan(found)
+        with Tx(self.store.db) as db:
+            db.execute("UPDATE sources SET path = ? WHERE session_id = ?", (found, self.session_id))
+        hostdb = HostDB(self.home)
+        try:
+            with Tx(hostdb.db) as db:
+                db.execute("UPDATE sessions SET rollout_path = ? WHERE session_id = ?", (found, self.session_id))
+        finally:
+            hostdb.db.close()
+        return f
 
     def _unreadable(self, why):
         """A transcript that cannot be read (not a regular file, no permission): say so once."""
@@ -8947,7 +9007,7 @@ class ManagedSession:
                 home, self.hostdb, self.descriptor, "session ended")),
             ("notices", self._last_words),
             ("control pipe", self._close_control),
-            ("empty thread", lambda: forget_empty_thread(spec, home, self.hostdb)),
+            ("empty thread", lambda: forget_empty_thread(spec, home, self.hostdb, capture.lease)),
             ("lease", lambda: capture.lease and capture.lease.release()))
         return False
 
@@ -9065,31 +9125,44 @@ def finish_capture(capture, spec, home):
     home.log("capture_done", thread=capture.thread_id, session=capture.session_id, lines=capture.lines)
 
 
-def forget_empty_thread(spec, home, hostdb) -> None:
+def forget_empty_thread(spec, home, hostdb, lease) -> None:
     """The thread this launch made, removed again when Claude never wrote its session
     (it refused its arguments, say, or was left before the first prompt): nothing was
     captured and there is nothing Claude could resume, so it would only be an empty row
-    in `cc-lhc threads`. Runs under the thread's lease, after capture has finished."""
+    in `cc-lhc threads`. After capture has finished, and only under the thread's lease
+    (``lease`` is the capture's, which names another thread after an in-app /resume)."""
     if spec.new_thread is None:
         return
     thread, session, path = spec.new_thread
-    if os.path.lexists(path):
+    if os.path.lexists(path) or transcript_elsewhere(path):
         return
-    store = ThreadStore.existing(home, thread)
+    own = None
+    if lease is None or lease.thread_id != thread:
+        own = Lease(home, thread)
+        try:
+            own.acquire()
+        except LhcError:
+            return  # someone holds it now: it is theirs
     try:
-        kept = store.db.execute("SELECT (SELECT count(*) FROM messages) + (SELECT count(*) FROM raw_lines) "
-                                "+ (SELECT count(*) FROM problems) + (SELECT count(*) FROM turns)").fetchone()[0]
+        store = ThreadStore.existing(home, thread)
+        try:
+            kept = store.db.execute("SELECT (SELECT count(*) FROM messages) + (SELECT count(*) FROM raw_lines) "
+                                    "+ (SELECT count(*) FROM problems) + (SELECT count(*) FROM turns)"
+                                    ).fetchone()[0]
+        finally:
+            store.close()
+        registry = Registry(home)
+        if kept or registry.db.execute("SELECT count(*) FROM aliases WHERE thread_id = ?",
+                                       (thread,)).fetchone()[0] != 1:
+            return  # it recorded something, or took another session (a rebuild)
+        registry.drop_thread(thread)
+        with Tx(hostdb.db) as db:
+            db.execute("DELETE FROM sessions WHERE session_id = ? AND thread_id = ?", (session, thread))
+        home.log("empty_thread_dropped", thread=thread, session=session,
+                 reason=f"Claude never wrote {path}")
     finally:
-        store.close()
-    registry = Registry(home)
-    if kept or registry.db.execute("SELECT count(*) FROM aliases WHERE thread_id = ?",
-                                   (thread,)).fetchone()[0] != 1:
-        return  # it recorded something, or took another session (a /clear, a rebuild)
-    registry.drop_thread(thread)
-    with Tx(hostdb.db) as db:
-        db.execute("DELETE FROM sessions WHERE session_id = ? AND thread_id = ?", (session, thread))
-    home.log("empty_thread_dropped", thread=thread, session=session,
-             reason=f"Claude never wrote {path}")
+        if own is not None:
+            own.release()
 
 
 TOO_LONG = re.compile(r"too long", re.I)
@@ -9281,10 +9354,11 @@ def run_oneshot(spec, home: StateHome) -> int:
     return status
 
 
-def with_resume(args, found, session_id):
-    """Claude's argv with its own session selectors replaced by --resume <session_id>."""
+def with_resume(args, found, session_id, also=()):
+    """Claude's argv with its own session selectors (and the spans ``also`` names, as
+    (index, count)) replaced by --resume <session_id>."""
     drop = set()
-    for i, n in found.get("selectors", ()):
+    for i, n in [*found.get("selectors", ()), *also]:
         drop.update(range(i, i + n))
     return ["--resume", session_id] + [a for j, a in enumerate(args) if j not in drop]
 
@@ -9420,15 +9494,14 @@ def _catch_up_source(spec, home, policy, registry, hostdb, thread_id):
     try:
         recover_thread(home, registry, hostdb, thread_id)
         current = registry.current_session(thread_id)
-        path = _session_rollout(hostdb, current, spec.cwd)
-        if current and os.path.exists(path):
-            known = hostdb.session(current)
-            capture = Capture(home, thread_id, current, path, policy,
-                              start_offset=known["replayed_prefix_bytes"] if known else 0)
-            try:
-                capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
-            finally:
-                capture.stop()
+        if current is None:
+            return None
+        capture = new_capture(spec, home, policy, hostdb, thread_id, current,
+                              _session_rollout(hostdb, current, spec.cwd))
+        try:
+            capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
+        finally:
+            capture.stop()
         return current
     finally:
         lease.release()
@@ -9437,13 +9510,15 @@ def _catch_up_source(spec, home, policy, registry, hostdb, thread_id):
 def _copy_thread_file(home, source_store, thread_id, session_id, cwd) -> None:
     """threads/<thread_id>.sqlite as a copy of the source thread's record: every message,
     turn, summary and index under the same labels, with the registry rows of a new thread
-    whose current session is session_id. Written beside and renamed into place, so a crash
-    leaves either no file or a whole one that restore_missing can bring back."""
+    whose current session is session_id (so a crash before the registry has it leaves a
+    file restore_missing brings back whole). Written beside, privately, and renamed into
+    place."""
     import sqlite3
     path = home.path("threads", f"{thread_id}.sqlite")
-    tmp = f"{path}.{os.getpid()}.copy"
+    tmp = os.path.join(os.path.dirname(path), f".{thread_id}.{os.getpid()}.copy")
     now = utc_now_iso()
     try:
+        _touch_private(tmp)
         db = sqlite3.connect(tmp)
         try:
             source_store.db.backup(db)
@@ -9456,12 +9531,14 @@ def _copy_thread_file(home, source_store, thread_id, session_id, cwd) -> None:
                 db.execute("INSERT INTO registry_aliases VALUES (?, 1, ?)", (session_id, now))
                 db.execute("DELETE FROM registry_rebuilds")
                 db.execute("DELETE FROM registry_alarm")
+                db.execute("DELETE FROM inference_cost")  # spent by the source, not by the fork
                 # summaries the source's own process was writing are the fork's to write again
                 db.execute("UPDATE work SET status = 'queued', owner = NULL, claimed_at = NULL "
                            "WHERE status = 'claimed'")
         finally:
             db.close()
         os.replace(tmp, path)
+        fsync_folder(os.path.dirname(path))
     except BaseException:
         for leftover in (tmp, tmp + "-journal", tmp + "-wal", tmp + "-shm"):
             try:
@@ -9479,36 +9556,33 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
     the turns; or the copy would start over the trigger) the fork is made here: a new
     thread holding a copy of the source's record under the same labels, and a session
     written from it (Smart Compact when over the trigger) that Claude resumes. Returns
-    its Capture, or None to let Claude fork as it does (the caller goes on as before).
+    its Capture, or None to let Claude fork as it does: also when the source is not at a
+    settled seam, or its rebuilt sessions stopped loading (its alarm stands).
     """
+    if registry.thread_for_session(spec.session_id):
+        raise usage_error(f"session {spec.session_id} already exists; continue it with "
+                          f"--resume {spec.session_id}")
     current = _catch_up_source(spec, home, policy, registry, hostdb, source)
-    if not current:
+    alarm = registry.db.execute("SELECT 1 FROM thread_alarms WHERE thread_id = ?", (source,)).fetchone()
+    if not current or alarm:
         return None
     store = ThreadStore.existing(home, source)
     try:
         elsewhere = store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL AND "
                                      "source_session IS NOT ? LIMIT 1", (current,)).fetchone()
-        c, _unsettled = current_classification(store, current, policy, prompt_estimate(spec), idle=True)
-        over = c["pressure"] is not None and c["pressure"] >= c["trigger"]
-        if not elsewhere and not over:
+        c, unsettled = current_classification(store, current, policy, prompt_estimate(spec), idle=True)
+        if unsettled or not (elsewhere or c["would_mutate"]):
             return None
         fork_id = str(uuid.uuid4())
         _copy_thread_file(home, store, fork_id, spec.session_id, spec.cwd)
         turns = store.summary()["turns"]
     finally:
         store.close()
-    if registry.thread_for_session(spec.session_id):
-        os.unlink(home.path("threads", f"{fork_id}.sqlite"))
-        raise usage_error(f"session {spec.session_id} already exists; continue it with "
-                          f"--resume {spec.session_id}")
-    registry.create_thread(spec.session_id, spec.cwd, "fork", thread_id=fork_id)
-    lease = Lease(home, fork_id)
-    lease.acquire()
+    lease = None
     try:
-        if over:
-            say(f"Smart Compact of the fork: {describe_reading(c)}")
-        say(f"the fork of thread {source[:8]} is thread {fork_id[:8]}: its {turns} turns under "
-            "the same labels")
+        registry.create_thread(spec.session_id, spec.cwd, "fork", thread_id=fork_id)
+        lease = Lease(home, fork_id)
+        lease.acquire()
         fork_store = ThreadStore(home, fork_id)
         try:
             written = rebuild(home, hostdb, fork_store, fork_id, current, policy, spec.cwd,
@@ -9516,20 +9590,21 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
                               session_id=spec.session_id, pending=False)
         finally:
             fork_store.close()
-        home.log("thread_forked", thread=fork_id, source=source, from_session=current,
-                 session=spec.session_id, over=over, turns=turns)
-        drop = set()
-        for i, n in [*spec.found.get("selectors", ()), *spec.found.get("fork_args", ())]:
-            drop.update(range(i, i + n))
-        spec.child_argv = [spec.child_argv[0], "--resume", spec.session_id] + [
-            a for j, a in enumerate(spec.claude_args) if j not in drop]
-        spec.resume, spec.fork, spec.assigned_session = spec.session_id, False, False
-        hostdb.note_session(spec.session_id, fork_id, written.path, spec.cwd)
-        home.log("thread_attached", thread=fork_id, session=spec.session_id, origin="fork")
-        capture = new_capture(spec, home, policy, hostdb, fork_id, spec.session_id, written.path)
     except BaseException:
-        lease.release()
+        registry.drop_thread(fork_id)
+        if lease is not None:
+            lease.release()
         raise
+    if c["would_mutate"]:
+        say(f"Smart Compact of the fork: {describe_reading(c)}")
+    say(f"the fork of thread {source[:8]} is thread {fork_id[:8]}: its {turns} turns under the same labels")
+    home.log("thread_forked", thread=fork_id, source=source, from_session=current,
+             session=spec.session_id, compacted=c["would_mutate"], turns=turns)
+    spec.child_argv = [spec.child_argv[0]] + with_resume(spec.claude_args, spec.found, spec.session_id,
+                                                         also=spec.found.get("fork_args", ()))
+    spec.resume, spec.fork, spec.assigned_session = spec.session_id, False, False
+    home.log("thread_attached", thread=fork_id, session=spec.session_id, origin="fork")
+    capture = new_capture(spec, home, policy, hostdb, fork_id, spec.session_id, written.path)
     capture.lease = lease
     return capture
 

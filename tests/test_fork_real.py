@@ -154,3 +154,24 @@ def test_an_interactive_fork_over_the_trigger_opens_the_forks_own_session(real_c
     assert request["session_id"] == rows[fork_thread]["current_session"]
     assert cc_lhc.REBUILT_MARKER in json.dumps(request["body"]["messages"])
     assert user_texts(export(rc, fork_thread)) == ["hello one", "hello two", "typed in the fork"]
+
+
+def test_a_fork_that_cannot_be_written_leaves_no_thread_behind(real_claude):
+    import uuid
+    rc = real_claude
+    source = over_trigger_session(rc)
+    taken = str(uuid.uuid4())
+    (rc.project_dir / f"{taken}.jsonl").write_text("")   # something is already where the fork goes
+    p = rc.run_lhc("--resume", source, "--fork-session", "--session-id", taken, "-p", "x")
+    assert p.returncode == 2 and "already exists" in p.stderr and "Traceback" not in p.stderr
+    assert [row["current_session"] for row in threads(rc).values()] == [source]
+    assert len(list((rc.iso.lhc / "threads").iterdir())) == 1
+
+
+def test_the_fork_record_is_private(real_claude):
+    import stat
+    rc = real_claude
+    source = over_trigger_session(rc)
+    fork(rc, source, "in the fork")
+    modes = {stat.S_IMODE(f.stat().st_mode) for f in (rc.iso.lhc / "threads").glob("*.sqlite")}
+    assert modes == {0o600}

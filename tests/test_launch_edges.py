@@ -12,6 +12,7 @@ import uuid
 import cc_lhc
 from conftest import CC_LHC
 from fakeapi import tool_results, tool_use_reply
+from realcli import log_events
 
 
 def lhc(rc, *args, **kw):
@@ -53,13 +54,8 @@ def test_a_launch_claude_refuses_leaves_no_empty_thread(real_claude):
     files = list((real_claude.iso.lhc / "threads").glob("*.sqlite"))
     assert [f.stem for f in files] == [threads(real_claude)[0]["id"]]
     home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
-    assert [e["reason"] for e in _log(home, "empty_thread_dropped")] and \
+    assert [e["reason"] for e in log_events(real_claude, "empty_thread_dropped")] and \
         cc_lhc.HostDB(home).db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
-
-
-def _log(home, event):
-    with open(home.path("wrapper.log")) as f:
-        return [e for e in map(json.loads, f) if e.get("event") == event]
 
 
 def test_reusing_a_known_session_id_is_a_clear_refusal(real_claude):
@@ -207,3 +203,24 @@ def test_a_leftover_descriptor_of_a_dead_owner_is_swept_at_the_next_launch(real_
     first_session(rc)
     assert not left.exists() and not (runtime / "bin-0123456789abcdef").exists()
     assert not list(runtime.glob("*.json"))
+
+
+def test_a_worktree_session_is_captured_where_claude_writes_it(real_claude):
+    # `claude -w NAME` runs in <repo>/.claude/worktrees/NAME, so its transcript lands in the
+    # projects folder of that path, not of the folder cc-lhc was started in.
+    rc = real_claude
+    for cmd in (["git", "init", "-q"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run(cmd, cwd=rc.cwd, check=True)
+    rc.api.script(["answered in the worktree"])
+    p = lhc(rc, "-w", "feat", "-p", "hello from a worktree", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    sid = json.loads(p.stdout)["session_id"]
+    [written] = list((rc.iso.config / "projects").glob(f"*/{sid}.jsonl"))
+    assert written.parent != rc.project_dir
+    [thread] = threads(rc)
+    assert thread["current_session"] == sid
+    texts = [m.get("text") for m in json.loads(lhc(rc, "export", thread["id"]).stdout)]
+    assert texts == ["hello from a worktree", "answered in the worktree"]
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    assert cc_lhc.HostDB(home).session(sid)["rollout_path"] == str(written)
