@@ -20,6 +20,7 @@ import pytest
 
 import cc_lhc
 from conftest import CC_LHC, FAKE_CLAUDE, REPO
+from test_registry_rebuild import transcript_steps
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 SID_A = "11111111-2222-4333-8444-555555555555"
@@ -226,15 +227,18 @@ def test_threads_and_export_work(fake_claude):
     p = lhc(fake_claude, "threads")
     assert (p.returncode, out(p).strip()) == (0, "no threads yet")
     assert lhc(fake_claude, "-p", "hello").returncode == 0
-    session = only_launch(fake_claude)["argv"][1]
+    # the stand-in wrote no transcript: nothing to keep, so no empty thread is left
+    assert json.loads(lhc(fake_claude, "threads", "--json").stdout) == []
+    assert lhc(fake_claude, "-p", "hello", script=transcript_steps("hello", fake_claude.cwd)).returncode == 0
+    session = fake_claude.launches()[-1]["argv"][1]
     p = lhc(fake_claude, "threads", "--json")
     assert p.returncode == 0, err(p)
     threads = json.loads(p.stdout)
     assert [t["current_session"] for t in threads] == [session]
     p = lhc(fake_claude, "export", threads[0]["id"][:8])
     assert p.returncode == 0, err(p)
-    assert json.loads(p.stdout) == []  # the stand-in wrote no transcript
-    assert len(fake_claude.launches()) == 1
+    assert [m["text"] for m in json.loads(p.stdout)] == ["hello", "answer to hello"]
+    assert len(fake_claude.launches()) == 2
 
 
 def test_double_dash_sends_a_reserved_word_to_claude(fake_claude):
@@ -248,7 +252,7 @@ def test_double_dash_sends_a_reserved_word_to_claude(fake_claude):
 
 def _two_threads_one_damaged(fake_claude, iso_env):
     for prompt in ("one", "two"):
-        assert lhc(fake_claude, "-p", prompt).returncode == 0
+        assert lhc(fake_claude, "-p", prompt, script=transcript_steps(prompt, fake_claude.cwd)).returncode == 0
     good, bad = sorted(p.stem for p in (iso_env.lhc / "threads").glob("*.sqlite"))
     path = iso_env.lhc / "threads" / f"{bad}.sqlite"
     for extra in ("-wal", "-shm"):
@@ -290,7 +294,7 @@ def test_doctor_exits_1_when_claude_cannot_be_found_even_before_any_state(fake_c
 
 
 def test_doctor_exits_0_when_everything_is_sound(fake_claude):
-    assert lhc(fake_claude, "-p", "one").returncode == 0
+    assert lhc(fake_claude, "-p", "one", script=transcript_steps("one", fake_claude.cwd)).returncode == 0
     p = lhc(fake_claude, "doctor")
     assert p.returncode == 0, out(p)
     assert "[fail]" not in out(p) and "[  ok] thread files: 1 checked" in out(p)
