@@ -9497,7 +9497,7 @@ def _catch_up_source(spec, home, policy, registry, hostdb, thread_id):
         if current is None:
             return None
         capture = new_capture(spec, home, policy, hostdb, thread_id, current,
-                              _session_rollout(hostdb, current, spec.cwd))
+                              _session_rollout(hostdb, current, spec.cwd), live=False)
         try:
             capture.catch_up(deadline=time.monotonic() + CATCHUP_SECONDS)
         finally:
@@ -9609,7 +9609,9 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
     return capture
 
 
-def new_capture(spec, home, policy, hostdb, thread, session_id, path):
+def new_capture(spec, home, policy, hostdb, thread, session_id, path, live=True):
+    """The Capture of a session this launch runs (``live``: its responses are classified
+    as they come, unless it is a one-shot), or only reads (live=False)."""
     known = hostdb.session(session_id)
 
     def on_event(event, capture):
@@ -9631,7 +9633,7 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path):
             else:
                 say(note)
 
-    live = None if spec.print_mode else (lambda capture: classify_live(capture, home, policy))
+    live = None if spec.print_mode or not live else (lambda capture: classify_live(capture, home, policy))
     return Capture(home, thread, session_id, path, policy,
                    start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event,
                    on_responses=live)
