@@ -9129,13 +9129,21 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
     """The thread this launch made, removed again when Claude never wrote its session
     (it refused its arguments, say, or was left before the first prompt): nothing was
     captured and there is nothing Claude could resume, so it would only be an empty row
-    in `cc-lhc threads`. After capture has finished, and only under the thread's lease
-    (``lease`` is the capture's, which names another thread after an in-app /resume)."""
+    in `cc-lhc threads`. A fork cc-lhc wrote goes the same way, with the session it
+    wrote, when Claude never added to it. After capture has finished, and only under the
+    thread's lease (``lease`` is the capture's, which names another thread after an
+    in-app /resume)."""
     if spec.new_thread is None:
         return
-    thread, session, path = spec.new_thread
-    if os.path.lexists(path) or transcript_elsewhere(path):
+    thread, session, path, written = spec.new_thread
+    if written is None and (os.path.lexists(path) or transcript_elsewhere(path)):
         return
+    if written is not None:
+        try:
+            if os.path.getsize(path) != written:
+                return  # Claude wrote into the fork: it is a session now
+        except OSError:
+            return
     own = None
     if lease is None or lease.thread_id != thread:
         own = Lease(home, thread)
@@ -9146,9 +9154,12 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
     try:
         store = ThreadStore.existing(home, thread)
         try:
-            kept = store.db.execute("SELECT (SELECT count(*) FROM messages) + (SELECT count(*) FROM raw_lines) "
-                                    "+ (SELECT count(*) FROM problems) + (SELECT count(*) FROM turns)"
-                                    ).fetchone()[0]
+            # (a fork's copied record is the source's: only what came from its own session counts)
+            kept = store.db.execute(
+                "SELECT (SELECT count(*) FROM messages WHERE ?1 IS NULL OR source_session = ?2) "
+                "+ (SELECT count(*) FROM raw_lines WHERE ?1 IS NULL OR session = ?2) "
+                "+ (SELECT count(*) FROM problems WHERE ?1 IS NULL OR session = ?2) "
+                "+ (SELECT count(*) FROM turns WHERE ?1 IS NULL)", (written, session)).fetchone()[0]
         finally:
             store.close()
         registry = Registry(home)
@@ -9156,6 +9167,8 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
                                        (thread,)).fetchone()[0] != 1:
             return  # it recorded something, or took another session (a rebuild)
         registry.drop_thread(thread)
+        if written is not None:
+            os.unlink(path)  # the session cc-lhc wrote for the fork, never opened
         with Tx(hostdb.db) as db:
             db.execute("DELETE FROM sessions WHERE session_id = ? AND thread_id = ?", (session, thread))
         home.log("empty_thread_dropped", thread=thread, session=session,
@@ -9463,7 +9476,7 @@ def attach_thread(spec, home, policy):
         path = rollout_path(spec.session_id, spec.cwd)
         origin = "fork" if spec.fork else "fresh"
         thread = registry.create_thread(spec.session_id, spec.cwd, origin)
-        spec.new_thread = (thread, spec.session_id, path)
+        spec.new_thread = (thread, spec.session_id, path, None)
         lease = Lease(home, thread)
         lease.acquire()
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
@@ -9568,7 +9581,8 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
         return None
     store = ThreadStore.existing(home, source)
     try:
-        elsewhere = store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL AND "
+        # (Claude's copy holds neither the turns of earlier sessions nor subagents' records)
+        elsewhere = store.db.execute("SELECT 1 FROM messages WHERE agent IS NOT NULL OR "
                                      "source_session IS NOT ? LIMIT 1", (current,)).fetchone()
         c, unsettled = current_classification(store, current, policy, prompt_estimate(spec), idle=True)
         if unsettled or not (elsewhere or c["would_mutate"]):
@@ -9603,6 +9617,7 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
     spec.child_argv = [spec.child_argv[0]] + with_resume(spec.claude_args, spec.found, spec.session_id,
                                                          also=spec.found.get("fork_args", ()))
     spec.resume, spec.fork, spec.assigned_session = spec.session_id, False, False
+    spec.new_thread = (fork_id, spec.session_id, written.path, written.prefix)
     home.log("thread_attached", thread=fork_id, session=spec.session_id, origin="fork")
     capture = new_capture(spec, home, policy, hostdb, fork_id, spec.session_id, written.path)
     capture.lease = lease
@@ -12254,7 +12269,8 @@ class LaunchSpec:
         self.extra_env = {}           # added to the child's environment
         self.after_spawn = None       # called once the child exists (failpoints)
         self.session = None           # the ManagedSession around the child, once there is one
-        self.new_thread = None        # (thread, session, transcript) when this launch made the thread
+        self.new_thread = None        # (thread, session, transcript, bytes cc-lhc wrote into it or
+                                      # None) when this launch made the thread
         self.governed = True          # False when Claude keeps no transcript to capture
 
 

@@ -175,3 +175,33 @@ def test_the_fork_record_is_private(real_claude):
     fork(rc, source, "in the fork")
     modes = {stat.S_IMODE(f.stat().st_mode) for f in (rc.iso.lhc / "threads").glob("*.sqlite")}
     assert modes == {0o600}
+
+
+def test_a_fork_claude_refuses_to_open_is_removed_and_continue_finds_the_source(real_claude):
+    rc = real_claude
+    source = over_trigger_session(rc)
+    p = rc.run_lhc("--resume", source, "--fork-session", "-p", "x", "--no-such-claude-option")
+    assert p.returncode == 1
+    assert [row["current_session"] for row in threads(rc).values()] == [source]
+    assert [f.stem for f in rc.project_dir.glob("*.jsonl")] == [source]
+    n = len(rc.api.message_requests)
+    ok(rc.run_lhc("-c", "-p", "where were we"))
+    assert rc.api.message_requests[n]["session_id"] != source       # Smart Compacted first ...
+    assert len(threads(rc)) == 1                                   # ... in the source's thread
+
+
+def test_a_source_with_subagent_records_is_copied_with_them(real_claude):
+    rc = real_claude
+    rc.api.script([tool_use_reply("Agent", {"description": "look", "prompt": "look around",
+                                            "subagent_type": "general-purpose"}),
+                   text_reply("the agent looked", usage=SMALL),
+                   text_reply("main done", usage=SMALL)])
+    source = json.loads(ok(rc.run_lhc("-p", "use an agent", "--output-format", "json")).stdout)["session_id"]
+    [source_thread] = threads(rc)
+    before = export(rc, source_thread)
+    assert any(m.get("agent") for m in before)
+    rc.api.responder = lambda body: text_reply(REPLY, usage=SMALL)
+    fork(rc, source, "in the fork")
+    [fork_thread] = [t for t in threads(rc) if t != source_thread]
+    record = export(rc, fork_thread)
+    assert record[:len(before)] == [dict(m) for m in before]
