@@ -5320,6 +5320,8 @@ LIVE_FAILPOINTS = ("after-pending-record", "after-rollout-write", "after-candida
 # ...and of an in-process Smart Compact through the cc-lhc mod (InProcessCompact).
 IN_PROCESS_FAILPOINTS = ("after-pending-record", "after-view-write", "after-compact-typed",
                          "after-view-replayed", "before-acceptance")
+# ...and of a fork cc-lhc writes (fork_thread).
+FORK_FAILPOINTS = ("fork-after-copy", "fork-after-register", "fork-after-write")
 
 
 def failpoint(name: str) -> None:
@@ -9413,6 +9415,7 @@ def attach_thread(spec, home, policy):
         home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript")
         return None
     registry, hostdb = Registry(home), HostDB(home)
+    sweep_unfinished_forks(home, registry, hostdb)
     if spec.continue_:
         target = continue_target(spec, registry, hostdb)
         if target is None:
@@ -9520,6 +9523,39 @@ def _catch_up_source(spec, home, policy, registry, hostdb, thread_id):
         lease.release()
 
 
+# A fork cc-lhc writes is a thread of origin FORKING until its session is written; one a
+# crash left that way is removed by the next launch (sweep_unfinished_forks).
+FORKING = "forking"
+
+
+def sweep_unfinished_forks(home, registry, hostdb) -> None:
+    """Remove the forks a killed cc-lhc left half made (origin FORKING, no one holding
+    them): their record is a copy of a thread that still has it, and the session written
+    for them, if any, was never opened."""
+    for (thread_id,) in registry.db.execute("SELECT id FROM threads WHERE origin = ?", (FORKING,)).fetchall():
+        lease = Lease(home, thread_id)
+        try:
+            lease.acquire()
+        except LhcError:
+            continue  # still being made
+        try:
+            session = registry.current_session(thread_id)
+            known = hostdb.session(session) if session else None
+            if known and known["rollout_path"]:
+                try:
+                    if os.path.getsize(known["rollout_path"]) == known["replayed_prefix_bytes"]:
+                        os.unlink(known["rollout_path"])
+                except OSError:
+                    pass
+            registry.drop_thread(thread_id)
+            if session:
+                with Tx(hostdb.db) as db:
+                    db.execute("DELETE FROM sessions WHERE session_id = ?", (session,))
+            home.log("unfinished_fork_removed", thread=thread_id, session=session)
+        finally:
+            lease.release()
+
+
 def _copy_thread_file(home, source_store, thread_id, session_id, cwd) -> None:
     """threads/<thread_id>.sqlite as a copy of the source thread's record: every message,
     turn, summary and index under the same labels, with the registry rows of a new thread
@@ -9538,7 +9574,7 @@ def _copy_thread_file(home, source_store, thread_id, session_id, cwd) -> None:
             with db:
                 db.execute("UPDATE meta SET value = ? WHERE key = 'thread_id'", (thread_id,))
                 db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", {
-                    "cwd": cwd, "created": now, "origin": "fork", "project_slug": project_slug(cwd),
+                    "cwd": cwd, "created": now, "origin": FORKING, "project_slug": project_slug(cwd),
                     "registry_copied": now, "forked_from": source_store.thread_id}.items())
                 db.execute("DELETE FROM registry_aliases")
                 db.execute("INSERT INTO registry_aliases VALUES (?, 1, ?)", (session_id, now))
@@ -9592,11 +9628,13 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
         turns = store.summary()["turns"]
     finally:
         store.close()
+    failpoint("fork-after-copy")
     lease = None
     try:
-        registry.create_thread(spec.session_id, spec.cwd, "fork", thread_id=fork_id)
         lease = Lease(home, fork_id)
         lease.acquire()
+        registry.create_thread(spec.session_id, spec.cwd, FORKING, thread_id=fork_id)
+        failpoint("fork-after-register")
         fork_store = ThreadStore(home, fork_id)
         try:
             written = rebuild(home, hostdb, fork_store, fork_id, current, policy, spec.cwd,
@@ -9604,6 +9642,10 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
                               session_id=spec.session_id, pending=False)
         finally:
             fork_store.close()
+        failpoint("fork-after-write")
+        with Tx(registry.db) as db:
+            db.execute("UPDATE threads SET origin = 'fork' WHERE id = ?", (fork_id,))
+        registry.save_copy(fork_id)
     except BaseException:
         registry.drop_thread(fork_id)
         if lease is not None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+import pytest
 
 import cc_lhc
 from fakeapi import text_reply, tool_use_reply
@@ -21,6 +24,7 @@ def usage(total: int) -> dict:
             "cache_read_input_tokens": 400, "output_tokens": 5}
 
 
+CC_LHC_SOURCE = Path(cc_lhc.__file__).read_text()
 OVER = usage(371_000)     # over the built-in 360k trigger
 SMALL = usage(2_000)
 REPLY = "fine answer from the fake API"
@@ -205,3 +209,25 @@ def test_a_source_with_subagent_records_is_copied_with_them(real_claude):
     [fork_thread] = [t for t in threads(rc) if t != source_thread]
     record = export(rc, fork_thread)
     assert record[:len(before)] == [dict(m) for m in before]
+
+
+@pytest.mark.parametrize("point", cc_lhc.FORK_FAILPOINTS)
+def test_a_fork_killed_at_any_step_is_gone_at_the_next_launch_and_nothing_is_lost(real_claude, point):
+    assert f'failpoint("{point}")' in CC_LHC_SOURCE
+    rc = real_claude
+    source = over_trigger_session(rc)
+    [source_thread] = threads(rc)
+    before = export(rc, source_thread)
+    crashed = rc.run_lhc("--resume", source, "--fork-session", "-p", "x", env={"CC_LHC_FAILPOINT": point})
+    assert crashed.returncode != 0
+    # the next launch (any) removes the half-made fork; a fork made again works
+    answer, sent, _p = fork(rc, source, "in the fork, again")
+    rows = threads(rc)
+    assert sorted(row["current_session"] for row in rows.values()) == sorted([source, answer["session_id"]])
+    assert all(row["origin"] != cc_lhc.FORKING for row in rows.values())
+    assert export(rc, source_thread) == before
+    [fork_thread] = [t for t in rows if t != source_thread]
+    assert user_texts(export(rc, fork_thread)) == ["hello one", "hello two", "in the fork, again"]
+    sessions = {f.stem for f in rc.project_dir.glob("*.jsonl")}
+    assert sessions == {source, answer["session_id"]}         # the killed fork's session went too
+    assert len(list((rc.iso.lhc / "threads").glob("*.sqlite"))) == 2
