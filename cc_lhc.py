@@ -2076,29 +2076,42 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
     otherwise commit DDL implicitly).
     """
     import sqlite3
+    import time
     _touch_private(path)
-    db = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
-    db.create_function("lhc_text", 1, stored_text, deterministic=True)
-    db.create_function("lhc_no_nul", 1, _no_nul, deterministic=True)
-    try:
-        db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
-        if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
-            db.execute(f"PRAGMA page_size = {int(page_size)}")
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute(f"PRAGMA synchronous = {synchronous}")
-        have = db.execute("PRAGMA user_version").fetchone()[0]
-        if have > len(migrations):
-            raise SchemaTooNew(f"{path} was written by a newer cc-lhc (schema {have}; this version "
-                           f"knows {len(migrations)}). Upgrade cc-lhc to open it; the file is unchanged.")
-        if have < len(migrations):
-            _migrate(db, migrations)
-    except sqlite3.DatabaseError as e:
-        db.close()
-        raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is") from e
-    except BaseException:
-        db.close()
-        raise
-    return db
+    deadline = time.monotonic() + busy_ms / 1000
+    pause = 0.01
+    while True:
+        db = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
+        db.create_function("lhc_text", 1, stored_text, deterministic=True)
+        db.create_function("lhc_no_nul", 1, _no_nul, deterministic=True)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+            if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
+                db.execute(f"PRAGMA page_size = {int(page_size)}")
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute(f"PRAGMA synchronous = {synchronous}")
+            have = db.execute("PRAGMA user_version").fetchone()[0]
+            if have > len(migrations):
+                raise SchemaTooNew(f"{path} was written by a newer cc-lhc (schema {have}; this version "
+                                   f"knows {len(migrations)}). Upgrade cc-lhc to open it; the file is unchanged.")
+            if have < len(migrations):
+                _migrate(db, migrations)
+            return db
+        except sqlite3.OperationalError as e:
+            db.close()
+            # Switching a new file to WAL can fail at once, without waiting, while many
+            # processes open it for the first time together: try again, within the budget.
+            if "locked" in str(e) and time.monotonic() < deadline:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+                continue
+            raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is") from e
+        except sqlite3.DatabaseError as e:
+            db.close()
+            raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is") from e
+        except BaseException:
+            db.close()
+            raise
 
 
 class Tx:
