@@ -5823,18 +5823,23 @@ async function onCompact($, e, next) {
     if (view === undefined) return next(e)
   }
   if (view.refused !== undefined) return { skip: `cc-lhc: ${view.refused}` }
-  const byHandle = new Map(e.messages.map(m => [m.handle, m]))
+  const at = new Map(e.messages.map((m, i) => [m.handle, i]))
   const out = []
+  let newest = -1
   for (const m of view.messages || []) {
     if (m.handle === undefined) {
       out.push({ role: m.role, text: String(m.text), toolUses: [] })
       continue
     }
-    const kept = byHandle.get(m.handle)
+    const i = at.get(m.handle)
     // Never a view with a hole in it: cc-lhc swaps the process instead.
-    if (kept === undefined) return decline($, files, view.key, `message ${m.handle} is not in this conversation`)
-    out.push(kept)
+    if (i === undefined) return decline($, files, view.key, `message ${m.handle} is not in this conversation`)
+    out.push(e.messages[i])
+    newest = Math.max(newest, i)
   }
+  // What Claude added after the view was made (a prompt it had queued and its answer, a
+  // task notification) follows it as it is: a view never leaves out a newer message.
+  if (newest >= 0) out.push(...e.messages.slice(newest + 1))
   if (typed) {
     try {
       await $.fs.write(files.view, JSON.stringify({ key: view.key, taken: true }))  // served once
