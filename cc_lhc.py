@@ -10210,6 +10210,11 @@ class LiveHandoff:
                 session.home.log("too_long_again", turn=turn)
                 return
             self.continue_note = self.RUNTIME_NOTE.format(ran=", ".join(ran) or "none")
+            if self.inproc.pending is not None and self.inproc.replayed is not None:
+                # The conversation the mod installed was refused itself: it is not accepted,
+                # and the swap serves this one (a view of its own, the runtime note after it).
+                self.inproc._refuse(relay, "the API refused the compacted conversation as too long",
+                                    swap=False)
             if self.start(relay, manual=True):
                 self.continue_note = None
             return
@@ -10840,7 +10845,9 @@ class InProcessCompact:
             return
         store = ThreadStore(session.home, session.capture.thread_id)
         try:
-            answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND seq > ? LIMIT 1",
+            # (an API error Claude writes as an answer carries a usage of its own: not one)
+            answered = store.db.execute("SELECT 1 FROM usage WHERE source_session = ? AND seq > ? AND "
+                                        "coalesce(model, '') != '<synthetic>' LIMIT 1",
                                         (session.spec.session_id, self.replayed)).fetchone()
         finally:
             store.close()

@@ -499,3 +499,26 @@ def test_a_message_typed_mid_turn_goes_back_to_claude_by_its_handle(real_claude,
     sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
     assert "QUEUED-WORDS also check the date" in sent and "run the thing" in sent
     exit_cleanly(t)
+
+
+def test_a_too_long_rejection_of_the_compacted_conversation_is_not_its_acceptance(real_claude, tmux):
+    # Served in process, then the API refuses the first request on the compacted
+    # conversation as too long: the in-process compact is not accepted by that error, and
+    # the rejection is handled as any other (a swap onto a rebuilt session, continued once).
+    from fakeapi import error_reply, text_reply
+    rc = real_claude
+    rc.api.script([text_reply("first answer", usage=SMALL_USAGE), text_reply("second answer", usage=OVER_USAGE),
+                   error_reply(400, "prompt is too long: 250000 tokens > 200000 maximum")])
+    rc.api.responder = lambda body: text_reply("recovered fine", usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "first prompt", "first answer")
+    type_line(t, "second prompt")
+    t.wait_for("second answer")
+    wait_for_log(rc, "in_process_compact_served")
+    type_line(t, "third prompt")
+    wait_for_log(rc, "too_long_continued", timeout=60)
+    t.wait_for("recovered fine", timeout=30)
+    assert [e["why"] for e in log_events(rc, "in_process_compact_refused")] == [
+        "the API refused the compacted conversation as too long"]
+    accepted = [e for e in log_events(rc, "smart_compact_accepted") if e.get("in_process")]
+    exit_cleanly(t)
+    assert not accepted, accepted
