@@ -6008,6 +6008,9 @@ def cmd_mod_compact(args) -> int:
         refused = _read_bound_json(folder, MOD_REFUSED_FILE, body["token"])
         if refused is not None:
             os.unlink(os.path.join(folder, MOD_REFUSED_FILE))
+            if refused.get("skip"):  # no compaction at all, not Claude's own summary instead
+                sys.stdout.write(json.dumps({"refused": str(refused.get("reason"))}, ensure_ascii=False))
+                return EXIT_OK
             print(f"{PROG}: {refused.get('reason')}", file=sys.stderr)
             return EXIT_ERROR
         if time.monotonic() > deadline:
@@ -10695,6 +10698,8 @@ class InProcessCompact:
     PERSON = ("your /compact runs as a cc-lhc Smart Compact through the cc-lhc mod: the newest turns "
               "stay word for word, nothing is summarised away")
     PERSON_NATIVE = "your /compact runs Claude's own summary ({why}); cc-lhc still keeps every turn"
+    PERSON_JUST_DONE = ("your /compact is not needed: cc-lhc compacted this conversation a moment ago, "
+                        "with the newest turns word for word")
 
     def __init__(self, handoff):
         self.handoff = handoff
@@ -10843,6 +10848,10 @@ class InProcessCompact:
                                      "the hook did not take the view") + f" within {self.SERVE_SECONDS:g} s",
                              swap=self.typed)
             return
+        if self.usable:
+            self._answer_request(relay)  # a person's /compact before the first request on this one
+        if self.pending is None:
+            return
         store = ThreadStore(session.home, session.capture.thread_id)
         try:
             # (an API error Claude writes as an answer carries a usage of its own: not one)
@@ -10907,6 +10916,15 @@ class InProcessCompact:
         except OSError:
             pass
         why = ""
+        if self.pending is not None:
+            # Installed a moment ago and not yet sent: there is nothing older to compact, and
+            # Claude's own summary would only take the newest turns' exact words away.
+            reason = "cc-lhc compacted this conversation a moment ago"
+            _write_private_json(os.path.join(folder, MOD_REFUSED_FILE),
+                                {"token": descriptor["token"], "reason": reason, "skip": True})
+            self.session.announce(self.PERSON_JUST_DONE, relay)
+            self.session.home.log("person_compact_skipped", reason=reason)
+            return
         if request.get("session_id") != self.session.spec.session_id:
             why = "it came from another session"
         elif request.get("trigger") != "manual":

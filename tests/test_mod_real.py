@@ -522,3 +522,31 @@ def test_a_too_long_rejection_of_the_compacted_conversation_is_not_its_acceptanc
     accepted = [e for e in log_events(rc, "smart_compact_accepted") if e.get("in_process")]
     exit_cleanly(t)
     assert not accepted, accepted
+
+
+def test_the_persons_compact_just_after_one_is_not_claudes_summary(real_claude, tmux):
+    # cc-lhc's compact is installed and nothing was sent on it yet: a /compact typed now has
+    # nothing older to compact, so it is skipped at once (never Claude's own summary).
+    import time
+    from fakeapi import text_reply
+    rc = real_claude
+    rc.api.script([text_reply("first answer", usage=SMALL_USAGE), text_reply("second answer", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("answered after it", usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "first prompt", "first answer")
+    type_line(t, "second prompt")
+    wait_for_log(rc, "in_process_compact_served")
+    t.wait_for(PROMPT)
+    n = len(rc.api.message_requests)
+    began = time.monotonic()
+    type_line(t, "/compact keep the plan")
+    wait_for_log(rc, "person_compact_skipped")
+    t.wait_for("compacted this conversation a moment ago")
+    assert time.monotonic() - began < cc_lhc.MOD_COMPACT_WAIT
+    assert len(rc.api.message_requests) == n                     # no summary was asked for
+    type_line(t, "third prompt")
+    wait_until(lambda: rc.api.message_requests[n:], "the third prompt's request")
+    (request,) = rc.api.message_requests[n:]
+    assert "third prompt" in json.dumps(request["body"]["messages"][-1])
+    first = request["body"]["messages"][0]["content"]
+    assert (first if isinstance(first, str) else first[0]["text"]).startswith(cc_lhc.REBUILT_MARKER)
+    exit_cleanly(t)
