@@ -12859,7 +12859,20 @@ def render_markdown_message(m: dict) -> str:
     if m["kind"] == "thinking":
         return f"**{label} · thinking**\n\n> " + (m["text"] or "").replace("\n", "\n> ") + "\n"
     body = m["text"] if m["text"] is not None else f"`{m['data']}`"
+    if _breaks_markdown(body):
+        fence = code_fence(body)
+        body = f"{fence}\n{body}\n{fence}"
     return f"**{label} · {m['role']} · {m['kind']}**\n\n{body}\n"
+
+
+MARKDOWN_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
+EXPORT_HEADING_LINE = re.compile(r"^ {0,3}(## t\d+ *$|# Thread |\*\*m\d+ · )", re.M)
+
+
+def _breaks_markdown(text: str) -> bool:
+    """Whether a message's own Markdown would run on past it in an export (a code fence it
+    leaves open) or pass for the export's own turn and message headings."""
+    return len(MARKDOWN_FENCE_LINE.findall(text)) % 2 == 1 or bool(EXPORT_HEADING_LINE.search(text))
 
 
 def cmd_export(args) -> int:
@@ -12872,6 +12885,8 @@ def cmd_export(args) -> int:
     if len(args) != 1:
         raise usage_error("usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown|raw-lines] "
                           "[--from tN] [--to tN]")
+    if first is not None and last is not None and first > last:
+        raise usage_error(f"--from t{first} --to t{last} is not a usable range (the first turn comes first)")
     if fmt == "raw-lines" and (first is not None or last is not None):
         raise usage_error("--format raw-lines keeps no turns: give it without --from and --to")
     home = StateHome()
@@ -13203,14 +13218,39 @@ def _word_hits(store, text: str, limit: int):
     query = fts_query(text)
     if query is None:
         return []
+    # The line of context is cut here, not by FTS5's snippet(): on one message of a few
+    # hundred KB holding the words many times that took seconds to minutes.
     rows = store.db.execute(
-        "SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, "
-        "snippet(messages_fts, 0, '\u00bb', '\u00ab', '\u2026', 16), rank "
+        "SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, lhc_text(m.text), rank "
         "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
         "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, limit))
     return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
-                      escape_controls(" ".join(snip.split())), rank)
-            for seq, turn, kind, tool, created, snip, rank in rows]
+                      word_context(body or "", text), rank)
+            for seq, turn, kind, tool, created, body, rank in rows]
+
+
+def word_context(body: str, text: str) -> str:
+    """The line around the first of text's words the body holds (whole words first, in
+    any case), cut to some characters either side, each of the words in it between » and
+    «, on one line."""
+    words = sorted({w for w in re.findall(r"\w+", text)}, key=len, reverse=True)
+    either = "|".join(re.escape(w) for w in words)
+    found = None
+    for pattern in ((rf"\b(?:{either})\b", either) if words else ()):
+        pattern = re.compile(pattern, re.IGNORECASE)
+        found = pattern.search(body)
+        if found:
+            break
+    if found is None:
+        return escape_controls(" ".join(body[:2 * SEARCH_CONTEXT_CHARS].split()))
+    at, end = found.span()
+    line_start = body.rfind("\n", 0, at) + 1
+    line_end = body.find("\n", end)
+    line_end = len(body) if line_end < 0 else line_end
+    left, right = max(line_start, at - SEARCH_CONTEXT_CHARS), min(line_end, end + SEARCH_CONTEXT_CHARS)
+    marked = pattern.sub(lambda m: f"\u00bb{m.group(0)}\u00ab", body[left:right])
+    return (("\u2026" if left > 0 else "") + escape_controls(marked)
+            + ("\u2026" if right < len(body) else ""))
 
 
 def search_thread(store, text: str, limit: int):

@@ -485,3 +485,23 @@ def test_export_raw_lines_gives_back_what_the_record_could_not_read(tmp_path, ca
     assert [m["text"] for m in thread.store.messages()] == ["before the damage", "fine"]
     status, out, err = run_main(capsysbinary, "export", thread.id, "--format", "raw-lines", "--from", "t1")
     assert status == cc_lhc.EXIT_USAGE and out == b""
+
+
+@pytest.mark.parametrize("text, fenced", [
+    ("look at this:\n```python\nprint(1)\n", True),                # a fence left open
+    ("it said\n## t99\n**m1 \u00b7 user \u00b7 user_text**\nhi", True),  # the export's own headings
+    ("## Plan\n```sh\nmake\n```\ndone", False),                    # Markdown of its own, whole
+])
+def test_a_message_whose_markdown_would_run_on_is_fenced_in_the_export(text, fenced):
+    m = {"seq": 1, "kind": "user_text", "role": "user", "text": text, "agent": None, "data": None}
+    md = cc_lhc.render_markdown_message(m)
+    body = md.split("\n\n", 1)[1].rstrip("\n")
+    assert (body != text) == fenced and text in md
+    if fenced:
+        fence = cc_lhc.code_fence(text)
+        assert body == f"{fence}\n{text}\n{fence}"
+
+
+def test_export_refuses_a_range_that_ends_before_it_starts(thread, capsysbinary):
+    status, out, err = run_main(capsysbinary, "export", thread.id, "--from", "t3", "--to", "t2")
+    assert status == cc_lhc.EXIT_USAGE and out == b"" and "not a usable range" in err

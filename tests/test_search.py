@@ -128,6 +128,21 @@ def test_words_rank_only_a_vague_query(hard, monkeypatch, capsysbinary):
     assert status == 0 and "no messages match" in out
 
 
+def test_words_in_a_large_tool_output_show_the_line_that_holds_them(tmp_path, monkeypatch, capsysbinary):
+    # one 300 KB output holding the words 20,000 times: the hit's line is cut around the
+    # first of them (FTS5's snippet() took seconds to minutes on such a message)
+    tr = Transcript()
+    tr.prompt("run it")
+    calls = tr.response(tool_use("Bash", command="./noisy"), stop="tool_use")
+    tr.results((calls[0]["id"], "starting up\n" + "line of output\n" * 20000 + "done", False))
+    tr.response(text("it ran"))
+    grant(intake_transcript(tr, tmp_path), monkeypatch)
+    status, out, _ = search(capsysbinary, "output line")
+    (hit,) = hits_of(out)
+    assert status == 0 and hit["how"] == "words" and hit["what"] == "tool_result"
+    assert hit["context"] == "\u2026\u00bbline\u00ab of \u00bboutput\u00ab\u2026"
+
+
 def test_a_thread_from_before_the_index_is_filled_when_opened(hard, monkeypatch, capsysbinary):
     # As a thread written by the previous version looks: no substring index yet.
     db = hard.store.db
