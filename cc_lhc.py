@@ -13576,6 +13576,13 @@ def cmd_measure(args) -> int:
             continue
         row["session"] = len(rows) + 1
         rows.append(row)
+        if not row["messages"] and row["integrity_problems"]:
+            # (lines, but none a transcript record: the wrong file more likely than a session)
+            unread.append((path, f"none of its lines is a Claude Code transcript record; "
+                                 f"{row['integrity_problems']} cannot be read"))
+            rows.pop()
+        elif not row["messages"]:
+            say(f"{path} holds no conversation yet: session {row['session']} counts nothing")
     for path, why in unread:
         say(f"{path} could not be read ({why}): left out of the figures")
     if files and not rows:

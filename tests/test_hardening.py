@@ -244,3 +244,14 @@ def test_lhc_help_names_the_token_range_and_the_equals_form(fake_claude):
     p = lhc(fake_claude, "--lhc-help")
     assert p.returncode == 0
     assert "1 to 10,000,000" in p.stdout and "--lhc-target=VALUE" in p.stdout
+
+
+def test_measure_names_a_file_that_is_no_transcript_and_one_that_is_empty(fake_claude, tmp_path):
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00 not json\nmore junk\n")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    p = lhc(fake_claude, "measure", str(tmp_path / "bin.jsonl"))
+    assert p.returncode == 1 and p.stdout == "" and "not a Claude Code transcript record" not in p.stderr
+    assert "none of its lines is a Claude Code transcript record" in p.stderr
+    p = lhc(fake_claude, "measure", str(tmp_path), "--json")
+    assert p.returncode == 1 and "bin.jsonl" in p.stderr and "empty.jsonl holds no conversation" in p.stderr
+    assert [s["messages"] for s in json.loads(p.stdout)["sessions"]] == [0]   # the empty one, counted
