@@ -10044,12 +10044,25 @@ class DraftWatch:
     writes it into its transcript a moment later, so until then the seam only looks settled.
     """
 
+    # Commands that open a dialog of Claude's over the box (a picker, a settings screen)
+    # when sent with no argument: until Enter or Esc closes it, keys typed there go to it.
+    DIALOG_COMMANDS = frozenset((
+        "/model", "/config", "/settings", "/resume", "/agents", "/mcp", "/permissions",
+        "/allowed-tools", "/hooks", "/memory", "/theme", "/status", "/help", "/doctor", "/login",
+        "/logout", "/ide", "/output-style", "/export", "/add-dir", "/privacy-settings", "/bashes",
+        "/tasks", "/plugin", "/plugins", "/rewind", "/usage", "/todos", "/statusline", "/branch",
+    ))
+
+    DIALOG_BYTES = frozenset(c.encode() for c in DIALOG_COMMANDS)
+
     def __init__(self):
         self.sent_at = None       # monotonic time of the last prompt sent (not a /command)
         self.clear()
 
     def clear(self) -> None:
         """The box is empty (a new Claude's, say)."""
+        self.dialog = False       # a dialog of Claude's (or its ctrl-o transcript) is open
+        self._command = b""       # the first word of a draft that began with "/"
         self.chars = 0            # characters in the box, as far as the keys tell
         self.lines = 0            # new lines in it
         self.recalled = 0         # Up presses Down has not undone: an earlier prompt may be there
@@ -10061,14 +10074,18 @@ class DraftWatch:
 
     @property
     def pending(self) -> bool:
-        return self.chars > 0 or self.lines > 0 or self.recalled > 0 or self.unseen
+        return self.chars > 0 or self.lines > 0 or self.recalled > 0 or self.unseen or self.dialog
 
     def _empty(self) -> None:
         self.chars = self.lines = self.recalled = 0
         self.unseen = False
+        self._command = b""
 
     def feed(self, data: bytes, now: float) -> bool:
         """Take keys that reached Claude; True when they sent a prompt."""
+        if self.dialog and self._cut + data == b"\x1b":
+            self.dialog, self._cut = False, b""  # Esc closes the dialog
+            return False
         data, self._cut = self._cut + data, b""
         sent, i = False, 0
         while i < len(data):
@@ -10103,14 +10120,21 @@ class DraftWatch:
                 if b >= 0x20 and b != 0x7F:
                     continue  # a printable key comes as itself in the modes Claude turns on
             if b == 0x0D and not self._paste and self._last != 0x5C:
-                if self.pending and (not self._slash or self.recalled or self.unseen):
+                if self.dialog:
+                    self.dialog = False  # Enter picks in the dialog and closes it
+                elif self.pending and (not self._slash or self.recalled or self.unseen):
                     self.sent_at, sent = now, True
+                elif (self._slash and not self.lines and not self.recalled and not self.unseen
+                        and self._command in self.DIALOG_BYTES):
+                    self.dialog = True
                 self._empty()
             elif b in (0x0D, 0x0A):  # a new line in the box (ctrl-j, backslash-Enter, a paste's)
                 self.lines += 1
             elif b == 0x03:
                 self._empty()
-                self._paste = False
+                self._paste = self.dialog = False
+            elif b == 0x0F:  # ctrl-o: Claude's transcript view, over the box until closed
+                self.dialog = not self.dialog
             elif b in (0x12, 0x19):  # ctrl-r, ctrl-y
                 self.unseen = True
             elif b == 0x10:  # ctrl-p: Claude's Up
@@ -10118,15 +10142,20 @@ class DraftWatch:
             elif b == 0x0E:  # ctrl-n: its Down
                 self.recalled = max(0, self.recalled - 1)
             elif b == 0x15 and not self.lines:
-                self.chars = 0
+                self.chars, self._command = 0, b""
             elif b in (0x7F, 0x08):
                 if self.chars:
                     self.chars -= 1
+                    self._command = self._command[:self.chars]
                 elif self.lines:
                     self.lines -= 1
             elif b >= 0x20 and not 0x80 <= b < 0xC0:  # (a UTF-8 character once, by its first byte)
                 if not self.pending:
                     self._slash = b == 0x2F
+                    self._command = b""
+                if self._slash and self.chars == len(self._command):
+                    # (still the command's first word: a space or any argument ends it)
+                    self._command += bytes([b]) if b != 0x20 else b"\0"
                 self.chars += 1
             self._last = b
             i += 1
@@ -10271,13 +10300,17 @@ class LiveHandoff:
     SENT_SETTLE_SECONDS = 2.0
     DRAFT_WAITS = ("Claude's input box holds a message not sent yet; Smart Compact waits for it "
                    "(send it, or clear it with ctrl-c)")
+    DIALOG_WAITS = ("a dialog of Claude's is open over its input box (a picker, the ctrl-o transcript); "
+                    "Smart Compact waits for it to close")
     JUST_SENT = "a prompt was just sent to Claude"
     # How the reasons for not starting that pass by themselves begin (swap_soon waits them out).
-    PASSING = (UNSETTLED, DRAFT_WAITS, JUST_SENT)
+    PASSING = (UNSETTLED, DRAFT_WAITS, DIALOG_WAITS, JUST_SENT)
 
     def _person_is_writing(self) -> str:
         """Why Smart Compact must not start at this seam because of the person ('' if not)."""
         import time
+        if self.draft.dialog:
+            return self.DIALOG_WAITS
         if self.draft.pending:
             return self.DRAFT_WAITS
         if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS

@@ -550,3 +550,38 @@ def test_the_persons_compact_just_after_one_is_not_claudes_summary(real_claude, 
     first = request["body"]["messages"][0]["content"]
     assert (first if isinstance(first, str) else first[0]["text"]).startswith(cc_lhc.REBUILT_MARKER)
     exit_cleanly(t)
+
+
+def test_a_dialog_open_at_the_seam_holds_smart_compact_back_until_the_next_one(real_claude, tmux):
+    # The ctrl-o transcript view is open when the answer over the trigger ends: a typed
+    # /compact would go to it, so Smart Compact waits; the seam after the next answer over
+    # the trigger is compacted in process, as usual. (The /model picker and the other
+    # dialogs are told the same way: tests/test_relay.py.)
+    import threading
+    from fakeapi import text_reply, user_texts
+    rc, hold = real_claude, threading.Event()
+
+    def answer(body):
+        last = (user_texts(body) or [""])[-1]
+        if "second prompt" in last and not hold.is_set():
+            return dict(text_reply("second answer", usage=OVER_USAGE), hold=hold)
+        if "third prompt" in last:
+            return text_reply("third answer", usage=OVER_USAGE)
+        return text_reply("plain", usage=SMALL_USAGE)
+    rc.api.responder = answer
+    t = with_the_mod(rc, tmux, "first prompt", "plain")
+    type_line(t, "second prompt")
+    wait_until(lambda: any("second prompt" in json.dumps(r["body"]["messages"][-1:])
+                           for r in rc.api.message_requests), "the second prompt's request")
+    t.send_keys("C-o")
+    hold.set()
+    wait_for_log(rc, "handoff_waits_for_person")
+    (waited,) = log_events(rc, "handoff_waits_for_person")[:1]
+    assert "dialog" in waited["why"]
+    assert not log_events(rc, "in_process_compact_started") and not log_events(rc, "in_process_compact_refused")
+    t.send_keys("C-o")
+    t.wait_for(PROMPT)
+    type_line(t, "third prompt")
+    wait_for_log(rc, "in_process_compact_served", timeout=60)
+    assert not log_events(rc, "in_process_compact_refused") and not log_events(rc, "handoff_spawned")
+    exit_cleanly(t)

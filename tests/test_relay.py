@@ -399,7 +399,7 @@ def test_the_draft_watch_tells_a_message_being_written_from_one_sent():
     assert d.pending and d.sent_at == 3.0
     d.feed(b"\x03", 4.5)  # ctrl-c empties the box
     assert not d.pending
-    d.feed(b"/model\r", 5.0)  # a command is no prompt: no turn for the transcript to show
+    d.feed(b"/context\r", 5.0)  # a command is no prompt: no turn for the transcript to show
     assert not d.pending and d.sent_at == 3.0
     d.feed(b"\r", 6.0)  # Enter on an empty box sends nothing
     assert d.sent_at == 3.0
@@ -412,6 +412,22 @@ def test_the_draft_watch_tells_a_message_being_written_from_one_sent():
     d.feed(b"one\\\rtwo\x15", 8.0)  # ...but only the line the cursor is on of a longer one
     assert d.pending and d.lines == 1
     assert d.feed(b"\r\x1b[I", 9.0) and d.sent_at == 9.0  # sent, whatever follows in the read
+
+
+def test_a_dialog_claude_opens_over_the_box_holds_smart_compact_back_until_it_closes():
+    # keys typed into the /model picker or the ctrl-o transcript view go there, not to the box
+    d = cc_lhc.DraftWatch()
+    for opened, closed in ((b"/model\r", b"\x1b[B\r"), (b"/model\r", b"\x1b"), (b"/mod", None),
+                           (b"\x0f", b"\x0f"), (b"/config\r", b"\x03")):
+        d.feed(opened, 1.0)
+        if closed is None:  # the command's name arrives in two reads
+            d.feed(b"el\r", 1.1)
+            closed = b"\r"
+        assert d.dialog and d.pending, opened
+        assert d.feed(closed, 2.0) is False and not d.dialog and not d.pending, closed
+    d.feed(b"/model opus\r", 3.0)  # with an argument: no picker opens
+    d.feed(b"/model\x7f\x7f\x7f\x7f\x7fclear\r", 3.5)  # corrected to /clear before Enter
+    assert not d.pending and d.sent_at is None
 
 
 def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch, tmp_path):
