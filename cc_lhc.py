@@ -5389,6 +5389,14 @@ class Lease:
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.info_path)
 
+    def try_acquire(self) -> bool:
+        """acquire(), but False (``held_by`` saying by whom) when someone holds it."""
+        try:
+            self.acquire()
+        except LhcError:
+            return False
+        return True
+
     def release(self) -> None:
         if self.fd is not None:
             try:
@@ -6366,6 +6374,7 @@ class Capture:
         self.request_handoff = None  # set by an interactive host that can swap children
         self._span = FileSpan(path)   # what this process has verified the transcript holds
         self._agent_spans = {}        # the same for each subagent file, by source key
+        self._looked = None           # when _relocated last looked for the transcript elsewhere
 
     def _open(self):
         if self.store is None:
@@ -6437,7 +6446,7 @@ class Capture:
         cc-lhc.sqlite name the real path. None while there is none."""
         import time
         now = time.monotonic()
-        if now - getattr(self, "_looked", -self.RELOCATE_EVERY) < self.RELOCATE_EVERY:
+        if self._looked is not None and now - self._looked < self.RELOCATE_EVERY:
             return None
         self._looked = now
         found = transcript_elsewhere(self.path)
@@ -9161,18 +9170,12 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
     thread, session, path, written = spec.new_thread
     if written is None and (os.path.lexists(path) or transcript_elsewhere(path)):
         return
-    if written is not None:
-        try:
-            if os.path.getsize(path) != written:
-                return  # Claude wrote into the fork: it is a session now
-        except OSError:
-            return
+    if written is not None and not _unopened(path, written):
+        return  # Claude wrote into the fork: it is a session now
     own = None
     if lease is None or lease.thread_id != thread:
         own = Lease(home, thread)
-        try:
-            own.acquire()
-        except LhcError:
+        if not own.try_acquire():
             return  # someone holds it now: it is theirs
     try:
         store = ThreadStore.existing(home, thread)
@@ -9189,16 +9192,35 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
         if kept or registry.db.execute("SELECT count(*) FROM aliases WHERE thread_id = ?",
                                        (thread,)).fetchone()[0] != 1:
             return  # it recorded something, or took another session (a rebuild)
-        registry.drop_thread(thread)
-        if written is not None:
-            os.unlink(path)  # the session cc-lhc wrote for the fork, never opened
-        with Tx(hostdb.db) as db:
-            db.execute("DELETE FROM sessions WHERE session_id = ? AND thread_id = ?", (session, thread))
+        discard_thread(home, registry, hostdb, thread, session)
         home.log("empty_thread_dropped", thread=thread, session=session,
                  reason=f"Claude never wrote {path}")
     finally:
         if own is not None:
             own.release()
+
+
+def _unopened(path, written) -> bool:
+    """Whether a session cc-lhc wrote (``written`` bytes) still holds only those."""
+    try:
+        return os.path.getsize(path) == written
+    except OSError:
+        return False
+
+
+def discard_thread(home, registry, hostdb, thread_id, session) -> None:
+    """Remove a thread that holds nothing of its own, under its lease: its registry rows
+    and file, its session's row in cc-lhc.sqlite, and the transcript cc-lhc wrote for that
+    session when Claude never opened it."""
+    known = hostdb.session(session) if session else None
+    known = known if known and known["thread_id"] == thread_id else None
+    registry.drop_thread(thread_id)
+    if known and known["rollout_path"] and known["replayed_prefix_bytes"] \
+            and _unopened(known["rollout_path"], known["replayed_prefix_bytes"]):
+        os.unlink(known["rollout_path"])
+    if session:
+        with Tx(hostdb.db) as db:
+            db.execute("DELETE FROM sessions WHERE session_id = ? AND thread_id = ?", (session, thread_id))
 
 
 TOO_LONG = re.compile(r"too long", re.I)
@@ -9524,9 +9546,7 @@ def _catch_up_source(spec, home, policy, registry, hostdb, thread_id):
     capturing it already); an interrupted Smart Compact of it is settled on the way."""
     import time
     lease = Lease(home, thread_id)
-    try:
-        lease.acquire()
-    except LhcError:
+    if not lease.try_acquire():
         return registry.current_session(thread_id)
     try:
         recover_thread(home, registry, hostdb, thread_id)
@@ -9555,23 +9575,11 @@ def sweep_unfinished_forks(home, registry, hostdb) -> None:
     for them, if any, was never opened."""
     for (thread_id,) in registry.db.execute("SELECT id FROM threads WHERE origin = ?", (FORKING,)).fetchall():
         lease = Lease(home, thread_id)
-        try:
-            lease.acquire()
-        except LhcError:
+        if not lease.try_acquire():
             continue  # still being made
         try:
             session = registry.current_session(thread_id)
-            known = hostdb.session(session) if session else None
-            if known and known["rollout_path"]:
-                try:
-                    if os.path.getsize(known["rollout_path"]) == known["replayed_prefix_bytes"]:
-                        os.unlink(known["rollout_path"])
-                except OSError:
-                    pass
-            registry.drop_thread(thread_id)
-            if session:
-                with Tx(hostdb.db) as db:
-                    db.execute("DELETE FROM sessions WHERE session_id = ?", (session,))
+            discard_thread(home, registry, hostdb, thread_id, session)
             home.log("unfinished_fork_removed", thread=thread_id, session=session)
         finally:
             lease.release()
@@ -9668,7 +9676,7 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
             db.execute("UPDATE threads SET origin = 'fork' WHERE id = ?", (fork_id,))
         registry.save_copy(fork_id)
     except BaseException:
-        registry.drop_thread(fork_id)
+        discard_thread(home, registry, hostdb, fork_id, spec.session_id)
         if lease is not None:
             lease.release()
         raise
@@ -11061,9 +11069,7 @@ class SessionFollower:
         if created:
             thread = registry.create_thread(new_sid, spec.cwd, "fresh" if cleared else "adopted")
         lease = Lease(home, thread)
-        try:
-            lease.acquire()
-        except LhcError:
+        if not lease.try_acquire():
             self.refused = new_sid
             held = getattr(lease, "held_by", "") or " by another cc-lhc"
             session.detached = (f"Claude moved to session {new_sid}, whose thread {thread[:8]} is held"
@@ -13202,16 +13208,22 @@ def match_context(body: str, text: str) -> str:
     if at < 0:
         return escape_controls(body[:2 * SEARCH_CONTEXT_CHARS])
     end = at + len(text)
+    match = text if len(text) <= 2 * SEARCH_CONTEXT_CHARS else (
+        text[:SEARCH_CONTEXT_CHARS] + "\u2026" + text[-SEARCH_CONTEXT_CHARS:])
+    return _context_line(body, at, end, lambda before, after: (
+        f"{escape_controls(before)}\u00bb{escape_controls(match)}\u00ab{escape_controls(after)}"))
+
+
+def _context_line(body: str, at: int, end: int, show) -> str:
+    """The part of the line holding body[at:end] that a hit shows: up to SEARCH_CONTEXT_CHARS
+    either side of it, marked with … where it is cut; show(before, after) renders it."""
     line_start = body.rfind("\n", 0, at) + 1
     line_end = body.find("\n", end)
     line_end = len(body) if line_end < 0 else line_end
     left = max(line_start, at - SEARCH_CONTEXT_CHARS)
     right = min(line_end, end + SEARCH_CONTEXT_CHARS)
-    match = text if len(text) <= 2 * SEARCH_CONTEXT_CHARS else (
-        text[:SEARCH_CONTEXT_CHARS] + "\u2026" + text[-SEARCH_CONTEXT_CHARS:])
-    before = ("\u2026" if left > 0 else "") + escape_controls(body[left:at])
-    after = escape_controls(body[end:right]) + ("\u2026" if right < len(body) else "")
-    return f"{before}\u00bb{escape_controls(match)}\u00ab{after}"
+    return (("\u2026" if left > 0 else "") + show(body[left:at], body[end:right])
+            + ("\u2026" if right < len(body) else ""))
 
 
 class SearchHit:
@@ -13264,8 +13276,7 @@ def _word_hits(store, text: str, limit: int):
 
 def word_context(body: str, text: str) -> str:
     """The line around the first of text's words the body holds (whole words first, in
-    any case), cut to some characters either side, each of the words in it between » and
-    «, on one line."""
+    any case), cut as match_context cuts it, each of the words in it between » and «."""
     words = sorted({w for w in re.findall(r"\w+", text)}, key=len, reverse=True)
     either = "|".join(re.escape(w) for w in words)
     found = None
@@ -13277,13 +13288,8 @@ def word_context(body: str, text: str) -> str:
     if found is None:
         return escape_controls(" ".join(body[:2 * SEARCH_CONTEXT_CHARS].split()))
     at, end = found.span()
-    line_start = body.rfind("\n", 0, at) + 1
-    line_end = body.find("\n", end)
-    line_end = len(body) if line_end < 0 else line_end
-    left, right = max(line_start, at - SEARCH_CONTEXT_CHARS), min(line_end, end + SEARCH_CONTEXT_CHARS)
-    marked = pattern.sub(lambda m: f"\u00bb{m.group(0)}\u00ab", body[left:right])
-    return (("\u2026" if left > 0 else "") + escape_controls(marked)
-            + ("\u2026" if right < len(body) else ""))
+    return _context_line(body, at, end, lambda before, after: escape_controls(
+        pattern.sub(lambda m: f"\u00bb{m.group(0)}\u00ab", before + found.group(0) + after)))
 
 
 def search_thread(store, text: str, limit: int):
