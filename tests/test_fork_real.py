@@ -231,3 +231,20 @@ def test_a_fork_killed_at_any_step_is_gone_at_the_next_launch_and_nothing_is_los
     sessions = {f.stem for f in rc.project_dir.glob("*.jsonl")}
     assert sessions == {source, answer["session_id"]}         # the killed fork's session went too
     assert len(list((rc.iso.lhc / "threads").glob("*.sqlite"))) == 2
+
+
+def test_a_source_whose_rebuilt_sessions_stopped_loading_is_forked_by_claude(real_claude):
+    # its alarm stands: a session cc-lhc writes is what stopped loading, so Claude copies
+    import sqlite3
+    rc = real_claude
+    source = over_trigger_session(rc)
+    [source_thread] = threads(rc)
+    db = sqlite3.connect(rc.iso.lhc / "registry.sqlite")
+    with db:
+        db.execute("INSERT INTO thread_alarms VALUES (?, 'rebuilt sessions are not loading', '2026')",
+                   (source_thread,))
+    db.close()
+    answer, sent, p = fork(rc, source, "in the fork")
+    assert "Smart Compact of the fork" not in p.stderr
+    assert cc_lhc.REBUILT_MARKER not in json.dumps(sent[0]["body"]["messages"])
+    assert (rc.project_dir / f"{answer['session_id']}.jsonl").exists()
