@@ -261,7 +261,7 @@ def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
     t.wait_for(re.compile(r"Stopped .*cc_lhc\.py\s+SHELL\$"))
     (claude,) = [e["child_pid"] for e in log_events(real_claude, "child_started")]
     # the whole job stopped, as with claude alone (a SIGSTOP lands when Claude next runs)
-    wait_until(lambda: _stopped(claude), "Claude stopped with the job", timeout=10)
+    wait_until(lambda: _stopped(claude), "Claude stopped with the job", timeout=30)
     hold.set()
     t.send_text("fg")
     t.send_keys("Enter")
@@ -272,7 +272,7 @@ def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
     # stopped from outside: the same, Claude first asked to let go of the terminal
     (lhc,) = [e["pid"] for e in log_events(real_claude, "launch")]
     os.kill(lhc, signal.SIGTSTP)
-    wait_until(lambda: _stopped(lhc) and _stopped(claude), "the job stopped by SIGTSTP", timeout=10)
+    wait_until(lambda: _stopped(lhc) and _stopped(claude), "the job stopped by SIGTSTP", timeout=30)
     t.send_text("fg")
     t.send_keys("Enter")
     wait_for_log(real_claude, "resumed", count=2)
