@@ -3771,6 +3771,11 @@ def render_header(view: View, files, fallback_note: bool, native: bool = False) 
 
 ROLLOUT_NAMESPACE = uuid.UUID("5d2c4f0e-8f1b-4a55-9a3c-6c1c2b7d9e01")
 ENVELOPE_ATTACHMENTS = ("environment", "date", "model")
+# A session started with `claude -w NAME` (or one that entered a worktree) records where the
+# worktree is in a worktree-state record after each turn, and `claude --resume` goes back
+# into that folder only when the session holds one: a rebuilt session carries the source's
+# newest, so Claude goes on working in the worktree, not in the folder cc-lhc started in.
+WORKTREE_STATE = "worktree-state"
 ZERO_USAGE = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
               "output_tokens": 0}
 
@@ -3814,7 +3819,7 @@ def _block_of(m: dict, stub):
 
 def view_records(view: View, turns, header: str, session_id: str, cwd: str, now: str,
                  envelope=(), version="2.1.328", git_branch="", arm=None, carried=(), native=False,
-                 sources=None, manifest=()):
+                 sources=None, manifest=(), worktree=None):
     """The rebuilt session as transcript records (pure and deterministic).
 
     A header user message, the source session's envelope attachments, then every lean
@@ -3828,6 +3833,9 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
     recorded messages it holds); it is only given without ``carried``. ``manifest``: the
     background work a swap carries into this session (BackgroundCarry.plan), one line
     each, written after the last turn so the replacement knows of it from its first turn.
+    ``worktree``: the source's newest worktree-state record (WORKTREE_STATE), written last
+    under the new session's id; not for a view served in process (``sources``), whose
+    Claude never left its folder.
     """
     counter = [0]
     parent = [None]
@@ -3919,7 +3927,19 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         emit(rec)
     if carried:
         _splice_carried(records, 1 + len(envelope), carried, common, next_uuid, now)
+    if worktree is not None and sources is None:
+        state = dict(worktree, sessionId=session_id)
+        if isinstance(state.get("worktreeSession"), dict):
+            state["worktreeSession"] = dict(state["worktreeSession"], sessionId=session_id)
+        records.append(state)
     return records
+
+
+def worktree_folder(state) -> str | None:
+    """The folder a worktree-state record says the session works in, or None."""
+    session = state.get("worktreeSession") if isinstance(state, dict) else None
+    folder = session.get("worktreePath") if isinstance(session, dict) else None
+    return folder if isinstance(folder, str) and folder else None
 
 
 def render_manifest(lines) -> str:
@@ -4053,7 +4073,7 @@ def fsync_folder(folder: str) -> None:
             os.close(dfd)
 
 
-ENVELOPE_LINE_RE = re.compile(rb'"type"\s*:\s*"(?:environment|date|model)"')
+ENVELOPE_LINE_RE = re.compile(rb'"type"\s*:\s*"(?:environment|date|model|worktree-state)"')
 
 
 # How much of a transcript read_envelope searches at a time, from its end backwards.
@@ -4061,7 +4081,8 @@ ENVELOPE_WINDOW = 1 << 20
 
 
 def read_envelope(path: str):
-    """The newest environment/date/model attachments of a transcript, plus its version and branch.
+    """The newest environment/date/model attachments of a transcript, plus its version and
+    branch (and, under WORKTREE_STATE, the newest worktree-state record, when it has one).
 
     Only lines that name one of those attachment types are parsed, and they are found by
     a regular expression over the mapped file rather than line by line: a long transcript
@@ -4111,6 +4132,9 @@ def _envelope_line(raw: bytes, latest: dict, meta: dict) -> None:
     """One envelope line, newest first: what is already known is not replaced."""
     rec = json_record(raw)
     if rec is None:
+        return
+    if rec.get("type") == WORKTREE_STATE:
+        meta.setdefault(WORKTREE_STATE, rec)
         return
     att = rec.get("attachment")
     if rec.get("type") == "attachment" and isinstance(att, dict) and att.get("type") in ENVELOPE_ATTACHMENTS:
@@ -4168,10 +4192,13 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
                                  + (f" after m{boundary}" if boundary else ""))
         boundary = new_boundary
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
-    records = view_records(view, turns, header, session_id, cwd, now or utc_now_iso(), envelope,
+    worktree = meta.get(WORKTREE_STATE)
+    # (the file goes where cc-lhc looks for it; Claude finds it from the worktree too)
+    records = view_records(view, turns, header, session_id, worktree_folder(worktree) or cwd,
+                           now or utc_now_iso(), envelope,
                            version=meta.get("version", "2.1.328"), git_branch=meta.get("gitBranch", ""),
                            arm=arm, carried=carried if sources is None else (), native=native,
-                           sources=sources, manifest=manifest)
+                           sources=sources, manifest=manifest, worktree=worktree)
     root = projects_root or os.path.join(claude_config_dir(), "projects")
     path = os.path.join(root, project_slug(cwd), f"{session_id}.jsonl")
     return Rebuild(session_id, path, records_bytes(records), view, boundary, arm)

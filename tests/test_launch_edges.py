@@ -11,7 +11,7 @@ import uuid
 
 import cc_lhc
 from conftest import CC_LHC
-from fakeapi import tool_results, tool_use_reply
+from fakeapi import text_reply, tool_results, tool_use_reply
 from realcli import log_events
 
 
@@ -224,3 +224,37 @@ def test_a_worktree_session_is_captured_where_claude_writes_it(real_claude):
     assert texts == ["hello from a worktree", "answered in the worktree"]
     home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
     assert cc_lhc.HostDB(home).session(sid)["rollout_path"] == str(written)
+
+
+def _git_repo(rc):
+    for cmd in (["git", "init", "-q"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run(cmd, cwd=rc.cwd, check=True)
+
+
+def test_a_rebuilt_worktree_session_goes_on_in_the_worktree(real_claude):
+    # Claude's own --resume of a -w session, from the repository folder, goes back into the
+    # worktree (its worktree-state record says where): so must the session Smart Compact
+    # writes for it, or Claude would go on editing the main checkout.
+    rc = real_claude
+    _git_repo(rc)
+    over = {"input_tokens": 370_000, "cache_creation_input_tokens": 600, "cache_read_input_tokens": 400,
+            "output_tokens": 5}
+    rc.api.script([text_reply("first answer", usage=over)])
+    p = lhc(rc, "-w", "feat", "-p", "start in a worktree", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    old = json.loads(p.stdout)["session_id"]
+    rc.api.script(["answered after the rebuild"])
+    p = lhc(rc, "--resume", old, "-p", "where am I", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    assert "Smart Compact" in p.stderr
+    new = json.loads(p.stdout)["session_id"]
+    assert new != old
+    [path] = list((rc.iso.config / "projects").glob(f"*/{new}.jsonl"))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    worktree = str(rc.cwd / ".claude" / "worktrees" / "feat")
+    [prompt] = [r for r in records if r.get("type") == "user" and r["message"]["content"] == "where am I"]
+    assert prompt["cwd"] == worktree
+    states = [r for r in records if r.get("type") == "worktree-state"]
+    assert states and all(s["sessionId"] == new and s["worktreeSession"]["sessionId"] == new for s in states)
+    assert states[0]["worktreeSession"]["worktreePath"] == worktree
