@@ -1015,6 +1015,16 @@ TERMINAL_STOP_REASONS = frozenset(("end_turn", "stop_sequence", "max_tokens", "r
 # records before its stream ended (2.1.39 and earlier) leave stop_reason null on every one
 # of them, so these are the only end-of-turn evidence they give.
 TURN_END_SUBTYPES = frozenset(("turn_duration", "stop_hook_summary"))
+# A tool output too large for the transcript: Claude Code (2.1.2 and later) writes it whole
+# to <session>/tool-results/<name>.txt and puts only a preview in the tool result (its
+# toolUseResult names the file; older ones only say so in the preview's first lines). The
+# file is captured as a message of its own right after the result (SAVED_OUTPUT), with the
+# file's bytes: export, get-messages and search reach it, and Claude's cleanup of old
+# sessions cannot take it. The model only ever saw the preview, so views leave it out.
+SAVED_OUTPUT = "saved_output"
+SAVED_OUTPUT_FOLDER = "tool-results"
+SAVED_OUTPUT_MAX_BYTES = 64 << 20
+SAVED_OUTPUT_PREVIEW = re.compile(r"<persisted-output>\n[^\n]*Full output saved to: ([^\n]+?)\s*\n")
 # Tools whose call starts an agent that writes its own records (a sidechain).
 AGENT_TOOLS = ("Agent", "Task")
 # A slash command Claude Code runs itself (/compact, /model, /context, ...) asks the model
@@ -1226,6 +1236,9 @@ class RolloutParser:
         self.agent = agent
         self.agent_turn = agent_turn
         self.usage_session = session_id
+        # read_saved(path) -> (text, data) of a saved tool output, or why it cannot be read
+        # (a str); set by Capture, which knows the session's folder. None: not looked for.
+        self.read_saved = None
         self._odd = []  # why the line being fed is also kept verbatim (text_repaired, ...)
         self._local_output = state.local_output  # as the store holds it
 
@@ -1550,6 +1563,7 @@ class RolloutParser:
                 seq = self._message("user", "tool_result", output,
                                     _result_json_once(block, output), rec, i, line_no, tool_use_id=tid,
                                     is_error=1 if block.get("is_error") else 0)
+                seq = self._saved_output(rec, output, i, line_no, offset, tid) or seq
                 if (self.agent is None and not self.s.outstanding
                         and self.s.segment_bytes >= self.soft and self.s.open_turn is not None):
                     self._close_segment(seq, "soft_size")
@@ -1562,6 +1576,28 @@ class RolloutParser:
             self._command_done(rec)
             if written_out:
                 self.s.local_output = False  # the output, once: a record after it is not
+
+    def _saved_output(self, rec, output, block, line_no, offset, tool_use_id):
+        """The whole of a tool output Claude saved to a file (SAVED_OUTPUT), as a message
+        after its result: its seq, or None when the result names no such file. A file that
+        cannot be read is a problem of the thread, never silent."""
+        if self.read_saved is None:
+            return None
+        result = rec.get("toolUseResult")
+        path = result.get("persistedOutputPath") if isinstance(result, dict) else None
+        if not isinstance(path, str) or not path:
+            hit = SAVED_OUTPUT_PREVIEW.match(output) if isinstance(output, str) else None
+            if hit is None:
+                return None
+            path = hit.group(1)
+        got = self.read_saved(path)
+        if isinstance(got, str):
+            self.out.problems.append(Problem(self.session, line_no, offset, "saved_output_unreadable",
+                                             f"the output of {tool_use_id} saved to {path}: {got}"))
+            return None
+        text, data = got
+        return self._message("user", SAVED_OUTPUT, text, data, rec, -1 - block, line_no,
+                             tool_use_id=tool_use_id)
 
     def _queued_prompt(self, rec, line_no) -> bool:
         """A message the person sent while Claude worked: Claude Code writes it only as a
@@ -1761,6 +1797,8 @@ def segment_size(kind, text, data) -> int:
     """
     if data and kind == "tool_call":
         return len(text or "") + len(full_block_json(text, data))
+    if kind == SAVED_OUTPUT:
+        return 0  # never in a view: it weighs nothing there
     return len(text or "")
 
 
@@ -3089,8 +3127,8 @@ def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tool
     out = []
     for m in (turn.messages if messages is None else messages):
         kind = m["kind"]
-        if kind == "api_error":
-            continue  # Claude's own error notices are not model output
+        if kind in ("api_error", SAVED_OUTPUT):
+            continue  # Claude's own error notices are not model output; the model saw a preview
         if kind in ("tool_call", "tool_result") and m["tool_use_id"] not in paired:
             continue  # an unpaired tool block makes the API reject the whole session
         if kind in ("thinking", "assistant_redacted_thinking"):
@@ -6466,6 +6504,30 @@ class Capture:
 
     RELOCATE_EVERY = 1.0  # seconds between looks for a transcript written somewhere else
 
+    def _read_saved(self, path):
+        """A saved tool output (SAVED_OUTPUT) as (text, data), or why it cannot be read.
+        Only a file in this session's own tool-results folder is read: a transcript cannot
+        make capture copy any other file into the thread."""
+        import base64
+        folder = os.path.join(os.path.splitext(self.path)[0], SAVED_OUTPUT_FOLDER)
+        real = os.path.realpath(path)
+        if os.path.dirname(real) != os.path.realpath(folder):
+            return f"not in this session's {SAVED_OUTPUT_FOLDER} folder"
+        try:
+            with open_regular(real) as f:
+                raw = f.read(SAVED_OUTPUT_MAX_BYTES + 1)
+        except OSError as e:
+            return e.strerror or str(e)
+        if len(raw) > SAVED_OUTPUT_MAX_BYTES:
+            return f"larger than {SAVED_OUTPUT_MAX_BYTES >> 20} MiB"
+        data = {"type": SAVED_OUTPUT, "path": path, "bytes": len(raw)}
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", "replace")
+            data["raw_base64"] = base64.b64encode(raw).decode("ascii")
+        return text, _dump(data)
+
     def _relocated(self):
         """The session's transcript opened where Claude really writes it, when that is not
         where cc-lhc expected it (Claude's --worktree runs in a folder of its own, so its
@@ -6518,6 +6580,7 @@ class Capture:
             return 0
         parser = RolloutParser(self.session_id, store.parse_state(self.session_id),
                                segment_soft_bytes(self.policy))
+        parser.read_saved = self._read_saved
         total = 0
         if deadline is not None and time.monotonic() > deadline:
             return total
@@ -6697,6 +6760,7 @@ class Capture:
             store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
                                agent=agent_id, agent_turn=store.agent_turn(agent_id))
+        parser.read_saved = self._read_saved
         packer, prefix = Packer(), span.prefix.copy()
         try:
             batches = self._caught(f, parser, src, packer, prefix)
@@ -12894,6 +12958,9 @@ def export_record(m: dict, agents=None) -> dict:
     elif m["kind"] == "thinking":
         out["text"] = m["text"]
         out["signature"] = data.get("signature") if isinstance(data, dict) else None
+    elif m["kind"] == SAVED_OUTPUT and isinstance(data, dict):
+        out["text"] = m["text"]  # (the file's bytes are raw_base64 when they are not UTF-8)
+        out.update({k: data[k] for k in ("path", "bytes", "raw_base64") if k in data})
     elif m["text"] is not None:
         out["text"] = m["text"]
     else:
@@ -12922,6 +12989,10 @@ def render_markdown_message(m: dict) -> str:
         err = " · error" if m["is_error"] else ""
         fence = code_fence(m["text"])
         return f"**{label} · tool result{err}** (`{m['tool_use_id']}`)\n\n{fence}\n{m['text']}\n{fence}\n"
+    if m["kind"] == SAVED_OUTPUT:
+        fence = code_fence(m["text"])
+        return (f"**{label} · the whole tool output Claude saved to a file** (`{m['tool_use_id']}`)\n\n"
+                f"{fence}\n{m['text']}\n{fence}\n")
     if m["kind"] == "thinking":
         return f"**{label} · thinking**\n\n> " + (m["text"] or "").replace("\n", "\n> ") + "\n"
     body = m["text"] if m["text"] is not None else f"`{m['data']}`"

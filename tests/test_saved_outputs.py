@@ -1,0 +1,154 @@
+"""Tool outputs Claude Code saves to a file of their own.
+
+An output too large for the transcript is written whole to <session>/tool-results/<name>.txt,
+and the transcript's tool result holds only a preview naming that file. The thread keeps
+the file's bytes as a message of its own right after the result (export, get-messages and
+search reach it), views leave it out (the model only saw the preview), and a file that
+cannot be read is a counted problem, never silent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import cc_lhc
+from conftest import CC_LHC
+from fakeapi import block_text, text_reply, tool_use_reply
+from test_capture_live import registered_thread, run_main
+from test_capture_parse import Transcript, text
+
+NEEDLE = "END-OF-OUTPUT-needle-7731"
+
+
+def preview(path: str) -> str:
+    return (f"<persisted-output>\nOutput too large (215.7KB). Full output saved to: {path}\n\n"
+            "Preview (first 2KB):\nrow 0\nrow 1\n...\n</persisted-output>")
+
+
+def session_with_saved_output(tmp_path: Path, body: bytes | None, *, where=None, named=True):
+    """A transcript whose Bash call's output was saved to a file (``body``; None: the file
+    is gone), named by toolUseResult (``named``) or only by the preview (older versions)."""
+    sid = str(uuid.uuid4())
+    path = tmp_path / f"{sid}.jsonl"
+    saved = where or tmp_path / sid / "tool-results" / "bnrfihg75.txt"
+    if body is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_bytes(body)
+    t = Transcript(sid)
+    t.user("run it")
+    t.assistant({"type": "tool_use", "id": "toolu_big", "name": "Bash", "input": {"command": "big"}},
+                stop="tool_use")
+    extra = {"toolUseResult": {"stdout": "row 0\n", "persistedOutputPath": str(saved),
+                               "persistedOutputSize": len(body or b"")}} if named else {}
+    t.tool_result(("toolu_big", preview(str(saved))), **extra)
+    t.assistant(text("saw it"))
+    t.write(path)
+    return sid, path, saved
+
+
+def capture(sid, path):
+    home, thread = registered_thread(sid)
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    try:
+        cap.catch_up()
+    finally:
+        cap.stop()
+    status, out = run_main("export", thread, "--format", "json")
+    assert status == 0
+    return home, thread, json.loads(out)
+
+
+def problems(home, thread):
+    db = sqlite3.connect(home.path("threads", f"{thread}.sqlite"))
+    try:
+        return [(k, d) for k, d in db.execute("SELECT kind, detail FROM problems")]
+    finally:
+        db.close()
+
+
+def test_the_saved_file_is_a_message_right_after_its_result(tmp_path):
+    body = "".join(f"row {i}\n" for i in range(9000)).encode() + NEEDLE.encode() + b"\n"
+    sid, path, saved = session_with_saved_output(tmp_path, body)
+    home, thread, records = capture(sid, path)
+    kinds = [r["kind"] for r in records]
+    assert kinds == ["user_text", "tool_call", "tool_result", cc_lhc.SAVED_OUTPUT, "assistant_text"]
+    result, whole = records[2], records[3]
+    assert block_text({"content": result["output"]}).startswith("<persisted-output>")
+    assert whole["text"].encode() == body and whole["bytes"] == len(body) and whole["path"] == str(saved)
+    assert whole["tool_use_id"] == "toolu_big" and whole["turn"] == result["turn"]
+    assert problems(home, thread) == []
+    # the view Claude would be given holds the preview, never the file
+    store = cc_lhc.ThreadStore(home, thread)
+    turns = cc_lhc.load_turns(store)
+    shown = [m["kind"] for t in turns for band in cc_lhc.BANDS for m, _ in cc_lhc.visible_messages(t, band)]
+    assert cc_lhc.SAVED_OUTPUT not in shown and "tool_result" in shown
+    # and the markdown export fences it like a tool output
+    status, md = run_main("export", thread, "--format", "markdown")
+    assert status == 0 and NEEDLE in md and "saved to a file" in md
+
+
+def test_an_older_preview_alone_names_the_file_too(tmp_path):
+    sid, path, _saved = session_with_saved_output(tmp_path, b"whole output " + NEEDLE.encode(), named=False)
+    _home, _thread, records = capture(sid, path)
+    [whole] = [r for r in records if r["kind"] == cc_lhc.SAVED_OUTPUT]
+    assert whole["text"] == "whole output " + NEEDLE
+
+
+def test_bytes_that_are_not_utf8_are_kept_exactly(tmp_path):
+    body = b"caf\xe9 \xff\xfe " + NEEDLE.encode()
+    sid, path, _saved = session_with_saved_output(tmp_path, body)
+    _home, _thread, records = capture(sid, path)
+    [whole] = [r for r in records if r["kind"] == cc_lhc.SAVED_OUTPUT]
+    assert base64.b64decode(whole["raw_base64"]) == body and NEEDLE in whole["text"]
+
+
+def test_a_file_that_is_gone_is_a_counted_problem(tmp_path):
+    sid, path, saved = session_with_saved_output(tmp_path, None)
+    home, thread, records = capture(sid, path)
+    assert [r["kind"] for r in records] == ["user_text", "tool_call", "tool_result", "assistant_text"]
+    [(kind, detail)] = problems(home, thread)
+    assert kind == "saved_output_unreadable" and str(saved) in detail and "toolu_big" in detail
+
+
+def test_a_file_outside_the_sessions_folder_is_never_read(tmp_path):
+    secret = tmp_path / "elsewhere" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("not for the thread")
+    sid, path, _saved = session_with_saved_output(tmp_path, None, where=secret)
+    home, thread, records = capture(sid, path)
+    assert "not for the thread" not in json.dumps(records)
+    [(kind, detail)] = problems(home, thread)
+    assert kind == "saved_output_unreadable" and "tool-results" in detail
+
+
+def test_real_cli_a_large_output_is_captured_whole(real_claude):
+    rc = real_claude
+    cmd = ("python3 -c \"[print(f'row {i} filler-filler-filler-filler') for i in range(6000)]; "
+           f"print('{NEEDLE[:14]}' + '{NEEDLE[14:]}')\"")
+    rc.api.script([tool_use_reply("Bash", {"command": cmd, "description": "a large output"}),
+                   text_reply("saw it")])
+    p = rc.run_lhc("-p", "run it", "--allowedTools", "Bash", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    sid = json.loads(p.stdout)["session_id"]
+    [saved] = list((rc.project_dir / sid / "tool-results").iterdir())
+    transcript = (rc.project_dir / f"{sid}.jsonl").read_text()
+    assert NEEDLE not in transcript and "<persisted-output>" in transcript  # Claude kept a preview only
+    [thread] = json.loads(rc.run_lhc("threads", "--json").stdout)
+    records = json.loads(rc.run_lhc("export", thread["id"]).stdout)
+    [i] = [n for n, r in enumerate(records) if r["kind"] == cc_lhc.SAVED_OUTPUT]
+    assert records[i - 1]["kind"] == "tool_result" and records[i]["text"].encode() == saved.read_bytes()
+    label = records[i]["label"]
+    found = rc.run_lhc("search", NEEDLE, "--all")
+    assert found.returncode == 0 and label in found.stdout
+    # a session written from the thread's view holds the preview, not the file
+    new = str(uuid.uuid4())
+    w = rc.run_lhc("rollout", "write", "--thread-id", thread["id"], "--session-id", new)
+    assert w.returncode == 0, w.stderr
+    rebuilt = (rc.project_dir / f"{new}.jsonl").read_text()
+    assert "<persisted-output>" in rebuilt and NEEDLE not in rebuilt
