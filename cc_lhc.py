@@ -6440,6 +6440,8 @@ class Capture:
         self._span = FileSpan(path)   # what this process has verified the transcript holds
         self._agent_spans = {}        # the same for each subagent file, by source key
         self._looked = None           # when _relocated last looked for the transcript elsewhere
+        self._legacy_agents = {}      # agent-*.jsonl beside the session -> its entry, or None: not its
+        self._legacy_looked = None    # when _legacy_agent_files last listed that folder
 
     def _open(self):
         if self.store is None:
@@ -6708,7 +6710,7 @@ class Capture:
         workflow agent. The key names the file relative to the session's folder.
         """
         root = os.path.join(os.path.splitext(self.path)[0], "subagents")
-        found = []
+        found = self._legacy_agent_files()
         for folder, dirs, names in os.walk(root):
             dirs.sort()
             for name in sorted(names):
@@ -6722,6 +6724,45 @@ class Capture:
                         "compaction" if agent_id.startswith("acompact") else "subagent")
                 found.append((f"{self.session_id}/{rel}", path, agent_id, kind))
         return found
+
+    LEGACY_AGENT_HEAD = 1 << 16  # how much of a file's first line tells whose it is
+
+    def _legacy_agent_files(self):
+        """Subagent files as Claude Code 2.0 wrote them: agent-<id>.jsonl beside the
+        session's own file, in the projects folder every session of that folder shares,
+        so a file is this session's only when its first record names the session. What a
+        file's first line said is kept; the folder is looked at no more than once a
+        second (and at the last catch-up, once stopping)."""
+        import time
+        now = time.monotonic()
+        stopping = self._stop is not None and self._stop.is_set()
+        if self._legacy_looked is not None and now - self._legacy_looked < self.RELOCATE_EVERY and not stopping:
+            return [entry for entry in self._legacy_agents.values() if entry]
+        self._legacy_looked = now
+        folder = os.path.dirname(self.path)
+        stem = os.path.splitext(os.path.basename(self.path))[0]  # Claude names it by the session
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.startswith("agent-") and n.endswith(".jsonl"))
+        except OSError:
+            names = []
+        for name in names:
+            if name in self._legacy_agents:
+                continue
+            path = os.path.join(folder, name)
+            try:
+                with open_regular(path) as f:
+                    head = f.read(self.LEGACY_AGENT_HEAD)
+            except OSError:
+                continue
+            if b"\n" not in head:
+                continue  # its first line is not whole yet: asked again later
+            rec = json_record(head.split(b"\n", 1)[0])
+            mine = isinstance(rec, dict) and rec.get("sessionId") in (self.session_id, stem)
+            agent_id = name[len("agent-"):-len(".jsonl")]
+            self._legacy_agents[name] = (f"{self.session_id}/{name}", path, agent_id,
+                                         "compaction" if agent_id.startswith("acompact") else "subagent"
+                                         ) if mine else None
+        return [entry for entry in self._legacy_agents.values() if entry]
 
     def _catch_up_agents(self) -> int:
         """Read every subagent file's new complete lines into the record; returns lines read."""
@@ -13697,7 +13738,8 @@ def cmd_measure(args) -> int:
                        os.walk(where, onerror=lambda e: unread.append((e.filename, e.strerror)))
                        for f in names
                        if f.endswith(".jsonl") and os.path.isfile(os.path.join(d, f))  # no FIFOs or devices
-                       and "subagents" not in os.path.relpath(d, where).split(os.sep))
+                       and "subagents" not in os.path.relpath(d, where).split(os.sep)
+                       and not f.startswith("agent-"))  # a 2.0 subagent file: measured with its session
         if not files and not unread:
             raise usage_error(f"{where!r} holds no transcripts (.jsonl files)")
     elif os.path.isfile(where):

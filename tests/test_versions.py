@@ -9,6 +9,8 @@ view), and what is only counted is counted by kind.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -128,10 +130,23 @@ def test_1_0_98_sidechain_records_are_kept_and_linked_by_prompt(tmp_path):
 
 
 def test_2_0_76_agent_file_is_linked_through_its_progress_record(tmp_path):
-    t = captured("2.0.76", tmp_path)
+    # 2.0 wrote agent-<id>.jsonl beside the session file, in the folder all its sessions share
+    path = fixture_copy("2.0.76", tmp_path)
+    other = json.loads((path.parent / "agent-b2076aa.jsonl").read_text().splitlines()[0])
+    other.update(sessionId="20760000-0000-4000-8000-0000000000ff", agentId="c0ther", uuid="u-other")
+    other["message"] = {"role": "user", "content": "another session's agent"}
+    (path.parent / "agent-c0ther.jsonl").write_text(json.dumps(other) + "\n")
+    t = intake(path, SESSIONS["2.0.76"])
     assert t.store.agents()["b2076aa"]["tool_use_id"] == "toolu_0276task"
     assert [r[2] for r in agent_rows(t, "b2076aa")] == [
         "Summarise README.md in one line.", "README: a CLI host (agent-needle-2076)."]
+    assert "c0ther" not in t.store.agents() and agent_rows(t, "c0ther") == []
+    # measure counts it with its session, and a folder's agent files are not sessions of their own
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cc_lhc.main(["measure", str(path.parent), "--json"]) == 0
+    [report] = json.loads(out.getvalue())["sessions"]
+    assert report["subagents"] == 1 and report["subagent_messages"] == 2
 
 
 def test_two_subagents_and_a_workflow_reach_export_get_messages_and_search(
