@@ -2892,6 +2892,14 @@ class ThreadStore:
             "c.tool_use_id = a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL) FROM agents a")
         return {r[0]: {"kind": r[1], "tool_use_id": r[2], "source": r[3], "call": r[4]} for r in rows}
 
+    def keep_raw_line(self, session_id, line, offset, reason, raw) -> None:
+        """One transcript line kept byte for byte outside the parse (see RawLine), counted."""
+        import hashlib
+        with Tx(self.db) as db:
+            db.execute("INSERT OR IGNORE INTO raw_lines VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (session_id, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, utc_now_iso()))
+            self._count(session_id, reason, 1, len(raw))
+
     def mark_degraded(self, session_id, kind, detail):
         with Tx(self.db):
             self.db.execute("INSERT INTO problems (session, line, offset, kind, detail, created) "
@@ -9278,9 +9286,19 @@ def survivor_note(pid: int) -> str:
 
 
 def finish_capture(capture, spec, home):
-    """Read Claude's last lines into the record before cc-lhc exits."""
+    """Read Claude's last lines into the record before cc-lhc exits (or leaves the session).
+
+    A last line Claude left without its newline (killed while writing it) is then mended
+    as the next resume would mend it: a whole record gets its newline and is read in, a
+    cut-off fragment is kept in the thread (keep_cut_line) and trimmed. Otherwise a
+    session never resumed would keep its last record out of the thread for good.
+    """
     try:
         capture.stop()
+        mended = repair_torn_tail(capture.path, home, capture.session_id,
+                                  keep_cut_line(home, capture.thread_id, capture.session_id, capture.path))
+        if mended == "newline":
+            capture.stop()  # (a second stop is one more catch-up)
     except Exception as e:  # the session already ended well; say what was not captured
         say(f"capture of session {capture.session_id} did not finish: {e}")
         home.log("capture_error", thread=capture.thread_id, error=repr(e))
@@ -9643,7 +9661,7 @@ def attach_thread(spec, home, policy):
                 _resume_session(spec, current)
             path = _session_rollout(hostdb, spec.session_id, spec.cwd)
             refuse_irregular_transcript(path, spec.session_id, home)
-            repair_torn_tail(path, home, spec.session_id)
+            repair_torn_tail(path, home, spec.session_id, keep_cut_line(home, thread, spec.session_id, path))
         except BaseException:
             lease.release()
             raise
@@ -12419,12 +12437,13 @@ def _held_windows(path):  # pragma: no cover - Windows only
     return False
 
 
-def repair_torn_tail(path: str, home, session_id: str):
+def repair_torn_tail(path: str, home, session_id: str, on_trim=None):
     """Fix a transcript whose last line was cut off, before Claude resumes it.
 
     A complete record that only lacks its newline gets one; an incomplete fragment is
-    saved under torn-lines/ and trimmed. Nothing is touched unless no other process
-    can be shown to have the file open. Returns what was done, or None.
+    saved under torn-lines/ and trimmed (then on_trim(fragment, offset) is told). Nothing
+    is touched unless no other process can be shown to have the file open. Returns what
+    was done, or None.
     """
     try:
         with open_regular(path) as f:
@@ -12473,7 +12492,34 @@ def repair_torn_tail(path: str, home, session_id: str):
         f.truncate(size - len(fragment))
         os.fsync(f.fileno())
     home.log("torn_tail_trimmed", session=session_id, path=path, saved=saved, bytes=len(fragment))
+    if on_trim is not None:
+        on_trim(fragment, size - len(fragment))
     return "trimmed"
+
+
+TORN_LINE = "torn_line"  # a last line cut off while Claude wrote it, trimmed from the file
+
+
+def keep_cut_line(home, thread_id, session_id, path):
+    """The on_trim of repair_torn_tail for a thread: the trimmed fragment is kept in the
+    thread as a raw line (reason torn_line; export --format raw-lines shows it) and
+    counted, so the thread holds every byte Claude wrote even after the file is mended."""
+    def keep(fragment, offset):
+        line = 1
+        with open_regular(path) as f:
+            left = offset
+            while left > 0:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                line += chunk.count(b"\n")
+                left -= len(chunk)
+        store = ThreadStore(home, thread_id)
+        try:
+            store.keep_raw_line(session_id, line, offset, TORN_LINE, fragment)
+        finally:
+            store.close()
+    return keep
 
 
 # == 18. Launch: argument parsing, help, the managed launch =====================

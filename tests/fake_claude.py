@@ -24,7 +24,9 @@ one), in order; with no script it just exits 0. Steps (one key each):
   {"transcript": {"path": "...", "record": {...}}}
                            append the record as one JSON line; in the path, {session_id}
                            (from --session-id/--resume in argv) and {config_dir}
-                           (CLAUDE_CONFIG_DIR) are filled in; parent folders are created
+                           (CLAUDE_CONFIG_DIR) are filled in; parent folders are created;
+                           with "raw": "text" in place of "record", that text as it is
+                           (a line cut off, or a record without its newline)
   {"run": ["cmd", "arg"]}  run a command as Claude's Bash tool would (a child of this
                            process, same env); print its output, then "EXIT <status>"
   {"signal": "TERM"}       kill itself with that signal (name or number; default action)
@@ -120,7 +122,7 @@ def run_step(step):
                                   config_dir=os.environ.get("CLAUDE_CONFIG_DIR", ""))
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "a") as f:
-            f.write(json.dumps(arg["record"]) + "\n")
+            f.write(arg["raw"] if "raw" in arg else json.dumps(arg["record"]) + "\n")
     elif kind == "run":
         import subprocess
         done = subprocess.run(arg, capture_output=True, text=True)

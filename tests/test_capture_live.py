@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -769,3 +770,43 @@ def test_a_registry_from_a_newer_cc_lhc_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode in (1, 2)
     assert "newer cc-lhc" in proc.stderr and "registry.sqlite" in proc.stderr
+
+
+def _cut_last_line_launch(fake_claude, tail: str) -> tuple[str, Path]:
+    """A one-shot whose stand-in Claude writes a prompt and an answer, then ``tail`` with
+    no newline (as when it is killed mid-write), and exits."""
+    from test_registry_rebuild import lhc as run_lhc, transcript_steps
+    sid = str(uuid.uuid4())
+    steps = transcript_steps("a prompt before the cut", fake_claude.cwd)
+    path = steps[0]["transcript"]["path"]
+    steps.append({"transcript": {"path": path, "raw": tail}})
+    fake_claude.script(steps)
+    p = run_lhc(fake_claude, "--session-id", sid, "-p", "go")
+    assert p.returncode == 0, p.stderr
+    path = Path(path.format(config_dir=fake_claude.env["CLAUDE_CONFIG_DIR"], session_id=sid))
+    return sid, path
+
+
+def test_a_last_record_left_without_its_newline_reaches_the_thread_at_exit(fake_claude):
+    last = {"parentUuid": None, "type": "user", "uuid": str(uuid.uuid4()), "timestamp": "2026-01-01T00:00:01.000Z",
+            "message": {"role": "user", "content": "the last record, never ended by a newline"}}
+    sid, path = _cut_last_line_launch(fake_claude, json.dumps(last))
+    assert path.read_bytes().endswith(b"newline\"}}\n")          # mended as a resume would
+    [row] = threads_json()
+    status, out = run_main("export", row["id"], "--format", "json")
+    assert [m.get("text") for m in json.loads(out)][-1] == "the last record, never ended by a newline"
+    assert row["captured_bytes"] == path.stat().st_size
+
+
+def test_a_last_line_cut_off_is_kept_in_the_thread_and_trimmed_at_exit(fake_claude):
+    fragment = '{"parentUuid":null,"type":"assistant","message":{"content":[{"type":"text","text":"half of it'
+    sid, path = _cut_last_line_launch(fake_claude, fragment)
+    assert path.read_bytes().endswith(b"}\n")                      # trimmed back to the last whole line
+    [row] = threads_json()
+    status, out = run_main("export", row["id"], "--format", "raw-lines")
+    [kept] = [json.loads(line) for line in out.splitlines()]
+    assert kept["raw"] == fragment and kept["reason"] == cc_lhc.TORN_LINE and kept["line"] == 3
+    assert kept["offset"] == path.stat().st_size
+    home = cc_lhc.StateHome()
+    [saved] = Path(home.path("torn-lines")).iterdir()
+    assert saved.read_bytes() == fragment.encode()

@@ -186,6 +186,7 @@ def test_resume_repairs_a_torn_last_line_before_claude_appends(real_claude):
     session = json.loads(lhc(rc, "-p", "first", "--output-format", "json").stdout)["session_id"]
     [path] = rc.transcripts()
     fragment = b'{"parentUuid":"x","isSidechain":false,"type":"assistant","message":{"content":[{"ty'
+    whole = path.read_bytes()
     with open(path, "ab") as f:
         f.write(fragment)
     api.script(["after the repair"])
@@ -199,6 +200,10 @@ def test_resume_repairs_a_torn_last_line_before_claude_appends(real_claude):
     assert fragment not in path.read_bytes()
     [saved] = (rc.iso.lhc / "torn-lines").iterdir()
     assert saved.read_bytes() == fragment
+    # and the thread keeps the fragment too, where it was in the file
+    [kept] = [json.loads(line) for line in read_in_process("export", row["id"], "--format", "raw-lines").splitlines()]
+    assert kept["raw"].encode() == fragment and kept["reason"] == cc_lhc.TORN_LINE
+    assert (kept["line"], kept["offset"]) == (whole.count(b"\n") + 1, len(whole))
 
 
 # -- --continue, and prefixes -------------------------------------------------------------
