@@ -1068,6 +1068,17 @@ ClosedResponse = collections.namedtuple("ClosedResponse", "response_id turn segm
                                                           "segment_bytes")
 
 
+# What Claude Code writes as a user record when the person stops a turn with Esc (after a
+# refused tool result when a call was running): the turn is over, interrupted. It is not a
+# prompt, so it opens no turn that would stay open (and hold every later seam) for good.
+INTERRUPT_MARKERS = frozenset(("[Request interrupted by user]", "[Request interrupted by user for tool use]"))
+
+
+def _interrupt_marker(blocks) -> bool:
+    return (len(blocks) == 1 and isinstance(blocks[0], dict) and blocks[0].get("type") == "text"
+            and isinstance(blocks[0].get("text"), str) and blocks[0]["text"].strip() in INTERRUPT_MARKERS)
+
+
 def flatten_tool_output(content) -> str:
     """A tool result's content as the text a reader would see."""
     if isinstance(content, str):
@@ -1540,8 +1551,13 @@ class RolloutParser:
         has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
         local = None if has_result or self.agent is not None else _local_command_part(content)
         written_out = local is None and after_output and rec.get("isMeta") and self.s.open_turn is None
+        stopped = (self.agent is None and not has_result and not rec.get("isMeta")
+                   and _interrupt_marker(blocks))
         if local is not None or written_out:
             self._command_part(local or "output", created)
+        elif stopped:
+            if self.s.open_turn is None:  # (cc-lhc had already ended it): the note is a turn of its own
+                self._open_turn("interrupted", self.s.next_seq, created)
         elif not has_result and not rec.get("isMeta"):
             origin = (rec.get("origin") or {}).get("kind") if isinstance(rec.get("origin"), dict) else None
             _require_text(origin)
@@ -1576,6 +1592,10 @@ class RolloutParser:
             self._command_done(rec)
             if written_out:
                 self.s.local_output = False  # the output, once: a record after it is not
+        if stopped:
+            s = self.s
+            s.closed_response, s.unasked = None, False
+            self._close_turn(s.last_seq, "interrupted", "user_interrupt", created)
 
     def _saved_output(self, rec, output, block, line_no, offset, tool_use_id):
         """The whole of a tool output Claude saved to a file (SAVED_OUTPUT), as a message

@@ -1104,3 +1104,20 @@ def test_a_message_sent_mid_turn_is_a_user_message_of_that_turn():
     assert [c.status for c in out.turns_closed] == ["closed", "closed"]
     assert "attachment/queued_command" in out.telemetry  # the one without a prompt
     assert out.telemetry["attachment/queued_command"].count == 1 and "attachment/date" in out.telemetry
+
+
+def test_an_interrupt_note_ends_the_turn_it_stopped():
+    t = Transcript()
+    t.user("write the long essay")
+    t.assistant(text("It was a dark and"), stop=None)          # Esc while the answer streamed
+    t.user("[Request interrupted by user]")
+    t.user("something shorter")
+    t.assistant(text("Fine."))
+    t.user("[Request interrupted by user for tool use]")     # a second note, after a closed turn
+    out = parse_bytes(t.data())
+    opened = [(o.n, o.kind) for o in out.turns_opened]
+    closed = {c.n: (c.status, c.stop_reason) for c in out.turns_closed}
+    assert opened == [(1, "prompt"), (2, "prompt"), (3, "interrupted")]
+    assert closed[1] == ("interrupted", "user_interrupt") and closed[3] == ("interrupted", "user_interrupt")
+    assert [(m[1], m[5]) for m in out.messages][:3] == [(1, "write the long essay"), (1, "It was a dark and"),
+                                                        (1, "[Request interrupted by user]")]

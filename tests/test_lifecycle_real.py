@@ -286,3 +286,42 @@ def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
     export = json.loads(real_claude.run([sys.executable, CC_LHC, "export", thread_id]).stdout)
     assert [m.get("text") for m in export] == ["a long question", "the held answer", "after fg", "second answer",
                                                "after the second fg", "third answer"]
+
+
+def test_a_turn_stopped_with_esc_is_over_and_its_seam_settled(real_claude, tmux):
+    """Esc on a tool call Claude asks about writes a refused result and the note
+    "[Request interrupted by user for tool use]": the turn is over (interrupted), so an
+    idle session is at a settled seam and Smart Compact can run there; the note opened a
+    prompt turn that stayed open for good before."""
+    from realcli import wait_until
+    rc = real_claude
+    slow = "python3 -c 'import time; time.sleep(30)'"
+    rc.api.script([tool_use_reply("Bash", {"command": slow, "description": "a slow one"}), "after the stop"])
+    t = tmux([sys.executable, CC_LHC], cols=100, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "run the slow one")
+    t.wait_for("Esc to cancel")
+    t.send_keys("Escape")
+    [path] = rc.transcripts()
+    marker = "[Request interrupted by user for tool use]"
+    wait_until(lambda: marker in path.read_text(), "the interrupt note in the transcript")
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+
+    def last_turn():
+        store = cc_lhc.ThreadStore(home, thread_id)
+        try:
+            return (list(store.db.execute("SELECT kind, status, stop_reason FROM turns ORDER BY n"))[-1],
+                    cc_lhc.unsettled_reason(store, idle=True))
+        finally:
+            store.close()
+    turn, unsettled = wait_until(lambda: (lambda r: r if r[0][2] == "user_interrupt" else None)(last_turn()),
+                                 "the stopped turn closed")
+    assert turn[1] == "interrupted" and unsettled == ""
+    type_line(t, "carry on")
+    t.wait_for("after the stop")
+    exit_cleanly(t)
+    export = json.loads(rc.run([sys.executable, CC_LHC, "export", thread_id]).stdout)
+    [note] = [m for m in export if m.get("text") == marker]
+    [call] = [m for m in export if m["kind"] == "tool_call"]
+    assert note["turn"] == call["turn"]              # the note ends the turn it stopped
