@@ -1041,6 +1041,10 @@ LOCAL_COMMAND_NAME = "<command-name>"
 LOCAL_COMMAND_OUTPUT = ("<local-command-stdout>", "<local-command-stderr>")
 COMMAND_TURN = "command"
 LOCAL_OUTPUT_KEY = "local_output:"  # + session id: ParseState.local_output, in the thread's meta
+TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the same way
+# Claude Code writes this once the Stop hooks ran, and only when there are any: a thread
+# holding one has hooks that may keep Claude working after its final answer.
+STOP_HOOK_SUMMARY = "system/stop_hook_summary"
 
 # The rows a parsed batch carries (ParseOutput). They are tuples in the store's column
 # order, so the store inserts them as they come; everything else reads them by name.
@@ -1171,6 +1175,10 @@ class ParseState:
         # after it is that output written out for the model (/context), not a new turn. Kept
         # in the thread's meta (LOCAL_OUTPUT_KEY) when a batch changes it.
         self.local_output = False
+        # The newest turn ended on a final stop_reason and no end-of-turn record (Stop hooks
+        # done, TURN_END_SUBTYPES) came after it yet: Claude may still be running its Stop
+        # hooks, one of which can send it back to work. In the meta as TURN_END_KEY.
+        self.turn_end_due = False
         self.segment = 0             # current segment index within the open turn
         self.segment_first = None    # first seq of the current segment
         self.segment_bytes = 0       # size of the current segment's text so far
@@ -1208,6 +1216,7 @@ class ParseOutput:
         self.agents = []         # AgentRow: seen or linked
         self.raw_lines = []      # RawLine: lines kept verbatim
         self.local_output = None  # ParseState.local_output at the batch's end, if the batch changed it
+        self.turn_end_due = None  # the same for ParseState.turn_end_due
 
 
 # An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
@@ -1252,11 +1261,14 @@ class RolloutParser:
         self.read_saved = None
         self._odd = []  # why the line being fed is also kept verbatim (text_repaired, ...)
         self._local_output = state.local_output  # as the store holds it
+        self._turn_end_due = state.turn_end_due
 
     def take(self) -> ParseOutput:
         out, self.out = self.out, ParseOutput()
         if self.s.local_output != self._local_output:
             out.local_output = self._local_output = self.s.local_output
+        if self.s.turn_end_due != self._turn_end_due:
+            out.turn_end_due = self._turn_end_due = self.s.turn_end_due
         return out
 
     # -- lines ---------------------------------------------------------------
@@ -1352,6 +1364,7 @@ class RolloutParser:
                 label = f"progress/{data.get('type')}"
                 self._link(data.get("agentId"), rec.get("parentToolUseID"))
             elif rtype == "system" and rec.get("subtype") in TURN_END_SUBTYPES and self.agent is None:
+                self.s.turn_end_due = False
                 self._turn_ended(rec)
             elif rtype == "system" and rec.get("subtype") == "local_command" and self.agent is None:
                 if _local_command_part(rec.get("content")) == "output":
@@ -1465,6 +1478,7 @@ class RolloutParser:
         self.s.next_turn += 1
         self.s.open_turn, self.s.open_kind = n, kind
         self.s.turn_first, self.s.unasked, self.s.answering = seq, False, False
+        self.s.turn_end_due = False
         self.s.segment, self.s.segment_first, self.s.segment_bytes = 0, seq, 0
         self.out.turns_opened.append(TurnOpened(n, kind, seq, self.session, created))
         return n
@@ -1525,6 +1539,8 @@ class RolloutParser:
         s = self.s
         if s.open_turn is None or s.last_seq is None:
             return
+        if s.open_kind == "continuation" and not s.answering:
+            return  # a Stop hook's feedback, written just before: the model answers it next
         first = s.turn_first if s.turn_first is not None else 0
         if any(seq >= first for seq in s.outstanding.values()):
             return
@@ -1712,6 +1728,7 @@ class RolloutParser:
             s.closed_response = ClosedResponse(response_id, s.open_turn, s.segment, s.segment_first,
                                                s.segment_bytes)
             self._close_turn(last, "closed", stop or "api_error", created)
+            s.turn_end_due = stop in TERMINAL_STOP_REASONS
 
 
 def _local_command_part(content):
@@ -2713,6 +2730,8 @@ class ThreadStore:
             "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
         state.local_output = db.execute("SELECT value FROM meta WHERE key = ?",
                                         (LOCAL_OUTPUT_KEY + session_id,)).fetchone() == ("1",)
+        state.turn_end_due = db.execute("SELECT value FROM meta WHERE key = ?",
+                                        (TURN_END_KEY + session_id,)).fetchone() == ("1",)
         views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
                                 (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
         state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
@@ -2817,6 +2836,9 @@ class ThreadStore:
             if out.local_output is not None:
                 db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                            (LOCAL_OUTPUT_KEY + session_id, "1" if out.local_output else "0"))
+            if out.turn_end_due is not None:
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                           (TURN_END_KEY + session_id, "1" if out.turn_end_due else "0"))
             if out.problems:
                 insert_rows(db, "INSERT INTO problems (session, line, offset, kind, detail, created)", 6,
                             [p + (now,) for p in out.problems])
@@ -6854,8 +6876,9 @@ class Capture:
     def _report(self, out: ParseOutput):
         for event in out.events:
             self.on_event(event, self)
-        answered = out.usage or any(m.kind == "api_error" for m in out.messages)
-        if answered and self.on_responses:  # Claude answered, or the API refused to
+        answered = (out.usage or any(m.kind == "api_error" for m in out.messages)
+                    or out.turn_end_due is False)
+        if answered and self.on_responses:  # Claude answered, the API refused to, or the turn ended
             self.on_responses(self)
         for problem in out.problems:
             self.home.log("capture_problem", thread=self.thread_id, session=problem.session,
@@ -7012,6 +7035,15 @@ class Receipts:
             self.home.log("receipt_outcome_lost", receipt=receipt_id, outcome=outcome, error=repr(e))
 
 
+def _stop_hooks_running(store, session_id) -> bool:
+    """Whether the newest turn ended on Claude's final answer with the thread's Stop hooks
+    yet to report (ParseState.turn_end_due): a hook may still send Claude back to work,
+    and a swap now would end it with the hook's demand unheard."""
+    due = store.db.execute("SELECT value FROM meta WHERE key = ?", (TURN_END_KEY + (session_id or ""),)).fetchone()
+    return due == ("1",) and store.db.execute(
+        "SELECT 1 FROM telemetry WHERE type = ? AND count > 0 LIMIT 1", (STOP_HOOK_SUMMARY,)).fetchone() is not None
+
+
 def unsettled_reason(store, idle=False) -> str:
     """'' when the record ends at a settled seam, else why not.
 
@@ -7019,7 +7051,9 @@ def unsettled_reason(store, idle=False) -> str:
     open whose newest response asked for no tool is over: versions that wrote stop_reason
     null and no end-of-turn record (1.0.x) leave their last turn looking like that.
     """
-    row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    row = store.db.execute("SELECT n, status, source_session FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    if row and row[1] != "open" and not idle and _stop_hooks_running(store, row[2]):
+        return f"Claude's Stop hooks have not reported the end of t{row[0]} yet"
     if not row or row[1] != "open":
         # A tool call left unanswered inside a closed turn (an interrupt) is no reason to
         # wait: Claude drops it on resume and the view pairs calls with results.

@@ -1121,3 +1121,47 @@ def test_an_interrupt_note_ends_the_turn_it_stopped():
     assert closed[1] == ("interrupted", "user_interrupt") and closed[3] == ("interrupted", "user_interrupt")
     assert [(m[1], m[5]) for m in out.messages][:3] == [(1, "write the long essay"), (1, "It was a dark and"),
                                                         (1, "[Request interrupted by user]")]
+
+
+def test_stop_hooks_hold_the_seam_until_they_report(tmp_path):
+    """The order Claude Code 2.1.328 writes when a Stop hook sends it back once (taken from
+    a real run): final answer, the hook's feedback (isMeta), stop_hook_summary, the answer
+    to the feedback, stop_hook_summary. Once the thread has shown it runs Stop hooks, a
+    turn that ended on a final answer is a settled seam only after the hooks reported; the
+    feedback and its answer are one turn, open until answered."""
+    sid = "sess-hooks"
+    t = Transcript(sid)
+    steps = []
+
+    def step(fn, *a, **kw):
+        fn(*a, **kw)
+        steps.append(len(t.lines))
+    step(t.user, "first prompt")
+    step(t.assistant, text("first answer"))
+    step(t.bookkeeping, "system", subtype="stop_hook_summary", uuid="sys-1")
+    step(t.user, "second prompt")
+    step(t.assistant, text("second answer"))                    # hooks still running here
+    step(t.user, "Stop hook feedback:\n[stop.sh]: tests fail, keep going", isMeta=True)
+    step(t.bookkeeping, "system", subtype="stop_hook_summary", uuid="sys-2")
+    step(t.assistant, text("fixed the tests"))
+    step(t.bookkeeping, "system", subtype="stop_hook_summary", uuid="sys-3")
+    path = tmp_path / f"{sid}.jsonl"
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "fresh")
+    seen = []
+    for n in steps:
+        path.write_bytes(b"".join(line + b"\n" for line in t.lines[:n]))
+        cap = cc_lhc.Capture(home, thread, sid, str(path))
+        cap.catch_up()
+        seen.append(bool(cc_lhc.unsettled_reason(cap.store)))
+        idle = cc_lhc.unsettled_reason(cap.store, idle=True)
+        cap.stop()
+    # (the first answer: no hook had reported in this thread yet, so nothing says to wait)
+    assert seen == [True, False, False, True, True, True, True, True, False]
+    assert idle == ""
+    store = cc_lhc.ThreadStore(home, thread)
+    rows = list(store.db.execute("SELECT n, kind, status, stop_reason FROM turns ORDER BY n"))
+    assert [r[1] for r in rows] == ["prompt", "prompt", "continuation"] and rows[-1][2:] == ("closed", "end_turn")
+    assert [(m["turn"], m["text"][:9]) for m in store.messages()][-2:] == [(3, "Stop hook"), (3, "fixed the")]
+    store.close()

@@ -476,3 +476,39 @@ def test_a_message_typed_mid_turn_is_in_the_rebuilt_session_a_swap_resumes(real_
     assert last["session_id"] != real_claude.api.message_requests[0]["session_id"]  # the replacement
     assert "QUEUED-WORDS also check the date" in sent and "run the thing" in sent
     exit_cleanly(t)
+
+
+def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux):
+    """A Stop hook runs after Claude's final answer and may send it back to work: once the
+    thread has shown it runs one (stop_hook_summary), a seam over the trigger is taken
+    only after the hooks reported, so a swap never ends Claude while a hook runs."""
+    import datetime
+    import os
+    from fakeapi import text_reply
+    from realcli import wait_until
+    rc = real_claude
+    runs, done = rc.iso.root / "hook-runs", rc.iso.root / "hook-done"
+    hook = rc.iso.root / "stop-hook.sh"
+    hook.write_text(f"#!/bin/sh\necho run >> {runs}\n"
+                    f"if [ \"$(wc -l < {runs})\" -eq 2 ]; then sleep 2; touch {done}; fi\nexit 0\n")
+    hook.chmod(0o755)
+    settings = rc.iso.root / "hook-settings.json"
+    settings.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": str(hook)}]}]}}))
+    rc.api.script(["first answer", text_reply("a very long answer", usage=OVER_USAGE), "after the swap"])
+    t = tmux([sys.executable, CC_LHC, "--settings", str(settings)], cols=100, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "one")
+    t.wait_for("first answer")
+    [path] = rc.transcripts()
+    wait_until(lambda: "stop_hook_summary" in path.read_text(), "the hooks' first report")
+    type_line(t, "go long")
+    t.wait_for("a very long answer")
+    wait_for_log(rc, "handoff_spawned")
+    when = datetime.datetime.fromisoformat(log_events(rc, "handoff_spawned")[0]["ts"].replace("Z", "+00:00"))
+    assert done.exists(), "the swap began while the Stop hook still ran"
+    assert when.timestamp() >= os.stat(done).st_mtime - 0.05
+    wait_for_log(rc, "handoff_switched")
+    t.wait_for(PROMPT)
+    type_line(t, "next one")
+    t.wait_for("after the swap")
+    exit_cleanly(t)
