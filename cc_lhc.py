@@ -8162,14 +8162,20 @@ anything back exactly with `cc-lhc get-turns`, `get-messages` or `search`."""
 
 
 def leader_key():
-    """The byte sequence that opens the panel: $CC_LHC_LEADER (e.g. ctrl-] or ^]), or ctrl-]."""
-    name = os.environ.get("CC_LHC_LEADER", "ctrl-]").strip().lower()
+    """The key that opens the panel: $CC_LHC_LEADER (e.g. ctrl-g or ^g), or ctrl-].
+
+    Returns (its byte, its name as the panel says it, why the variable was not used or
+    None): a value that names no control key falls back to ctrl-], and the panel says so.
+    """
+    given = os.environ.get("CC_LHC_LEADER")
+    name = (given if given is not None else "ctrl-]").strip().lower()
     if name in LEADER_NAMES:
-        return LEADER_NAMES[name]
+        return LEADER_NAMES[name], name, None
     m = re.fullmatch(r"(?:ctrl-|\^)([a-z@\[\\\]^_])", name)
     if m:
-        return bytes([ord(m.group(1).upper()) & 0x1F])
-    return LEADER_NAMES["ctrl-]"]
+        return bytes([ord(m.group(1).upper()) & 0x1F]), f"ctrl-{m.group(1)}", None
+    return (LEADER_NAMES["ctrl-]"], "ctrl-]",
+            f"CC_LHC_LEADER={given!r} names no control key (ctrl-a to ctrl-z, ctrl-]...): ctrl-] opens this panel")
 
 
 class ControlPanel:
@@ -8198,7 +8204,7 @@ class ControlPanel:
         self.cut = b""              # a terminal sequence the last read cut short (terminal_sent)
         self.cut_at = None          # when it began (monotonic)
         self.hold_until = None      # when a cut still not completed is taken as keys after all
-        leader = leader_key()
+        leader, self.leader_name, self.leader_problem = leader_key()
         self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
             if leader == b"\x1d" else (leader,)
 
@@ -8318,7 +8324,7 @@ class ControlPanel:
         self.open, self.cut = True, b""
         relay.hold_output = True
         self.output = self._opening_notes() + [
-            "Type a command (/help lists them); Esc or ctrl-] returns to Claude."]
+            f"Type a command (/help lists them); Esc or {self.leader_name} returns to Claude."]
         # Claude drawing inline: the panel goes on the alternate screen, keeping Claude's
         # as it is. Claude already on the alternate screen (its full-screen mode): the
         # panel draws over it, and Claude repaints when the panel closes.
@@ -8333,6 +8339,9 @@ class ControlPanel:
         session = self.session
         notes = []
         policy = session.policy
+        if self.leader_problem:
+            notes.append(self.leader_problem)
+            self.leader_problem = None  # said once
         if policy.fell_back and not self.told_fallback:
             self.told_fallback = True
             notes.append("\n".join([MSG_CONFIG_FALLBACK] + [f"  {x}" for x in policy.problems]))

@@ -275,3 +275,21 @@ def test_a_sequence_never_completed_is_taken_for_keys_once_its_wait_is_over(monk
     q.hold_until = 0.0
     q.on_tick(q.relay)
     assert q.open and bytes(q.relay.to_child) == b"]"
+
+
+def test_a_leader_of_ones_own_is_the_key_the_panel_names(monkeypatch):
+    p = panel(monkeypatch, leader="ctrl-g")
+    assert p.on_input(b"x\x07") == b"x" and p.open
+    assert p.output[-1] == "Type a command (/help lists them); Esc or ctrl-g returns to Claude."
+    assert p.on_input(b"\x07") == b"" and not p.open           # the same key closes it
+    assert p.on_input(b"\x1d") == b"\x1d"                      # ctrl-] is Claude's again
+
+
+def test_a_leader_that_names_no_key_falls_back_and_the_panel_says_so(monkeypatch):
+    p = panel(monkeypatch, leader="hyper-x")
+    assert p.on_input(b"\x1d") == b"" and p.open
+    assert p.output[0].startswith("CC_LHC_LEADER='hyper-x' names no control key")
+    assert p.output[-1].endswith("Esc or ctrl-] returns to Claude.")
+    assert press_esc(p) == b"" and not p.open
+    p.on_input(b"\x1d")
+    assert not any("CC_LHC_LEADER" in line for line in p.output)  # said once
