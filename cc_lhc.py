@@ -72,7 +72,8 @@ MSG_UNGOVERNED = ("--no-session-persistence: Claude keeps no transcript, so cc-l
                   "compaction left on")
 
 # Claude Code subcommands: a launch naming one of these is not a session, so it is
-# passed through untouched (no session id, no capture). `doctor` is ours.
+# passed through untouched (no session id, no capture). `doctor` is ours, and Claude's
+# after `--` (cc-lhc -- doctor).
 CLAUDE_SUBCOMMANDS = frozenset(
     "agents attach auth auto-mode gateway import install logs mcp plugin plugins "
     "purge respawn rm setup-token stop kill ultrareview update upgrade".split()
@@ -3323,7 +3324,8 @@ def label_ranges(numbers):
 
 
 def omitted_line(a: int, b: int) -> str:
-    """The line that names turns left out of a view (the contract's exact form)."""
+    """The line that names turns left out of a view (the contract's exact form, even for one
+    turn: tN\u2013tN, so whoever reads the line back meets one shape)."""
     return f"turns t{a}\u2013t{b} not in view; use get-turns"
 
 
@@ -8550,10 +8552,11 @@ class ControlPanel:
             return (f"profile {p['profile']}; choose with /allocation <name>:\n" + "\n".join(
                 f"  {name:<11} full {s['full']:.0%}, lean {s['lean']:.0%}, summary {s['summary']:.0%}"
                 for name, s in PROFILE_SHARES.items()))
-        if args[0] not in PROFILES:
+        name = args[0].lower()  # (Default, Balanced, Historical as the panel's help names them)
+        if name not in PROFILES:
             raise usage_error(f"profiles: {', '.join(PROFILES)}")
-        p.values["profile"], p.sources["profile"] = args[0], "panel"
-        return f"profile {args[0]} for the rest of this session"
+        p.values["profile"], p.sources["profile"] = name, "panel"
+        return f"profile {name} for the rest of this session"
 
     def cmd_export(self, _args) -> str:
         session = self.session
@@ -12946,7 +12949,8 @@ def build_launch(argv) -> LaunchSpec:
     spec.autocompact = found["autocompact"]
     spec.positionals = found["positionals"]
     first = found["positionals"][0] if found["positionals"] else None
-    if found["help_or_version"] or (first in CLAUDE_SUBCOMMANDS and claude_args
+    # (`doctor` reaches here only after `--`: `cc-lhc doctor` is cc-lhc's own check)
+    if found["help_or_version"] or ((first in CLAUDE_SUBCOMMANDS or first == "doctor") and claude_args
                                     and claude_args[0] == first):
         spec.passthrough = True
         spec.child_argv = [find_claude_binary()] + claude_args
@@ -13566,6 +13570,10 @@ def cmd_search(args) -> int:
     start = _take_number(args, "--from", None, 0)
     thread = _take_option(args, "--thread")
     every = _take_flag(args, "--all")
+    odd = next((a for a in args if re.fullmatch(r"--[A-Za-z][\w-]*(=.*)?", a)), None)
+    if odd is not None:
+        raise usage_error(f"search: unknown option {odd} (to search for text that starts with --, "
+                          f"put -- before it: cc-lhc search -- {odd})")
     text = " ".join(args + text_args)
     if not text:
         raise usage_error(SEARCH_USAGE)

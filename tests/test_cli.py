@@ -202,6 +202,12 @@ def test_claude_help_version_and_subcommands_reach_claude_unchanged(fake_claude,
     assert out(p) == "claude says hi\n"
 
 
+def test_claudes_own_doctor_is_reached_after_a_double_dash(fake_claude):
+    p = lhc(fake_claude, "--", "doctor", script=[{"print": "claude's doctor"}])
+    assert p.returncode == 0, err(p)
+    assert only_launch(fake_claude)["argv"] == ["doctor"] and out(p) == "claude's doctor\n"
+
+
 def test_reserved_subcommands_are_never_forwarded(fake_claude):
     for name in cc_lhc.LHC_SUBCOMMANDS:
         args = [name, "write"] if name == "rollout" else [name]

@@ -293,3 +293,10 @@ def test_a_leader_that_names_no_key_falls_back_and_the_panel_says_so(monkeypatch
     assert press_esc(p) == b"" and not p.open
     p.on_input(b"\x1d")
     assert not any("CC_LHC_LEADER" in line for line in p.output)  # said once
+
+
+def test_allocation_takes_the_profile_names_as_the_help_writes_them(monkeypatch):
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d/allocation Balanced\r")
+    assert p.output[-1] == "profile balanced for the rest of this session"
+    assert p.session.policy["profile"] == "balanced"

@@ -325,6 +325,7 @@ def test_export_shows_the_turn_a_hit_names(two_folders, monkeypatch, capsysbinar
     (["--from", "10", "alpha"], "--from continues a search inside a session"),
     (["--thread", "zzzz", "alpha"], "no thread matches"),
     ([], "usage: cc-lhc search"),
+    (["alpha", "--bogus", "--all"], "unknown option --bogus (to search for text that starts with --, put -- before it"),
 ])
 def test_bad_arguments_outside_a_session(two_folders, capsysbinary, argv, message):
     status, out, err = search(capsysbinary, *argv)
@@ -533,3 +534,10 @@ def test_text_after_a_nul_is_found_exactly(tmp_path, monkeypatch, capsysbinary):
         hits = hits_of(found)
         assert status == 0 and hits and hits[0]["how"] == "exact", (needle, found, err)
         assert int(hits[0]["seq"]) == result["seq"]
+
+
+def test_text_that_looks_like_an_option_is_searched_after_a_double_dash(two_folders, capsysbinary):
+    status, out, err = search(capsysbinary, "--all", "--", "--bogus")
+    assert status == 0 and "unknown option" not in err
+    status, out, err = search(capsysbinary, "--all", "a phrase --with a dash inside")  # one argument: text
+    assert status == 0 and "unknown option" not in err
