@@ -1043,6 +1043,14 @@ LOCAL_COMMAND_OUTPUT = ("<local-command-stdout>", "<local-command-stderr>")
 COMMAND_TURN = "command"
 LOCAL_OUTPUT_KEY = "local_output:"  # + session id: ParseState.local_output, in the thread's meta
 TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the same way
+CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
+# A prompt Claude chained to an earlier record than the newest one: the person rewound the
+# conversation (Esc Esc, /rewind: "Restore conversation") or edited an earlier prompt. The
+# turns after that record are off Claude's branch now: kept in the thread as they were
+# (export, search, get-turns) but left out of every view, under OFF_BRANCH_KEY + session +
+# first seq (the value is the last seq of the run; wrapper.log says "rewound").
+OFF_BRANCH_KEY = "off_branch:"
+OWN_UUID_KEY = re.compile(rb'[{,]\s*"uuid"\s*:\s*$')
 # Claude Code writes this once the Stop hooks ran, and only when there are any: a thread
 # holding one has hooks that may keep Claude working after its final answer.
 STOP_HOOK_SUMMARY = "system/stop_hook_summary"
@@ -1180,6 +1188,7 @@ class ParseState:
         # done, TURN_END_SUBTYPES) came after it yet: Claude may still be running its Stop
         # hooks, one of which can send it back to work. In the meta as TURN_END_KEY.
         self.turn_end_due = False
+        self.chain_tip = None        # the newest main-chain record's uuid (CHAIN_TIP_KEY)
         self.segment = 0             # current segment index within the open turn
         self.segment_first = None    # first seq of the current segment
         self.segment_bytes = 0       # size of the current segment's text so far
@@ -1218,6 +1227,8 @@ class ParseOutput:
         self.raw_lines = []      # RawLine: lines kept verbatim
         self.local_output = None  # ParseState.local_output at the batch's end, if the batch changed it
         self.turn_end_due = None  # the same for ParseState.turn_end_due
+        self.chain_tip = None     # and for ParseState.chain_tip
+        self.branches = []        # (parent uuid, line) of prompts chained to an older record
 
 
 # An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
@@ -1263,6 +1274,8 @@ class RolloutParser:
         self._odd = []  # why the line being fed is also kept verbatim (text_repaired, ...)
         self._local_output = state.local_output  # as the store holds it
         self._turn_end_due = state.turn_end_due
+        self._chain_tip = state.chain_tip
+        self._off_tip = False  # the record being read names a parent other than the tip
 
     def take(self) -> ParseOutput:
         out, self.out = self.out, ParseOutput()
@@ -1270,6 +1283,8 @@ class RolloutParser:
             out.local_output = self._local_output = self.s.local_output
         if self.s.turn_end_due != self._turn_end_due:
             out.turn_end_due = self._turn_end_due = self.s.turn_end_due
+        if self.s.chain_tip != self._chain_tip:
+            out.chain_tip = self._chain_tip = self.s.chain_tip
         return out
 
     # -- lines ---------------------------------------------------------------
@@ -1338,7 +1353,13 @@ class RolloutParser:
         if rec.get("isSidechain") and self.agent is None:
             self._sidechain(rec, rtype, size, line_no, offset)
         else:
+            main = self.agent is None
+            tip = self.s.chain_tip
+            self._off_tip = main and parent is not None and tip is not None and parent != tip
             self._dispatch(rec, rtype, size, line_no, offset)
+            self._off_tip = False
+            if main:
+                self.s.chain_tip = uid
 
     def _dispatch(self, rec, rtype, size, line_no, offset):
         if self.agent is None and self._replayed(rec, rtype, size):
@@ -1578,6 +1599,8 @@ class RolloutParser:
         elif not has_result and not rec.get("isMeta"):
             origin = (rec.get("origin") or {}).get("kind") if isinstance(rec.get("origin"), dict) else None
             _require_text(origin)
+            if self._off_tip:
+                self.out.branches.append((rec.get("parentUuid"), line_no))
             self._open_turn(origin or "prompt", self.s.next_seq, created)
         for i, block in enumerate(blocks):
             if not isinstance(block, dict):
@@ -2733,6 +2756,8 @@ class ThreadStore:
                                         (LOCAL_OUTPUT_KEY + session_id,)).fetchone() == ("1",)
         state.turn_end_due = db.execute("SELECT value FROM meta WHERE key = ?",
                                         (TURN_END_KEY + session_id,)).fetchone() == ("1",)
+        tip = db.execute("SELECT value FROM meta WHERE key = ?", (CHAIN_TIP_KEY + session_id,)).fetchone()
+        state.chain_tip = tip[0] if tip else None
         views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
                                 (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
         state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
@@ -2840,6 +2865,8 @@ class ThreadStore:
             if out.turn_end_due is not None:
                 db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                            (TURN_END_KEY + session_id, "1" if out.turn_end_due else "0"))
+            if out.chain_tip is not None:
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (CHAIN_TIP_KEY + session_id, out.chain_tip))
             if out.problems:
                 insert_rows(db, "INSERT INTO problems (session, line, offset, kind, detail, created)", 6,
                             [p + (now,) for p in out.problems])
@@ -3059,16 +3086,24 @@ def thread_copy(home, thread_id: str):
     return ThreadCopy(thread_id, cwd, sessions[0][1], "restored", aliases, [], [], True)
 
 
+def off_branch(store) -> list:
+    """(first, last) seq runs that a rewind left off Claude's branch (OFF_BRANCH_KEY)."""
+    return sorted((int(k.rsplit(":", 1)[1]), int(v)) for k, v in store.db.execute(
+        "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";")))
+
+
 def load_turns(store, closed_only=True):
-    """All turns of a thread with their messages, in order (as the views see them)."""
+    """All turns of a thread with their messages, in order (as the views see them): a
+    message a rewind left off Claude's branch is not one of them (off_branch)."""
     turns = {}
     for n, kind, status in store.db.execute("SELECT n, kind, status FROM turns ORDER BY n"):
         if closed_only and status == "open":
             continue
         turns[n] = Turn(n, kind, status, [])
+    runs = off_branch(store)
     for m in store.messages():
         t = turns.get(m["turn"])
-        if t is not None:
+        if t is not None and not (runs and any(a <= m["seq"] <= b for a, b in runs)):
             t.messages.append(m)
     return [t for t in turns.values() if t.messages]
 
@@ -6558,6 +6593,43 @@ class Capture:
 
     RELOCATE_EVERY = 1.0  # seconds between looks for a transcript written somewhere else
 
+    def _rewound(self, parent, line) -> None:
+        """A prompt at ``line`` chained to ``parent``, not to the newest record (see
+        OFF_BRANCH_KEY): the turns this session's file holds between the two are off
+        Claude's branch when they hold a prompt of their own (a rewind). Anything else (a
+        record chained past a progress record, say) leaves the thread as it is."""
+        import mmap
+        try:
+            with open_regular(self.path) as f:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return
+        store = self.store
+        begin = store.source(self.session_id)["start_offset"] or 0  # where its line numbers start
+        try:
+            value, at = b'"' + parent.encode("utf-8", "replace") + b'"', len(data)
+            while True:  # the record whose own uuid it is (its children name it as parentUuid)
+                at = data.rfind(value, begin, at)
+                if at < 0 or OWN_UUID_KEY.search(data[max(begin, at - 16):at]):
+                    break
+            if at < begin:
+                return  # not among the lines captured (a record cc-lhc replayed, or none)
+            parent_line = 1
+            for start in range(begin, at, 1 << 22):
+                parent_line += data[start:min(at, start + (1 << 22))].count(b"\n")
+        finally:
+            data.close()
+        first, last, prompts = store.db.execute(
+            "SELECT min(seq), max(seq), sum(kind = 'user_text') FROM messages WHERE source_session = ? "
+            "AND agent IS NULL AND line > ? AND line < ?", (self.session_id, parent_line, line)).fetchone()
+        if not prompts:
+            return
+        with Tx(store.db) as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                       (f"{OFF_BRANCH_KEY}{self.session_id}:{first}", str(last)))
+        self.home.log("rewound", thread=self.thread_id, session=self.session_id, line=line,
+                      off_branch=f"m{first}-m{last}")
+
     def _read_saved(self, path):
         """A saved tool output (SAVED_OUTPUT) as (text, data), or why it cannot be read.
         Only a file in this session's own tool-results folder is read: a transcript cannot
@@ -6876,6 +6948,8 @@ class Capture:
         return call if isinstance(call, str) else None
 
     def _report(self, out: ParseOutput):
+        for parent, line in out.branches:
+            self._rewound(parent, line)
         for event in out.events:
             self.on_event(event, self)
         answered = (out.usage or any(m.kind == "api_error" for m in out.messages)
@@ -13761,8 +13835,9 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         problems = store.db.execute("SELECT count(*) FROM problems").fetchone()[0]
         agent_messages, agent_count = store.db.execute(
             "SELECT count(*), count(DISTINCT agent) FROM messages WHERE agent IS NOT NULL").fetchone()
+        captured = store.db.execute("SELECT count(*) FROM messages WHERE agent IS NULL").fetchone()[0]
         cap.stop()
-    messages = [m for t in turns for m in t.messages]
+    messages = [m for t in turns for m in t.messages]  # (what a view can hold: on Claude's branch)
     tool_calls = sum(1 for m in messages if m["kind"] == "tool_call")
     texts, index = [], {}
 
@@ -13804,7 +13879,8 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         return round(100.0 * (original - after) / original, 1) if original else 0.0
 
     return {
-        "messages": len(messages), "tool_calls": tool_calls, "turns": len(turns),
+        "messages": captured, "off_branch_messages": captured - len(messages),
+        "tool_calls": tool_calls, "turns": len(turns),
         "subagents": agent_count, "subagent_messages": agent_messages,
         "tokens": original, "lean_tokens": totals["lean"], "lean_cut_pct": cut(totals["lean"]),
         "summary_tokens": totals["summary"], "summary_cut_pct": cut(totals["summary"]),

@@ -1165,3 +1165,58 @@ def test_stop_hooks_hold_the_seam_until_they_report(tmp_path):
     assert [r[1] for r in rows] == ["prompt", "prompt", "continuation"] and rows[-1][2:] == ("closed", "end_turn")
     assert [(m["turn"], m["text"][:9]) for m in store.messages()][-2:] == [(3, "Stop hook"), (3, "fixed the")]
     store.close()
+
+
+def test_a_rewind_leaves_the_turns_it_went_back_over_out_of_every_view(tmp_path):
+    """Claude Code's rewind ("Restore conversation") chains the next prompt to an earlier
+    record; the turns after that record stay in the file, off Claude's branch. They stay in
+    the thread (export marks them) and no view holds them."""
+    sid = "sess-rewind"
+    t = Transcript(sid)
+    t.user("first prompt: list files")
+    t.assistant(text("Here are the files."))
+    back_to = t.bookkeeping("system", subtype="turn_duration", uuid="sys-after-first", parentUuid=t.parent)
+    t.parent = "sys-after-first"
+    t.user("OLD-BRANCH: delete the database")
+    t.assistant({"type": "tool_use", "id": "toolu_old", "name": "Bash", "input": {"command": "rm -rf db/"}},
+                stop="tool_use")
+    t.tool_result(("toolu_old", "removed db/"))
+    t.assistant(text("OLD-BRANCH answer: deleted"))
+    t.parent = back_to["uuid"]                                   # the person rewinds
+    t.user("NEW-BRANCH: back it up instead")
+    t.assistant(text("NEW-BRANCH answer: backed up"))
+    path = t.write(tmp_path / f"{sid}.jsonl")
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "fresh")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    cap.stop()
+    store = cc_lhc.ThreadStore(home, thread)
+    shown = [m["text"] or "" for turn in cc_lhc.load_turns(store) for m in turn.messages]
+    assert not any("OLD-BRANCH" in x for x in shown) and any("NEW-BRANCH" in x for x in shown)
+    assert cc_lhc.off_branch(store) == [(3, 6)]
+    store.close()
+    status, out = run_main_export(thread)
+    assert len(json.loads(out)) == 8  # every message is still in the thread, as captured
+    # an ordinary session (every prompt chained to the newest record) leaves nothing off its branch
+    t2 = Transcript("sess-plain")
+    t2.user("one")
+    t2.assistant(text("two"))
+    t2.user("three")
+    t2.assistant(text("four"))
+    plain = t2.write(tmp_path / "sess-plain.jsonl")
+    other = cc_lhc.Registry(home).create_thread("sess-plain", str(tmp_path), "fresh")
+    cap = cc_lhc.Capture(home, other, "sess-plain", str(plain))
+    cap.catch_up()
+    assert cc_lhc.off_branch(cap.store) == []
+    cap.stop()
+
+
+def run_main_export(thread):
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cc_lhc.main(["export", thread, "--format", "json"])
+    return status, out.getvalue()

@@ -325,3 +325,45 @@ def test_a_turn_stopped_with_esc_is_over_and_its_seam_settled(real_claude, tmux)
     [note] = [m for m in export if m.get("text") == marker]
     [call] = [m for m in export if m["kind"] == "tool_call"]
     assert note["turn"] == call["turn"]              # the note ends the turn it stopped
+
+
+def test_a_rewound_conversation_is_rebuilt_without_the_turns_it_went_back_over(real_claude, tmux):
+    """Esc Esc, an earlier prompt, "Restore conversation": Claude goes on from before that
+    prompt and its file keeps the abandoned turns. The thread keeps them too, and a session
+    written from the thread's view leaves them out, as Claude's own resume would."""
+    from realcli import wait_until
+    rc = real_claude
+    rc.api.script(["answer one", "answer two OLD-BRANCH", "answer three NEW-BRANCH"])
+    t = tmux([sys.executable, CC_LHC], cols=100, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "prompt one")
+    t.wait_for("answer one")
+    type_line(t, "prompt two")
+    t.wait_for("answer two OLD-BRANCH")
+    t.send_keys("Escape")
+    t.send_keys("Escape")
+    t.wait_for("Restore the code and/or conversation")
+    t.send_keys("Up")
+    t.send_keys("Enter")
+    t.wait_for("Restore conversation")
+    t.send_keys("Enter")
+    wait_until(lambda: "Restore conversation" not in t.capture(), "the rewind dialog closed")
+    t.send_keys("C-u")
+    type_line(t, "prompt three")
+    t.wait_for("answer three NEW-BRANCH")
+    exit_cleanly(t)
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    export = json.loads(rc.run([sys.executable, CC_LHC, "export", thread_id]).stdout)
+    texts = [m.get("text") for m in export if m["kind"] in ("user_text", "assistant_text")]
+    assert texts == ["prompt one", "answer one", "prompt two", "answer two OLD-BRANCH", "prompt three",
+                     "answer three NEW-BRANCH"]                  # the thread keeps every turn
+    store = cc_lhc.ThreadStore(home, thread_id)
+    off = {m["text"] for m in export if any(a <= int(m["label"][1:]) <= b for a, b in cc_lhc.off_branch(store))}
+    store.close()
+    assert off == {"prompt two", "answer two OLD-BRANCH"}
+    new = str(uuid.uuid4())
+    w = rc.run([sys.executable, CC_LHC, "rollout", "write", "--thread-id", thread_id, "--session-id", new])
+    assert w.returncode == 0, w.stderr
+    rebuilt = (rc.project_dir / f"{new}.jsonl").read_text()
+    assert "NEW-BRANCH" in rebuilt and "OLD-BRANCH" not in rebuilt and "prompt two" not in rebuilt
