@@ -4455,7 +4455,7 @@ def describe_reading(c: dict) -> str:
     if c["pressure"] is None:
         return "provider-reported context: not observed"
     label = "provider-reported" if c["source"] == "provider" else "last known provider-reported"
-    return (f"{label} context {c['provider_tokens']:,} + LHC estimate {c['estimate_tokens']:,} "
+    return (f"{label} context {c['provider_tokens']:,} + LHC estimated tokens {c['estimate_tokens']:,} "
             f"= {c['pressure']:,} tokens against a trigger of {c['trigger']:,}")
 
 
