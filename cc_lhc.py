@@ -6613,7 +6613,10 @@ class Capture:
                 if at < 0 or OWN_UUID_KEY.search(data[max(begin, at - 16):at]):
                     break
             if at < begin:
-                return  # not among the lines captured (a record cc-lhc replayed, or none)
+                if at >= 0:  # back into the turns cc-lhc replayed into this session: said, not handled
+                    self.home.log("rewound_into_rebuild", thread=self.thread_id, session=self.session_id,
+                                  line=line)
+                return
             parent_line = 1
             for start in range(begin, at, 1 << 22):
                 parent_line += data[start:min(at, start + (1 << 22))].count(b"\n")
