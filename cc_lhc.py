@@ -6609,8 +6609,8 @@ class Capture:
         try:
             value, at = b'"' + parent.encode("utf-8", "replace") + b'"', len(data)
             while True:  # the record whose own uuid it is (its children name it as parentUuid)
-                at = data.rfind(value, begin, at)
-                if at < 0 or OWN_UUID_KEY.search(data[max(begin, at - 16):at]):
+                at = data.rfind(value, 0, at)
+                if at < 0 or OWN_UUID_KEY.search(data[max(0, at - 16):at]):
                     break
             if at < begin:
                 if at >= 0:  # back into the turns cc-lhc replayed into this session: said, not handled
