@@ -3210,6 +3210,7 @@ def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tool
     """
     arm = arm or THINKING_REBUILD_ARM
     names, paired = tools or _tool_context(turn)
+    saved = None  # tool_use_id -> the whole output Claude saved to a file (SAVED_OUTPUT)
     out = []
     for m in (turn.messages if messages is None else messages):
         kind = m["kind"]
@@ -3221,7 +3222,10 @@ def visible_messages(turn: Turn, band: str, arm: str = None, messages=None, tool
             if band != "full" or arm != "signed_verbatim" or not _signature(m):
                 continue  # never invent a signature; lean drops thinking
         if kind == "tool_result" and band == "lean" and not _keeps_verbatim(m):
-            out.append((m, tool_stub(m, names.get(m["tool_use_id"]), native)))
+            if saved is None:
+                saved = {x["tool_use_id"]: x for x in turn.messages if x["kind"] == SAVED_OUTPUT}
+            # (a preview's stub names the whole output: that is the one worth reading back)
+            out.append((m, tool_stub(saved.get(m["tool_use_id"], m), names.get(m["tool_use_id"]), native)))
             continue
         if kind.startswith("user_") and kind not in ("user_text", "user_meta") and band == "lean":
             out.append((m, f"[{kind[5:]} m{m['seq']} · {read_back(m['seq'], native)}]"))

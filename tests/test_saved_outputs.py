@@ -88,6 +88,9 @@ def test_the_saved_file_is_a_message_right_after_its_result(tmp_path):
     turns = cc_lhc.load_turns(store)
     shown = [m["kind"] for t in turns for band in cc_lhc.BANDS for m, _ in cc_lhc.visible_messages(t, band)]
     assert cc_lhc.SAVED_OUTPUT not in shown and "tool_result" in shown
+    # a lean stub of the preview names the whole output, to read back
+    [(_m, stub)] = [(m, st) for t in turns for m, st in cc_lhc.visible_messages(t, "lean") if m["kind"] == "tool_result"]
+    assert stub.startswith(f"[output of Bash {whole['label']}: 9001 lines,") and f"get-messages {whole['label']}" in stub
     # and the markdown export fences it like a tool output
     status, md = run_main("export", thread, "--format", "markdown")
     assert status == 0 and NEEDLE in md and "saved to a file" in md
