@@ -7118,13 +7118,57 @@ class Receipts:
             self.home.log("receipt_outcome_lost", receipt=receipt_id, outcome=outcome, error=repr(e))
 
 
+STOP_HOOKS_KEY = "stop_hooks_configured"  # in the thread's meta: "1" when settings name any
+
+
+def stop_hooks_configured(spec) -> bool:
+    """Whether the settings this Claude reads name a Stop hook: --settings (a file or JSON),
+    the user's settings.json and the folder's .claude/settings(.local).json. A plugin's own
+    hooks are not looked for; the thread's stop_hook_summary records cover those."""
+    sources = [os.path.join(claude_config_dir(), "settings.json"),
+               os.path.join(spec.cwd, ".claude", "settings.json"),
+               os.path.join(spec.cwd, ".claude", "settings.local.json")]
+    args = spec.claude_args
+    for i, a in enumerate(args):
+        if a == "--settings" and i + 1 < len(args):
+            sources.append(args[i + 1])
+        elif a.startswith("--settings="):
+            sources.append(a.split("=", 1)[1])
+    for source in sources:
+        try:
+            if source.lstrip().startswith("{"):
+                settings = json.loads(source)
+            else:
+                with open_regular(source) as f:
+                    settings = json.loads(f.read(1 << 20).decode("utf-8", "replace"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        hooks = settings.get("hooks") if isinstance(settings, dict) else None
+        if isinstance(hooks, dict) and hooks.get("Stop"):
+            return True
+    return False
+
+
+def note_stop_hooks(home, thread_id, spec) -> None:
+    """Tell the thread whether this launch's settings run Stop hooks (_stop_hooks_running)."""
+    try:
+        store = ThreadStore(home, thread_id)
+    except (LhcError, OSError):
+        return
+    try:
+        _set_meta(store, STOP_HOOKS_KEY, "1" if stop_hooks_configured(spec) else "0")
+    finally:
+        store.close()
+
+
 def _stop_hooks_running(store, session_id) -> bool:
     """Whether the newest turn ended on Claude's final answer with the thread's Stop hooks
     yet to report (ParseState.turn_end_due): a hook may still send Claude back to work,
-    and a swap now would end it with the hook's demand unheard."""
+    and a swap now would end it with the hook's demand unheard. The thread runs Stop hooks
+    when this launch's settings name one (STOP_HOOKS_KEY) or it ever wrote their report."""
     due = store.db.execute("SELECT value FROM meta WHERE key = ?", (TURN_END_KEY + (session_id or ""),)).fetchone()
-    return due == ("1",) and store.db.execute(
-        "SELECT 1 FROM telemetry WHERE type = ? AND count > 0 LIMIT 1", (STOP_HOOK_SUMMARY,)).fetchone() is not None
+    return due == ("1",) and (_meta(store, STOP_HOOKS_KEY) == "1" or store.db.execute(
+        "SELECT 1 FROM telemetry WHERE type = ? AND count > 0 LIMIT 1", (STOP_HOOK_SUMMARY,)).fetchone() is not None)
 
 
 def unsettled_reason(store, idle=False) -> str:
@@ -10017,6 +10061,8 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path, live=True)
                 say(note)
 
     live = None if spec.print_mode or not live else (lambda capture: classify_live(capture, home, policy))
+    if live is not None:
+        note_stop_hooks(home, thread, spec)
     return Capture(home, thread, session_id, path, policy,
                    start_offset=known["replayed_prefix_bytes"] if known else 0, on_event=on_event,
                    on_responses=live)

@@ -1220,3 +1220,28 @@ def run_main_export(thread):
     with contextlib.redirect_stdout(out):
         status = cc_lhc.main(["export", thread, "--format", "json"])
     return status, out.getvalue()
+
+
+def test_the_settings_claude_reads_say_whether_stop_hooks_run(tmp_path, monkeypatch):
+    import types
+    hooked = {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "true"}]}]}}
+    other = {"hooks": {"PreToolUse": [{"hooks": [{"type": "command", "command": "true"}]}]}}
+    config = tmp_path / "config"
+    config.mkdir()
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    work = tmp_path / "work"
+    (work / ".claude").mkdir(parents=True)
+
+    def spec(*args):
+        return types.SimpleNamespace(cwd=str(work), claude_args=list(args))
+    assert not cc_lhc.stop_hooks_configured(spec())
+    (config / "settings.json").write_text(json.dumps(other))
+    assert not cc_lhc.stop_hooks_configured(spec())
+    assert cc_lhc.stop_hooks_configured(spec("--settings", json.dumps(hooked)))   # a JSON argument
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps(hooked))
+    assert cc_lhc.stop_hooks_configured(spec(f"--settings={given}"))              # a file
+    (work / ".claude" / "settings.local.json").write_text("{not json")
+    assert not cc_lhc.stop_hooks_configured(spec())                             # unreadable: none
+    (work / ".claude" / "settings.json").write_text(json.dumps(hooked))
+    assert cc_lhc.stop_hooks_configured(spec())                                 # the folder's

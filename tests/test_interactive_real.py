@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import cc_lhc
 from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, message_mid_turn, thread_turns,
                      type_line, wait_for_log, wait_until)
@@ -397,6 +399,8 @@ def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux)
 SHOWN_COUNTED = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
+import pytest
+
 import cc_lhc
 built = []
 real = cc_lhc.TokenCounter._load
@@ -478,10 +482,12 @@ def test_a_message_typed_mid_turn_is_in_the_rebuilt_session_a_swap_resumes(real_
     exit_cleanly(t)
 
 
-def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux):
+@pytest.mark.parametrize("first", [False, True], ids=["after-a-report", "first-turn"])
+def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux, first):
     """A Stop hook runs after Claude's final answer and may send it back to work: once the
-    thread has shown it runs one (stop_hook_summary), a seam over the trigger is taken
-    only after the hooks reported, so a swap never ends Claude while a hook runs."""
+    thread knows it runs one (its settings name one, or it wrote stop_hook_summary), a seam
+    over the trigger is taken only after the hooks reported, so a swap never ends Claude
+    while a hook runs; also on the thread's very first turn."""
     import datetime
     import os
     from fakeapi import text_reply
@@ -489,18 +495,21 @@ def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux):
     rc = real_claude
     runs, done = rc.iso.root / "hook-runs", rc.iso.root / "hook-done"
     hook = rc.iso.root / "stop-hook.sh"
+    slow_run = 1 if first else 2
     hook.write_text(f"#!/bin/sh\necho run >> {runs}\n"
-                    f"if [ \"$(wc -l < {runs})\" -eq 2 ]; then sleep 2; touch {done}; fi\nexit 0\n")
+                    f"if [ \"$(wc -l < {runs})\" -eq {slow_run} ]; then sleep 2; touch {done}; fi\nexit 0\n")
     hook.chmod(0o755)
     settings = rc.iso.root / "hook-settings.json"
     settings.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": str(hook)}]}]}}))
-    rc.api.script(["first answer", text_reply("a very long answer", usage=OVER_USAGE), "after the swap"])
+    rc.api.script(([] if first else ["first answer"])
+                  + [text_reply("a very long answer", usage=OVER_USAGE), "after the swap"])
     t = tmux([sys.executable, CC_LHC, "--settings", str(settings)], cols=100, rows=30, env=rc.env, cwd=rc.cwd)
     t.wait_for(PROMPT)
-    type_line(t, "one")
-    t.wait_for("first answer")
-    [path] = rc.transcripts()
-    wait_until(lambda: "stop_hook_summary" in path.read_text(), "the hooks' first report")
+    if not first:
+        type_line(t, "one")
+        t.wait_for("first answer")
+        [path] = rc.transcripts()
+        wait_until(lambda: "stop_hook_summary" in path.read_text(), "the hooks' first report")
     type_line(t, "go long")
     t.wait_for("a very long answer")
     wait_for_log(rc, "handoff_spawned")
