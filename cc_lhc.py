@@ -6774,7 +6774,7 @@ class Capture:
             # (only ever a head start: nothing about it may keep the batch's events back).
             try:
                 TOKENS.count_ahead([view_text(m) for m in batch.out.messages
-                                    if m.agent is None and m.kind != "api_error"])
+                                    if m.agent is None and m.kind not in ("api_error", SAVED_OUTPUT)])
             except Exception as e:
                 TOKENS.ahead_error = e
         self._report(batch.out)
@@ -12698,17 +12698,20 @@ def keep_cut_line(home, thread_id, session_id, path):
     thread as a raw line (reason torn_line; export --format raw-lines shows it) and
     counted, so the thread holds every byte Claude wrote even after the file is mended."""
     def keep(fragment, offset):
-        line = 1
-        with open_regular(path) as f:
-            left = offset
-            while left > 0:
-                chunk = f.read(min(left, 1 << 20))
-                if not chunk:
-                    break
-                line += chunk.count(b"\n")
-                left -= len(chunk)
         store = ThreadStore(home, thread_id)
         try:
+            src = store.source(session_id)
+            begin = (src["start_offset"] or 0) if src else 0  # where capture's line numbers start
+            line = 1
+            with open_regular(path) as f:
+                f.seek(begin)
+                left = offset - begin
+                while left > 0:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    line += chunk.count(b"\n")
+                    left -= len(chunk)
             store.keep_raw_line(session_id, line, offset, TORN_LINE, fragment)
         finally:
             store.close()
