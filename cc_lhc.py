@@ -1048,7 +1048,9 @@ CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
 # conversation (Esc Esc, /rewind: "Restore conversation") or edited an earlier prompt. The
 # turns after that record are off Claude's branch now: kept in the thread as they were
 # (export, search, get-turns) but left out of every view, under OFF_BRANCH_KEY + session +
-# first seq (the value is the last seq of the run; wrapper.log says "rewound").
+# first seq (the value is the last seq of the run; wrapper.log says "off_branch"). Esc on a
+# prompt not yet answered is the same to Claude: it drops that prompt (its text goes back
+# into the box) and chains the next one to the record before it.
 OFF_BRANCH_KEY = "off_branch:"
 OWN_UUID_KEY = re.compile(rb'[{,]\s*"uuid"\s*:\s*$')
 # Claude Code writes this once the Stop hooks ran, and only when there are any: a thread
@@ -6634,7 +6636,7 @@ class Capture:
         with Tx(store.db) as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                        (f"{OFF_BRANCH_KEY}{self.session_id}:{first}", str(last)))
-        self.home.log("rewound", thread=self.thread_id, session=self.session_id, line=line,
+        self.home.log("off_branch", thread=self.thread_id, session=self.session_id, line=line,
                       off_branch=f"m{first}-m{last}")
 
     def _read_saved(self, path):
