@@ -6535,6 +6535,10 @@ class Capture:
         self._looked = None           # when _relocated last looked for the transcript elsewhere
         self._legacy_agents = {}      # agent-*.jsonl beside the session -> its entry, or None: not its
         self._legacy_looked = None    # when _legacy_agent_files last listed that folder
+        # Whether a whole record the file ends on without its newline is read too: only for
+        # a file no Claude will append to again and whose thread is thrown away (measure);
+        # a session's own capture waits for the newline (finish_capture mends the file).
+        self.take_unended = False
 
     def _open(self):
         if self.store is None:
@@ -6814,6 +6818,17 @@ class Capture:
         while True:
             chunk = f.read(self.BATCH_BYTES)
             if not chunk:
+                if self.take_unended and pending.strip() and json_record(bytes(pending)) is not None:
+                    # (measure: the whole record a file ends on without its newline counts too)
+                    last = bytes(pending)
+                    if prefix is not None:
+                        packer.later(("prefix", offset), prefix.update, last)
+                    parser.feed(last, line_no + 1, offset)
+                    for m in parser.out.messages:
+                        packer.offer(m)
+                    if prefix is not None:
+                        packer.wait(("prefix", offset))
+                    yield parser.take(), memoryview(last), offset + len(last), 1
                 return
             buf = pending + chunk if pending else chunk
             complete = memoryview(buf)[:buf.rfind(b"\n") + 1]
@@ -13887,6 +13902,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
                 digest.update(block)
         thread_id = str(uuid.uuid5(ROLLOUT_NAMESPACE, f"measure/{digest.hexdigest()}"))
         cap = Capture(home, thread_id, "measured", path)
+        cap.take_unended = True
         cap.catch_up(index=False)
         store = cap.store
         turns = load_turns(store, closed_only=False)

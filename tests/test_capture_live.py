@@ -810,3 +810,18 @@ def test_a_last_line_cut_off_is_kept_in_the_thread_and_trimmed_at_exit(fake_clau
     home = cc_lhc.StateHome()
     [saved] = Path(home.path("torn-lines")).iterdir()
     assert saved.read_bytes() == fragment.encode()
+
+
+def test_measure_counts_the_whole_record_a_file_ends_on_without_its_newline(tmp_path):
+    path, good = transcript_file(tmp_path)
+    t = Transcript(SESSION)
+    t.parent = json.loads(good.splitlines()[-1])["uuid"]
+    t.user("three, complete but unterminated")
+    whole = path.read_bytes() + t.lines[-1]
+    path.write_bytes(whole)
+    status, out = run_main("measure", str(path), "--json")
+    assert status == 0 and json.loads(out)["sessions"][0]["messages"] == 3
+    assert path.read_bytes() == whole                      # measure never writes the file
+    path.write_bytes(whole[:-9])                           # a cut-off line is still not counted
+    status, out = run_main("measure", str(path), "--json")
+    assert json.loads(out)["sessions"][0]["messages"] == 2
