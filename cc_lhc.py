@@ -1044,6 +1044,11 @@ COMMAND_TURN = "command"
 LOCAL_OUTPUT_KEY = "local_output:"  # + session id: ParseState.local_output, in the thread's meta
 TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the same way
 CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
+# The ParseState fields the records alone do not give back, kept in the thread's meta under
+# key + session id whenever a batch changes them (ParseOutput.state): (field, key, default).
+# A flag is kept as "1"/"0", a uuid as itself.
+PERSISTED_STATE = (("local_output", LOCAL_OUTPUT_KEY, False), ("turn_end_due", TURN_END_KEY, False),
+                   ("chain_tip", CHAIN_TIP_KEY, None))
 # A prompt Claude chained to an earlier record than the newest one: the person rewound the
 # conversation (Esc Esc, /rewind: "Restore conversation") or edited an earlier prompt. The
 # turns after that record are off Claude's branch now: kept in the thread as they were
@@ -1227,9 +1232,7 @@ class ParseOutput:
         self.events = []         # CaptureEvent ("native_compact", turn) and similar, for the host
         self.agents = []         # AgentRow: seen or linked
         self.raw_lines = []      # RawLine: lines kept verbatim
-        self.local_output = None  # ParseState.local_output at the batch's end, if the batch changed it
-        self.turn_end_due = None  # the same for ParseState.turn_end_due
-        self.chain_tip = None     # and for ParseState.chain_tip
+        self.state = {}           # PERSISTED_STATE field -> its value at the batch's end, if it changed
         self.branches = []        # (parent uuid, line) of prompts chained to an older record
 
 
@@ -1274,19 +1277,15 @@ class RolloutParser:
         # (a str); set by Capture, which knows the session's folder. None: not looked for.
         self.read_saved = None
         self._odd = []  # why the line being fed is also kept verbatim (text_repaired, ...)
-        self._local_output = state.local_output  # as the store holds it
-        self._turn_end_due = state.turn_end_due
-        self._chain_tip = state.chain_tip
+        self._kept = {field: getattr(state, field) for field, _k, _d in PERSISTED_STATE}  # as stored
         self._off_tip = False  # the record being read names a parent other than the tip
 
     def take(self) -> ParseOutput:
         out, self.out = self.out, ParseOutput()
-        if self.s.local_output != self._local_output:
-            out.local_output = self._local_output = self.s.local_output
-        if self.s.turn_end_due != self._turn_end_due:
-            out.turn_end_due = self._turn_end_due = self.s.turn_end_due
-        if self.s.chain_tip != self._chain_tip:
-            out.chain_tip = self._chain_tip = self.s.chain_tip
+        for field, _key, _default in PERSISTED_STATE:
+            value = getattr(self.s, field)
+            if value != self._kept[field]:
+                out.state[field] = self._kept[field] = value
         return out
 
     # -- lines ---------------------------------------------------------------
@@ -1863,6 +1862,28 @@ def segment_size(kind, text, data) -> int:
     if kind == SAVED_OUTPUT:
         return 0  # never in a view: it weighs nothing there
     return len(text or "")
+
+
+def _raw_line_row(line: "RawLine", now: str) -> tuple:
+    """A raw_lines row: a kept line is filed under its session and its bytes' hash."""
+    import hashlib
+    return (line.session, hashlib.sha256(line.raw).hexdigest(), line.line, line.offset, line.reason, line.raw, now)
+
+
+def line_at(path, begin: int, offset: int) -> int:
+    """The number capture gives the line at byte ``offset`` of a file whose line numbers
+    start at byte ``begin`` (a rebuilt session's start past its replayed prefix): 1 there,
+    one more for each newline in between."""
+    line, left = 1, offset - begin
+    with open_regular(path) as f:
+        f.seek(begin)
+        while left > 0:
+            chunk = f.read(min(left, 1 << 22))
+            if not chunk:
+                break
+            line += chunk.count(b"\n")
+            left -= len(chunk)
+    return line
 
 
 def split_complete_lines(buf: bytes, base_offset: int):
@@ -2754,12 +2775,9 @@ class ThreadStore:
                                            "NULL AND source_session = ?", (session_id,)).fetchall())
         state.sidechains.update((a, a) for (a,) in db.execute(
             "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
-        state.local_output = db.execute("SELECT value FROM meta WHERE key = ?",
-                                        (LOCAL_OUTPUT_KEY + session_id,)).fetchone() == ("1",)
-        state.turn_end_due = db.execute("SELECT value FROM meta WHERE key = ?",
-                                        (TURN_END_KEY + session_id,)).fetchone() == ("1",)
-        tip = db.execute("SELECT value FROM meta WHERE key = ?", (CHAIN_TIP_KEY + session_id,)).fetchone()
-        state.chain_tip = tip[0] if tip else None
+        for field, key, default in PERSISTED_STATE:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (key + session_id,)).fetchone()
+            setattr(state, field, default if row is None else row[0] == "1" if default is False else row[0])
         views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
                                 (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
         state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
@@ -2847,7 +2865,6 @@ class ThreadStore:
         then does a whole chunk in one step with the GIL let go, so a writer thread
         (Capture's BatchWriter) waits for the GIL a few times a batch, not once a row.
         """
-        import hashlib
         db = self.db
         now = utc_now_iso()
         if rows is None:
@@ -2861,23 +2878,17 @@ class ThreadStore:
             insert_rows(db, "INSERT OR IGNORE INTO chain", 2, out.chain)
             if out.agents:
                 self._note_agents(out.agents, now)
-            if out.local_output is not None:
+            keys = {field: key for field, key, _d in PERSISTED_STATE}
+            for field, value in out.state.items():
                 db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                           (LOCAL_OUTPUT_KEY + session_id, "1" if out.local_output else "0"))
-            if out.turn_end_due is not None:
-                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                           (TURN_END_KEY + session_id, "1" if out.turn_end_due else "0"))
-            if out.chain_tip is not None:
-                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (CHAIN_TIP_KEY + session_id, out.chain_tip))
+                           (keys[field] + session_id, ("1" if value else "0") if isinstance(value, bool) else value))
             if out.problems:
                 insert_rows(db, "INSERT INTO problems (session, line, offset, kind, detail, created)", 6,
                             [p + (now,) for p in out.problems])
                 first = out.problems[0]
                 db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
                            (f"{first.kind} at line {first.line}: {first.detail}", session_id))
-            insert_rows(db, "INSERT OR IGNORE INTO raw_lines", 7,
-                        [(session, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, now)
-                         for session, line, offset, reason, raw in out.raw_lines])
+            insert_rows(db, "INSERT OR IGNORE INTO raw_lines", 7, [_raw_line_row(r, now) for r in out.raw_lines])
             self._count_all(session_id, [(rtype, count, size) for rtype, (count, size) in out.telemetry.items()])
             db.execute("UPDATE sources SET offset = ?, lines = lines + ?, parser_version = ?, "
                        "updated = ?, prefix_sha256 = ? WHERE session_id = ?",
@@ -2966,10 +2977,9 @@ class ThreadStore:
 
     def keep_raw_line(self, session_id, line, offset, reason, raw) -> None:
         """One transcript line kept byte for byte outside the parse (see RawLine), counted."""
-        import hashlib
         with Tx(self.db) as db:
-            db.execute("INSERT OR IGNORE INTO raw_lines VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (session_id, hashlib.sha256(raw).hexdigest(), line, offset, reason, raw, utc_now_iso()))
+            insert_rows(db, "INSERT OR IGNORE INTO raw_lines", 7,
+                        [_raw_line_row(RawLine(session_id, line, offset, reason, raw), utc_now_iso())])
             self._count(session_id, reason, 1, len(raw))
 
     def mark_degraded(self, session_id, kind, detail):
@@ -6627,11 +6637,12 @@ class Capture:
                     self.home.log("rewound_into_rebuild", thread=self.thread_id, session=self.session_id,
                                   line=line)
                 return
-            parent_line = 1
-            for start in range(begin, at, 1 << 22):
-                parent_line += data[start:min(at, start + (1 << 22))].count(b"\n")
         finally:
             data.close()
+        try:
+            parent_line = line_at(self.path, begin, at)
+        except OSError:
+            return
         first, last, prompts = store.db.execute(
             "SELECT min(seq), max(seq), sum(kind = 'user_text') FROM messages WHERE source_session = ? "
             "AND agent IS NULL AND line > ? AND line < ?", (self.session_id, parent_line, line)).fetchone()
@@ -6977,7 +6988,7 @@ class Capture:
         for event in out.events:
             self.on_event(event, self)
         answered = (out.usage or any(m.kind == "api_error" for m in out.messages)
-                    or out.turn_end_due is False)
+                    or out.state.get("turn_end_due") is False)
         if answered and self.on_responses:  # Claude answered, the API refused to, or the turn ended
             self.on_responses(self)
         for problem in out.problems:
@@ -12715,23 +12726,17 @@ def keep_cut_line(home, thread_id, session_id, path):
     thread as a raw line (reason torn_line; export --format raw-lines shows it) and
     counted, so the thread holds every byte Claude wrote even after the file is mended."""
     def keep(fragment, offset):
-        store = ThreadStore(home, thread_id)
+        import sqlite3
         try:
-            src = store.source(session_id)
-            begin = (src["start_offset"] or 0) if src else 0  # where capture's line numbers start
-            line = 1
-            with open_regular(path) as f:
-                f.seek(begin)
-                left = offset - begin
-                while left > 0:
-                    chunk = f.read(min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    line += chunk.count(b"\n")
-                    left -= len(chunk)
-            store.keep_raw_line(session_id, line, offset, TORN_LINE, fragment)
-        finally:
-            store.close()
+            store = ThreadStore(home, thread_id)
+            try:
+                src = store.source(session_id)
+                begin = (src["start_offset"] or 0) if src else 0  # where capture's line numbers start
+                store.keep_raw_line(session_id, line_at(path, begin, offset), offset, TORN_LINE, fragment)
+            finally:
+                store.close()
+        except (OSError, LhcError, sqlite3.Error) as e:  # it is saved under torn-lines/ all the same
+            home.log("torn_line_not_kept", thread=thread_id, session=session_id, error=repr(e))
     return keep
 
 
