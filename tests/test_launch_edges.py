@@ -255,6 +255,7 @@ def test_a_rebuilt_worktree_session_goes_on_in_the_worktree(real_claude):
     worktree = str(rc.cwd / ".claude" / "worktrees" / "feat")
     [prompt] = [r for r in records if r.get("type") == "user" and r["message"]["content"] == "where am I"]
     assert prompt["cwd"] == worktree
+    assert records[0]["cwd"] == worktree          # the rebuilt records name the worktree as their folder
     states = [r for r in records if r.get("type") == "worktree-state"]
     assert states and all(s["sessionId"] == new and s["worktreeSession"]["sessionId"] == new for s in states)
     assert states[0]["worktreeSession"]["worktreePath"] == worktree

@@ -155,3 +155,33 @@ def test_real_cli_a_large_output_is_captured_whole(real_claude):
     assert w.returncode == 0, w.stderr
     rebuilt = (rc.project_dir / f"{new}.jsonl").read_text()
     assert "<persisted-output>" in rebuilt and NEEDLE not in rebuilt
+
+
+def test_real_cli_a_subagents_large_output_is_captured_whole_too(real_claude):
+    # a subagent's saved outputs go to its session's tool-results folder as well
+    rc = real_claude
+    big = (f"python3 -c \"[print(f'row {{i}} filler-filler-filler-filler') for i in range(6000)]; "
+           f"print('{NEEDLE[:14]}' + '{NEEDLE[14:]}')\"")
+
+    def reply(body):
+        first = json.dumps(body["messages"][0])
+        answered = any(b.get("type") == "tool_result" for m in body["messages"] if m["role"] == "user"
+                       and isinstance(m["content"], list) for b in m["content"])
+        if "look around please" in first and "spawn" not in first:       # the agent's own requests
+            return text_reply("agent done") if answered else tool_use_reply("Bash", {"command": big,
+                                                                                     "description": "big"})
+        if answered:
+            return text_reply("main done")
+        return tool_use_reply("Agent", {"description": "look around", "prompt": "look around please",
+                                        "subagent_type": "general-purpose", "run_in_background": False})
+    rc.api.responder = reply
+    p = rc.run_lhc("-p", "spawn an agent", "--allowedTools", "Agent", "Bash", "--output-format", "json",
+                   timeout=120)
+    assert p.returncode == 0, p.stderr
+    sid = json.loads(p.stdout)["session_id"]
+    [saved] = list((rc.project_dir / sid / "tool-results").iterdir())
+    [thread] = json.loads(rc.run_lhc("threads", "--json").stdout)
+    assert thread["degraded"] is False
+    records = json.loads(rc.run_lhc("export", thread["id"]).stdout)
+    [whole] = [r for r in records if r["kind"] == cc_lhc.SAVED_OUTPUT]
+    assert whole.get("agent") and whole["text"].encode() == saved.read_bytes() and NEEDLE in whole["text"]
