@@ -7149,31 +7149,94 @@ class Receipts:
 STOP_HOOKS_KEY = "stop_hooks_configured"  # in the thread's meta: "1" when settings name any
 
 
+def managed_settings_file() -> str:
+    """Where an administrator's settings for Claude Code live on this system."""
+    if sys.platform == "darwin":
+        return "/Library/Application Support/ClaudeCode/managed-settings.json"
+    if sys.platform == "win32":
+        return os.path.join(os.environ.get("ProgramData") or r"C:\ProgramData", "ClaudeCode",
+                            "managed-settings.json")
+    return "/etc/claude-code/managed-settings.json"
+
+
+def _read_json_object(source, limit=1 << 20):
+    """The JSON object in a file (or, starting with "{", the text itself); None when it is
+    missing, unreadable or not an object."""
+    try:
+        if source.lstrip().startswith("{"):
+            value = json.loads(source)
+        else:
+            with open_regular(source) as f:
+                value = json.loads(f.read(limit).decode("utf-8", "replace"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _names_stop_hook(hooks) -> bool:
+    return isinstance(hooks, dict) and bool(hooks.get("Stop"))
+
+
+def _plugin_runs_stop_hooks(root) -> bool:
+    """Whether the plugin in folder ``root`` declares a Stop hook: in hooks/hooks.json, or
+    in its manifest's "hooks" (an object, or a path or list of paths within the plugin)."""
+    files = [os.path.join(root, "hooks", "hooks.json")]
+    manifest = _read_json_object(os.path.join(root, ".claude-plugin", "plugin.json")) or {}
+    declared = manifest.get("hooks")
+    if isinstance(declared, dict):
+        if _names_stop_hook(declared.get("hooks", declared)):
+            return True
+    else:
+        for name in declared if isinstance(declared, list) else [declared]:
+            if isinstance(name, str) and name:
+                files.append(os.path.join(root, name))
+    for path in files:
+        found = _read_json_object(path) or {}
+        if _names_stop_hook(found.get("hooks")):
+            return True
+    return False
+
+
 def stop_hooks_configured(spec) -> bool:
-    """Whether the settings this Claude reads name a Stop hook: --settings (a file or JSON),
-    the user's settings.json and the folder's .claude/settings(.local).json. A plugin's own
-    hooks are not looked for; the thread's stop_hook_summary records cover those."""
+    """Whether this Claude runs a Stop hook as far as its settings say: the user's
+    settings.json, the folder's .claude/settings(.local).json, --settings (a file or JSON)
+    and the administrator's managed settings; and the plugins it loads (--plugin-dir, and
+    those enabledPlugins turns on among the installed ones). A thread that wrote
+    stop_hook_summary is known to run them anyway (_stop_hooks_running)."""
     sources = [os.path.join(claude_config_dir(), "settings.json"),
                os.path.join(spec.cwd, ".claude", "settings.json"),
                os.path.join(spec.cwd, ".claude", "settings.local.json")]
+    plugin_dirs = []
     args = spec.claude_args
     for i, a in enumerate(args):
-        if a == "--settings" and i + 1 < len(args):
-            sources.append(args[i + 1])
-        elif a.startswith("--settings="):
-            sources.append(a.split("=", 1)[1])
-    for source in sources:
-        try:
-            if source.lstrip().startswith("{"):
-                settings = json.loads(source)
-            else:
-                with open_regular(source) as f:
-                    settings = json.loads(f.read(1 << 20).decode("utf-8", "replace"))
-        except (OSError, ValueError, RecursionError):
+        for option, into in (("--settings", sources), ("--plugin-dir", plugin_dirs)):
+            if a == option and i + 1 < len(args):
+                into.append(args[i + 1])
+            elif a.startswith(option + "="):
+                into.append(a.split("=", 1)[1])
+    sources.append(managed_settings_file())
+    enabled = {}
+    for settings in map(_read_json_object, sources):
+        if settings is None:
             continue
-        hooks = settings.get("hooks") if isinstance(settings, dict) else None
-        if isinstance(hooks, dict) and hooks.get("Stop"):
+        if _names_stop_hook(settings.get("hooks")):
             return True
+        if isinstance(settings.get("enabledPlugins"), dict):
+            enabled.update(settings["enabledPlugins"])  # later sources take precedence
+    if any(_plugin_runs_stop_hooks(os.path.join(spec.cwd, d)) for d in plugin_dirs):
+        return True
+    wanted = [name for name, on in enabled.items() if on is True]
+    if not wanted:
+        return False
+    installed = _read_json_object(os.path.join(claude_config_dir(), "plugins", "installed_plugins.json"),
+                                  limit=8 << 20) or {}
+    plugins = installed.get("plugins") if isinstance(installed.get("plugins"), dict) else {}
+    for name in wanted:
+        entries = plugins.get(name)
+        for entry in entries if isinstance(entries, list) else [entries]:
+            path = entry.get("installPath") if isinstance(entry, dict) else None
+            if isinstance(path, str) and path and _plugin_runs_stop_hooks(path):
+                return True
     return False
 
 

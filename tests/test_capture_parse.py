@@ -1245,3 +1245,60 @@ def test_the_settings_claude_reads_say_whether_stop_hooks_run(tmp_path, monkeypa
     assert not cc_lhc.stop_hooks_configured(spec())                             # unreadable: none
     (work / ".claude" / "settings.json").write_text(json.dumps(hooked))
     assert cc_lhc.stop_hooks_configured(spec())                                 # the folder's
+    (work / ".claude" / "settings.json").write_text(json.dumps(other))
+    managed = tmp_path / "managed-settings.json"
+    monkeypatch.setattr(cc_lhc, "managed_settings_file", lambda: str(managed))
+    assert not cc_lhc.stop_hooks_configured(spec())
+    managed.write_text(json.dumps(hooked))
+    assert cc_lhc.stop_hooks_configured(spec())                                 # the administrator's
+    managed.unlink()
+
+
+def _plugin(root, hooks_json=None, manifest_hooks=None):
+    (root / ".claude-plugin").mkdir(parents=True)
+    manifest = {"name": root.name, "version": "1.0.0"}
+    if manifest_hooks is not None:
+        manifest["hooks"] = manifest_hooks
+    (root / ".claude-plugin" / "plugin.json").write_text(json.dumps(manifest))
+    if hooks_json is not None:
+        (root / "hooks").mkdir()
+        (root / "hooks" / "hooks.json").write_text(json.dumps(hooks_json))
+    return root
+
+
+def test_a_plugins_stop_hooks_are_found_before_they_first_report(tmp_path, monkeypatch):
+    import types
+    stop = {"Stop": [{"hooks": [{"type": "command", "command": "true"}]}]}
+    pre = {"PreToolUse": [{"hooks": [{"type": "command", "command": "true"}]}]}
+    config = tmp_path / "config"
+    (config / "plugins").mkdir(parents=True)
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    monkeypatch.setattr(cc_lhc, "managed_settings_file", lambda: str(tmp_path / "none.json"))
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def spec(*args):
+        return types.SimpleNamespace(cwd=str(work), claude_args=list(args))
+    quiet = _plugin(tmp_path / "quiet", hooks_json={"hooks": pre})
+    hooky = _plugin(tmp_path / "hooky", hooks_json={"hooks": stop})
+    inline = _plugin(tmp_path / "inline", manifest_hooks={"hooks": stop})
+    named = _plugin(tmp_path / "named", manifest_hooks="./more/stop.json")
+    (named / "more").mkdir()
+    (named / "more" / "stop.json").write_text(json.dumps({"hooks": stop}))
+    assert not cc_lhc.stop_hooks_configured(spec("--plugin-dir", str(quiet)))
+    for plugin in (hooky, inline, named):
+        assert cc_lhc.stop_hooks_configured(spec("--plugin-dir", str(quiet), "--plugin-dir", str(plugin)))
+    assert cc_lhc.stop_hooks_configured(spec(f"--plugin-dir={hooky}"))
+    assert cc_lhc.stop_hooks_configured(spec("--plugin-dir", "../hooky"))          # the folder's relative path
+    # an installed plugin counts when a settings file turns it on, and the last word wins
+    (config / "plugins" / "installed_plugins.json").write_text(json.dumps(
+        {"version": 2, "plugins": {"hooky@m": [{"scope": "user", "installPath": str(hooky)}],
+                                   "quiet@m": [{"scope": "user", "installPath": str(quiet)}]}}))
+    assert not cc_lhc.stop_hooks_configured(spec())
+    (config / "settings.json").write_text(json.dumps({"enabledPlugins": {"quiet@m": True, "hooky@m": True}}))
+    assert cc_lhc.stop_hooks_configured(spec())
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.local.json").write_text(json.dumps({"enabledPlugins": {"hooky@m": False}}))
+    assert not cc_lhc.stop_hooks_configured(spec())
+    (config / "plugins" / "installed_plugins.json").write_text("[not, an, object")
+    assert not cc_lhc.stop_hooks_configured(spec("--settings", json.dumps({"enabledPlugins": {"hooky@m": True}})))

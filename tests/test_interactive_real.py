@@ -482,12 +482,30 @@ def test_a_message_typed_mid_turn_is_in_the_rebuilt_session_a_swap_resumes(real_
     exit_cleanly(t)
 
 
-@pytest.mark.parametrize("first", [False, True], ids=["after-a-report", "first-turn"])
-def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux, first):
+def _install_plugin(rc, name, hooks):
+    """Install a plugin the way a person does, from a marketplace folder, with the real CLI."""
+    market = rc.iso.root / "market"
+    plugin = market / "plugins" / name
+    (market / ".claude-plugin").mkdir(parents=True)
+    (plugin / ".claude-plugin").mkdir(parents=True)
+    (plugin / "hooks").mkdir()
+    (market / ".claude-plugin" / "marketplace.json").write_text(json.dumps(
+        {"name": "localmarket", "owner": {"name": "tests"},
+         "plugins": [{"name": name, "source": f"./plugins/{name}", "description": "test"}]}))
+    (plugin / ".claude-plugin" / "plugin.json").write_text(json.dumps(
+        {"name": name, "version": "1.0.0", "description": "test"}))
+    (plugin / "hooks" / "hooks.json").write_text(json.dumps({"hooks": hooks}))
+    for args in (["plugin", "marketplace", "add", str(market)], ["plugin", "install", f"{name}@localmarket"]):
+        p = rc.run_claude(*args)
+        assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("how", ["after-a-report", "first-turn", "installed-plugin"])
+def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux, how):
     """A Stop hook runs after Claude's final answer and may send it back to work: once the
-    thread knows it runs one (its settings name one, or it wrote stop_hook_summary), a seam
-    over the trigger is taken only after the hooks reported, so a swap never ends Claude
-    while a hook runs; also on the thread's very first turn."""
+    thread knows it runs one (its settings or an installed plugin name one, or it wrote
+    stop_hook_summary), a seam over the trigger is taken only after the hooks reported, so a
+    swap never ends Claude while a hook runs; also on the thread's very first turn."""
     import datetime
     import os
     from fakeapi import text_reply
@@ -495,15 +513,22 @@ def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux, first):
     rc = real_claude
     runs, done = rc.iso.root / "hook-runs", rc.iso.root / "hook-done"
     hook = rc.iso.root / "stop-hook.sh"
+    first = how != "after-a-report"
     slow_run = 1 if first else 2
     hook.write_text(f"#!/bin/sh\necho run >> {runs}\n"
                     f"if [ \"$(wc -l < {runs})\" -eq {slow_run} ]; then sleep 2; touch {done}; fi\nexit 0\n")
     hook.chmod(0o755)
-    settings = rc.iso.root / "hook-settings.json"
-    settings.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": str(hook)}]}]}}))
+    stop = {"Stop": [{"hooks": [{"type": "command", "command": str(hook)}]}]}
+    if how == "installed-plugin":
+        _install_plugin(rc, "stopper", stop)
+        args = []
+    else:
+        settings = rc.iso.root / "hook-settings.json"
+        settings.write_text(json.dumps({"hooks": stop}))
+        args = ["--settings", str(settings)]
     rc.api.script(([] if first else ["first answer"])
                   + [text_reply("a very long answer", usage=OVER_USAGE), "after the swap"])
-    t = tmux([sys.executable, CC_LHC, "--settings", str(settings)], cols=100, rows=30, env=rc.env, cwd=rc.cwd)
+    t = tmux([sys.executable, CC_LHC, *args], cols=100, rows=30, env=rc.env, cwd=rc.cwd)
     t.wait_for(PROMPT)
     if not first:
         type_line(t, "one")
