@@ -7441,7 +7441,7 @@ def background_items(store) -> list:
     db = store.db
     marks = ",".join("?" * len(BACKGROUND_TOOLS))
     launches = db.execute(
-        "SELECT c.seq, c.tool_name, c.tool_use_id, c.text, r.text FROM messages c "
+        "SELECT c.seq, c.tool_name, c.tool_use_id, c.text, lhc_text(r.text) FROM messages c "
         "JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
         "AND coalesce(r.is_error, 0) = 0 AND r.agent IS NULL "
         f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ({marks}) "
@@ -10639,6 +10639,10 @@ class LiveHandoff:
                      "Compact); nothing was lost. Please answer the last request now.")
     ALARM = ("cc-lhc rebuilt sessions are not loading \u2014 likely a compatibility problem with "
              "the installed Claude version")
+    # Raised instead when no replacement was even started: cc-lhc itself failed to prepare
+    # the rebuild each time, which says nothing about the installed Claude.
+    UNPREPARED_ALARM = ("cc-lhc failed {n} times before a replacement started (last: {why}); Claude's "
+                        "own compaction is back on for this session, and every turn is still recorded")
 
     def __init__(self, session, host):
         self.session = session      # the ManagedSession around the child
@@ -10648,6 +10652,8 @@ class LiveHandoff:
         self.started = None
         self.first_output = None
         self.failures = 0
+        self.unprepared = 0         # of those, failures before any replacement was started
+        self.alarm = self.ALARM     # what the standing alarm says, once raised
         self.alarmed = False
         self.survival = False       # the candidate is a survival relaunch, not a rebuild
         self.continue_note = None   # sent to the replacement once it owns the terminal
@@ -10733,7 +10739,7 @@ class LiveHandoff:
             return self._begin(relay, manual, prune) or ""
         except Exception as e:  # a failed attempt must never take the session down
             self.session.home.log("handoff_error", error=repr(e))
-            self._fail(relay, f"could not prepare the rebuild: {e}")
+            self._fail(relay, f"could not prepare the rebuild: {e}", spawned=self.candidate is not None)
             return f"it could not start: {e}"
 
     # How long after the person sent a prompt Claude may still be writing it down: until
@@ -10829,14 +10835,15 @@ class LiveHandoff:
         relay.timeout = 0.1
 
     def _survive(self, relay) -> None:
-        """After repeated nonviable swaps: relaunch the same session with Claude native
-        Compact allowed, so it can keep itself alive in degraded form. Persists per thread."""
+        """After repeated nonviable swaps (or rebuilds that could not be prepared at all):
+        relaunch the same session with Claude native Compact allowed, so it can keep itself
+        alive in degraded form. Persists per thread."""
         session, spec, home = self.session, self.session.spec, self.session.home
         self.survival = True
         registry = Registry(home)
         with Tx(registry.db) as db:
             db.execute("INSERT OR REPLACE INTO thread_alarms VALUES (?, ?, ?)",
-                       (session.capture.thread_id, self.ALARM, utc_now_iso()))
+                       (session.capture.thread_id, self.alarm, utc_now_iso()))
         registry.save_copy(session.capture.thread_id)
         spec.autocompact = True  # from now on no child of this thread gets the disable
         env = child_environment(spec)
@@ -11117,7 +11124,7 @@ class LiveHandoff:
             self.session.survivors.append(old_child.pid)
             self.session.announce(survivor_note(old_child.pid))
 
-    def _fail(self, relay, why: str) -> None:
+    def _fail(self, relay, why: str, spawned=True) -> None:
         home = self.session.home
         relay.remove_reader("candidate")
         relay.timeout = None
@@ -11139,11 +11146,14 @@ class LiveHandoff:
             home.log("survival_relaunch_failed", why=why)  # the old child simply keeps running
             return
         self.failures += 1
+        self.unprepared += not spawned
         home.log("handoff_failed", why=why, failures=self.failures)
         if self.failures >= self.MAX_FAILURES and not self.alarmed:
             self.alarmed = True
-            home.log("handoff_alarm", message=self.ALARM)
-            self.session.alarms.append(self.ALARM)
+            if self.unprepared == self.failures:
+                self.alarm = self.UNPREPARED_ALARM.format(n=self.failures, why=why)
+            home.log("handoff_alarm", message=self.alarm)
+            self.session.alarms.append(self.alarm)
             try:
                 self._survive(relay)
             except Exception as e:  # the old child keeps running either way

@@ -107,6 +107,41 @@ def test_a_background_shell_job_outlives_the_swap_and_its_result_reaches_the_rep
     assert not running(f"echo {marker}")
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "and-a-job"])
+def test_a_swap_reads_the_thread_s_large_tool_outputs_as_the_text_they_are(real_claude, tmux, background):
+    """A tool output of 2 KB or more is kept compressed in the thread; the check for open
+    background work reads it as text, so the swap happens (it failed at every seam, and
+    after three raised the alarm and turned Claude's own compaction back on)."""
+    marker, release = "BIG-DONE-51c", real_claude.cwd / "release-51c"
+    calls = [tool_use_reply("Bash", {"command": "seq 1 2000", "description": "numbers"})]
+    if background:
+        calls.append(tool_use_reply("Bash", {"command": f"{until_released(release)}seq 1 3000; echo {marker}",
+                                             "description": "in the background", "run_in_background": True}))
+    real_claude.api.script(calls + [text_reply("counted", usage=OVER_USAGE)])
+    over_until_swapped(real_claude)
+    t = launch(real_claude, tmux, "count", "--allowedTools", "Bash")
+    t.wait_for("counted", timeout=STARTUP)
+    _wait_for_log(real_claude, "handoff_switched")
+    assert not log_events(real_claude, "handoff_error") and not log_events(real_claude, "handoff_alarm")
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    store = cc_lhc.ThreadStore(home, thread_id)
+    try:
+        (stored,) = store.db.execute("SELECT text FROM messages WHERE kind = 'tool_result' AND text "
+                                     "IS NOT NULL ORDER BY seq LIMIT 1").fetchone()
+    finally:
+        store.close()
+    assert isinstance(stored, bytes)  # the case at hand: kept compressed
+    if background:
+        (carried,) = log_events(real_claude, "background_carried")
+        assert carried["items"][0].startswith("Bash m")
+        release.touch()
+        wait_until(lambda: [r for r in requests_holding(real_claude, "has finished") if marker in json.dumps(r)],
+                   "the job's result reaching the replacement")
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
 def test_the_session_end_stops_carried_jobs_and_keeps_what_was_not_told(real_claude, tmux):
     t = start_in_background(real_claude, tmux, "sleep 300; echo NEVER-SEEN")
     _wait_for_log(real_claude, "handoff_switched")

@@ -191,6 +191,39 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
                                                "after the swap"]
 
 
+def test_rebuilds_that_cannot_even_be_prepared_raise_an_alarm_that_says_so(real_claude, tmux):
+    """When cc-lhc fails before any replacement starts (here its runtime folder is replaced
+    by a file, so no retrieval descriptor can be written), the alarm after repeated failures
+    does not blame the installed Claude; the session is still relaunched with Claude's own
+    compaction allowed, and goes on."""
+    import shutil
+    from fakeapi import text_reply
+    real_claude.api.responder = lambda body: text_reply("still the original child", usage=OVER_USAGE)
+    t = tmux([sys.executable, CC_LHC], cols=140, rows=30, env=real_claude.env, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    runtime = Path(real_claude.env["CC_LHC_HOME"]) / "runtime"
+    shutil.rmtree(runtime)
+    runtime.write_text("not a folder")
+    for n in range(1, 4):
+        type_line(t, f"prompt {n}")
+        wait_for_log(real_claude, "handoff_failed", count=n)
+    wait_for_log(real_claude, "survival_relaunched")
+    (alarm,) = log_events(real_claude, "handoff_alarm")
+    assert alarm["message"].startswith("cc-lhc failed 3 times before a replacement started (last: could not "
+                                       "prepare the rebuild: ")
+    assert "compatibility" not in alarm["message"]
+    t.wait_for(PROMPT)
+    type_line(t, "prompt 4")
+    t.wait_for(re.compile(r"prompt 4\s[\s\S]*?● still the original child"))
+    exit_cleanly(t)
+    screen = t.capture(history=True).replace("\n", "")
+    assert "Claude's own compaction is back on for this session" in screen
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    registry = cc_lhc.Registry(home)
+    (message,) = [r[0] for r in registry.db.execute("SELECT message FROM thread_alarms")]
+    assert message == alarm["message"]
+
+
 def test_replacements_that_will_not_load_leave_the_session_running_and_raise_the_alarm(
         real_claude, tmux, tmp_path):
     from fakeapi import text_reply
