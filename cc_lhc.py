@@ -7740,10 +7740,11 @@ def live_handles(store, session_id) -> dict:
     """Source uuid -> how many recorded messages it holds, for the records of a session
     Claude still has under their own uuids (what the hook gets as handles); HELD_AS_WORDS
     for a message sent mid-turn, which Claude holds but under no handle."""
+    # (a saved output is cc-lhc's own copy of a file the record names, in no record of Claude's)
     return dict(store.db.execute(
         f"SELECT source_uuid, CASE WHEN max({QUEUED_PROMPT_SQL}) THEN {HELD_AS_WORDS} ELSE count(*) END "
-        "FROM messages WHERE source_session = ? AND agent IS NULL AND seq > ? GROUP BY source_uuid",
-        (session_id, handle_floor(store, session_id))).fetchall())
+        "FROM messages WHERE source_session = ? AND agent IS NULL AND seq > ? AND kind != ? "
+        "GROUP BY source_uuid", (session_id, handle_floor(store, session_id), SAVED_OUTPUT)).fetchall())
 
 
 def _opens_turn(rec) -> bool:
@@ -7754,19 +7755,27 @@ def _opens_turn(rec) -> bool:
 
 def in_process_messages(records, sources, handles, instructions="") -> list:
     """The view as the mod's hook returns it (pure): cc-lhc's header with the older records
-    rendered as text in one built message, then the newest records by handle, from a user
-    prompt on, each one whole and verbatim in the view, and last the closing line
-    IN_PROCESS_VIEW_END by which capture knows where the view ends."""
+    rendered as text in one built message, then the newest records by handle, each one
+    whole and verbatim in the view, and last the closing line IN_PROCESS_VIEW_END by which
+    capture knows where the view ends. The records by handle start at a user prompt, or,
+    when the newest turn is too long to be verbatim from its prompt on (its oldest part is
+    lean), at the first of its responses that is (right after the header, which is on the
+    user's side, so the tool calls that follow keep their results and signed thinking)."""
     n = len(records)
     if n > 1 and sources[n - 1] is None and records[n - 1]["type"] == "assistant":
         n -= 1  # the closing line the swap's view adds when it ends on the user's side
-    start = n
+    start = response = n
     for i in range(n - 1, 0, -1):
         src = sources[i]
         if src is None or not src[1] or handles.get(src[0]) not in (src[2], HELD_AS_WORDS):
             break
         if _opens_turn(records[i]):
             start = i
+        elif records[i]["type"] == "assistant" and records[i - 1]["type"] == "user":
+            response = i  # a response's first record
+    mid_turn = start == n and response < n
+    if mid_turn:
+        start = response
     header = records[0]["message"]["content"]
     if instructions:
         header += f"\nThe person asked for this compaction with: {instructions}"
@@ -7774,7 +7783,8 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     text = "\n\n".join([header] + [o for o in older if o])
     out = [{"role": "user", "text": text}]
     if start < n:
-        out.append({"role": "assistant", "text": IN_PROCESS_ACK})
+        if not mid_turn:
+            out.append({"role": "assistant", "text": IN_PROCESS_ACK})
         for i in range(start, n):
             if handles.get(sources[i][0]) == HELD_AS_WORDS:
                 out.append({"role": "user", "text": _user_words(records[i])})

@@ -137,6 +137,39 @@ def test_in_process_view_keeps_the_newest_records_by_handle_from_a_prompt_and_re
     assert out[-1] == {"role": "assistant", "text": cc_lhc.IN_PROCESS_VIEW_END}
 
 
+def test_a_newest_turn_too_long_for_its_prompt_keeps_its_newest_responses_by_handle():
+    # one long agentic turn: its prompt and first call are lean, the rest is verbatim
+    records = [
+        _rec("user", cc_lhc.REBUILT_MARKER + " from thread T."),
+        _rec("user", "do the long job"),
+        _rec("assistant", [{"type": "tool_use", "id": "tu1", "name": "Bash", "input": {"command": "a"}}]),
+        _rec("user", [{"type": "tool_result", "tool_use_id": "tu1", "content": "[output of Bash m3 · ...]"}]),
+        _rec("assistant", [{"type": "thinking", "thinking": "t", "signature": "S2"}]),
+        _rec("assistant", [{"type": "tool_use", "id": "tu2", "name": "Bash", "input": {"command": "b"}}]),
+        _rec("user", [{"type": "tool_result", "tool_use_id": "tu2", "content": "full output b"}]),
+        _rec("assistant", [{"type": "text", "text": "done", "signature": "SIG-LAST"}]),
+    ]
+    sources = [None, ("p", False, 1), ("a1", False, 1), ("r1", False, 1),
+               ("a2", True, 1), ("a3", True, 1), ("r2", True, 1), ("a4", True, 1)]
+    handles = {k: 1 for k in ("p", "a1", "r1", "a2", "a3", "r2", "a4")}
+    out = cc_lhc.in_process_messages(records, sources, handles)
+    # the header (user side) is followed directly by the first verbatim response: no
+    # acknowledgement between, so roles alternate and the tool calls keep their results
+    assert [m.get("handle") for m in out] == [None, "a2", "a3", "r2", "a4", None]
+    assert "do the long job" in out[0]["text"] and "[output of Bash m3" in out[0]["text"]
+    assert not any(m.get("text") == cc_lhc.IN_PROCESS_ACK for m in out)
+
+
+def test_a_saved_output_is_not_counted_among_the_messages_a_handle_holds(iso_env):
+    store = cc_lhc.ThreadStore(cc_lhc.StateHome(), "thread")
+    with cc_lhc.Tx(store.db) as db:
+        for seq, kind in ((1, "user_text"), (2, "tool_result"), (3, cc_lhc.SAVED_OUTPUT)):
+            db.execute("INSERT INTO messages (seq, turn, segment, source_session, source_uuid, block, "
+                       "kind, role, text) VALUES (?, 1, 0, 's', ?, ?, ?, 'user', 'x')",
+                       (seq, "u" if seq == 1 else "r", seq, kind))
+    assert cc_lhc.live_handles(store, "s") == {"u": 1, "r": 1}
+
+
 def test_a_record_holding_more_than_the_view_shows_is_not_handed_back():
     records = [_rec("user", cc_lhc.REBUILT_MARKER), _rec("user", "p"), _rec("assistant", [{"type": "text", "text": "a"}])]
     sources = [None, ("u", True, 1), ("a", True, 1)]

@@ -585,3 +585,60 @@ def test_a_dialog_open_at_the_seam_holds_smart_compact_back_until_the_next_one(r
     wait_for_log(rc, "in_process_compact_served", timeout=60)
     assert not log_events(rc, "in_process_compact_refused") and not log_events(rc, "handoff_spawned")
     exit_cleanly(t)
+
+
+def test_a_long_agentic_turn_keeps_its_newest_calls_by_handle_in_process(real_claude, tmux):
+    # One prompt and more tool output than the target holds: the newest turn cannot be
+    # verbatim from its prompt on, so the view hands back its newest responses by handle
+    # (their tool calls with their results, the last answer's signed thinking) instead of
+    # flattening the whole turn into the header's text.
+    rc = real_claude
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps({"lowerBoundTokens": 9000}))
+    calls = 8
+    command = "seq -f 'step {i} line %g of the build log: ok' 1 250"
+    rc.api.script([tool_use_reply("Bash", {"command": command.format(i=i), "description": f"step {i}"},
+                                  usage=SMALL_USAGE) for i in range(calls)]
+                  + [thinking_reply("last thought", "build finished", signature="SIG-LAST", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("answered after the long turn", usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "run the build", "build finished", "--allowedTools", "Bash")
+    wait_for_log(rc, "in_process_compact_served", timeout=60)
+    type_line(t, "what next?")
+    t.wait_for("answered after the long turn")
+    messages = rc.api.message_requests[-1]["body"]["messages"]
+    first = messages[0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "run the build" in first
+    assert cc_lhc.IN_PROCESS_ACK not in json.dumps(messages)
+    results = [b for m in messages if isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result"]
+    uses = {b["id"] for m in messages if isinstance(m["content"], list) for b in m["content"]
+            if b.get("type") == "tool_use"}
+    assert results and uses == {b["tool_use_id"] for b in results}  # each call with its result
+    assert "step 7 line 250 of the build log: ok" in json.dumps(results)  # the newest, verbatim
+    assert {"type": "thinking", "thinking": "last thought", "signature": "SIG-LAST"} in _thinking_blocks(messages)
+    roles = [m["role"] for m in messages]
+    # right after the header comes the first verbatim response, a call of the long turn
+    after = next(m for m in messages[1:] if m["role"] == "assistant")
+    assert [b["type"] for b in after["content"]] == ["tool_use"]
+    exit_cleanly(t)
+
+
+def test_a_call_whose_output_claude_saved_to_a_file_goes_back_by_its_handle(real_claude, tmux):
+    # Claude keeps only a preview of a large output (the file beside the session holds the
+    # rest, and the thread a copy of it); the record is still one message of the view, so
+    # the in-process view hands it back whole rather than as text.
+    rc = real_claude
+    cmd = "python3 -c \"[print(f'row {i} filler-filler-filler-filler') for i in range(6000)]\""
+    rc.api.script([tool_use_reply("Bash", {"command": cmd, "description": "a large output"}, usage=SMALL_USAGE),
+                   thinking_reply("saw the rows", "rows seen", signature="SIG-ROWS", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("answered on the compacted conversation", usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "print the rows", "rows seen", "--allowedTools", "Bash")
+    wait_for_log(rc, "in_process_compact_served", timeout=60)
+    type_line(t, "and now?")
+    t.wait_for("answered on the compacted conversation")
+    messages = rc.api.message_requests[-1]["body"]["messages"]
+    (result,) = [b for m in messages if isinstance(m["content"], list) for b in m["content"]
+                 if b.get("type") == "tool_result"]
+    assert "<persisted-output>" in json.dumps(result)
+    assert {"type": "thinking", "thinking": "saw the rows", "signature": "SIG-ROWS"} in _thinking_blocks(messages)
+    exit_cleanly(t)
