@@ -2247,7 +2247,12 @@ class Tx:
         return self.db
 
     def __exit__(self, exc_type, *_):
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if not exc_type:
+            self.db.execute("COMMIT")
+        elif self.db.in_transaction:
+            # (SQLite rolls back by itself on some errors, a full disk among them: a second
+            # ROLLBACK would fail and hide the error that says what happened)
+            self.db.execute("ROLLBACK")
         return False
 
 
@@ -5150,14 +5155,18 @@ class StateHome:
             line = json.dumps({"ts": utc_now_iso(), "pid": os.getpid(), "event": event, **fields},
                               ensure_ascii=False, sort_keys=False)
             path = self.path("wrapper.log")
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            # (non-blocking: a FIFO put where the log was must not hold the session)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o600)
             try:
-                os.write(fd, (line + "\n").encode("utf-8"))
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return
+                # a value holding bytes that are not UTF-8 (an argument, a path) is kept as an escape
+                os.write(fd, (line + "\n").encode("utf-8", "backslashreplace"))
                 if os.fstat(fd).st_size > self.LOG_ROTATE_BYTES:
                     self._rotate_log(fd, path)
             finally:
                 os.close(fd)
-        except OSError:
+        except Exception:  # an unwritable folder, a FIFO nobody reads, a value json cannot take
             pass
 
 
@@ -14286,6 +14295,11 @@ def cmd_doctor(args) -> int:
     check("ok" if mode_ok and not loose else "warn", "state home permissions",
           home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"),
           f"chmod -R go-rwx {shlex.quote(home.root)}")
+    for name in ("wrapper.log", "wrapper.log.1"):  # (anything else there is never written to)
+        path = home.path(name)
+        if os.path.lexists(path) and not os.path.isfile(path):
+            check("fail", "log", f"{path} is not a regular file, so nothing is logged",
+                  f"rm {shlex.quote(path)}")
     for name, migrations in (("registry.sqlite", REGISTRY_MIGRATIONS), ("cc-lhc.sqlite", HOST_MIGRATIONS)):
         path = home.path(name)
         if os.path.exists(path):
@@ -14371,7 +14385,10 @@ def main(argv=None) -> int:
             return run_watchdog(int(argv[1]), int(argv[2]))
         if argv and argv[0] == "__carry-guard" and len(argv) == 3:
             return run_carry_guard(argv[1], argv[2])
-        if argv and argv[0] in LHC_SUBCOMMANDS:
+        command = argv[0] if argv and argv[0] in LHC_SUBCOMMANDS else None
+        if not (command is None and any(a in ("-h", "--help", "-v", "--version") for a in argv)):
+            check_environment(command)
+        if command:
             bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
             if bad is not None:  # (bytes the locale could not decode: nothing can match them)
                 raise usage_error(f"{argv[0]}: the argument {os.fsencode(bad)!r} is not UTF-8 text")
@@ -14389,6 +14406,30 @@ def main(argv=None) -> int:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         say(f"{e.__class__.__name__}: {e}{where}")
         return EXIT_ERROR
+
+
+def check_environment(command) -> None:
+    """Refuse, before anything is written, what cc-lhc cannot keep: the working folder, the
+    state folder and Claude's config folder are recorded in cc-lhc's databases as text, so a
+    name holding bytes that are not UTF-8 is a refusal (2); a state folder that is a file or
+    a device is an unusable state folder (1). doctor reports the latter instead."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a folder removed under us: each command says what that means for it
+        cwd = ""
+    home = os.environ.get("CC_LHC_HOME", "")
+    for what, value in (("working folder", cwd), ("state folder (CC_LHC_HOME)", home),
+                        ("Claude config folder (CLAUDE_CONFIG_DIR)", os.environ.get("CLAUDE_CONFIG_DIR", ""))):
+        if SURROGATE.search(value):
+            raise LhcError(f"the {what} {os.fsencode(value)!r} is not UTF-8 text, and cc-lhc records it "
+                           "in its threads as text; use a folder whose name is UTF-8", EXIT_USAGE)
+    if home and not os.path.isabs(home):
+        # Claude's tools run cc-lhc from other folders than this one: they must find the same home
+        os.environ["CC_LHC_HOME"] = os.path.abspath(home)
+    root = StateHome().root
+    if command != "doctor" and os.path.lexists(root) and not os.path.isdir(root):
+        raise LhcError(f"the state folder {root} is not a folder; point CC_LHC_HOME at a folder "
+                       "(cc-lhc doctor checks it)", EXIT_ERROR)
 
 
 def sqlite3_errors():

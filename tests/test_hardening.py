@@ -255,3 +255,66 @@ def test_measure_names_a_file_that_is_no_transcript_and_one_that_is_empty(fake_c
     p = lhc(fake_claude, "measure", str(tmp_path), "--json")
     assert p.returncode == 1 and "bin.jsonl" in p.stderr and "empty.jsonl holds no conversation" in p.stderr
     assert [s["messages"] for s in json.loads(p.stdout)["sessions"]] == [0]   # the empty one, counted
+
+
+# -- names that are not UTF-8, and a state folder that is not one -------------------------
+
+NOT_UTF8 = os.fsdecode(b"caf\xe9-\xff")
+
+
+def test_a_prompt_holding_bytes_that_are_not_utf8_still_reaches_claude(fake_claude, iso_env):
+    p = lhc(fake_claude, "-p", "say " + NOT_UTF8)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert os.fsencode(NOT_UTF8) in os.fsencode(fake_claude.launches()[0]["argv"][-1])
+    assert "launch" in (iso_env.lhc / "wrapper.log").read_text()  # logged, as an escape
+
+
+@pytest.mark.parametrize("where", ["working folder", "CC_LHC_HOME", "CLAUDE_CONFIG_DIR"])
+def test_a_folder_whose_name_is_not_utf8_is_refused_before_anything_is_written(fake_claude, iso_env, where):
+    folder = (iso_env.work if where == "working folder" else iso_env.root) / NOT_UTF8
+    folder.mkdir()
+    env = {} if where == "working folder" else {where: str(folder)}
+    p = lhc(fake_claude, "-p", "hi", cwd=folder if where == "working folder" else None, env=env)
+    assert_refused(p, fake_claude, "not UTF-8 text", r"caf\xe9-\xff")
+    assert not (iso_env.lhc / "registry.sqlite").exists()
+
+
+@pytest.mark.parametrize("home", ["a file", "/dev/null"])
+@pytest.mark.parametrize("args", [["-p", "hi"], ["threads"], ["search", "needle", "--all"]])
+def test_a_state_folder_that_is_a_file_is_named_not_listed_as_empty(fake_claude, iso_env, home, args):
+    if home == "a file":
+        home = str(iso_env.root / "lhc-file")
+        open(home, "w").close()
+    p = lhc(fake_claude, *args, env={"CC_LHC_HOME": home})
+    assert p.returncode == cc_lhc.EXIT_ERROR and p.stdout == "" and fake_claude.launches() == []
+    assert p.stderr == f"cc-lhc: the state folder {home} is not a folder; point CC_LHC_HOME at a " \
+                       "folder (cc-lhc doctor checks it)\n"
+    p = lhc(fake_claude, "doctor", env={"CC_LHC_HOME": home})
+    assert p.returncode == cc_lhc.EXIT_ERROR and f"{home} is not a folder" in p.stdout
+
+
+def test_a_relative_state_folder_is_the_same_folder_for_claude_and_its_tools(fake_claude, iso_env):
+    p = lhc(fake_claude, "-p", "hi", env={"CC_LHC_HOME": "rel-home"})
+    assert p.returncode == 0, p.stderr
+    (launch,) = fake_claude.launches()
+    assert launch["env"]["CC_LHC_HOME"] == str(iso_env.work / "rel-home")
+    assert (iso_env.work / "rel-home" / "registry.sqlite").exists()
+
+
+def test_a_fifo_where_the_log_goes_neither_hangs_a_launch_nor_goes_unnamed(fake_claude, iso_env):
+    os.mkfifo(iso_env.lhc / "wrapper.log")
+    p = lhc(fake_claude, "-p", "hi")
+    assert p.returncode == 0 and len(fake_claude.launches()) == 1, p.stderr
+    p = lhc(fake_claude, "doctor")
+    assert "[fail] log" in p.stdout and "is not a regular file" in p.stdout
+
+
+def test_a_full_disk_is_the_error_a_transaction_reports(tmp_path):
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "small.db", isolation_level=None)
+    db.execute("CREATE TABLE t (x)")
+    db.execute("PRAGMA max_page_count = 8")  # the database cannot grow past 8 pages
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        with cc_lhc.Tx(db):
+            db.execute("INSERT INTO t VALUES (?)", (b"x" * 100_000,))
+    assert not db.in_transaction and db.execute("SELECT count(*) FROM t").fetchone() == (0,)
