@@ -13378,7 +13378,17 @@ def code_fence(text) -> str:
     return "`" * max(3, max(map(len, runs), default=0) + 1)
 
 
+# What a Markdown export writes as an escape (\xNN): control characters other than newline
+# and tab, whose effect on a terminal (colours, a cleared screen, a carriage return over a
+# line, a changed title) could hide or fake what the export shows. The JSON form keeps them.
+MARKDOWN_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def render_markdown_message(m: dict) -> str:
+    return MARKDOWN_CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", _markdown_message(m))
+
+
+def _markdown_message(m: dict) -> str:
     label = f"m{m['seq']}" + (f" · subagent {m['agent']}" if m.get("agent") else "")
     if m["kind"] == "tool_call":
         fence = code_fence(m["text"])

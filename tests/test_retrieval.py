@@ -302,6 +302,14 @@ def test_markdown_export_fences_outlast_any_backticks_in_the_content():
     assert "\n```json\n" in cc_lhc.render_markdown_message(call)  # three when nothing needs more
 
 
+def test_markdown_export_shows_terminal_controls_as_escapes_and_keeps_lines_and_tabs():
+    text = "\x1b[2J\x1b]0;owned\x07red \x1b[31mFAIL\x1b[0m\r\nok\tdone\x9b"
+    m = {"seq": 7, "kind": "tool_result", "tool_use_id": "toolu_1", "is_error": 0, "agent": None, "text": text}
+    md = cc_lhc.render_markdown_message(m)
+    assert not cc_lhc.MARKDOWN_CONTROL.search(md)
+    assert "\\x1b[2J\\x1b]0;owned\\x07red \\x1b[31mFAIL\\x1b[0m\\x0d\nok\tdone\\x9b" in md
+
+
 @pytest.mark.parametrize("spec", ["t3-t5", "t3\u2013t5", "t3-5"])
 def test_get_turns_with_a_range(spec, thread, monkeypatch, capsysbinary):
     grant(thread, monkeypatch)
