@@ -13735,13 +13735,16 @@ def _context_line(body: str, at: int, end: int, show) -> str:
 class SearchHit:
     """One message search found: its label, where it stands, and a line of context."""
 
-    def __init__(self, thread_id, seq, turn, kind, tool_name, created, how, context, rank=0.0):
+    def __init__(self, thread_id, seq, turn, kind, tool_name, created, how, context, rank=0.0, agent=None):
         self.thread_id, self.seq, self.turn, self.kind = thread_id, seq, turn, kind
+        self.agent = agent  # the subagent whose record it is (the main chain: None)
         self.tool_name, self.created, self.how, self.context = tool_name, created, how, context
         self.rank = rank  # the word index's bm25 (lower is better); 0 for exact matches
 
     def line(self, with_thread=False) -> str:
         what = f"{self.kind} {self.tool_name}" if self.tool_name else self.kind
+        if self.agent:
+            what += f" in subagent {self.agent}"
         when = f"{self.created[:16].replace('T', ' ')} UTC" if self.created else "time unknown"
         head = f"{self.thread_id[:8]} " if with_thread else ""
         return f"{head}m{self.seq} (t{self.turn}, {what}, {when}, {self.how}): {self.context}"
@@ -13751,7 +13754,7 @@ def _exact_hits(store, text: str, limit: int):
     """Messages holding text exactly, newest first: through the substring index when there
     is one and text is 3 characters or more, else by a scan that stops at `limit`."""
     query = exact_query(text)
-    cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, {SEARCH_BODY_SQL} AS body"
+    cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, {SEARCH_BODY_SQL} AS body"
     if query is not None and store.has_exact_index():
         inner = (f"SELECT {cols} FROM messages_exact x JOIN messages m ON m.seq = x.rowid "
                  "WHERE messages_exact MATCH ? ORDER BY x.rowid DESC")
@@ -13760,8 +13763,8 @@ def _exact_hits(store, text: str, limit: int):
         inner = f"SELECT {cols} FROM messages m ORDER BY m.seq DESC"
         args = (text, limit)
     rows = store.db.execute(f"SELECT * FROM ({inner}) WHERE instr(body, ?) > 0 LIMIT ?", args)
-    return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact", match_context(body, text))
-            for seq, turn, kind, tool, created, body in rows]
+    return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact", match_context(body, text),
+                      agent=agent) for seq, turn, kind, tool, created, agent, body in rows]
 
 
 def _word_hits(store, text: str, limit: int):
@@ -13772,12 +13775,12 @@ def _word_hits(store, text: str, limit: int):
     # The line of context is cut here, not by FTS5's snippet(): on one message of a few
     # hundred KB holding the words many times that took seconds to minutes.
     rows = store.db.execute(
-        "SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, lhc_text(m.text), rank "
+        "SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, lhc_text(m.text), rank "
         "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
         "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, limit))
     return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
-                      word_context(body or "", text), rank)
-            for seq, turn, kind, tool, created, body, rank in rows]
+                      word_context(body or "", text), rank, agent)
+            for seq, turn, kind, tool, created, agent, body, rank in rows]
 
 
 def word_context(body: str, text: str) -> str:
