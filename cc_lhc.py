@@ -1001,7 +1001,8 @@ def load_policy(cwd: str, flag_values: dict) -> Policy:
 
 # Bumped whenever the mapping from transcript lines to canonical records changes;
 # every source row records the version that read it.
-PARSER_VERSION = 4  # 3: local commands are turns of their own (COMMAND_TURN); 4: queued prompts
+PARSER_VERSION = 5  # 3: local commands are turns of their own (COMMAND_TURN); 4: queued prompts;
+# 5: messages Claude took from its queue mid-turn (queue-operation remove)
 
 # Record types Claude Code writes for its own bookkeeping. They are counted, never
 # parsed into the record, and never an error. Unknown types are treated the same way.
@@ -1044,11 +1045,32 @@ COMMAND_TURN = "command"
 LOCAL_OUTPUT_KEY = "local_output:"  # + session id: ParseState.local_output, in the thread's meta
 TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the same way
 CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
+QUEUE_KEY = "queue:"  # + session id: ParseState.queued, the same way
+ABSORBED_KEY = "absorbed:"  # + session id: ParseState.absorbed, the same way
 # The ParseState fields the records alone do not give back, kept in the thread's meta under
 # key + session id whenever a batch changes them (ParseOutput.state): (field, key, default).
-# A flag is kept as "1"/"0", a uuid as itself.
+# A flag is kept as "1"/"0", a uuid as itself, a tuple as JSON (persisted_value).
 PERSISTED_STATE = (("local_output", LOCAL_OUTPUT_KEY, False), ("turn_end_due", TURN_END_KEY, False),
-                   ("chain_tip", CHAIN_TIP_KEY, None))
+                   ("chain_tip", CHAIN_TIP_KEY, None), ("queued", QUEUE_KEY, ()),
+                   ("absorbed", ABSORBED_KEY, ()))
+
+
+def persisted_value(value) -> str:
+    """A PERSISTED_STATE field's value as the meta table keeps it."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return json.dumps(value) if isinstance(value, tuple) else value
+
+
+def restored_value(stored, default):
+    """A PERSISTED_STATE field's value back from the meta table (default when absent)."""
+    if stored is None:
+        return default
+    if default is False:
+        return stored == "1"
+    if isinstance(default, tuple):
+        return tuple(tuple(entry) for entry in json.loads(stored))
+    return stored
 # A prompt Claude chained to an earlier record than the newest one: the person rewound the
 # conversation (Esc Esc, /rewind: "Restore conversation") or edited an earlier prompt. The
 # turns after that record are off Claude's branch now: kept in the thread as they were
@@ -1196,6 +1218,13 @@ class ParseState:
         # hooks, one of which can send it back to work. In the meta as TURN_END_KEY.
         self.turn_end_due = False
         self.chain_tip = None        # the newest main-chain record's uuid (CHAIN_TIP_KEY)
+        # Messages the person typed while Claude worked, as queue-operation records tell
+        # them: (line, enqueue record JSON) still in Claude's queue, and those Claude took
+        # out of it to hand to the model inside the running turn ("remove") whose words no
+        # queued_command attachment has given yet (see RolloutParser._queue_operation).
+        self.queued = ()
+        self.absorbed = ()
+        self.last_response = None    # the response id of the newest main-chain assistant record
         self.segment = 0             # current segment index within the open turn
         self.segment_first = None    # first seq of the current segment
         self.segment_bytes = 0       # size of the current segment's text so far
@@ -1336,6 +1365,8 @@ class RolloutParser:
         rtype = rec.get("type")
         uid = rec.get("uuid")
         if uid is None or rtype in BOOKKEEPING_TYPES:
+            if rtype == "queue-operation" and self.agent is None:
+                self._queue_operation(rec, line_no)
             self._count(rtype, size)
             return
         parent = rec.get("parentUuid")
@@ -1375,6 +1406,10 @@ class RolloutParser:
         elif rtype == "assistant":
             if self.agent is None:
                 self.s.local_output = False
+                response_id = (rec.get("message") or {}).get("id") or rec.get("uuid")
+                if response_id != self.s.last_response:
+                    self._absorbed_prompts()  # the model answers them in this response
+                self.s.last_response = response_id
             self._assistant(rec, line_no)
         elif rtype == "attachment" and self._queued_prompt(rec, line_no):
             return
@@ -1387,6 +1422,7 @@ class RolloutParser:
                 label = f"progress/{data.get('type')}"
                 self._link(data.get("agentId"), rec.get("parentToolUseID"))
             elif rtype == "system" and rec.get("subtype") in TURN_END_SUBTYPES and self.agent is None:
+                self._absorbed_prompts()
                 self.s.turn_end_due = False
                 self._turn_ended(rec)
             elif rtype == "system" and rec.get("subtype") == "local_command" and self.agent is None:
@@ -1592,6 +1628,8 @@ class RolloutParser:
         written_out = local is None and after_output and rec.get("isMeta") and self.s.open_turn is None
         stopped = (self.agent is None and not has_result and not rec.get("isMeta")
                    and _interrupt_marker(blocks))
+        if self.s.queued and self.agent is None and not has_result:
+            self._delivered(content)
         if local is not None or written_out:
             self._command_part(local or "output", created)
         elif stopped:
@@ -1602,6 +1640,8 @@ class RolloutParser:
             _require_text(origin)
             if self._off_tip:
                 self.out.branches.append((rec.get("parentUuid"), line_no))
+            if self.agent is None:
+                self._absorbed_prompts()  # (words the running turn took in belong to it)
             self._open_turn(origin or "prompt", self.s.next_seq, created)
         for i, block in enumerate(blocks):
             if not isinstance(block, dict):
@@ -1660,6 +1700,60 @@ class RolloutParser:
         return self._message("user", SAVED_OUTPUT, text, data, rec, -1 - block, line_no,
                              tool_use_id=tool_use_id)
 
+    def _queue_operation(self, rec, line_no):
+        """Claude's queue of messages typed while it works, from its queue-operation records.
+
+        Each enqueue ends in one of: dequeue (the message goes out as a prompt record of its
+        own), popAll (the person took the queue back into the input box) or remove (Claude
+        handed it to the model inside the running turn). A removed message is the person's
+        words in that turn: newer versions write it again as a queued_command attachment
+        (_queued_prompt), older ones (2.1.39) write it nowhere else, so what no attachment
+        claims joins the turn when the model answers it (_absorbed_prompts).
+        """
+        s = self.s
+        op, content = rec.get("operation"), rec.get("content")
+        if op == "enqueue" and isinstance(content, str):
+            s.queued += ((line_no, content, _dump(rec)),)
+        elif op == "dequeue":
+            s.queued = s.queued[1:]
+        elif op == "popAll":
+            s.queued = ()
+        elif op == "remove" and s.queued:
+            # (one that names no content is the person's oldest message: a background
+            # task's notification waits for the turn's end and goes out as a record)
+            named = [i for i, entry in enumerate(s.queued) if entry[1] == content] or [
+                i for i, entry in enumerate(s.queued) if not entry[1].startswith("<task-notification>")]
+            i = named[0] if named else 0
+            s.absorbed += (s.queued[i],)
+            s.queued = s.queued[:i] + s.queued[i + 1:]
+
+    def _delivered(self, content):
+        """A queued message that went out as a record of its own (2.1.39 writes no dequeue
+        for a background task's notification) is no longer in Claude's queue."""
+        text = content if isinstance(content, str) else "\n".join(
+            b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"
+        ) if isinstance(content, list) else None
+        named = [i for i, entry in enumerate(self.s.queued) if entry[1] == text]
+        if named:
+            self.s.queued = self.s.queued[:named[0]] + self.s.queued[named[0] + 1:]
+
+    def _absorbed_prompts(self):
+        """Messages Claude handed to the model mid-turn that no attachment wrote down: user
+        messages of the running turn (or of a new one, if none is open), placed just
+        before the response that reads them. Their data is the enqueue record."""
+        s = self.s
+        if self.agent is not None or not s.absorbed:
+            return
+        entries, s.absorbed = s.absorbed, ()
+        for line_no, content, data in entries:
+            if content.lstrip().startswith("/"):
+                continue  # a slash command: Claude runs it itself and records what it sends
+            rec = json.loads(data)
+            s.closed_response = None
+            if s.open_turn is None:
+                self._open_turn("prompt", s.next_seq, rec.get("timestamp"))
+            self._message("user", "user_text", content, data, rec, 0, line_no)
+
     def _queued_prompt(self, rec, line_no) -> bool:
         """A message the person sent while Claude worked: Claude Code writes it only as a
         queued_command attachment and hands it to the model inside the running turn. It is
@@ -1676,6 +1770,9 @@ class RolloutParser:
             return False
         data = _dump(att)
         if self.agent is None:
+            claimed = [i for i, entry in enumerate(self.s.absorbed) if entry[1] == text]
+            if claimed:
+                self.s.absorbed = self.s.absorbed[:claimed[0]] + self.s.absorbed[claimed[0] + 1:]
             self.s.closed_response = None
             if self.s.open_turn is None:
                 self._open_turn("prompt", self.s.next_seq, rec.get("timestamp"))
@@ -2782,7 +2879,7 @@ class ThreadStore:
             "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
         for field, key, default in PERSISTED_STATE:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key + session_id,)).fetchone()
-            setattr(state, field, default if row is None else row[0] == "1" if default is False else row[0])
+            setattr(state, field, restored_value(row and row[0], default))
         views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
                                 (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
         state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
@@ -2885,8 +2982,8 @@ class ThreadStore:
                 self._note_agents(out.agents, now)
             keys = {field: key for field, key, _d in PERSISTED_STATE}
             for field, value in out.state.items():
-                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                           (keys[field] + session_id, ("1" if value else "0") if isinstance(value, bool) else value))
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (keys[field] + session_id,
+                                                                        persisted_value(value)))
             if out.problems:
                 insert_rows(db, "INSERT INTO problems (session, line, offset, kind, detail, created)", 6,
                             [p + (now,) for p in out.problems])
@@ -4307,7 +4404,7 @@ class PruneUnchanged(LhcError):
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
                  envelope_from=None, now=None, arm=None, prune_target=None, native=False,
-                 sources=None, manifest=()) -> Rebuild:
+                 sources=None, manifest=(), idle=False) -> Rebuild:
     """Build the served view of a thread and the transcript bytes for a new session.
 
     ``arm`` is the thinking replay arm (default: the thread's, see thinking_arm).
@@ -4317,8 +4414,10 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     ``sources`` (a list) is filled as view_records fills it, for a view served in process:
     that Claude process still knows every file it read, so no file-state pairs are carried.
     ``manifest``: lines naming the background work a swap carries (view_records).
+    ``idle``: no Claude writes the transcript (before a launch, a fork, rollout write), so
+    a newest turn left open that is over all the same (unsettled_reason) is in the view.
     """
-    turns = load_turns(store)
+    turns = load_turns(store, closed_only=not (idle and not unsettled_reason(store, idle=True)))
     boundary = visibility_boundary(store)
     arm = arm or thinking_arm(store, policy)
     budget = policy.effective_target if prune_target is None else prune_target
@@ -7648,7 +7747,8 @@ def write_rebuild(path: str, data: bytes) -> None:
 
 def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelope_from=None,
             assessment=None, session_id=None, projects_root=None, pending=True,
-            plan_view=None, native=False, in_process=None, instructions="", manifest=()) -> PendingRebuild:
+            plan_view=None, native=False, in_process=None, instructions="", manifest=(),
+            idle=False) -> PendingRebuild:
     """Build the view, record it as pending, write it, and record its lineage.
 
     ``pending=False`` is `rollout write`: the caller makes the session current at once.
@@ -7657,6 +7757,7 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     descriptor) serves the view through the mod's session.compact hook instead: see
     rebuild_in_process; ``instructions`` are the person's words after their /compact.
     ``manifest``: the background work a swap carries, written into the session.
+    ``idle``: no Claude is writing the transcript (plan_rebuild).
     """
     if in_process is not None:
         return rebuild_in_process(home, store, thread_id, from_session, policy, cwd, in_process,
@@ -7665,7 +7766,7 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     new_sid = session_id or new_session_id()
     plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, new_sid, cwd,
                                        projects_root=projects_root, envelope_from=envelope_from,
-                                       manifest=manifest)
+                                       manifest=manifest, idle=idle)
     if plan.boundary:
         # The thread's boundary moves to this one only once the session is accepted.
         note_built_boundary(store, new_sid, plan.boundary)
@@ -10119,7 +10220,7 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
         try:
             written = rebuild(home, hostdb, fork_store, fork_id, current, policy, spec.cwd,
                               envelope_from=_session_rollout(hostdb, current, spec.cwd),
-                              session_id=spec.session_id, pending=False)
+                              session_id=spec.session_id, pending=False, idle=True)
         finally:
             fork_store.close()
         failpoint("fork-after-write")
@@ -10227,7 +10328,8 @@ def smart_compact_before_launch(spec, home, policy, capture):
     say(f"{'Smart Prune' if plan_view else 'Smart Compact'}: {describe_reading(a.c)}")
     try:
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-                          spec.cwd, envelope_from=capture.path, assessment=a, plan_view=plan_view)
+                          spec.cwd, envelope_from=capture.path, assessment=a, plan_view=plan_view,
+                          idle=True)
     except PruneUnchanged as e:
         a.outcome(f"no_action: {e}")
         say(f"Smart Prune: {e}")
@@ -13928,7 +14030,7 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
     try:
         written = rebuild(home, hostdb, store, thread_id, registry.current_session(thread_id),
                           policy, cwd, envelope_from=envelope_from, session_id=session_id,
-                          projects_root=projects_root, pending=False)
+                          projects_root=projects_root, pending=False, idle=True)
     finally:
         store.close()
     registry.add_alias(session_id, thread_id, current=True)

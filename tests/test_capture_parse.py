@@ -1106,6 +1106,103 @@ def test_a_message_sent_mid_turn_is_a_user_message_of_that_turn():
     assert out.telemetry["attachment/queued_command"].count == 1 and "attachment/date" in out.telemetry
 
 
+def _queue_op(t: Transcript, operation: str, content: str | None = None, **extra) -> None:
+    t.bookkeeping("queue-operation", operation=operation, timestamp="2026-11-30T10:00:00.000Z",
+                  **({"content": content} if content is not None else {}), **extra)
+
+
+def test_a_message_claude_took_from_its_queue_mid_turn_is_a_user_message_there_in_2_1_39():
+    """Claude Code 2.1.39 writes a message typed while it works only as queue-operation
+    records: an enqueue with its words, then a remove naming none when the model gets it
+    inside the running turn. The words are a user message of that turn, just before the
+    response that read them. A background task's notification (enqueued, never dequeued,
+    sent as a record of its own) is not taken for it, nor is a slash command."""
+    t = Transcript()
+    t.user("run the tests")
+    t.assistant(tool_use("toolu_1", "make test"), stop=None)
+    _queue_op(t, "enqueue", "<task-notification>\n<task-id>b1</task-id>\n</task-notification>")
+    t.tool_result(("toolu_1", "running"))
+    _queue_op(t, "enqueue", "check again")
+    _queue_op(t, "enqueue", "/mcp")
+    t.assistant(tool_use("toolu_2", "tail log"), stop=None)
+    _queue_op(t, "remove")                                    # "check again"
+    _queue_op(t, "remove")                                    # "/mcp": Claude ran the command
+    t.tool_result(("toolu_2", "3 failed"))
+    t.assistant(text("Three failed; checking again as you asked."), stop=None)
+    t.user("<task-notification>\n<task-id>b1</task-id>\n</task-notification>")
+    t.assistant(text("The task is done."), stop=None)
+    out = parse_bytes(t.data())
+    got = [(m.turn, m.kind, m.text) for m in out.messages]
+    assert got == [(1, "user_text", "run the tests"), (1, "tool_call", '{"command":"make test"}'),
+                   (1, "tool_result", "running"), (1, "tool_call", '{"command":"tail log"}'),
+                   (1, "tool_result", "3 failed"), (1, "user_text", "check again"),
+                   (1, "assistant_text", "Three failed; checking again as you asked."),
+                   (2, "user_text", "<task-notification>\n<task-id>b1</task-id>\n</task-notification>"),
+                   (2, "assistant_text", "The task is done.")]
+    words = next(m for m in out.messages if m.text == "check again")
+    assert json.loads(words.data) == {"type": "queue-operation", "sessionId": "sess-1", "operation": "enqueue",
+                                      "timestamp": "2026-11-30T10:00:00.000Z", "content": "check again"}
+    assert out.telemetry["queue-operation"].count == 5
+
+
+def test_a_queued_message_a_newer_claude_also_writes_as_an_attachment_is_one_message():
+    """Newer versions name the words on the remove and write them again as a
+    queued_command attachment after the tool's result: one user message, the
+    attachment's; a message taken back into the input box (popAll) or sent as a prompt
+    of its own (dequeue) is none."""
+    t = Transcript()
+    t.user("build it")
+    t.assistant(tool_use("toolu_1", "make"), stop="tool_use")
+    _queue_op(t, "enqueue", "also the docs")
+    _queue_op(t, "enqueue", "never mind")
+    _queue_op(t, "popAll")
+    _queue_op(t, "enqueue", "QUEUED the docs too")
+    _queue_op(t, "remove", "QUEUED the docs too", reason="absorbed_mid_turn")
+    t.tool_result(("toolu_1", "built"))
+    t.record({"type": "attachment", "attachment": {"type": "queued_command", "prompt": "QUEUED the docs too",
+                                                   "commandMode": "prompt"}})
+    t.assistant(text("Built, and the docs."))
+    _queue_op(t, "enqueue", "next thing")
+    _queue_op(t, "dequeue")
+    t.user("next thing")
+    t.assistant(text("Done."))
+    out = parse_bytes(t.data())
+    got = [(m.turn, m.kind, m.text) for m in out.messages if m.role == "user"]
+    assert got == [(1, "user_text", "build it"), (1, "tool_result", "built"),
+                   (1, "user_text", "QUEUED the docs too"), (2, "user_text", "next thing")]
+    assert json.loads(got and out.messages[3].data)["type"] == "queued_command"
+
+
+def test_a_queued_message_taken_mid_turn_survives_a_capture_stopped_between_its_records(tmp_path, capture):
+    """The queue is parse state the thread keeps (its meta): a capture that stops after
+    the enqueue, and again after the remove, still puts the words in their turn, once."""
+    t = Transcript()
+    t.user("run the tests")
+    t.assistant(tool_use("toolu_1", "make test"), stop=None)
+    _queue_op(t, "enqueue", "check again")
+    cut_enqueued = len(t.data())
+    t.tool_result(("toolu_1", "running"))
+    t.assistant(tool_use("toolu_2", "tail log"), stop=None)
+    _queue_op(t, "remove")
+    cut_removed = len(t.data())
+    t.tool_result(("toolu_2", "3 failed"))
+    t.assistant(text("Checked again."), stop=None)
+    whole = t.data()
+    path = tmp_path / "sess-1.jsonl"
+    path.write_bytes(whole[:cut_enqueued])
+    c = capture(path)
+    for cut in (cut_removed, len(whole)):
+        c.capture.stop()           # a new process: the parser's memory comes from the thread
+        path.write_bytes(whole[:cut])
+        c.capture = cc_lhc.Capture(c.home, "thread-1", "sess-1", str(path))
+        c.capture.catch_up()
+        c.store = c.capture.store
+    texts = [(m["turn"], m["kind"], m["text"]) for m in c.messages()]
+    assert texts[-3:] == [(1, "tool_result", "3 failed"), (1, "user_text", "check again"),
+                          (1, "assistant_text", "Checked again.")]
+    assert [m["text"] for m in c.messages()].count("check again") == 1
+
+
 def test_an_interrupt_note_ends_the_turn_it_stopped():
     t = Transcript()
     t.user("write the long essay")

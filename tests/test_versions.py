@@ -309,6 +309,35 @@ def test_real_cli_resumes_a_smart_compacted_2_1_39_session(real_claude):
     assert "store bug is fixed" in json.dumps(sent["body"]["messages"])
 
 
+@pytest.mark.parametrize("version,last_words,last_answer", [("1.0.98", "try again", "The network is fine now."),
+                                                             ("2.0.76", "and the licence?", "MIT.")])
+def test_real_cli_resumes_a_smart_compacted_session_with_its_last_turn(real_claude, version, last_words,
+                                                                     last_answer):
+    """1.0.x and 2.0.x end a session's last turn with nothing (stop_reason null, no
+    system record): with no Claude writing, that turn is over, so the rebuild before the
+    one-shot holds it verbatim, as the idle seam said it would, and Claude is sent it."""
+    from fakeapi import text_reply
+    rc = real_claude
+    sid = SESSIONS[version]
+    recs = records(VERSIONS / version / f"{sid}.jsonl")
+    last = max(i for i, r in enumerate(recs) if r.get("type") == "assistant")
+    recs[last]["message"]["usage"] = {"input_tokens": 382_000, "output_tokens": 40}
+    rc.project_dir.mkdir(parents=True, exist_ok=True)
+    for extra in (VERSIONS / version).glob("agent-*.jsonl"):
+        shutil.copy(extra, rc.project_dir / extra.name)
+    (rc.project_dir / f"{sid}.jsonl").write_text(
+        "".join(json.dumps(dict(r, cwd=str(rc.cwd)) if "cwd" in r else r) + "\n" for r in recs))
+    rc.api.responder = lambda body: text_reply("answered after the rebuild")
+    p = _ok(rc.run_lhc("--resume", sid, "-p", "next", timeout=120))
+    assert "answered after the rebuild" in p.stdout
+    assert "Smart Compact" in p.stderr and "not at a settled seam" not in p.stderr, p.stderr
+    [sent] = rc.api.message_requests
+    assert sent["session_id"] != sid
+    sent_text = json.dumps(sent["body"]["messages"])
+    assert last_words in sent_text and last_answer in sent_text
+    assert sent_text.index(last_words) < sent_text.index(last_answer) < sent_text.index('"next"')
+
+
 def test_real_cli_subagent_records_reach_the_thread(real_claude):
     """The real CLI 2.1.328 runs an Agent call against the fake API; the agent writes its
     own subagents/agent-<id>.jsonl, and every record of it is in the thread, linked to the
