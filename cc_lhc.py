@@ -2417,6 +2417,18 @@ def _migrate_payload_once(db) -> None:
     db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
 
 
+def _migrate_words_of_values(db) -> None:
+    """The word index reads what exact search reads (SEARCH_BODY_SQL): a tool call's
+    string values, decoded, not its JSON (whose keys made every Bash call a hit for
+    "command description"); it is filled again on the next index_search."""
+    db.execute("DROP TABLE IF EXISTS messages_fts")
+    db.execute("DROP VIEW IF EXISTS messages_plain")
+    db.execute(f"CREATE VIEW messages_plain AS SELECT m.seq AS seq, {SEARCH_BODY_SQL} AS text FROM messages m")
+    db.execute("CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages_plain', "
+               "content_rowid='seq')")
+    db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
+
+
 THREAD_MIGRATIONS = [
     ("001_record", """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
@@ -2497,6 +2509,7 @@ CREATE TABLE registry_alarm (message TEXT NOT NULL, since TEXT NOT NULL)
 """),
     ("007_exact_search", _migrate_exact_search),
     ("008_payload_once", _migrate_payload_once),
+    ("009_words_of_values", _migrate_words_of_values),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -3104,7 +3117,7 @@ class ThreadStore:
             with Tx(db):
                 # (NULs kept: the word index's content is messages_plain, and its snippets
                 # must match it; what follows a NUL is found by the substring index)
-                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, lhc_text(text) FROM messages "
+                db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages_plain "
                            "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
         self._index_exact(top)
@@ -13837,9 +13850,11 @@ def _context_line(body: str, at: int, end: int, show) -> str:
 class SearchHit:
     """One message search found: its label, where it stands, and a line of context."""
 
-    def __init__(self, thread_id, seq, turn, kind, tool_name, created, how, context, rank=0.0, agent=None):
+    def __init__(self, thread_id, seq, turn, kind, tool_name, created, how, context, rank=0.0, agent=None,
+                 own=0):
         self.thread_id, self.seq, self.turn, self.kind = thread_id, seq, turn, kind
         self.agent = agent  # the subagent whose record it is (the main chain: None)
+        self.own = own  # 1: a retrieval of cc-lhc's own (OWN_RETRIEVAL_SQL), shown after the rest
         self.tool_name, self.created, self.how, self.context = tool_name, created, how, context
         self.rank = rank  # the word index's bm25 (lower is better); 0 for exact matches
 
@@ -13852,21 +13867,38 @@ class SearchHit:
         return f"{head}m{self.seq} (t{self.turn}, {what}, {when}, {self.how}): {self.context}"
 
 
+# A message that is cc-lhc's own retrieval, in a query's columns (kind, tool_name, body): a
+# call of get-turns, get-messages or search (as a Bash command or the mod's tool) and what
+# one answered (its envelope). Claude searching for a string twice finds its first search
+# as well: such hits come after every other one, so they never push the original out.
+OWN_RETRIEVAL_SQL = ("coalesce(CASE WHEN kind = 'tool_result' THEN substr(body, 1, 15) = '<cc-lhc-recall ' "
+                     "WHEN kind = 'tool_call' THEN tool_name IN ('lhc_get_turns', 'lhc_get_messages', "
+                     "'lhc_search') OR instr(body, 'cc-lhc search') > 0 OR instr(body, 'cc-lhc get-turns') > 0 "
+                     "OR instr(body, 'cc-lhc get-messages') > 0 ELSE 0 END, 0)")
+
+
 def _exact_hits(store, text: str, limit: int):
-    """Messages holding text exactly, newest first: through the substring index when there
-    is one and text is 3 characters or more, else by a scan that stops at `limit`."""
+    """Messages holding text exactly, newest first (cc-lhc's own retrievals last): through
+    the substring index when there is one and text is 3 characters or more, else by a scan;
+    either stops once it has `limit`."""
     query = exact_query(text)
     cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, {SEARCH_BODY_SQL} AS body"
     if query is not None and store.has_exact_index():
         inner = (f"SELECT {cols} FROM messages_exact x JOIN messages m ON m.seq = x.rowid "
                  "WHERE messages_exact MATCH ? ORDER BY x.rowid DESC")
-        args = (query, text, limit)
+        args = (query, text)
     else:
         inner = f"SELECT {cols} FROM messages m ORDER BY m.seq DESC"
-        args = (text, limit)
-    rows = store.db.execute(f"SELECT * FROM ({inner}) WHERE instr(body, ?) > 0 LIMIT ?", args)
-    return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact", match_context(body, text),
-                      agent=agent) for seq, turn, kind, tool, created, agent, body in rows]
+        args = (text,)
+    hits = []
+    for own in (0, 1):
+        if len(hits) >= limit:
+            break
+        rows = store.db.execute(f"SELECT * FROM ({inner}) WHERE instr(body, ?) > 0 AND "
+                                f"({OWN_RETRIEVAL_SQL}) = ? LIMIT ?", args + (own, limit - len(hits)))
+        hits += [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact", match_context(body, text),
+                           agent=agent, own=own) for seq, turn, kind, tool, created, agent, body in rows]
+    return hits
 
 
 def _word_hits(store, text: str, limit: int):
@@ -13877,12 +13909,12 @@ def _word_hits(store, text: str, limit: int):
     # The line of context is cut here, not by FTS5's snippet(): on one message of a few
     # hundred KB holding the words many times that took seconds to minutes.
     rows = store.db.execute(
-        "SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, lhc_text(m.text), rank "
-        "FROM messages_fts JOIN messages m ON m.seq = messages_fts.rowid "
-        "WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?", (query, limit))
+        f"SELECT *, {OWN_RETRIEVAL_SQL} AS own FROM (SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, "
+        f"m.agent, {SEARCH_BODY_SQL} AS body, rank FROM messages_fts JOIN messages m ON m.seq = "
+        "messages_fts.rowid WHERE messages_fts MATCH ?) ORDER BY own, rank LIMIT ?", (query, limit))
     return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
-                      word_context(body or "", text), rank, agent)
-            for seq, turn, kind, tool, created, agent, body, rank in rows]
+                      word_context(body or "", text), rank, agent, own)
+            for seq, turn, kind, tool, created, agent, body, rank, own in rows]
 
 
 def word_context(body: str, text: str) -> str:
@@ -14006,7 +14038,8 @@ def _search_for_people(text, limit, thread, every) -> int:
         finally:
             store.close()
     exact.sort(key=lambda h: h.created or "", reverse=True)
-    words.sort(key=lambda h: h.rank)
+    exact.sort(key=lambda h: h.own)
+    words.sort(key=lambda h: (h.own, h.rank))
     hits = (exact or words)[:limit]  # words only for a text no thread holds exactly
     status = EXIT_ERROR if skipped else EXIT_OK
     if not hits:

@@ -128,6 +128,53 @@ def test_words_rank_only_a_vague_query(hard, monkeypatch, capsysbinary):
     assert status == 0 and "no messages match" in out
 
 
+def test_words_are_read_from_a_calls_values_not_its_json(hard, monkeypatch, capsysbinary):
+    """The word index holds a tool call's string values, as Claude wrote them: the input's
+    keys ("command", "description") are no words of it, and the context is decoded."""
+    grant(hard, monkeypatch)
+    status, out, _ = search(capsysbinary, "description command")
+    assert status == 0 and "no messages match" in out, out
+    status, out, _ = search(capsysbinary, "definitions grep")
+    (hit,) = hits_of(out)
+    assert hit["how"] == "words" and hit["what"] == "tool_call Bash"
+    assert hit["context"].startswith("»grep« -n \"^def \\|^class \" pylib/ipaddress.py"), hit
+
+
+def test_claudes_own_searches_come_after_what_they_found(tmp_path, monkeypatch, capsysbinary):
+    """A string Claude searched for is also in its search's call and in the answer it got
+    back: those come last, in the session and for people, so searching again still
+    shows the original first, and a page of hits is not filled with searches."""
+    tr = Transcript()
+    tr.prompt("read the secret")
+    calls = tr.response(tool_use("Bash", command="cat secret.txt"), stop="tool_use")
+    tr.results((calls[0]["id"], "the value is UNIQUEXYZ_marker_1234 ok", False))
+    tr.response(text("read it"))
+    for n in range(3):
+        tr.prompt(f"search {n}")
+        calls = tr.response(tool_use("Bash", command="cc-lhc search --limit 3 UNIQUEXYZ_marker_1234"),
+                            stop="tool_use")
+        tr.results((calls[0]["id"], '<cc-lhc-recall thread="abcd1234" request="search UNIQUEXYZ_marker_1234">\n'
+                    "m3 (t1, tool_result, ...): the value is \u00bbUNIQUEXYZ_marker_1234\u00ab ok\n"
+                    "</cc-lhc-recall>\n", False))
+        calls = tr.response(tool_use("lhc_search", text="UNIQUEXYZ_marker_1234"), stop="tool_use")
+        tr.results((calls[0]["id"], '<cc-lhc-recall thread="abcd1234" request="search UNIQUEXYZ_marker_1234">'
+                    "\n</cc-lhc-recall>\n", False))
+        tr.response(text("found it"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    (original,) = [m for m in thread.messages().values() if m["kind"] == "tool_result" and
+                   m["text"].startswith("the value is")]
+    for how in ("UNIQUEXYZ_marker_1234", "marker UNIQUEXYZ"):  # exactly, and by its words
+        status, out, _ = search(capsysbinary, "--limit", "3", how)
+        found = hits_of(out)
+        assert found[0]["seq"] == str(original["seq"]), out
+    status, out, _ = search(capsysbinary, "--limit", "20", "UNIQUEXYZ_marker_1234")
+    found = hits_of(out)
+    assert len(found) == 13 and found[0]["seq"] == str(original["seq"])
+    own = [int(h["seq"]) for h in found[1:]]
+    assert own == sorted(own, reverse=True)  # newest first among them too
+
+
 def test_words_in_a_large_tool_output_show_the_line_that_holds_them(tmp_path, monkeypatch, capsysbinary):
     # one 300 KB output holding the words 20,000 times: the hit's line is cut around the
     # first of them (FTS5's snippet() took seconds to minutes on such a message)
@@ -372,24 +419,27 @@ def test_claude_finds_a_quoted_command_through_bash(real_claude):
     assert first.returncode == 0, first.stderr
     sid = json.loads(first.stdout)["session_id"]
     query = "cc-lhc search --limit 3 '" + GREP.replace("'", "'\\''") + "'"
-    api.script([tool_use_reply("Bash", {"command": query, "description": "look it up"}),
-                text_reply("found it")])
-    again = rc.run_lhc("--resume", sid, "-p", "which command did you run?", "--allowedTools", "Bash")
-    assert again.returncode == 0, again.stderr
-    last = api.message_requests[-1]["body"]["messages"]
-    (result,) = [b for b in last[-1]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
-    body = result["content"] if isinstance(result["content"], str) else "".join(
-        b.get("text", "") for b in result["content"])
-    assert not result.get("is_error"), body
     home = cc_lhc.StateHome(str(rc.iso.lhc))
     (thread_id,) = [t[0] for t in cc_lhc.Registry(home).threads()]
     store = cc_lhc.ThreadStore(home, thread_id)
     call = next(m for m in store.messages() if m["kind"] == "tool_call" and GREP in _visible(m))
     store.close()
-    assert body.startswith(f'<cc-lhc-recall thread="{thread_id[:8]}"')
-    found = hits_of(body)
-    assert f"m{call['seq']}" in [f"m{h['seq']}" for h in found[:3]]
-    hit = next(h for h in found if h["seq"] == str(call["seq"]))
+    # Claude looks the same command up three times: its own searches (the call running,
+    # the ones before and what they answered) hold it too, and come after the original.
+    for _ in range(3):
+        api.script([tool_use_reply("Bash", {"command": query, "description": "look it up"}),
+                    text_reply("found it")])
+        again = rc.run_lhc("--resume", sid, "-p", "which command did you run?", "--allowedTools", "Bash")
+        assert again.returncode == 0, again.stderr
+        last = api.message_requests[-1]["body"]["messages"]
+        (result,) = [b for b in last[-1]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+        body = result["content"] if isinstance(result["content"], str) else "".join(
+            b.get("text", "") for b in result["content"])
+        assert not result.get("is_error"), body
+        assert body.startswith(f'<cc-lhc-recall thread="{thread_id[:8]}"')
+        found = hits_of(body)
+        assert found[0]["seq"] == str(call["seq"]), body
+    hit = found[0]
     assert hit["how"] == "exact" and hit["what"] == "tool_call Bash"
     assert "\u00bb" + GREP + "\u00ab" in hit["context"]
     # the output the command printed is found as exactly, by a person outside the session
