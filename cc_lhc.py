@@ -1080,6 +1080,8 @@ def restored_value(stored, default):
 # into the box) and chains the next one to the record before it.
 OFF_BRANCH_KEY = "off_branch:"
 OWN_UUID_KEY = re.compile(rb'[{,]\s*"uuid"\s*:\s*$')
+# The session a record names, read from its first bytes (Capture._legacy_agent_files).
+LEGACY_SESSION_KEY = re.compile(rb'^\{[^\n]*?"sessionId"\s*:\s*"([0-9A-Za-z-]{1,64})"')
 # Claude Code writes this once the Stop hooks ran, and only when there are any: a thread
 # holding one has hooks that may keep Claude working after its final answer.
 STOP_HOOK_SUMMARY = "system/stop_hook_summary"
@@ -1305,6 +1307,10 @@ class RolloutParser:
         # read_saved(path) -> (text, data) of a saved tool output, or why it cannot be read
         # (a str); set by Capture, which knows the session's folder. None: not looked for.
         self.read_saved = None
+        # For an agent's file: outer_uuids() -> the uuids of the session the agent ran in.
+        # Claude's compaction agent chains its records to the main conversation's.
+        self.outer_uuids = None
+        self._outer = None
         self._odd = []  # why the line being fed is also kept verbatim (text_repaired, ...)
         self._kept = {field: getattr(state, field) for field, _k, _d in PERSISTED_STATE}  # as stored
         self._off_tip = False  # the record being read names a parent other than the tip
@@ -1376,7 +1382,7 @@ class RolloutParser:
             # resumed session replays them); the first copy is already in the record.
             self._count("duplicate_record", size)
             return
-        if parent is not None and parent not in self.s.known_uuids:
+        if parent is not None and parent not in self.s.known_uuids and not self._outer_parent(parent):
             self.out.problems.append(Problem(
                 self.session, line_no, offset, "broken_chain",
                 f"record {uid} names parent {parent}, never seen in this session"))
@@ -1392,6 +1398,14 @@ class RolloutParser:
             self._off_tip = False
             if main:
                 self.s.chain_tip = uid
+
+    def _outer_parent(self, parent) -> bool:
+        """Whether an agent's record names a record of the session it ran in as its parent."""
+        if self.outer_uuids is None:
+            return False
+        if self._outer is None:
+            self._outer = self.outer_uuids()
+        return parent in self._outer
 
     def _dispatch(self, rec, rtype, size, line_no, offset):
         if self.agent is None and self._replayed(rec, rtype, size):
@@ -2942,14 +2956,22 @@ class ThreadStore:
             "AND r.tool_use_id = c.tool_use_id)", (agent_id,)).fetchall())
         return state
 
-    def agent_turn(self, agent_id) -> int:
-        """The turn of the call that started an agent (else the newest turn, else 0)."""
-        row = self.db.execute("SELECT c.turn FROM agents a JOIN messages c ON c.tool_use_id = "
-                              "a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL "
-                              "WHERE a.agent_id = ?", (agent_id,)).fetchone()
+    def agent_turn(self, agent_id, started=None) -> int:
+        """The turn of the call that started an agent; for one no call started (Claude's own
+        compaction, a 2.0 warm-up), the turn running when its first record was written
+        (``started``, a timestamp), else the first turn; with no turn yet, 0."""
+        db = self.db
+        row = db.execute("SELECT c.turn FROM agents a JOIN messages c ON c.tool_use_id = "
+                         "a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL "
+                         "WHERE a.agent_id = ?", (agent_id,)).fetchone()
         if row:
             return row[0]
-        return self.db.execute("SELECT coalesce(max(n), 0) FROM turns").fetchone()[0]
+        if isinstance(started, str):
+            row = db.execute("SELECT max(turn) FROM messages WHERE agent IS NULL AND created <= ?",
+                             (started,)).fetchone()
+            if row[0] is not None:
+                return row[0]
+        return db.execute("SELECT coalesce(min(n), 0) FROM turns").fetchone()[0]
 
     def _closed_response(self):
         """Where the last turn stood when its final response closed it (see ParseState)."""
@@ -3081,7 +3103,9 @@ class ThreadStore:
             "c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ('Agent', 'Task') AND "
             "json_valid(c.text) AND json_extract(c.text, '$.prompt') = agents.prompt "
             "AND NOT EXISTS (SELECT 1 FROM agents o WHERE o.tool_use_id = c.tool_use_id) "
-            "ORDER BY c.seq DESC LIMIT 1) WHERE tool_use_id IS NULL AND prompt IS NOT NULL")
+            # (the newest such call before the agent's first record: a prompt used twice)
+            "AND c.seq < coalesce((SELECT min(a.seq) FROM messages a WHERE a.agent = agents.agent_id), "
+            "c.seq + 1) ORDER BY c.seq DESC LIMIT 1) WHERE tool_use_id IS NULL AND prompt IS NOT NULL")
 
     def agents(self) -> dict:
         """agent_id -> {kind, tool_use_id, call (the seq of that call), source}."""
@@ -7034,10 +7058,17 @@ class Capture:
                     head = f.read(self.LEGACY_AGENT_HEAD)
             except OSError:
                 continue
-            if b"\n" not in head:
-                continue  # its first line is not whole yet: asked again later
-            rec = json_record(head.split(b"\n", 1)[0])
-            mine = isinstance(rec, dict) and rec.get("sessionId") in (self.session_id, stem)
+            if b"\n" in head:
+                rec = json_record(head.split(b"\n", 1)[0])
+                owner = rec.get("sessionId") if isinstance(rec, dict) else None
+            else:
+                # A first record longer than the head (a long prompt): Claude writes its
+                # sessionId ahead of the message; without one there, asked again later.
+                found = LEGACY_SESSION_KEY.search(head)
+                if found is None:
+                    continue
+                owner = found.group(1).decode("utf-8", "replace")
+            mine = owner in (self.session_id, stem)
             agent_id = name[len("agent-"):-len(".jsonl")]
             self._legacy_agents[name] = (f"{self.session_id}/{name}", path, agent_id,
                                          "compaction" if agent_id.startswith("acompact") else "subagent"
@@ -7080,8 +7111,10 @@ class Capture:
         with Tx(store.db):
             store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
-                               agent=agent_id, agent_turn=store.agent_turn(agent_id))
+                               agent=agent_id, agent_turn=store.agent_turn(agent_id, self._agent_start(f)))
         parser.read_saved = self._read_saved
+        parser.outer_uuids = lambda: {u for (u,) in store.db.execute(
+            "SELECT uuid FROM chain WHERE session = ?", (self.session_id,))}
         packer, prefix = Packer(), span.prefix.copy()
         try:
             batches = self._caught(f, parser, src, packer, prefix)
@@ -7091,6 +7124,19 @@ class Capture:
         finally:
             packer.close()
         return total
+
+    @staticmethod
+    def _agent_start(f):
+        """When an agent's file began: its first record's timestamp (None if unreadable)."""
+        at = f.tell()
+        try:
+            f.seek(0)
+            rec = json_record(f.readline(1 << 20).rstrip(b"\r\n"))
+        except OSError:
+            return None
+        finally:
+            f.seek(at)
+        return rec.get("timestamp") if isinstance(rec, dict) else None
 
     @staticmethod
     def _agent_call(path):
@@ -14152,8 +14198,10 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         store = cap.store
         turns = load_turns(store, closed_only=False)
         problems = store.db.execute("SELECT count(*) FROM problems").fetchone()[0]
-        agent_messages, agent_count = store.db.execute(
-            "SELECT count(*), count(DISTINCT agent) FROM messages WHERE agent IS NOT NULL").fetchone()
+        agent_messages, agent_count, compactions = store.db.execute(
+            "SELECT count(*), count(DISTINCT CASE WHEN a.kind IS NOT 'compaction' THEN m.agent END), "
+            "count(DISTINCT CASE WHEN a.kind = 'compaction' THEN m.agent END) FROM messages m "
+            "LEFT JOIN agents a ON a.agent_id = m.agent WHERE m.agent IS NOT NULL").fetchone()
         captured = store.db.execute("SELECT count(*) FROM messages WHERE agent IS NULL").fetchone()[0]
         cap.stop()
     messages = [m for t in turns for m in t.messages]  # (what a view can hold: on Claude's branch)
@@ -14200,7 +14248,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     return {
         "messages": captured, "off_branch_messages": captured - len(messages),
         "tool_calls": tool_calls, "turns": len(turns),
-        "subagents": agent_count, "subagent_messages": agent_messages,
+        "subagents": agent_count, "compaction_agents": compactions, "subagent_messages": agent_messages,
         "tokens": original, "lean_tokens": totals["lean"], "lean_cut_pct": cut(totals["lean"]),
         "summary_tokens": totals["summary"], "summary_cut_pct": cut(totals["summary"]),
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),

@@ -149,6 +149,80 @@ def test_2_0_76_agent_file_is_linked_through_its_progress_record(tmp_path):
     assert report["subagents"] == 1 and report["subagent_messages"] == 2
 
 
+def test_1_0_98_sidechains_of_one_prompt_used_twice_link_to_their_own_calls(tmp_path):
+    """Two Task calls with the same prompt, one per turn, each followed by its sidechain:
+    read in one batch, each sidechain is linked to the call just before it."""
+    src = records(VERSIONS / "1.0.98" / f"{SESSIONS['1.0.98']}.jsonl")[1:10]  # t1: call, sidechain, answer
+    second = []
+    for r in src:
+        r = json.loads(json.dumps(r).replace("-00000000100", "-00000000200").replace("toolu_0198", "toolu_0298")
+                       .replace("sidechain-needle-1098", "sidechain-needle-2098"))
+        second.append(r)
+    second[0]["parentUuid"] = src[-1]["uuid"]
+    second[0]["message"]["content"] = "and once more, please"
+    path = tmp_path / f"{SESSIONS['1.0.98']}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in src + second))
+    t = intake(path, SESSIONS["1.0.98"])
+    links = {}
+    for text, agent in t.store.db.execute("SELECT text, agent FROM messages WHERE agent IS NOT NULL AND "
+                                         "kind = 'assistant_text'"):
+        links[re.search(r"sidechain-needle-\d+", text).group(0)] = t.store.agents()[agent]["tool_use_id"]
+    assert links == {"sidechain-needle-1098": "toolu_0198task", "sidechain-needle-2098": "toolu_0298task"}
+
+
+def test_claudes_compaction_agent_is_no_broken_chain_and_no_subagent(tmp_path):
+    """2.1.x's compaction agent (subagents/agent-acompact-*.jsonl) chains its records to the
+    main conversation's: no problem, the thread is not degraded; it sits in the turn it ran
+    in (it was started by no call), and measure counts it apart from the subagents."""
+    path = fixture_copy("2.1.39", tmp_path)
+    main = records(path)
+    prompt = next(r for r in main if r.get("type") == "user")
+    later = dict(prompt, uuid="00000000-0000-0000-0000-0000000019f0", parentUuid=main[-1]["uuid"],
+                 timestamp="2025-09-01T11:00:00.000Z", message={"role": "user", "content": "and now the docs"})
+    with path.open("a") as f:
+        f.write(json.dumps(later) + "\n")
+    agent = [{"parentUuid": main[-1]["uuid"], "isSidechain": True, "userType": "external", "cwd": "/home/u/proj",
+              "sessionId": SESSIONS["2.1.39"], "version": "2.1.39", "agentId": "acompact-1f2e3d", "type": "user",
+              "message": {"role": "user", "content": "Summarise the conversation so far."},
+              "uuid": "00000000-0000-0000-0000-0000000018a1", "timestamp": "2025-09-01T10:01:00.000Z"},
+             {"parentUuid": "00000000-0000-0000-0000-0000000018a1", "isSidechain": True, "userType": "external",
+              "cwd": "/home/u/proj", "sessionId": SESSIONS["2.1.39"], "version": "2.1.39",
+              "agentId": "acompact-1f2e3d", "type": "assistant", "uuid": "00000000-0000-0000-0000-0000000018a2",
+              "timestamp": "2025-09-01T10:01:05.000Z",
+              "message": {"id": "msg_acompact", "type": "message", "role": "assistant", "model": "claude-opus-4-6",
+                          "content": [{"type": "text", "text": "Summary: both reviewed (acompact-needle)."}],
+                          "stop_reason": "end_turn", "usage": {"input_tokens": 9, "output_tokens": 9}}}]
+    folder = path.parent / SESSIONS["2.1.39"] / "subagents"
+    (folder / "agent-acompact-1f2e3d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in agent))
+    t = intake(path, SESSIONS["2.1.39"])
+    assert t.store.db.execute("SELECT kind, detail FROM problems").fetchall() == []
+    assert t.store.db.execute("SELECT degraded FROM sources WHERE degraded IS NOT NULL").fetchall() == []
+    assert t.store.agents()["acompact-1f2e3d"]["kind"] == "compaction"
+    assert {turn for (turn,) in t.store.db.execute(
+        "SELECT turn FROM messages WHERE agent = 'acompact-1f2e3d'")} == {1}  # not the newest, t2
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cc_lhc.main(["measure", str(path), "--json"]) == 0
+    report = json.loads(out.getvalue())
+    report = report["sessions"][0] if "sessions" in report else report
+    assert (report["subagents"], report["compaction_agents"], report["integrity_problems"]) == (3, 1, 0)
+
+
+def test_2_0_agent_file_whose_first_record_is_long_is_still_its_sessions(tmp_path):
+    """A 2.0 agent file tells whose it is by its first record's sessionId; one whose first
+    line (a long prompt) is longer than the part read to tell is captured all the same."""
+    path = fixture_copy("2.0.76", tmp_path)
+    agent = path.parent / "agent-b2076aa.jsonl"
+    first, *rest = agent.read_text().splitlines()
+    rec = json.loads(first)
+    rec["message"]["content"] = "Summarise README.md in one line. " + "Be thorough. " * 8000
+    agent.write_text("\n".join([json.dumps(rec)] + rest) + "\n")
+    assert len(json.dumps(rec)) > cc_lhc.Capture.LEGACY_AGENT_HEAD
+    t = intake(path, SESSIONS["2.0.76"])
+    assert [r[2][:33] for r in agent_rows(t, "b2076aa")] == ["Summarise README.md in one line. ",
+                                                              "README: a CLI host (agent-needle-"]
+
+
 def test_two_subagents_and_a_workflow_reach_export_get_messages_and_search(
         tmp_path, monkeypatch, capsysbinary):
     """The acceptance case: every conversational record of every agent file is in the
