@@ -1362,6 +1362,12 @@ class RolloutParser:
             self._count(reason, len(raw))
             self.out.raw_lines.append(RawLine(self.session, line_no, offset, reason, raw))
 
+    def _unplaced(self, line_no, offset, detail):
+        """A conversational record the chain cannot hold: a problem where it stands, its
+        line kept as it is (feed), so its words are not only a count."""
+        self.out.problems.append(Problem(self.session, line_no, offset, "unplaced_record", detail))
+        self._odd.append("unplaced_record")
+
     def _malformed(self, raw, line_no, offset, detail):
         """A line the record cannot hold: a problem where it stands, its bytes kept as they are."""
         self.out.problems.append(Problem(self.session, line_no, offset, "malformed_line", detail))
@@ -1373,8 +1379,12 @@ class RolloutParser:
         if uid is None or rtype in BOOKKEEPING_TYPES:
             if rtype == "queue-operation" and self.agent is None:
                 self._queue_operation(rec, line_no)
+            elif rtype in ("user", "assistant"):
+                self._unplaced(line_no, offset, f"a {rtype} record without a uuid")
             self._count(rtype, size)
             return
+        if rtype is None and "message" in rec:
+            self._unplaced(line_no, offset, f"record {uid} has a message but no type")
         parent = rec.get("parentUuid")
         _require_text(uid, parent, rec.get("timestamp"))
         if uid in self.s.known_uuids:
@@ -1976,7 +1986,7 @@ def segment_size(kind, text, data) -> int:
 
 
 def _raw_line_row(line: "RawLine", now: str) -> tuple:
-    """A raw_lines row: a kept line is filed under its session and its bytes' hash."""
+    """A raw_lines row: a kept line is filed under its session, its offset and its bytes' hash."""
     import hashlib
     return (line.session, hashlib.sha256(line.raw).hexdigest(), line.line, line.offset, line.reason, line.raw, now)
 
@@ -2524,6 +2534,16 @@ CREATE TABLE registry_alarm (message TEXT NOT NULL, since TEXT NOT NULL)
     ("007_exact_search", _migrate_exact_search),
     ("008_payload_once", _migrate_payload_once),
     ("009_words_of_values", _migrate_words_of_values),
+    # A kept line is one per place in its file: two lines of the same bytes are two rows
+    # (filed by their hash alone, the second was lost); a line read again is still one.
+    ("010_raw_lines_by_offset", """
+CREATE TABLE raw_lines_by_offset (
+    session TEXT, sha256 TEXT, line INTEGER, offset INTEGER, reason TEXT, raw BLOB,
+    created TEXT, PRIMARY KEY (session, offset, sha256));
+INSERT INTO raw_lines_by_offset SELECT session, sha256, line, offset, reason, raw, created FROM raw_lines;
+DROP TABLE raw_lines;
+ALTER TABLE raw_lines_by_offset RENAME TO raw_lines
+"""),
 ]
 
 REGISTRY_MIGRATIONS = [

@@ -460,6 +460,45 @@ def test_malformed_line_before_the_last_is_a_problem_with_its_line(tmp_path, cap
     assert [m["text"] for m in c.messages()] == ["one", "two", "three", "four"]
 
 
+def test_two_unreadable_lines_of_the_same_bytes_are_both_kept(tmp_path, capture):
+    """A kept line is one per place in the file: the second copy of the same bytes is a
+    row of its own (its line and offset), and reading the file again adds none."""
+    t = Transcript()
+    t.raw(b"garbage GARB-1")
+    t.user("between")
+    t.raw(b"garbage GARB-1")
+    path = t.write(tmp_path / "t.jsonl")
+    c = capture(path)
+    kept = c.store.db.execute("SELECT line, offset, raw FROM raw_lines ORDER BY offset").fetchall()
+    assert [(line, raw) for line, _o, raw in kept] == [(1, b"garbage GARB-1"), (3, b"garbage GARB-1")]
+    whole = path.read_bytes()
+    path.write_bytes(b"")           # rewritten from its start: read again, each line once
+    c.capture.catch_up()
+    path.write_bytes(whole)
+    c.capture.catch_up()
+    assert c.store.db.execute("SELECT count(*) FROM raw_lines").fetchone()[0] == 2
+
+
+def test_a_conversational_record_without_uuid_or_type_is_kept_and_named(tmp_path, capture):
+    """Claude always writes both; a user or assistant record without a uuid (it cannot join
+    the chain) or a record with a message and no type is kept as written and is a
+    problem, never only a count."""
+    t = Transcript()
+    t.user("one")
+    rec = t.user("NO-UUID-PROMPT")
+    t.lines[-1] = json.dumps({k: v for k, v in rec.items() if k != "uuid"}).encode()
+    rec = t.user("NO-TYPE-PROMPT")
+    t.lines[-1] = json.dumps({k: v for k, v in rec.items() if k != "type"}).encode()
+    t.assistant(text("two"))
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    assert [(line, kind) for line, kind, _d in c.problems()] == [
+        (2, "unplaced_record"), (3, "unplaced_record"), (3, "broken_chain")]  # (its parent had no uuid)
+    kept = [json.loads(raw)["message"]["content"] for (raw,) in c.store.db.execute(
+        "SELECT raw FROM raw_lines WHERE reason = 'unplaced_record' ORDER BY line")]
+    assert kept == ["NO-UUID-PROMPT", "NO-TYPE-PROMPT"]
+    assert [m["text"] for m in c.messages()] == ["one", "two"]
+
+
 def test_blank_line_is_not_a_problem():
     t = Transcript()
     t.user("one")

@@ -215,12 +215,22 @@ def test_an_older_thread_is_migrated_and_its_word_index_refilled(big, monkeypatc
     db.execute("DROP TABLE messages_fts")
     db.execute("DROP VIEW messages_plain")
     db.execute("CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages', content_rowid='seq')")
+    # and its kept lines were filed by their bytes' hash alone
+    db.execute("DROP TABLE raw_lines")
+    db.execute("CREATE TABLE raw_lines (session TEXT, sha256 TEXT, line INTEGER, offset INTEGER, reason TEXT, "
+               "raw BLOB, created TEXT, PRIMARY KEY (session, sha256))")
+    db.execute("INSERT INTO raw_lines VALUES ('s', 'ab', 7, 700, 'malformed_line', x'7b78', 'then')")
     db.executemany("DELETE FROM migrations WHERE name = ?", [(n,) for n in names[before:]])
     db.execute(f"PRAGMA user_version = {before}")
     big.store.close()
     grant(big, monkeypatch)
     status, out, _ = search(capsysbinary, "worker-5 wrote block")
     assert status == 0 and hits_of(out)
+    store = cc_lhc.ThreadStore(big.home, big.id)
+    assert store.db.execute("SELECT session, line, offset, raw FROM raw_lines").fetchall() == [("s", 7, 700, b"{x")]
+    store.keep_raw_line("s", 9, 900, "malformed_line", b"{x")  # the same bytes elsewhere: a row of its own
+    assert store.db.execute("SELECT count(*) FROM raw_lines").fetchone()[0] == 2
+    store.close()
 
 
 @pytest.fixture
