@@ -2401,6 +2401,23 @@ SEARCH_BODY_SQL = """CASE
 # hits are checked against the text itself.
 INDEXED_BODY_SQL = f"lhc_no_nul({SEARCH_BODY_SQL})"
 
+# A large text with little repetition in it (base64, a hex dump, random data) costs the
+# trigram index seconds a megabyte, with the thread's write lock held, where a log of the
+# same size takes a fraction of one. Such a text is left out of the index and searched by
+# a scan instead (meta key EXACT_SCAN_KEY + seq): a scan of a few megabytes is milliseconds.
+EXACT_SCAN_MIN_CHARS = 256 * 1024
+EXACT_SCAN_SAMPLE = 64 * 1024
+EXACT_SCAN_KEY = "exact_scan:"
+
+
+def costly_to_index(body) -> bool:
+    """Whether a text is large and does not compress to under half of its sample."""
+    import zlib
+    if not isinstance(body, str) or len(body) < EXACT_SCAN_MIN_CHARS:
+        return False
+    sample = body[:EXACT_SCAN_SAMPLE].encode("utf-8", "surrogatepass")
+    return len(zlib.compress(sample, 1)) * 2 > len(sample)
+
 
 def _no_nul(value):
     """lhc_no_nul() in SQL (SQLite's own replace() cannot name a NUL)."""
@@ -3181,9 +3198,22 @@ class ThreadStore:
             return
         with Tx(db):
             db.execute(EXACT_INDEX_DDL)  # absent when the migration ran without trigrams
+            # (a text of EXACT_SCAN_MIN_CHARS takes at least a quarter of that in bytes)
+            scanned = [seq for seq, body in db.execute(
+                f"SELECT m.seq, {INDEXED_BODY_SQL} FROM messages m WHERE m.seq > ? AND m.seq <= ? AND "
+                "max(coalesce(length(CAST(m.text AS BLOB)), 0), coalesce(length(CAST(m.data AS BLOB)), 0)) >= ?",
+                (done, top, EXACT_SCAN_MIN_CHARS // 4)) if costly_to_index(body)]
             db.execute(f"INSERT INTO messages_exact (rowid, body) SELECT m.seq, {INDEXED_BODY_SQL} "
-                       "FROM messages m WHERE m.seq > ? AND m.seq <= ?", (done, top))
+                       "FROM messages m WHERE m.seq > ? AND m.seq <= ? AND m.seq NOT IN "
+                       f"({','.join('?' * len(scanned))})", (done, top, *scanned))
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, '')",
+                           [(f"{EXACT_SCAN_KEY}{seq}",) for seq in scanned])
             db.execute("INSERT OR REPLACE INTO meta VALUES ('exact_upto', ?)", (str(top),))
+
+    def exact_scanned(self) -> list:
+        """The messages the substring index leaves to a scan (costly_to_index)."""
+        return [int(k[len(EXACT_SCAN_KEY):]) for (k,) in self.db.execute(
+            "SELECT key FROM meta WHERE key >= ? AND key < ?", (EXACT_SCAN_KEY, EXACT_SCAN_KEY[:-1] + ";"))]
 
     # -- reading ------------------------------------------------------------------
 
@@ -13949,21 +13979,32 @@ def _exact_hits(store, text: str, limit: int):
     either stops once it has `limit`."""
     query = exact_query(text)
     cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, {SEARCH_BODY_SQL} AS body"
+    scanned = []
     if query is not None and store.has_exact_index():
         inner = (f"SELECT {cols} FROM messages_exact x JOIN messages m ON m.seq = x.rowid "
                  "WHERE messages_exact MATCH ? ORDER BY x.rowid DESC")
         args = (query, text)
+        scanned = store.exact_scanned()
     else:
         inner = f"SELECT {cols} FROM messages m ORDER BY m.seq DESC"
         args = (text,)
-    hits = []
-    for own in (0, 1):
-        if len(hits) >= limit:
-            break
-        rows = store.db.execute(f"SELECT * FROM ({inner}) WHERE instr(body, ?) > 0 AND "
-                                f"({OWN_RETRIEVAL_SQL}) = ? LIMIT ?", args + (own, limit - len(hits)))
-        hits += [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact", match_context(body, text),
-                           agent=agent, own=own) for seq, turn, kind, tool, created, agent, body in rows]
+
+    def found(inner, args):
+        hits = []
+        for own in (0, 1):
+            if len(hits) >= limit:
+                break
+            rows = store.db.execute(f"SELECT * FROM ({inner}) WHERE instr(body, ?) > 0 AND "
+                                    f"({OWN_RETRIEVAL_SQL}) = ? LIMIT ?", args + (own, limit - len(hits)))
+            hits += [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact",
+                               match_context(body, text), agent=agent, own=own)
+                     for seq, turn, kind, tool, created, agent, body in rows]
+        return hits
+    hits = found(inner, args)
+    if scanned:  # each part holds its best `limit` in this order, so the merge holds the whole's
+        hits += found(f"SELECT {cols} FROM messages m WHERE m.seq IN ({','.join('?' * len(scanned))}) "
+                      "ORDER BY m.seq DESC", (*scanned, text))
+        hits = sorted(hits, key=lambda h: (h.own, -h.seq))[:limit]
     return hits
 
 

@@ -175,6 +175,39 @@ def test_claudes_own_searches_come_after_what_they_found(tmp_path, monkeypatch, 
     assert own == sorted(own, reverse=True)  # newest first among them too
 
 
+def test_a_large_output_with_little_repetition_is_scanned_not_indexed(tmp_path, monkeypatch, capsysbinary):
+    """base64 costs the trigram index seconds a megabyte (with the write lock held): such
+    an output is left out of it and scanned, found exactly as any other, in label order
+    among the indexed hits; a log of the same size is indexed."""
+    import base64
+    blob = base64.b64encode(random.Random(7).randbytes(300 * 1024)).decode()
+    needle = blob[200_000:200_024]
+    log = "".join(f"12:00:{i % 60:02d} worker-{i % 8} did item {i}\n" for i in range(12_000))
+    tr = Transcript()
+    tr.prompt(f"find {needle} in the dump")
+    calls = tr.response(tool_use("Bash", command="base64 dump.bin"), stop="tool_use")
+    tr.results((calls[0]["id"], blob, False))
+    calls = tr.response(tool_use("Bash", command="cat worker.log"), stop="tool_use")
+    tr.results((calls[0]["id"], log, False))
+    tr.response(text(f"it is there: {needle}"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    status, out, _ = search(capsysbinary, needle)
+    found = hits_of(out)
+    by_kind = [(h["what"], h["how"]) for h in found]
+    assert by_kind == [("assistant_text", "exact"), ("tool_result", "exact"), ("user_text", "exact")], out
+    assert [int(h["seq"]) for h in found] == sorted((int(h["seq"]) for h in found), reverse=True)
+    store = cc_lhc.ThreadStore(thread.home, thread.id)
+    (big,) = [m["seq"] for m in thread.messages().values() if m["text"] == blob]
+    assert store.exact_scanned() == [big]
+    indexed = {r for (r,) in store.db.execute("SELECT rowid FROM messages_exact WHERE messages_exact MATCH ?",
+                                              (cc_lhc.exact_query(needle),))}
+    assert big not in indexed and len(indexed) == 2
+    store.close()
+    status, out, _ = search(capsysbinary, "worker-3 did item 11995")  # the log, through the index
+    assert [h["what"] for h in hits_of(out)] == ["tool_result"]
+
+
 def test_words_in_a_large_tool_output_show_the_line_that_holds_them(tmp_path, monkeypatch, capsysbinary):
     # one 300 KB output holding the words 20,000 times: the hit's line is cut around the
     # first of them (FTS5's snippet() took seconds to minutes on such a message)
