@@ -13621,14 +13621,40 @@ def _markdown_message(m: dict) -> str:
     return f"**{label} · {m['role']} · {m['kind']}**\n\n{body}\n"
 
 
-MARKDOWN_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
+MARKDOWN_FENCE_OPEN = re.compile(r" {0,3}(`{3,}(?=[^`]*$)|~{3,})")
 EXPORT_HEADING_LINE = re.compile(r"^ {0,3}(## t\d+ *$|# Thread |\*\*m\d+ · )", re.M)
+# The HTML blocks CommonMark runs on until their own closing text, to the document's end
+# when it never comes: (how a line opens one, what closes it).
+MARKDOWN_HTML_BLOCKS = ((re.compile(r" {0,3}<(pre|script|style|textarea)(?=[\s>]|$)", re.I), None),
+                        (re.compile(r" {0,3}<!--"), "-->"), (re.compile(r" {0,3}<\?"), "?>"),
+                        (re.compile(r" {0,3}<!\[CDATA\["), "]]>"), (re.compile(r" {0,3}<![A-Za-z]"), ">"))
 
 
 def _breaks_markdown(text: str) -> bool:
-    """Whether a message's own Markdown would run on past it in an export (a code fence it
-    leaves open) or pass for the export's own turn and message headings."""
-    return len(MARKDOWN_FENCE_LINE.findall(text)) % 2 == 1 or bool(EXPORT_HEADING_LINE.search(text))
+    """Whether a message's own Markdown would run on past it in an export (a code fence or
+    an HTML block it leaves open, as CommonMark reads them) or pass for the export's own
+    turn and message headings."""
+    if EXPORT_HEADING_LINE.search(text):
+        return True
+    fence = None  # the open fence's character and length
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if fence is not None:
+            if re.fullmatch(rf" {{0,3}}{re.escape(fence[0])}{{{fence[1]},}}[ \t]*", line):
+                fence = None
+            continue
+        opened = MARKDOWN_FENCE_OPEN.match(line)
+        if opened:
+            fence = (opened.group(1)[0], len(opened.group(1)))
+            continue
+        for opener, closer in MARKDOWN_HTML_BLOCKS:
+            found = opener.match(line)
+            if found:
+                rest = "\n".join([line[found.end():]] + lines[i + 1:])
+                end = closer or f"</{found.group(1)}>"
+                if (end.lower() not in rest.lower()) if closer is None else (end not in rest):
+                    return True
+    return fence is not None
 
 
 def cmd_export(args) -> int:
@@ -13652,6 +13678,12 @@ def cmd_export(args) -> int:
     store = ThreadStore.existing(home, thread_id)
     out = sys.stdout
     try:
+        if first is not None or last is not None:
+            low, high = store.db.execute("SELECT min(n), max(n) FROM turns").fetchone()
+            if low is None or (first or low) > high or (last if last is not None else high) < low:
+                holds = f"it holds t{low}\u2013t{high}" if low is not None else "it holds no turn yet"
+                asked = " ".join(f"{flag} t{n}" for flag, n in (("--from", first), ("--to", last)) if n is not None)
+                raise usage_error(f"thread {thread_id[:8]} has no turn in {asked}: {holds}")
         agents = store.agents()
         if fmt == "raw-lines":
             for row in store.db.execute("SELECT session, line, offset, reason, raw, created FROM raw_lines "
@@ -13777,7 +13809,9 @@ def emit_retrieval(command: str, thread_id: str, request: str, body: str, start:
     When the body does not fit, the piece shown is followed by one added newline and a
     continuation receipt naming the bytes shown so far and the `--from` offset of the rest.
     """
-    opening = f'<cc-lhc-recall thread="{thread_id[:8]}" request="{command} {request}">\n'.encode()
+    # (the request as an attribute on one line: a quote or a newline in it ends neither)
+    shown = escape_controls(f"{command} {request}").replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+    opening = f'<cc-lhc-recall thread="{thread_id[:8]}" request="{shown}">\n'.encode()
     closing = b"</cc-lhc-recall>\n"
     data = body.encode("utf-8")
 
@@ -14098,7 +14132,8 @@ def _search_in_session(desc, store, text, limit, start):
     if not lines:
         lines = [f"no messages match {text!r}"]
     else:
-        lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN.")
+        lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN"
+                     + (" (a subagent's record: get-messages only)." if any(h.agent for h in hits) else "."))
     request = ((f"--limit {limit} " if limit != 20 else "") + ("-- " if text.startswith("-") else "")
                + shlex.quote(text))  # after `--`, text that looks like an option stays text
     size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start))
@@ -14381,6 +14416,10 @@ def cmd_measure(args) -> int:
             unread.append((path, f"none of its lines is a Claude Code transcript record; "
                                  f"{row['integrity_problems']} cannot be read"))
             rows.pop()
+        elif not row["messages"] and row["subagent_messages"]:
+            say(f"{path} is a subagent's own transcript ({row['subagent_messages']} messages): measure the "
+                f"session it belongs to, which counts it with its subagents; session {row['session']} "
+                "counts nothing")
         elif not row["messages"]:
             say(f"{path} holds no conversation yet: session {row['session']} counts nothing")
     for path, why in unread:
@@ -14417,9 +14456,10 @@ def cmd_measure(args) -> int:
         for ln in lines:
             print("  ".join(c.ljust(w) for c, w in zip(ln, widths)))
     if len(rows) > 1 and report["median_lean_cut_pct"] is not None:
-        print(f"median cut: lean {report['median_lean_cut_pct']}%, smart compact "
-              f"{report['median_smart_compact_cut_pct']}%; p90: lean {report['p90_lean_cut_pct']}%, "
-              f"smart compact {report['p90_smart_compact_cut_pct']}%")
+        # (as the table writes them: the change to the size, so a 72.9% cut reads -72.9%)
+        print(f"median: lean {_change(report['median_lean_cut_pct'])}, smart compact "
+              f"{_change(report['median_smart_compact_cut_pct'])}; the cut at p90: lean "
+              f"{_change(report['p90_lean_cut_pct'])}, smart compact {_change(report['p90_smart_compact_cut_pct'])}")
     print(f"tokens: {counting}; profile {profile}, target {target:,}")
     return status
 

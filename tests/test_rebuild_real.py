@@ -423,7 +423,8 @@ def test_measure_counts_without_printing_content(iso_env, tmp_path):
         assert isinstance(many[key], float)
     text_ = run(str(folder))
     assert "exact o200k_base" in text_ and f"{row['tokens']:,}" in text_
-    assert "median cut: lean" in text_ and "p90: lean" in text_
+    median = many["median_lean_cut_pct"]
+    assert f"median: lean -{median:.1f}%" in text_ and "the cut at p90: lean -" in text_
     md = run(str(folder), "--markdown", "--profile", "historical").splitlines()
     assert md[0].startswith("| session | messages | tool calls | tokens |")
     assert md[1].startswith("| --- |") and len([ln for ln in md if ln.startswith("| ")]) == 4

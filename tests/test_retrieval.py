@@ -499,6 +499,15 @@ def test_export_raw_lines_gives_back_what_the_record_could_not_read(tmp_path, ca
     ("look at this:\n```python\nprint(1)\n", True),                # a fence left open
     ("it said\n## t99\n**m1 \u00b7 user \u00b7 user_text**\nhi", True),  # the export's own headings
     ("## Plan\n```sh\nmake\n```\ndone", False),                    # Markdown of its own, whole
+    ("````python\nprint(1)\n```\nafter", True),                     # a shorter fence closes nothing
+    ("```python\nx = 1\n```bash\n", True),                          # a fence with words opens one
+    ("```js\nlet a\n~~~\n", True),                                  # nor does another character
+    ("~~~\ncode\n~~~~\nand `inline` text", False),                 # a longer one of its own does
+    ("a log\n<!-- begin", True),                                   # HTML blocks run to their end
+    ("<pre>\nsome text", True),
+    ("<PRE>\nkept\n</pre>\nthen", False),
+    ("<!-- a note -->\ntext", False),
+    ("see <!-- here", False),                                       # (not where a line starts)
 ])
 def test_a_message_whose_markdown_would_run_on_is_fenced_in_the_export(text, fenced):
     m = {"seq": 1, "kind": "user_text", "role": "user", "text": text, "agent": None, "data": None}
@@ -508,6 +517,16 @@ def test_a_message_whose_markdown_would_run_on_is_fenced_in_the_export(text, fen
     if fenced:
         fence = cc_lhc.code_fence(text)
         assert body == f"{fence}\n{text}\n{fence}"
+
+
+def test_export_of_turns_the_thread_does_not_hold_says_which_it_holds(thread, capsysbinary):
+    top = thread.store.db.execute("SELECT max(n) FROM turns").fetchone()[0]
+    for argv in (["--from", f"t{top + 5}"], ["--from", f"t{top + 1}", "--to", f"t{top + 9}"]):
+        status, out, err = run_main(capsysbinary, "export", thread.id, *argv)
+        assert status == cc_lhc.EXIT_USAGE and out == b"", out
+        assert f"it holds t1\u2013t{top}" in err, err
+    status, out, err = run_main(capsysbinary, "export", thread.id, "--from", f"t{top}", "--to", f"t{top + 9}")
+    assert status == 0 and json.loads(out) and {m["turn"] for m in json.loads(out)} == {f"t{top}"}
 
 
 def test_export_refuses_a_range_that_ends_before_it_starts(thread, capsysbinary):

@@ -140,6 +140,15 @@ def test_words_are_read_from_a_calls_values_not_its_json(hard, monkeypatch, caps
     assert hit["context"].startswith("»grep« -n \"^def \\|^class \" pylib/ipaddress.py"), hit
 
 
+def test_the_envelope_names_a_request_with_quotes_or_newlines_on_one_line(hard, monkeypatch, capsysbinary):
+    grant(hard, monkeypatch)
+    for needle, shown in (('say "hi" \\\\ there', "search 'say &quot;hi&quot; \\\\ there'"),
+                          ("one\n\ttwo <x>", "search 'one\\n\\ttwo &lt;x>'")):
+        status, out, _ = search(capsysbinary, needle)
+        opening = out.split("\n", 1)[0]
+        assert status == 0 and opening == f'<cc-lhc-recall thread="{hard.id[:8]}" request="{shown}">', opening
+
+
 def test_claudes_own_searches_come_after_what_they_found(tmp_path, monkeypatch, capsysbinary):
     """A string Claude searched for is also in its search's call and in the answer it got
     back: those come last, in the session and for people, so searching again still

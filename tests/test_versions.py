@@ -255,6 +255,7 @@ def test_two_subagents_and_a_workflow_reach_export_get_messages_and_search(
         found = re.search(r"\bm(\d+)\b", body.decode())
         assert found, body
         assert re.search(r"in subagent (a2139one|a2139two|w2139fix)\b", body.decode()), body  # says whose
+        assert "(a subagent's record: get-messages only)." in body.decode()  # get-turns leaves them out
         label = found.group(0)
         got, _ = retrieve(capsysbinary, "get-messages", label)
         assert needle in got.decode() and "subagent" in got.decode()
