@@ -7793,16 +7793,20 @@ UNSETTLED = "not at a settled seam"  # how an assessment that waits for its seam
 
 
 def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimate=0,
-           manual=False, swap=False, idle=False, prune=False) -> Assessment:
+           manual=False, swap=False, idle=False, prune=False, gone=False) -> Assessment:
     """Read the pressure of a session, check its seam, classify and receipt it.
 
     ``manual`` (the panel) runs below the trigger too, but never off a settled seam;
     ``swap`` means the Claude process would be replaced, so background work it owns and
     that cannot be carried makes the seam skip. ``idle``: no Claude is writing the
     transcript now (before a launch), see unsettled_reason. ``prune``: the operation is
-    Smart Prune, judged against pruneThresholdTokens.
+    Smart Prune, judged against pruneThresholdTokens. ``gone``: the session's transcript no
+    longer exists, so its conversation is written again from the thread, settled or not (a
+    turn left open is not in the view).
     """
     c, unsettled = current_classification(store, session_id, policy, prompt_estimate, idle, prune)
+    if gone:
+        manual, unsettled = True, ""
     receipts = Receipts(hostdb, home)
     receipt = receipts.classified(store, thread_id, session_id, c)
     a = Assessment(c, receipt, receipts, unsettled, "")
@@ -10411,6 +10415,15 @@ def smart_compact_before_launch(spec, home, policy, capture):
         say("context check skipped: capture is still catching up with the transcript; "
             "Smart Compact will run on the next invocation if needed")
         return capture, None
+    # Claude Code deletes old sessions' transcripts (cleanupPeriodDays, 30 days unless set):
+    # the thread still holds the conversation, so Claude resumes it written again from there.
+    gone = (not os.path.lexists(capture.path) and transcript_elsewhere(capture.path) is None
+            and capture.store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()
+            is not None)
+    if gone:
+        say(f"the transcript of session {spec.session_id} is gone (Claude Code removes old "
+            f"sessions); writing the conversation again from thread {capture.thread_id[:8]}")
+        home.log("transcript_gone", thread=capture.thread_id, session=spec.session_id, path=capture.path)
     refused = thinking_refused(home, hostdb, capture.store, policy)
     if refused:
         # The rebuilt session's first request was refused over its replayed thinking: the
@@ -10420,7 +10433,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
             "without it (thinking replay: omit for this thread from now on), nothing is lost")
         home.log("thinking_refused", thread=capture.thread_id, session=refused)
     a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused))
+               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused), gone=gone)
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
     plan_view = None
     if not a.go and automatic_prune_due(policy, a.c):
@@ -10437,8 +10450,8 @@ def smart_compact_before_launch(spec, home, policy, capture):
     say(f"{'Smart Prune' if plan_view else 'Smart Compact'}: {describe_reading(a.c)}")
     try:
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-                          spec.cwd, envelope_from=capture.path, assessment=a, plan_view=plan_view,
-                          idle=True)
+                          spec.cwd, envelope_from=None if gone else capture.path, assessment=a,
+                          plan_view=plan_view, idle=True)
     except PruneUnchanged as e:
         a.outcome(f"no_action: {e}")
         say(f"Smart Prune: {e}")

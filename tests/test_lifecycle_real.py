@@ -367,3 +367,24 @@ def test_a_rewound_conversation_is_rebuilt_without_the_turns_it_went_back_over(r
     assert w.returncode == 0, w.stderr
     rebuilt = (rc.project_dir / f"{new}.jsonl").read_text()
     assert "NEW-BRANCH" in rebuilt and "OLD-BRANCH" not in rebuilt and "prompt two" not in rebuilt
+
+
+def test_a_session_whose_transcript_claude_deleted_resumes_from_the_thread(real_claude):
+    """Claude Code deletes old sessions' transcripts (cleanupPeriodDays); cc-lhc's thread
+    still holds the conversation, so resuming such a session writes it again from the
+    thread and the real CLI goes on with it, instead of finding no conversation."""
+    rc = real_claude
+    rc.api.script([text_reply("Noted: the build number is OLDWORK-4711.")])
+    first = rc.run_lhc("-p", "remember the build number OLDWORK-4711", "--output-format", "json")
+    assert first.returncode == 0, first.stderr
+    sid = json.loads(first.stdout)["session_id"]
+    (rc.project_dir / f"{sid}.jsonl").unlink()
+    rc.api.script([text_reply("It was OLDWORK-4711.")])
+    again = rc.run_lhc("--resume", sid, "-p", "which build number did I give you?")
+    assert again.returncode == 0, again.stderr
+    assert "It was OLDWORK-4711." in again.stdout
+    assert f"the transcript of session {sid} is gone" in again.stderr
+    sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    assert "remember the build number OLDWORK-4711" in sent and "Noted: the build number is OLDWORK-4711." in sent
+    assert rc.api.message_requests[-1]["session_id"] != sid
+    assert log_events(rc, "transcript_gone")
