@@ -7417,8 +7417,8 @@ def _plugin_runs_stop_hooks(root) -> bool:
 def stop_hooks_configured(spec) -> bool:
     """Whether this Claude runs a Stop hook as far as its settings say: the user's
     settings.json, the folder's .claude/settings(.local).json, --settings (a file or JSON)
-    and the administrator's managed settings; and the plugins it loads (--plugin-dir, and
-    those enabledPlugins turns on among the installed ones). A thread that wrote
+    and the administrator's managed settings; and the plugins it loads (--plugin-dir,
+    CLAUDE_CODE_PLUGIN_DIRS, and those enabledPlugins turns on among the installed ones). A thread that wrote
     stop_hook_summary is known to run them anyway (_stop_hooks_running)."""
     sources = [os.path.join(claude_config_dir(), "settings.json"),
                os.path.join(spec.cwd, ".claude", "settings.json"),
@@ -7431,6 +7431,8 @@ def stop_hooks_configured(spec) -> bool:
                 into.append(args[i + 1])
             elif a.startswith(option + "="):
                 into.append(a.split("=", 1)[1])
+    # (and the folders Claude loads as plugins from its environment)
+    plugin_dirs += [d for d in os.environ.get("CLAUDE_CODE_PLUGIN_DIRS", "").split(os.pathsep) if d.strip()]
     sources.append(managed_settings_file())
     enabled = {}
     for settings in map(_read_json_object, sources):

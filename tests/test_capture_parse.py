@@ -8,6 +8,7 @@ a segment, a problem, and what is only telemetry.
 from __future__ import annotations
 
 import itertools
+import os
 import json
 from pathlib import Path
 
@@ -1426,6 +1427,11 @@ def test_a_plugins_stop_hooks_are_found_before_they_first_report(tmp_path, monke
         assert cc_lhc.stop_hooks_configured(spec("--plugin-dir", str(quiet), "--plugin-dir", str(plugin)))
     assert cc_lhc.stop_hooks_configured(spec(f"--plugin-dir={hooky}"))
     assert cc_lhc.stop_hooks_configured(spec("--plugin-dir", "../hooky"))          # the folder's relative path
+    monkeypatch.setenv("CLAUDE_CODE_PLUGIN_DIRS", f"{quiet}{os.pathsep}{hooky}")   # the plugins Claude's env names
+    assert cc_lhc.stop_hooks_configured(spec())
+    monkeypatch.setenv("CLAUDE_CODE_PLUGIN_DIRS", str(quiet))
+    assert not cc_lhc.stop_hooks_configured(spec())
+    monkeypatch.delenv("CLAUDE_CODE_PLUGIN_DIRS")
     # an installed plugin counts when a settings file turns it on, and the last word wins
     (config / "plugins" / "installed_plugins.json").write_text(json.dumps(
         {"version": 2, "plugins": {"hooky@m": [{"scope": "user", "installPath": str(hooky)}],
