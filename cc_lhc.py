@@ -1080,6 +1080,9 @@ def restored_value(stored, default):
 # into the box) and chains the next one to the record before it.
 OFF_BRANCH_KEY = "off_branch:"
 OWN_UUID_KEY = re.compile(rb'[{,]\s*"uuid"\s*:\s*$')
+TASK_NOTIFICATION_OPEN = "<task-notification>"
+# A queued message that is a slash command (/mcp, /plugin:cmd args), not a path like /var/log
+QUEUED_COMMAND = re.compile(r"\s*/[\w:-]+(?:\s|$)")
 # The session a record names, read from its first bytes (Capture._legacy_agent_files).
 LEGACY_SESSION_KEY = re.compile(rb'^\{[^\n]*?"sessionId"\s*:\s*"([0-9A-Za-z-]{1,64})"')
 # Claude Code writes this once the Stop hooks ran, and only when there are any: a thread
@@ -1657,6 +1660,7 @@ class RolloutParser:
         if local is not None or written_out:
             self._command_part(local or "output", created)
         elif stopped:
+            self._absorbed_prompts()  # (words the stopped turn took in belong to it)
             if self.s.open_turn is None:  # (cc-lhc had already ended it): the note is a turn of its own
                 self._open_turn("interrupted", self.s.next_seq, created)
         elif not has_result and not rec.get("isMeta"):
@@ -1728,35 +1732,46 @@ class RolloutParser:
         """Claude's queue of messages typed while it works, from its queue-operation records.
 
         Each enqueue ends in one of: dequeue (the message goes out as a prompt record of its
-        own), popAll (the person took the queue back into the input box) or remove (Claude
-        handed it to the model inside the running turn). A removed message is the person's
-        words in that turn: newer versions write it again as a queued_command attachment
-        (_queued_prompt), older ones (2.1.39) write it nowhere else, so what no attachment
-        claims joins the turn when the model answers it (_absorbed_prompts).
+        own), popAll (the person took the queue back into the input box) or remove. A
+        remove that says Claude handed the message to the model inside the running turn
+        (no reason, as 2.1.39 writes it, or absorbed_mid_turn) makes it the person's words
+        in that turn: newer versions write it again as a queued_command attachment
+        (_queued_prompt), 2.1.39 nowhere else, so what no attachment claims joins the turn
+        when the model answers it (_absorbed_prompts). Any other remove (cleared_on_cancel:
+        Esc put the words back in the box; rewound; dropped_by_hook) sends nothing.
         """
         s = self.s
         op, content = rec.get("operation"), rec.get("content")
-        if op == "enqueue" and isinstance(content, str):
-            s.queued += ((line_no, content, _dump(rec)),)
+        if op == "enqueue":
+            # (an enqueue without words of text holds a place: a remove may name it)
+            s.queued += ((line_no, content if isinstance(content, str) else None, _dump(rec)),)
         elif op == "dequeue":
             s.queued = s.queued[1:]
         elif op == "popAll":
             s.queued = ()
         elif op == "remove" and s.queued:
-            # (one that names no content is the person's oldest message: a background
-            # task's notification waits for the turn's end and goes out as a record)
-            named = [i for i, entry in enumerate(s.queued) if entry[1] == content] or [
-                i for i, entry in enumerate(s.queued) if not entry[1].startswith("<task-notification>")]
-            i = named[0] if named else 0
-            s.absorbed += (s.queued[i],)
+            if content is None:
+                # (the oldest message of the person's: a background task's notification
+                # waits for the turn's end and goes out as a record of its own)
+                named = [i for i, entry in enumerate(s.queued) if not (entry[1] or "").startswith(
+                    TASK_NOTIFICATION_OPEN)] or [0]
+            else:
+                named = [i for i, entry in enumerate(s.queued) if entry[1] == content]
+            if not named:
+                return  # words it never saw queued: nothing to take out
+            i = named[0]
+            if rec.get("reason") in (None, "absorbed_mid_turn") and s.queued[i][1] is not None:
+                s.absorbed += (s.queued[i],)
             s.queued = s.queued[:i] + s.queued[i + 1:]
 
     def _delivered(self, content):
-        """A queued message that went out as a record of its own (2.1.39 writes no dequeue
-        for a background task's notification) is no longer in Claude's queue."""
+        """A background task's notification that went out as a record of its own is no
+        longer in Claude's queue (2.1.39 writes no dequeue for it)."""
         text = content if isinstance(content, str) else "\n".join(
             b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"
         ) if isinstance(content, list) else None
+        if not (text or "").startswith(TASK_NOTIFICATION_OPEN):
+            return
         named = [i for i, entry in enumerate(self.s.queued) if entry[1] == text]
         if named:
             self.s.queued = self.s.queued[:named[0]] + self.s.queued[named[0] + 1:]
@@ -1770,7 +1785,7 @@ class RolloutParser:
             return
         entries, s.absorbed = s.absorbed, ()
         for line_no, content, data in entries:
-            if content.lstrip().startswith("/"):
+            if QUEUED_COMMAND.match(content):
                 continue  # a slash command: Claude runs it itself and records what it sends
             rec = json.loads(data)
             s.closed_response = None
@@ -2947,6 +2962,9 @@ class ThreadStore:
         views = dict(db.execute("SELECT type, count FROM telemetry WHERE session = ? AND type IN (?, ?)",
                                 (session_id, VIEW_OPENED, VIEW_CLOSED)).fetchall())
         state.replaying = views.get(VIEW_OPENED, 0) > views.get(VIEW_CLOSED, 0)
+        row = db.execute("SELECT response_id, source_session FROM messages WHERE seq = (SELECT max(seq) "
+                         "FROM messages WHERE agent IS NULL AND role = 'assistant')").fetchone()
+        state.last_response = row[0] if row and row[1] == session_id else None
         return state
 
     def _open_turn_state(self, state: ParseState):

@@ -1213,6 +1213,85 @@ def test_a_queued_message_a_newer_claude_also_writes_as_an_attachment_is_one_mes
     assert json.loads(got and out.messages[3].data)["type"] == "queued_command"
 
 
+def test_a_queued_message_cleared_rewound_or_dropped_is_no_message():
+    """Esc clears the queue back into the input box (remove, cleared_on_cancel): the words
+    were never sent, so they are no message; only the edited text sent after is."""
+    t = Transcript()
+    t.user("run the tests")
+    t.assistant(tool_use("toolu_1", "make test"), stop="tool_use")
+    _queue_op(t, "enqueue", "DRAFT: also run lint")
+    _queue_op(t, "remove", "DRAFT: also run lint", reason="cleared_on_cancel")
+    _queue_op(t, "enqueue", "<task-notification>\n<task-id>b9</task-id>\n</task-notification>")
+    _queue_op(t, "remove", "<task-notification>\n<task-id>b9</task-id>\n</task-notification>", reason="rewound")
+    _queue_op(t, "enqueue", "HOOKED: format it")
+    _queue_op(t, "remove", reason="dropped_by_hook")
+    t.tool_result(("toolu_1", "[Request interrupted by user for tool use]", True))
+    t.user("[Request interrupted by user for tool use]")
+    t.user("DRAFT: also run lint, and the tests again")
+    t.assistant(text("ok"))
+    out = parse_bytes(t.data())
+    texts = [m.text for m in out.messages if m.kind == "user_text"]
+    assert texts == ["run the tests", "[Request interrupted by user for tool use]",
+                     "DRAFT: also run lint, and the tests again"]
+    assert [(o.n, o.kind) for o in out.turns_opened] == [(1, "prompt"), (2, "prompt")]
+
+
+def test_a_remove_of_words_never_queued_as_text_takes_no_other_message():
+    """An enqueue of an image message (its content no text) still holds its place: the
+    remove naming it, or a remove naming words not queued, takes nothing else mid-turn."""
+    blocks = [{"type": "text", "text": "look at this"}, {"type": "image", "source": {"data": "AAAA"}}]
+    for content in (blocks, None, "never queued"):
+        t = Transcript()
+        t.user("build it")
+        t.assistant(tool_use("toolu_1", "make"), stop="tool_use")
+        _queue_op(t, "enqueue", blocks if content != "never queued" else "LATER: then deploy")
+        if content != "never queued":
+            _queue_op(t, "enqueue", "LATER: then deploy")
+        _queue_op(t, "remove", content, reason="absorbed_mid_turn")
+        t.tool_result(("toolu_1", "built"))
+        t.assistant(text("Built."))
+        _queue_op(t, "dequeue")
+        t.user("LATER: then deploy")
+        t.assistant(text("Deploying."))
+        out = parse_bytes(t.data())
+        assert [m.text for m in out.messages].count("LATER: then deploy") == 1, content
+
+
+def test_words_taken_in_before_an_interrupt_belong_to_the_stopped_turn():
+    t = Transcript()
+    t.user("run the tests")
+    t.assistant(tool_use("toolu_1", "make test"), stop=None)
+    _queue_op(t, "enqueue", "also check lint")
+    _queue_op(t, "remove")
+    t.tool_result(("toolu_1", "[Request interrupted by user for tool use]", True))
+    t.user("[Request interrupted by user]")
+    t.user("new question")
+    t.assistant(text("answer"), stop=None)
+    out = parse_bytes(t.data())
+    assert [(m.turn, m.text) for m in out.messages if m.kind == "user_text"] == [
+        (1, "run the tests"), (1, "also check lint"), (1, "[Request interrupted by user]"), (2, "new question")]
+    assert [(o.n, o.kind) for o in out.turns_opened] == [(1, "prompt"), (2, "prompt")]
+
+
+def test_the_same_words_queued_twice_are_two_messages():
+    """A prompt sent as its own record takes only its own queued copy: the second copy,
+    which 2.1.39 later hands to the model mid-turn, is still there."""
+    t = Transcript()
+    t.user("first")
+    t.assistant(text("one"), stop=None)
+    _queue_op(t, "enqueue", "continue")
+    _queue_op(t, "enqueue", "continue")
+    _queue_op(t, "dequeue")
+    t.user("continue")
+    t.assistant(tool_use("toolu_1", "make"), stop=None)
+    _queue_op(t, "remove")
+    t.tool_result(("toolu_1", "ok"))
+    t.assistant(text("continued twice"), stop=None)
+    out = parse_bytes(t.data())
+    assert [(m.turn, m.text) for m in out.messages if m.kind == "user_text"] == [
+        (1, "first"), (2, "continue"), (2, "continue")]
+
+
 def test_a_queued_message_taken_mid_turn_survives_a_capture_stopped_between_its_records(tmp_path, capture):
     """The queue is parse state the thread keeps (its meta): a capture that stops after
     the enqueue, and again after the remove, still puts the words in their turn, once."""
@@ -1222,9 +1301,10 @@ def test_a_queued_message_taken_mid_turn_survives_a_capture_stopped_between_its_
     _queue_op(t, "enqueue", "check again")
     cut_enqueued = len(t.data())
     t.tool_result(("toolu_1", "running"))
-    t.assistant(tool_use("toolu_2", "tail log"), stop=None)
-    _queue_op(t, "remove")
+    t.assistant(thinking("hmm", "sig-1"), stop=None, msg_id="msg_split")
+    _queue_op(t, "remove")      # between two records of one response: a capture may stop here
     cut_removed = len(t.data())
+    t.assistant(tool_use("toolu_2", "tail log"), stop=None, msg_id="msg_split")
     t.tool_result(("toolu_2", "3 failed"))
     t.assistant(text("Checked again."), stop=None)
     whole = t.data()
@@ -1238,9 +1318,11 @@ def test_a_queued_message_taken_mid_turn_survives_a_capture_stopped_between_its_
         c.capture.catch_up()
         c.store = c.capture.store
     texts = [(m["turn"], m["kind"], m["text"]) for m in c.messages()]
-    assert texts[-3:] == [(1, "tool_result", "3 failed"), (1, "user_text", "check again"),
+    assert texts[-5:] == [(1, "thinking", "hmm"), (1, "tool_call", '{"command":"tail log"}'),
+                          (1, "tool_result", "3 failed"), (1, "user_text", "check again"),
                           (1, "assistant_text", "Checked again.")]
     assert [m["text"] for m in c.messages()].count("check again") == 1
+    assert [(m[1], m[5]) for m in parse_bytes(whole).messages] == [(m[0], m[2]) for m in texts]  # as one read
 
 
 def test_an_interrupt_note_ends_the_turn_it_stopped():
