@@ -2425,13 +2425,32 @@ EXACT_SCAN_SAMPLE = 64 * 1024
 EXACT_SCAN_KEY = "exact_scan:"
 
 
+INDEX_CHUNK_ROWS = 1000  # messages a search index takes in one transaction
+
+
+def index_chunks(done: int, top: int):
+    """(after, upto) seq ranges of at most INDEX_CHUNK_ROWS from done to top: an index is
+    filled a transaction each (its watermark moved with it), so a thread's first fill
+    never holds the write lock for long and a run stopped part-way resumes there."""
+    while done < top:
+        upto = min(top, done + INDEX_CHUNK_ROWS)
+        yield done, upto
+        done = upto
+
+
 def costly_to_index(body) -> bool:
-    """Whether a text is large and does not compress to under half of its sample."""
+    """Whether a text is large and any of 8 samples spread over it (EXACT_SCAN_SAMPLE in
+    all) does not compress to under half: base64 after an ordinary head counts."""
     import zlib
     if not isinstance(body, str) or len(body) < EXACT_SCAN_MIN_CHARS:
         return False
-    sample = body[:EXACT_SCAN_SAMPLE].encode("utf-8", "surrogatepass")
-    return len(zlib.compress(sample, 1)) * 2 > len(sample)
+    width = EXACT_SCAN_SAMPLE // 8
+    for i in range(8):
+        at = (len(body) - width) * i // 7
+        sample = body[at:at + width].encode("utf-8", "surrogatepass")
+        if len(zlib.compress(sample, 1)) * 2 > len(sample):
+            return True
+    return False
 
 
 def _no_nul(value):
@@ -3190,17 +3209,17 @@ class ThreadStore:
         existed is filled on its first call, and a run killed mid-way resumes there.
         """
         db = self.db
-        done = int((db.execute("SELECT value FROM meta WHERE key = 'fts_upto'").fetchone() or (0,))[0])
+        first = int((db.execute("SELECT value FROM meta WHERE key = 'fts_upto'").fetchone() or (0,))[0])
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
-        if top > done:
+        for done, upto in index_chunks(first, top):
             with Tx(db):
                 # (NULs kept: the word index's content is messages_plain, and its snippets
                 # must match it; what follows a NUL is found by the substring index)
                 db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages_plain "
-                           "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, top))
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(top),))
+                           "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, upto))
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(upto),))
         self._index_exact(top)
-        return max(0, top - done)
+        return max(0, top - first)
 
     def has_exact_index(self) -> bool:
         """Whether the substring index exists here and this SQLite can read it."""
@@ -3211,9 +3230,12 @@ class ThreadStore:
         db = self.db
         if not trigram_available():
             return  # left where it is: a run on an SQLite with trigrams catches up
-        done = int((db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() or (0,))[0])
-        if top <= done:
-            return
+        first = int((db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() or (0,))[0])
+        for done, upto in index_chunks(first, top):
+            self._index_exact_chunk(done, upto)
+
+    def _index_exact_chunk(self, done: int, top: int) -> None:
+        db = self.db
         with Tx(db):
             db.execute(EXACT_INDEX_DDL)  # absent when the migration ran without trigrams
             # (a text of EXACT_SCAN_MIN_CHARS takes at least a quarter of that in bytes)
@@ -13656,37 +13678,30 @@ def _markdown_message(m: dict) -> str:
 
 MARKDOWN_FENCE_OPEN = re.compile(r" {0,3}(`{3,}(?=[^`]*$)|~{3,})")
 EXPORT_HEADING_LINE = re.compile(r"^ {0,3}(## t\d+ *$|# Thread |\*\*m\d+ · )", re.M)
-# The HTML blocks CommonMark runs on until their own closing text, to the document's end
-# when it never comes: (how a line opens one, what closes it).
-MARKDOWN_HTML_BLOCKS = ((re.compile(r" {0,3}<(pre|script|style|textarea)(?=[\s>]|$)", re.I), None),
-                        (re.compile(r" {0,3}<!--"), "-->"), (re.compile(r" {0,3}<\?"), "?>"),
-                        (re.compile(r" {0,3}<!\[CDATA\["), "]]>"), (re.compile(r" {0,3}<![A-Za-z]"), ">"))
+# A line that can open a CommonMark HTML block: some run to their closing text, to the
+# document's end when it never comes, and read no fence inside. One such line is reason
+# enough to fence the message (a fence too many costs nothing).
+MARKDOWN_HTML_OPEN = re.compile(r" {0,3}<[A-Za-z/!?]")
 
 
 def _breaks_markdown(text: str) -> bool:
-    """Whether a message's own Markdown would run on past it in an export (a code fence or
-    an HTML block it leaves open, as CommonMark reads them) or pass for the export's own
-    turn and message headings."""
+    """Whether a message's own Markdown could run on past it in an export (a code fence it
+    leaves open, as CommonMark reads fences, or an HTML block) or pass for the export's
+    own turn and message headings. One pass over its lines."""
     if EXPORT_HEADING_LINE.search(text):
         return True
-    fence = None  # the open fence's character and length
-    lines = text.split("\n")
-    for i, line in enumerate(lines):
+    fence = None  # the open fence's closing pattern
+    for line in text.split("\n"):
         if fence is not None:
-            if re.fullmatch(rf" {{0,3}}{re.escape(fence[0])}{{{fence[1]},}}[ \t]*", line):
+            if fence.fullmatch(line):
                 fence = None
             continue
+        if MARKDOWN_HTML_OPEN.match(line):
+            return True
         opened = MARKDOWN_FENCE_OPEN.match(line)
         if opened:
-            fence = (opened.group(1)[0], len(opened.group(1)))
-            continue
-        for opener, closer in MARKDOWN_HTML_BLOCKS:
-            found = opener.match(line)
-            if found:
-                rest = "\n".join([line[found.end():]] + lines[i + 1:])
-                end = closer or f"</{found.group(1)}>"
-                if (end.lower() not in rest.lower()) if closer is None else (end not in rest):
-                    return True
+            mark = opened.group(1)
+            fence = re.compile(rf" {{0,3}}{re.escape(mark[0])}{{{len(mark)},}}[ \t]*")
     return fence is not None
 
 
@@ -13842,8 +13857,10 @@ def emit_retrieval(command: str, thread_id: str, request: str, body: str, start:
     When the body does not fit, the piece shown is followed by one added newline and a
     continuation receipt naming the bytes shown so far and the `--from` offset of the rest.
     """
-    # (the request as an attribute on one line: a quote or a newline in it ends neither)
-    shown = escape_controls(f"{command} {request}").replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+    # (the request as an attribute on one line: a quote or a newline in it ends neither,
+    # and a backslash is doubled so that an escape in it reads as one)
+    shown = escape_controls(f"{command} {request}".replace("\\", "\\\\")).replace(
+        "&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
     opening = f'<cc-lhc-recall thread="{thread_id[:8]}" request="{shown}">\n'.encode()
     closing = b"</cc-lhc-recall>\n"
     data = body.encode("utf-8")
@@ -14048,12 +14065,14 @@ def _exact_hits(store, text: str, limit: int):
     cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, {SEARCH_BODY_SQL} AS body"
     scanned = []
     if query is not None and store.has_exact_index():
+        # (LIMIT -1 keeps the query below from folding this one into it: body is then
+        # made once a candidate, not once for each use of it)
         inner = (f"SELECT {cols} FROM messages_exact x JOIN messages m ON m.seq = x.rowid "
-                 "WHERE messages_exact MATCH ? ORDER BY x.rowid DESC")
+                 "WHERE messages_exact MATCH ? ORDER BY x.rowid DESC LIMIT -1")
         args = (query, text)
         scanned = store.exact_scanned()
     else:
-        inner = f"SELECT {cols} FROM messages m ORDER BY m.seq DESC"
+        inner = f"SELECT {cols} FROM messages m ORDER BY m.seq DESC LIMIT -1"
         args = (text,)
 
     def found(inner, args):
@@ -14070,25 +14089,40 @@ def _exact_hits(store, text: str, limit: int):
     hits = found(inner, args)
     if scanned:  # each part holds its best `limit` in this order, so the merge holds the whole's
         hits += found(f"SELECT {cols} FROM messages m WHERE m.seq IN ({','.join('?' * len(scanned))}) "
-                      "ORDER BY m.seq DESC", (*scanned, text))
+                      "ORDER BY m.seq DESC LIMIT -1", (*scanned, text))
         hits = sorted(hits, key=lambda h: (h.own, -h.seq))[:limit]
     return hits
 
 
 def _word_hits(store, text: str, limit: int):
-    """Messages holding every word of text, ranked by the word index."""
+    """Messages holding every word of text, ranked by the word index (cc-lhc's own
+    retrievals after the rest). Pages of the index's order are read until `limit` hits
+    that are not its own are in hand, so only the messages shown are decoded."""
     query = fts_query(text)
     if query is None:
         return []
-    # The line of context is cut here, not by FTS5's snippet(): on one message of a few
-    # hundred KB holding the words many times that took seconds to minutes.
-    rows = store.db.execute(
-        f"SELECT *, {OWN_RETRIEVAL_SQL} AS own FROM (SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, "
-        f"m.agent, {SEARCH_BODY_SQL} AS body, rank FROM messages_fts JOIN messages m ON m.seq = "
-        "messages_fts.rowid WHERE messages_fts MATCH ?) ORDER BY own, rank LIMIT ?", (query, limit))
-    return [SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
-                      word_context(body or "", text), rank, agent, own)
-            for seq, turn, kind, tool, created, agent, body, rank, own in rows]
+    db = store.db
+    hits, own_hits, offset, page = [], [], 0, limit
+    while len(hits) < limit:
+        ranked = db.execute("SELECT rowid, rank FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rank "
+                            "LIMIT ? OFFSET ?", (query, page, offset)).fetchall()
+        offset += len(ranked)
+        seqs = [seq for seq, _rank in ranked]
+        # The line of context is cut here, not by FTS5's snippet(): on one message of a few
+        # hundred KB holding the words many times that took seconds to minutes.
+        found = {row[0]: row for row in db.execute(
+            f"SELECT *, {OWN_RETRIEVAL_SQL} FROM (SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, "
+            f"{SEARCH_BODY_SQL} AS body FROM messages m WHERE m.seq IN ({','.join('?' * len(seqs))}) LIMIT -1)",
+            seqs)} if seqs else {}
+        for seq, rank in ranked:
+            if seq not in found:
+                continue
+            _s, turn, kind, tool, created, agent, body, own = found[seq]
+            (own_hits if own else hits).append(SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
+                                                         word_context(body or "", text), rank, agent, own))
+        if len(ranked) < page:
+            break
+    return (hits + own_hits)[:limit]
 
 
 def word_context(body: str, text: str) -> str:

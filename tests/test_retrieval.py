@@ -505,9 +505,10 @@ def test_export_raw_lines_gives_back_what_the_record_could_not_read(tmp_path, ca
     ("~~~\ncode\n~~~~\nand `inline` text", False),                 # a longer one of its own does
     ("a log\n<!-- begin", True),                                   # HTML blocks run to their end
     ("<pre>\nsome text", True),
-    ("<PRE>\nkept\n</pre>\nthen", False),
-    ("<!-- a note -->\ntext", False),
-    ("see <!-- here", False),                                       # (not where a line starts)
+    ("<!--\n```\n-->\nThen:\n```\nprint(1)", True),               # no fence is read inside one
+    ("<div>\n```\n</div>\n\n```\nx", True),
+    ("<!-- a note -->\ntext", True),                                # (one is reason enough)
+    ("see <!-- here, and 1 < 2", False),                            # (not where a line starts)
 ])
 def test_a_message_whose_markdown_would_run_on_is_fenced_in_the_export(text, fenced):
     m = {"seq": 1, "kind": "user_text", "role": "user", "text": text, "agent": None, "data": None}

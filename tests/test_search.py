@@ -142,7 +142,8 @@ def test_words_are_read_from_a_calls_values_not_its_json(hard, monkeypatch, caps
 
 def test_the_envelope_names_a_request_with_quotes_or_newlines_on_one_line(hard, monkeypatch, capsysbinary):
     grant(hard, monkeypatch)
-    for needle, shown in (('say "hi" \\\\ there', "search 'say &quot;hi&quot; \\\\ there'"),
+    for needle, shown in (('say "hi" \\\\ there', "search 'say &quot;hi&quot; \\\\\\\\ there'"),
+                          ("a\\nb", "search 'a\\\\nb'"),            # a backslash and an n, not a newline
                           ("one\n\ttwo <x>", "search 'one\\n\\ttwo &lt;x>'")):
         status, out, _ = search(capsysbinary, needle)
         opening = out.split("\n", 1)[0]
@@ -192,6 +193,8 @@ def test_a_large_output_with_little_repetition_is_scanned_not_indexed(tmp_path, 
     blob = base64.b64encode(random.Random(7).randbytes(300 * 1024)).decode()
     needle = blob[200_000:200_024]
     log = "".join(f"12:00:{i % 60:02d} worker-{i % 8} did item {i}\n" for i in range(12_000))
+    assert cc_lhc.costly_to_index(log[:130_000] + blob)  # base64 after an ordinary head counts too
+    assert not cc_lhc.costly_to_index(log) and not cc_lhc.costly_to_index(blob[:200_000])
     tr = Transcript()
     tr.prompt(f"find {needle} in the dump")
     calls = tr.response(tool_use("Bash", command="base64 dump.bin"), stop="tool_use")

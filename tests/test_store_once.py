@@ -224,9 +224,14 @@ def test_an_older_thread_is_migrated_and_its_word_index_refilled(big, monkeypatc
     db.execute(f"PRAGMA user_version = {before}")
     big.store.close()
     grant(big, monkeypatch)
+    monkeypatch.setattr(cc_lhc, "INDEX_CHUNK_ROWS", 2)  # refilled a few messages a transaction
     status, out, _ = search(capsysbinary, "worker-5 wrote block")
     assert status == 0 and hits_of(out)
     store = cc_lhc.ThreadStore(big.home, big.id)
+    top = store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+    assert store.db.execute("SELECT value FROM meta WHERE key = 'fts_upto'").fetchone() == (str(top),)
+    assert store.db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'wrote'").fetchone()[0] == \
+        store.db.execute("SELECT count(*) FROM messages WHERE text IS NOT NULL AND lhc_text(text) LIKE '%wrote%'").fetchone()[0]
     assert store.db.execute("SELECT session, line, offset, raw FROM raw_lines").fetchall() == [("s", 7, 700, b"{x")]
     store.keep_raw_line("s", 9, 900, "malformed_line", b"{x")  # the same bytes elsewhere: a row of its own
     assert store.db.execute("SELECT count(*) FROM raw_lines").fetchone()[0] == 2
