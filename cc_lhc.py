@@ -13364,6 +13364,7 @@ Environment:
   CC_LHC_MOD           "off" keeps the cc-lhc mod out of Claude (Smart Compact swaps)
   CC_LHC_MOD_COMPACT   "decline": the mod keeps its tools but Smart Compact swaps
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
+  CLAUDE_CODE_PLUGIN_DIRS  read, not set: plugin folders Claude loads (their Stop hooks)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
   CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval; do not set it
   CC_LHC_FAILPOINT     tests only: kill cc-lhc at a named step to prove recovery
