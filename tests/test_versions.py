@@ -360,11 +360,23 @@ def _ok(p):
     return p
 
 
+def _compacted_one_shot(rc, sid) -> dict:
+    """`--resume sid -p next` over the trigger: Smart Compact runs first and the real CLI
+    sends the rebuilt session; returns that one request."""
+    from fakeapi import text_reply
+    rc.api.responder = lambda body: text_reply("answered after the rebuild")
+    p = _ok(rc.run_lhc("--resume", sid, "-p", "next", timeout=120))
+    assert "answered after the rebuild" in p.stdout
+    assert "Smart Compact" in p.stderr and "not at a settled seam" not in p.stderr, p.stderr
+    [sent] = rc.api.message_requests
+    assert sent["session_id"] != sid
+    return sent
+
+
 def test_real_cli_resumes_a_smart_compacted_2_1_39_session(real_claude):
     """A 2.1.39 session over the trigger (its last response says stop_reason null, then
     the turn's system records) is rebuilt before the one-shot, and the real CLI accepts
     the rebuilt session."""
-    from fakeapi import text_reply
     rc = real_claude
     sid = SESSIONS["2.1.39"]
     rc.project_dir.mkdir(parents=True, exist_ok=True)
@@ -372,12 +384,7 @@ def test_real_cli_resumes_a_smart_compacted_2_1_39_session(real_claude):
     lines = [json.dumps(dict(r, cwd=str(rc.cwd)) if "cwd" in r else r)
              for r in records(VERSIONS / "2.1.39" / f"{sid}.jsonl")]
     (rc.project_dir / f"{sid}.jsonl").write_text("\n".join(lines) + "\n")
-    rc.api.responder = lambda body: text_reply("answered after the rebuild")
-    p = _ok(rc.run_lhc("--resume", sid, "-p", "next", timeout=120))
-    assert "answered after the rebuild" in p.stdout
-    assert "Smart Compact" in p.stderr and "not at a settled seam" not in p.stderr, p.stderr
-    [sent] = rc.api.message_requests
-    assert sent["session_id"] != sid
+    sent = _compacted_one_shot(rc, sid)
     first = sent["body"]["messages"][0]["content"]
     first = first if isinstance(first, str) else first[0].get("text", "")
     assert first.startswith(cc_lhc.REBUILT_MARKER)
@@ -391,7 +398,6 @@ def test_real_cli_resumes_a_smart_compacted_session_with_its_last_turn(real_clau
     """1.0.x and 2.0.x end a session's last turn with nothing (stop_reason null, no
     system record): with no Claude writing, that turn is over, so the rebuild before the
     one-shot holds it verbatim, as the idle seam said it would, and Claude is sent it."""
-    from fakeapi import text_reply
     rc = real_claude
     sid = SESSIONS[version]
     recs = records(VERSIONS / version / f"{sid}.jsonl")
@@ -402,13 +408,7 @@ def test_real_cli_resumes_a_smart_compacted_session_with_its_last_turn(real_clau
         shutil.copy(extra, rc.project_dir / extra.name)
     (rc.project_dir / f"{sid}.jsonl").write_text(
         "".join(json.dumps(dict(r, cwd=str(rc.cwd)) if "cwd" in r else r) + "\n" for r in recs))
-    rc.api.responder = lambda body: text_reply("answered after the rebuild")
-    p = _ok(rc.run_lhc("--resume", sid, "-p", "next", timeout=120))
-    assert "answered after the rebuild" in p.stdout
-    assert "Smart Compact" in p.stderr and "not at a settled seam" not in p.stderr, p.stderr
-    [sent] = rc.api.message_requests
-    assert sent["session_id"] != sid
-    sent_text = json.dumps(sent["body"]["messages"])
+    sent_text = json.dumps(_compacted_one_shot(rc, sid)["body"]["messages"])
     assert last_words in sent_text and last_answer in sent_text
     assert sent_text.index(last_words) < sent_text.index(last_answer) < sent_text.index('"next"')
 
