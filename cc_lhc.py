@@ -13791,8 +13791,11 @@ def parse_labels(args, letter: str):
                                   f"label like {letter}12 or {letter}12-{letter}15")
             a_n = label_number(m.group(2), piece)
             b_n = label_number(m.group(3) or m.group(2), piece)
-            if b_n < a_n or b_n - a_n > MESSAGE_RANGE_SPAN:
-                raise usage_error(f"{piece!r} is not a usable range")
+            if b_n < a_n:
+                raise usage_error(f"{piece!r} is not a usable range (the first label comes first)")
+            if b_n - a_n > MESSAGE_RANGE_SPAN:
+                raise usage_error(f"{piece!r} is not a usable range: ask for at most "
+                                  f"{MESSAGE_RANGE_SPAN:,} labels past its first at a time")
             named += b_n - a_n + 1
             if named > LABELS_MAX:
                 raise usage_error(f"more than {LABELS_MAX:,} labels in one request; ask for fewer "

@@ -279,6 +279,10 @@ def test_label_ranges_parse():
         with pytest.raises(cc_lhc.LhcError) as e:
             cc_lhc.parse_labels(bad, "t")
         assert e.value.status == cc_lhc.EXIT_USAGE
+    with pytest.raises(cc_lhc.LhcError, match="at most 10,000 labels past its first"):
+        cc_lhc.parse_labels(["m1-m100000"], "m")  # says why, so the asker can split it
+    with pytest.raises(cc_lhc.LhcError, match="the first label comes first"):
+        cc_lhc.parse_labels(["t5-t3"], "t")
 
 
 def test_a_request_naming_too_many_labels_in_all_is_refused_at_once():
