@@ -1055,6 +1055,14 @@ PERSISTED_STATE = (("local_output", LOCAL_OUTPUT_KEY, False), ("turn_end_due", T
                    ("absorbed", ABSORBED_KEY, ()))
 
 
+def without_first(entries: tuple, matches) -> tuple:
+    """entries less the first one for which matches(entry) holds (all of them if none)."""
+    for i, entry in enumerate(entries):
+        if matches(entry):
+            return entries[:i] + entries[i + 1:]
+    return entries
+
+
 def persisted_value(value) -> str:
     """A PERSISTED_STATE field's value as the meta table keeps it."""
     if isinstance(value, bool):
@@ -1772,9 +1780,7 @@ class RolloutParser:
         ) if isinstance(content, list) else None
         if not (text or "").startswith(TASK_NOTIFICATION_OPEN):
             return
-        named = [i for i, entry in enumerate(self.s.queued) if entry[1] == text]
-        if named:
-            self.s.queued = self.s.queued[:named[0]] + self.s.queued[named[0] + 1:]
+        self.s.queued = without_first(self.s.queued, lambda entry: entry[1] == text)
 
     def _absorbed_prompts(self):
         """Messages Claude handed to the model mid-turn that no attachment wrote down: user
@@ -1809,9 +1815,7 @@ class RolloutParser:
             return False
         data = _dump(att)
         if self.agent is None:
-            claimed = [i for i, entry in enumerate(self.s.absorbed) if entry[1] == text]
-            if claimed:
-                self.s.absorbed = self.s.absorbed[:claimed[0]] + self.s.absorbed[claimed[0] + 1:]
+            self.s.absorbed = without_first(self.s.absorbed, lambda entry: entry[1] == text)
             self.s.closed_response = None
             if self.s.open_turn is None:
                 self._open_turn("prompt", self.s.next_seq, rec.get("timestamp"))
@@ -3033,13 +3037,15 @@ class ThreadStore:
     def agent_turn(self, agent_id, started=None) -> int:
         """The turn of the call that started an agent; for one no call started (Claude's own
         compaction, a 2.0 warm-up), the turn running when its first record was written
-        (``started``, a timestamp), else the first turn; with no turn yet, 0."""
+        (``started()``, its timestamp, asked only then), else the first turn; with no turn
+        yet, 0."""
         db = self.db
         row = db.execute("SELECT c.turn FROM agents a JOIN messages c ON c.tool_use_id = "
                          "a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL "
                          "WHERE a.agent_id = ?", (agent_id,)).fetchone()
         if row:
             return row[0]
+        started = started() if started is not None else None
         if isinstance(started, str):
             row = db.execute("SELECT max(turn) FROM messages WHERE agent IS NULL AND created <= ?",
                              (started,)).fetchone()
@@ -7201,7 +7207,7 @@ class Capture:
         with Tx(store.db):
             store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
-                               agent=agent_id, agent_turn=store.agent_turn(agent_id, self._agent_start(f)))
+                               agent=agent_id, agent_turn=store.agent_turn(agent_id, lambda: self._agent_start(f)))
         parser.read_saved = self._read_saved
         parser.outer_uuids = lambda: {u for (u,) in store.db.execute(
             "SELECT uuid FROM chain WHERE session = ?", (self.session_id,))}
