@@ -12842,12 +12842,27 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
             home.log("pointer_repaired", thread=thread_id, from_session=from_s, to_session=to_s)
         with Tx(hostdb.db) as db:
             db.execute("UPDATE pointer_repairs SET repaired = ? WHERE id = ?", (utc_now_iso(), rid))
-    for session_id, owner, path in registry.db.execute(
-            "SELECT session_id, owner, path FROM rebuilds WHERE thread_id = ? AND status = 'pending'",
-            (thread_id,)).fetchall():
+    for session_id, owner, path, from_session in registry.db.execute(
+            "SELECT session_id, owner, path, from_session FROM rebuilds WHERE thread_id = ? "
+            "AND status = 'pending' ORDER BY created", (thread_id,)).fetchall():
         if owner_alive(owner):
             continue
         keep_what_it_holds(home, hostdb, thread_id, session_id, path)
+        if registry.current_session(thread_id) == from_session and rebuild_was_used(
+                hostdb, thread_id, session_id, path):
+            # Claude already held a turn in it: going back would drop that turn from what
+            # Claude sees and return to the oversized session, so the swap is completed.
+            advance_current(registry, thread_id, session_id)
+            store = ThreadStore(home, thread_id)
+            try:
+                boundary = advance_boundary(store, session_id)
+            finally:
+                store.close()
+            home.log("smart_compact_accepted", thread=thread_id, session=session_id,
+                     boundary=boundary, recovered=True)
+            say(f"an interrupted Smart Compact of thread {thread_id[:8]} was completed: Claude had "
+                f"already worked in its rebuilt session {session_id}, which the thread now continues")
+            continue
         moved = abandon(home, registry, session_id, "its Smart Compact was interrupted")
         say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
             "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else ""))
@@ -12869,6 +12884,30 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
                 shutil.rmtree(target, ignore_errors=True)
             else:
                 os.unlink(target)
+
+
+def rebuild_was_used(hostdb, thread_id, session_id, path) -> bool:
+    """Whether Claude wrote a turn of its own (a prompt or an answer) into a rebuild past
+    the bytes cc-lhc replayed. Opening a session writes bookkeeping only, which does not
+    count: a rebuild that merely started is still unused."""
+    known = hostdb.session(session_id)
+    if not known or not known["replayed_prefix_bytes"]:
+        return False
+    lineage = (known["replayed_prefix_bytes"], known["replayed_prefix_sha256"])
+    if unproven_rebuild_reason(path, thread_id, lineage):
+        return False
+    try:
+        with open_regular(path) as f:
+            f.seek(known["replayed_prefix_bytes"])
+            for raw in f:
+                rec = json_record(raw)
+                if (rec is not None and rec.get("type") in ("user", "assistant")
+                        and not rec.get("isSidechain") and not rec.get("isMeta")
+                        and isinstance(rec.get("message"), dict)):
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def keep_what_it_holds(home, hostdb, thread_id, session_id, path) -> None:

@@ -251,14 +251,16 @@ def test_rebuild_not_grown_past_its_prefix_is_rolled_back(iso_env):
 
 
 def test_grown_rebuild_is_settled_by_cc_lhc_recovery_then_nothing_to_do(iso_env):
-    """The advice the script gives works: cc-lhc's recovery keeps the content, moves the file."""
+    """The advice the script gives works: cc-lhc's recovery keeps the content and, since
+    Claude worked in the rebuild, completes the swap onto it (nothing is left pending)."""
     s = State(iso_env, dead_identity())
     grow_rebuild(s)
     assert "Claude wrote into it" in run_script(iso_env, "--apply").stdout
     hostdb = cc_lhc.HostDB(s.home)
     cc_lhc.recover_thread(s.home, s.registry, hostdb, s.thread)
-    assert s.moved_to.exists() and not s.transcript.exists()
-    assert s.rows()[0] == [(s.new, "abandoned")]
+    assert s.transcript.exists() and not s.moved_to.exists()
+    assert s.rows()[0] == [(s.new, "accepted")]
+    assert s.registry.current_session(s.thread) == s.new
     store = cc_lhc.ThreadStore(s.home, s.thread)
     try:
         assert store.db.execute("SELECT 1 FROM messages WHERE text = 'typed after the rebuild'").fetchone()

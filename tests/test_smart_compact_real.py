@@ -303,6 +303,14 @@ def test_crash_matrix(real_claude, point):
     prefix = cc_lhc.HostDB(cc_lhc.StateHome(rc.env["CC_LHC_HOME"])).session(new)
     written = (prefix is not None and (rc.project_dir / f"{new}.jsonl").exists()
                and (rc.project_dir / f"{new}.jsonl").stat().st_size > prefix["replayed_prefix_bytes"])
+    # A turn of Claude's own in the rebuild (here the one-shot's answer, once Claude has
+    # exited) means the rebuild was used: recovery completes the swap instead of rolling back.
+    used = written and any(
+        r.get("type") in ("user", "assistant") and not r.get("isMeta")
+        for r in map(json.loads, (rc.project_dir / f"{new}.jsonl").read_bytes()[
+            prefix["replayed_prefix_bytes"]:].splitlines()) if isinstance(r, dict))
+    if point in ("before-acceptance", "after-acceptance-before-alias"):
+        assert used
     if advanced:
         assert "nothing to do" in dry
     elif written:
@@ -324,6 +332,9 @@ def test_crash_matrix(real_claude, point):
     if advanced:
         assert current == new                             # it stays on the accepted rebuild
         assert "was rolled back" not in again.stderr
+    elif used:
+        assert current == new and statuses[new] == "accepted"
+        assert "was completed" in again.stderr and "was rolled back" not in again.stderr
     else:
         assert statuses[new] == "abandoned"
         assert "was rolled back" in again.stderr
@@ -334,7 +345,7 @@ def test_crash_matrix(real_claude, point):
 
     abandoned = rc.iso.lhc / "abandoned-rebuilds"
     moved = list(abandoned.rglob("*.jsonl")) if abandoned.exists() else []
-    if point in UNUSED_REBUILD:
+    if point in UNUSED_REBUILD and not used:
         assert [p.name for p in moved] == [f"{new}.jsonl"]
         assert moved[0].parent.name == cc_lhc.project_slug(str(rc.cwd))
         assert not (rc.project_dir / f"{new}.jsonl").exists()
@@ -349,6 +360,55 @@ def test_crash_matrix(real_claude, point):
     assert not list((rc.iso.lhc / "runtime").glob("*.json")), "stale descriptors were not removed"
     assert not list((rc.iso.lhc / "runtime").glob("bin-*"))
     assert "nothing to do" in rollback_dry_run(rc).stdout
+
+
+def test_kill_while_claude_works_in_an_unaccepted_rebuild(real_claude):
+    """A one-shot accepts its rebuild when Claude exits. Killed while Claude is mid-turn in
+    it, the next launch continues in that rebuild, which holds the turn's work, instead
+    of rolling back to the oversized session without it."""
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    thread_id = threads(rc)[0]["id"]
+    rc.api.script([tool_use_reply("Bash", {"command": "echo STEP-ONE-OUTPUT-4417", "description": "one"},
+                                  text="working on step one"),
+                   tool_use_reply("Bash", {"command": "sleep 120", "description": "long"},
+                                  usage=SMALL)])
+    p = subprocess.Popen(rc.lhc_argv("--resume", old, "-p", "do both steps", "--allowedTools", "Bash"),
+                         env=rc.env, cwd=rc.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        [(new, _from, status)] = wait_for_rebuild(rc)
+        path = rc.project_dir / f"{new}.jsonl"
+        deadline = time.monotonic() + 60
+        while b"sleep 120" not in (path.read_bytes() if path.exists() else b""):
+            assert p.poll() is None and time.monotonic() < deadline, "Claude never started step two"
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.communicate()
+    assert status == "pending" and threads(rc)[0]["current_session"] == old
+
+    n = len(rc.api.message_requests)
+    again = ok(lhc(rc, "--resume", old, "-p", "and now?"))
+    assert "was completed" in again.stderr and "rolled back" not in again.stderr, again.stderr
+    [sent] = rc.api.message_requests[n:]
+    assert sent["session_id"] == new                      # the rebuild, not the oversized session
+    assert "STEP-ONE-OUTPUT-4417" in all_text(sent["body"])
+    assert threads(rc)[0]["current_session"] == new
+    assert dict((s, st) for s, _f, st in rebuilds(rc)) == {new: "accepted"}
+    assert not (rc.iso.lhc / "abandoned-rebuilds").exists() or not list(
+        (rc.iso.lhc / "abandoned-rebuilds").rglob("*.jsonl"))
+    record = export(rc, thread_id)
+    assert "STEP-ONE-OUTPUT-4417" in json.dumps(record)
+    assert "and now?" in [m.get("text") for m in record]
+
+
+def wait_for_rebuild(rc, timeout: float = 60) -> list[tuple]:
+    deadline = time.monotonic() + timeout
+    while not rebuilds(rc):
+        assert time.monotonic() < deadline, f"no rebuild was recorded in {timeout}s"
+        time.sleep(0.05)
+    return rebuilds(rc)
 
 
 # -- (e) single ownership ---------------------------------------------------------------------------
@@ -488,10 +548,11 @@ def test_unavailable_receipt_store_does_not_stop_smart_compact(real_claude):
     assert threads(rc)[0]["current_session"] == sent["session_id"]
 
 
-def test_an_interrupted_rebuild_claude_answered_in_is_kept_before_it_is_moved(real_claude):
+def test_an_interrupted_rebuild_claude_answered_in_becomes_the_session(real_claude):
     # cc-lhc dies after writing the rebuild; Claude is then run on it by hand (as a user
     # might with the id from the log). The next launch must take that exchange into the
-    # thread before moving the unused rebuild away: nothing Claude wrote is ever lost.
+    # thread, and since Claude worked in the rebuild the thread goes on there: nothing
+    # Claude wrote is ever lost, from the thread or from what Claude sees.
     rc = real_claude
     old = start_thread(rc, OVER)
     crashed = lhc(rc, "--resume", old, "-p", "next", env={"CC_LHC_FAILPOINT": "after-rollout-write"})
@@ -507,9 +568,9 @@ def test_an_interrupted_rebuild_claude_answered_in_is_kept_before_it_is_moved(re
     texts = [m.get("text") for m in export(rc, thread["id"])]
     assert "typed while cc-lhc was gone" in texts
     assert "answered inside the orphaned rebuild" in texts
-    assert not os.path.exists(path)
-    # the relaunch was still over the trigger, so it made (and accepted) a rebuild of its own
-    assert thread["current_session"] not in (rebuilt, old)
+    assert os.path.exists(path) and thread["current_session"] == rebuilt
+    assert rc.api.message_requests[-1]["session_id"] == rebuilt
+    assert "answered inside the orphaned rebuild" in all_text(rc.api.message_requests[-1]["body"])
 
 
 # -- a long agentic turn ------------------------------------------------------------------------------
