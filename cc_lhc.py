@@ -4389,13 +4389,15 @@ def _pair_parts(call, result, stub):
     return call["data"] or "", stub if stub is not None else (result["data"] or "")
 
 
-def carried_file_state(turns, budget):
+def carried_file_state(turns, budget, counter=None):
     """The pairs that let Claude Code know the working set's files after a rebuild.
 
     One pair per working-set file (in the manifest's order): its newest successful Read,
     Edit or Write whose lean form fits CARRY_PAIR_BYTES, until CARRY_SHARE of ``budget``
-    is used. Returns (pairs, tokens); pairs already in view are skipped when written.
+    is used, as ``counter`` counts (exact tokens when the tokenizer is there). Returns
+    (pairs, tokens); pairs already in view are skipped when written.
     """
+    counter = counter or ViewCounter()
     touches = _carry_candidates(turns)
     room = int(budget * CARRY_SHARE)
     pairs, used = [], 0
@@ -4403,12 +4405,24 @@ def carried_file_state(turns, budget):
         for call, result, stub in touches.get(path, ()):
             parts = _pair_parts(call, result, stub)
             if sum(len(p.encode("utf-8")) for p in parts) <= CARRY_PAIR_BYTES:
-                cost = sum(estimate_tokens(p) + 4 for p in parts)
+                cost = _pair_tokens(parts, counter)
                 if used + cost <= room:
                     pairs.append((call, result, stub))
                     used += cost
                 break
     return pairs, used
+
+
+def _pair_tokens(parts, counter) -> int:
+    return sum(counter.text(p) + MESSAGE_TOKENS for p in parts)
+
+
+def carried_pairs_tokens(view, turns, carried, counter) -> int:
+    """What the carried file-state pairs add to a view: those whose call it does not hold."""
+    shown = {m["tool_use_id"] for t in turns for m, _stub in turn_items(view, t)[1]
+             if m["kind"] == "tool_call"}
+    return sum(_pair_tokens(_pair_parts(*pair), counter) for pair in carried
+               if pair[0]["tool_use_id"] not in shown)
 
 
 def records_bytes(records) -> bytes:
@@ -14444,14 +14458,19 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     if TOKENS.exact:
         # Every message was just counted in one batch: fitting the view needs no second count.
         counter.prefill({key: counts[i] for key, i in known.items()})
-    view, header = serve_view(thread_id, turns, target, profile, summaries, counter=counter)
-    in_view = view.tokens
+    # As a rebuild does: the file-state pairs are set aside first, and those the view does
+    # not already hold are written into it (plan_rebuild).
+    carried, reserve = carried_file_state(turns, target, counter)
+    view, header = serve_view(thread_id, turns, target - reserve, profile, summaries, counter=counter)
+    carried_tokens = carried_pairs_tokens(view, turns, carried, counter)
+    in_view = view.tokens + carried_tokens
     # The same figures by the estimate used without the tokenizer, for comparison.
     safe = [safe_estimate(t) for t in texts]
     estimated_full = sum(safe[i] for row in per_turn for _, i in row["full"])
     by_estimate = ViewCounter(_EstimateOnly())
     by_estimate.prefill({key: safe[i] for key, i in known.items()})
-    estimated_view = view_tokens(view, header, turns, by_estimate)["total"]
+    estimated_view = (view_tokens(view, header, turns, by_estimate)["total"]
+                      + carried_pairs_tokens(view, turns, carried, by_estimate))
     original = totals["full"]
 
     def cut(after):
@@ -14464,6 +14483,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         "tokens": original, "lean_tokens": totals["lean"], "lean_cut_pct": cut(totals["lean"]),
         "summary_tokens": totals["summary"], "summary_cut_pct": cut(totals["summary"]),
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),
+        "carried_file_state_tokens": carried_tokens,
         "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted", SPLIT)},
         "integrity_problems": problems, "exact": TOKENS.exact,
         "counting": "exact o200k_base" if TOKENS.exact else "approximate (a safe estimate, never under)",

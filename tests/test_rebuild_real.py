@@ -6,6 +6,7 @@ descriptor a refusal); `cc-lhc measure` counts without printing content.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -469,3 +470,30 @@ def test_measure_refuses_bad_arguments(iso_env, tmp_path):
                               capture_output=True, text=True, env=iso_env.env, timeout=60,
                               stdin=subprocess.DEVNULL)
         assert proc.returncode == 2, args
+
+
+def test_measure_predicts_the_view_a_rebuild_serves(iso_env, tmp_path):
+    """`measure` sets the carried file-state pairs aside as a rebuild does, so the size it
+    predicts is the size Smart Compact serves."""
+    path = tmp_path / "s.jsonl"
+    generate(str(path), size_mb=1, seed=7)
+    target = 10_000  # the whole session is about 31k tokens
+    row = cc_lhc.measure_transcript(str(path), "default", target)
+    assert row["exact"] and row["carried_file_state_tokens"] > 0
+    assert row["smart_compact_tokens"] <= target
+
+    home = cc_lhc.StateHome(str(tmp_path / "lhc"))
+    home.ensure()
+    # the thread id measure writes into the header: with it, the two views are the same
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    thread_id = str(uuid.uuid5(cc_lhc.ROLLOUT_NAMESPACE, f"measure/{digest}"))
+    cap = cc_lhc.Capture(home, thread_id, "s", str(path))
+    cap.catch_up()
+    policy = cc_lhc.resolve_policy([("test", {"lowerBoundTokens": target})])
+    plan = cc_lhc.plan_rebuild(home, cap.store, cap.thread_id, policy, str(uuid.uuid4()), "/w", idle=True)
+    turns = cc_lhc.load_turns(cap.store, closed_only=False)
+    carried, _reserve = cc_lhc.carried_file_state(turns, target)
+    served = plan.view.tokens + cc_lhc.carried_pairs_tokens(plan.view, turns, carried, cc_lhc.ViewCounter())
+    cap.stop()
+    assert served <= target
+    assert row["smart_compact_tokens"] == served
