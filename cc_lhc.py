@@ -4551,7 +4551,7 @@ class PruneUnchanged(LhcError):
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
                  envelope_from=None, now=None, arm=None, prune_target=None, native=False,
-                 sources=None, manifest=(), idle=False) -> Rebuild:
+                 sources=None, manifest=(), idle=False, gone=False) -> Rebuild:
     """Build the served view of a thread and the transcript bytes for a new session.
 
     ``arm`` is the thinking replay arm (default: the thread's, see thinking_arm).
@@ -4563,8 +4563,11 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     ``manifest``: lines naming the background work a swap carries (view_records).
     ``idle``: no Claude writes the transcript (before a launch, a fork, rollout write), so
     a newest turn left open that is over all the same (unsettled_reason) is in the view.
+    ``gone``: the session's transcript no longer exists, so nothing will ever close a turn
+    it left open: that turn is in the view as far as it went (a call without its result
+    is left out, as Claude leaves it out on resume).
     """
-    turns = load_turns(store, closed_only=not (idle and not unsettled_reason(store, idle=True)))
+    turns = load_turns(store, closed_only=not (gone or idle and not unsettled_reason(store, idle=True)))
     boundary = visibility_boundary(store)
     arm = arm or thinking_arm(store, policy)
     budget = policy.effective_target if prune_target is None else prune_target
@@ -7864,7 +7867,7 @@ def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimat
     transcript now (before a launch), see unsettled_reason. ``prune``: the operation is
     Smart Prune, judged against pruneThresholdTokens. ``gone``: the session's transcript no
     longer exists, so its conversation is written again from the thread, settled or not (a
-    turn left open is not in the view).
+    turn left open is in the view as far as it went).
     """
     c, unsettled = current_classification(store, session_id, policy, prompt_estimate, idle, prune)
     if gone:
@@ -7923,7 +7926,7 @@ def write_rebuild(path: str, data: bytes) -> None:
 def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelope_from=None,
             assessment=None, session_id=None, projects_root=None, pending=True,
             plan_view=None, native=False, in_process=None, instructions="", manifest=(),
-            idle=False) -> PendingRebuild:
+            idle=False, gone=False) -> PendingRebuild:
     """Build the view, record it as pending, write it, and record its lineage.
 
     ``pending=False`` is `rollout write`: the caller makes the session current at once.
@@ -7932,7 +7935,7 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     descriptor) serves the view through the mod's session.compact hook instead: see
     rebuild_in_process; ``instructions`` are the person's words after their /compact.
     ``manifest``: the background work a swap carries, written into the session.
-    ``idle``: no Claude is writing the transcript (plan_rebuild).
+    ``idle``: no Claude is writing the transcript; ``gone``: nor will any (plan_rebuild).
     """
     if in_process is not None:
         return rebuild_in_process(home, store, thread_id, from_session, policy, cwd, in_process,
@@ -7941,7 +7944,7 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     new_sid = session_id or new_session_id()
     plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, new_sid, cwd,
                                        projects_root=projects_root, envelope_from=envelope_from,
-                                       manifest=manifest, idle=idle)
+                                       manifest=manifest, idle=idle, gone=gone)
     if plan.boundary:
         # The thread's boundary moves to this one only once the session is accepted.
         note_built_boundary(store, new_sid, plan.boundary)
@@ -10513,7 +10516,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
     try:
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
                           spec.cwd, envelope_from=None if gone else capture.path, assessment=a,
-                          plan_view=plan_view, idle=True)
+                          plan_view=plan_view, idle=True, gone=gone)
     except PruneUnchanged as e:
         a.outcome(f"no_action: {e}")
         say(f"Smart Prune: {e}")

@@ -388,3 +388,53 @@ def test_a_session_whose_transcript_claude_deleted_resumes_from_the_thread(real_
     assert "remember the build number OLDWORK-4711" in sent and "Noted: the build number is OLDWORK-4711." in sent
     assert rc.api.message_requests[-1]["session_id"] != sid
     assert log_events(rc, "transcript_gone")
+
+
+def test_a_gone_session_left_mid_turn_keeps_that_turn_as_far_as_it_went(real_claude):
+    """Killed while a tool ran, the session's last turn stays open for good once Claude
+    deletes its transcript. Written again from the thread, that turn is in the view up to
+    its last finished call: the prompt and the output Claude had already seen."""
+    import os
+    import signal
+    import subprocess
+    import time
+    rc = real_claude
+    rc.api.script([tool_use_reply("Bash", {"command": "echo FINISHED-STEP-8123", "description": "one"}),
+                   tool_use_reply("Bash", {"command": "python3 -c 'import time; time.sleep(120)'",
+                                           "description": "long"})])
+    p = subprocess.Popen(rc.lhc_argv("-p", "run the two steps", "--allowedTools", "Bash",
+                                     "--output-format", "stream-json", "--verbose"),
+                         env=rc.env, cwd=rc.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL)
+    try:
+        sid = json.loads(p.stdout.readline())["session_id"]
+        path = rc.project_dir / f"{sid}.jsonl"
+        deadline = time.monotonic() + 60
+        while b"time.sleep(120)" not in (path.read_bytes() if path.exists() else b""):
+            assert p.poll() is None and time.monotonic() < deadline, "Claude never started step two"
+            time.sleep(0.05)
+        time.sleep(0.5)  # (cc-lhc's live capture reads the line)
+    finally:
+        # Claude first, so it cannot write its exit records, then cc-lhc
+        for e in log_events(rc, "child_started"):
+            try:
+                os.kill(e["child_pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    ((thread_id, *_),) = cc_lhc.Registry(home).threads()
+    export = json.loads(rc.run([sys.executable, CC_LHC, "export", thread_id]).stdout)
+    assert "time.sleep(120)" in json.dumps(export), "the open turn was not captured before the kill"
+    store = cc_lhc.ThreadStore(home, thread_id)
+    assert "mid-turn" in cc_lhc.unsettled_reason(store, idle=True)
+    store.close()
+    path.unlink()
+    rc.api.script([text_reply("Step one printed FINISHED-STEP-8123.")])
+    again = rc.run_lhc("--resume", sid, "-p", "what did step one print?")
+    assert again.returncode == 0, again.stderr
+    assert f"the transcript of session {sid} is gone" in again.stderr
+    sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    assert "run the two steps" in sent and "FINISHED-STEP-8123" in sent
+    assert "Step one printed FINISHED-STEP-8123." in again.stdout
