@@ -390,6 +390,28 @@ def test_a_session_whose_transcript_claude_deleted_resumes_from_the_thread(real_
     assert log_events(rc, "transcript_gone")
 
 
+def test_a_transcript_in_another_projects_folder_is_not_taken_for_gone(real_claude):
+    """Claude files a session under the folder it ran in (a worktree has its own): found
+    under another folder of the same projects folder, it is that session, not a deleted
+    one, so it is resumed as it is and nothing is written again."""
+    import shutil
+    rc = real_claude
+    rc.api.script([text_reply("Noted ELSEWHERE-5150.")])
+    first = rc.run_lhc("-p", "remember ELSEWHERE-5150", "--output-format", "json")
+    assert first.returncode == 0, first.stderr
+    sid = json.loads(first.stdout)["session_id"]
+    other = rc.project_dir.parent / "-somewhere-else"
+    other.mkdir()
+    shutil.move(rc.project_dir / f"{sid}.jsonl", other / f"{sid}.jsonl")
+    rc.api.script([text_reply("It was ELSEWHERE-5150.")])
+    again = rc.run_lhc("--resume", sid, "-p", "which one?")
+    assert again.returncode == 0, again.stderr
+    assert "It was ELSEWHERE-5150." in again.stdout
+    assert "is gone" not in again.stderr and not log_events(rc, "transcript_gone")
+    assert rc.api.message_requests[-1]["session_id"] == sid            # the same session, resumed
+    assert not (rc.project_dir / f"{sid}.jsonl").exists()
+    assert [p.name for p in rc.project_dir.glob("*.jsonl")] == []       # nothing written again
+
 def test_a_gone_session_left_mid_turn_keeps_that_turn_as_far_as_it_went(real_claude):
     """Killed while a tool ran, the session's last turn stays open for good once Claude
     deletes its transcript. Written again from the thread, that turn is in the view up to
