@@ -14515,8 +14515,15 @@ def cmd_measure(args) -> int:
     """Offline: what Smart Compact and each band would do to sessions. Counts only."""
     as_json = _take_flag(args, "--json")
     as_md = _take_flag(args, "--markdown")
-    profile = _take_option(args, "--profile", "default")
-    target = _take_option(args, "--target", BUILTIN_POLICY["lowerBoundTokens"], int)
+    profile = _take_option(args, "--profile")
+    target = _take_option(args, "--target", None, int)
+    if profile is None or target is None:
+        # What Smart Compact would use here: the user's and this folder's configuration.
+        policy = load_policy(os.getcwd(), {})
+        if policy.fell_back:
+            say(MSG_CONFIG_FALLBACK)
+        profile = policy["profile"] if profile is None else profile
+        target = policy.effective_target if target is None else target
     if profile not in PROFILES:
         raise usage_error(f"--profile is one of {', '.join(PROFILES)}")
     if token_count_problem(target):

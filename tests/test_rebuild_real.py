@@ -497,3 +497,31 @@ def test_measure_predicts_the_view_a_rebuild_serves(iso_env, tmp_path):
     cap.stop()
     assert served <= target
     assert row["smart_compact_tokens"] == served
+
+
+def test_measure_uses_the_target_smart_compact_would_use_here(iso_env, tmp_path):
+    """Without --target and --profile, measure takes them from the configuration of the
+    folder it runs in, as Smart Compact there would; the flags still win."""
+    path = tmp_path / "s.jsonl"
+    generate(str(path), size_mb=0.25, seed=3)
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    (project / ".cc-lhc.json").write_text(json.dumps({"lowerBoundTokens": 20_000, "profile": "historical"}))
+
+    def measure(*args, cwd):
+        p = subprocess.run([sys.executable, str(REPO / "cc_lhc.py"), "measure", str(path), "--json", *args],
+                           capture_output=True, text=True, timeout=120, env=iso_env.env, cwd=cwd,
+                           stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout), p.stderr
+
+    here, _ = measure(cwd=project / "sub")
+    assert (here["target"], here["profile"]) == (20_000, "historical")
+    flagged, _ = measure("--target", "30000", "--profile", "balanced", cwd=project)
+    assert (flagged["target"], flagged["profile"]) == (30_000, "balanced")
+    elsewhere, _ = measure(cwd=tmp_path)
+    assert (elsewhere["target"], elsewhere["profile"]) == (cc_lhc.BUILTIN_POLICY["lowerBoundTokens"], "default")
+    (project / ".cc-lhc.json").write_text(json.dumps({"lowerBoundTokens": "lots"}))
+    fallback, err = measure(cwd=project)
+    assert fallback["target"] == cc_lhc.BUILTIN_POLICY["lowerBoundTokens"]
+    assert cc_lhc.MSG_CONFIG_FALLBACK in err
