@@ -6912,14 +6912,28 @@ class Capture:
         self.home.log("off_branch", thread=self.thread_id, session=self.session_id, line=line,
                       off_branch=f"m{first}-m{last}")
 
-    def _read_saved(self, path):
+    def _saved_reader(self):
+        """read_saved for one pass over the transcript: each folder's real path is resolved
+        once in it, not for every output (realpath costs an lstat per part of the path)."""
+        real_dirs = {}
+
+        def real_dir(path):
+            if path not in real_dirs:
+                real_dirs[path] = os.path.realpath(path)
+            return real_dirs[path]
+        return functools.partial(self._read_saved, real_dir)
+
+    def _read_saved(self, real_dir, path):
         """A saved tool output (SAVED_OUTPUT) as (text, data), or why it cannot be read.
         Only a file in this session's own tool-results folder is read: a transcript cannot
-        make capture copy any other file into the thread."""
+        make capture copy any other file into the thread. real_dir is os.path.realpath."""
         import base64
         folder = os.path.join(os.path.splitext(self.path)[0], SAVED_OUTPUT_FOLDER)
-        real = os.path.realpath(path)
-        if os.path.dirname(real) != os.path.realpath(folder):
+        head, name = os.path.split(path)
+        real = os.path.join(real_dir(head), name)
+        if name in ("", ".", "..") or os.path.islink(real):
+            real = os.path.realpath(path)  # (past its folder, only its own name can lead elsewhere)
+        if os.path.dirname(real) != real_dir(folder):
             return f"not in this session's {SAVED_OUTPUT_FOLDER} folder"
         try:
             with open_regular(real) as f:
@@ -6988,7 +7002,7 @@ class Capture:
             return 0
         parser = RolloutParser(self.session_id, store.parse_state(self.session_id),
                                segment_soft_bytes(self.policy))
-        parser.read_saved = self._read_saved
+        parser.read_saved = self._saved_reader()
         total = 0
         if deadline is not None and time.monotonic() > deadline:
             return total
@@ -7225,7 +7239,7 @@ class Capture:
             store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
                                agent=agent_id, agent_turn=store.agent_turn(agent_id, lambda: self._agent_start(f)))
-        parser.read_saved = self._read_saved
+        parser.read_saved = self._saved_reader()
         parser.outer_uuids = lambda: {u for (u,) in store.db.execute(
             "SELECT uuid FROM chain WHERE session = ?", (self.session_id,))}
         packer, prefix = Packer(), span.prefix.copy()
