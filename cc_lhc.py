@@ -4389,15 +4389,15 @@ def _pair_parts(call, result, stub):
     return call["data"] or "", stub if stub is not None else (result["data"] or "")
 
 
-def carried_file_state(turns, budget, counter=None):
+def carried_file_state(turns, budget):
     """The pairs that let Claude Code know the working set's files after a rebuild.
 
     One pair per working-set file (in the manifest's order): its newest successful Read,
     Edit or Write whose lean form fits CARRY_PAIR_BYTES, until CARRY_SHARE of ``budget``
-    is used, as ``counter`` counts (exact tokens when the tokenizer is there). Returns
-    (pairs, tokens); pairs already in view are skipped when written.
+    is used by LHC's estimate (an exact count of a call's ids would crowd the pairs out
+    of a small view). Returns (pairs, tokens); pairs already in view are skipped when
+    written (carried_pairs_tokens counts those that are not).
     """
-    counter = counter or ViewCounter()
     touches = _carry_candidates(turns)
     room = int(budget * CARRY_SHARE)
     pairs, used = [], 0
@@ -4405,7 +4405,7 @@ def carried_file_state(turns, budget, counter=None):
         for call, result, stub in touches.get(path, ()):
             parts = _pair_parts(call, result, stub)
             if sum(len(p.encode("utf-8")) for p in parts) <= CARRY_PAIR_BYTES:
-                cost = _pair_tokens(parts, counter)
+                cost = sum(estimate_tokens(p) + MESSAGE_TOKENS for p in parts)
                 if used + cost <= room:
                     pairs.append((call, result, stub))
                     used += cost
@@ -4413,16 +4413,12 @@ def carried_file_state(turns, budget, counter=None):
     return pairs, used
 
 
-def _pair_tokens(parts, counter) -> int:
-    return sum(counter.text(p) + MESSAGE_TOKENS for p in parts)
-
-
 def carried_pairs_tokens(view, turns, carried, counter) -> int:
     """What the carried file-state pairs add to a view: those whose call it does not hold."""
     shown = {m["tool_use_id"] for t in turns for m, _stub in turn_items(view, t)[1]
              if m["kind"] == "tool_call"}
-    return sum(_pair_tokens(_pair_parts(*pair), counter) for pair in carried
-               if pair[0]["tool_use_id"] not in shown)
+    return sum(counter.text(part) + MESSAGE_TOKENS for pair in carried if pair[0]["tool_use_id"] not in shown
+               for part in _pair_parts(*pair))
 
 
 def records_bytes(records) -> bytes:
@@ -14477,7 +14473,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         counter.prefill({key: counts[i] for key, i in known.items()})
     # As a rebuild does: the file-state pairs are set aside first, and those the view does
     # not already hold are written into it (plan_rebuild).
-    carried, reserve = carried_file_state(turns, target, counter)
+    carried, reserve = carried_file_state(turns, target)
     view, header = serve_view(thread_id, turns, target - reserve, profile, summaries, counter=counter)
     carried_tokens = carried_pairs_tokens(view, turns, carried, counter)
     in_view = view.tokens + carried_tokens

@@ -243,6 +243,26 @@ def _stopped(pid) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
+def _group_stopped(leader) -> bool:
+    """Whether the process group of ``leader`` is stopped as a whole. A SIGSTOP to the
+    group stops a process only once it runs: Claude caught in vfork(), waiting for a child
+    that the same signal stopped before its exec, stays in uninterruptible sleep ("D")
+    instead, and goes on with the rest at SIGCONT. Every member is then "T" or "D"."""
+    import os
+    states = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == leader:
+            states.append(fields[0])
+    return bool(states) and "T" in states and all(s in "TD" for s in states)
+
+
 def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
     """Claude sits in a session of its own, where the kernel discards the stop it sends
     itself on ctrl-z: cc-lhc stops the job as the shell would (Claude included), and on fg
@@ -261,7 +281,7 @@ def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
     t.wait_for(re.compile(r"Stopped .*cc_lhc\.py\s+SHELL\$"))
     (claude,) = [e["child_pid"] for e in log_events(real_claude, "child_started")]
     # the whole job stopped, as with claude alone (a SIGSTOP lands when Claude next runs)
-    wait_until(lambda: _stopped(claude), "Claude stopped with the job", timeout=30)
+    wait_until(lambda: _group_stopped(claude), "Claude stopped with the job", timeout=30)
     hold.set()
     t.send_text("fg")
     t.send_keys("Enter")
@@ -272,7 +292,7 @@ def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
     # stopped from outside: the same, Claude first asked to let go of the terminal
     (lhc,) = [e["pid"] for e in log_events(real_claude, "launch")]
     os.kill(lhc, signal.SIGTSTP)
-    wait_until(lambda: _stopped(lhc) and _stopped(claude), "the job stopped by SIGTSTP", timeout=30)
+    wait_until(lambda: _stopped(lhc) and _group_stopped(claude), "the job stopped by SIGTSTP", timeout=30)
     t.send_text("fg")
     t.send_keys("Enter")
     wait_for_log(real_claude, "resumed", count=2)
