@@ -2457,6 +2457,25 @@ def costly_to_index(body) -> bool:
     return False
 
 
+# A scanned text made only of one of these alphabets (a hex dump, base64) cannot hold a
+# query with any other character: its search skips it without reading it (its meta value
+# names the alphabet; '' means any text).
+SCAN_ALPHABETS = {"hex": b"0123456789abcdefABCDEF \t\r\n",
+                  "base64": b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_\r\n"}
+
+
+def scan_alphabet(body: str) -> str:
+    """The name of the smallest SCAN_ALPHABETS entry that holds every character of body, or ''."""
+    data = body.encode("utf-8", "surrogatepass")
+    return next((name for name, chars in SCAN_ALPHABETS.items() if not data.translate(None, chars)), "")
+
+
+def could_hold(alphabet: str, text: str) -> bool:
+    """Whether a scanned text of that alphabet (scan_alphabet) can hold text at all."""
+    chars = SCAN_ALPHABETS.get(alphabet)
+    return chars is None or not text.encode("utf-8", "surrogatepass").translate(None, chars)
+
+
 def _no_nul(value):
     """lhc_no_nul() in SQL (SQLite's own replace() cannot name a NUL)."""
     return value.replace("\0", " ") if isinstance(value, str) else value
@@ -3245,21 +3264,23 @@ class ThreadStore:
         with Tx(db):
             db.execute(EXACT_INDEX_DDL)  # absent when the migration ran without trigrams
             # (a text of EXACT_SCAN_MIN_CHARS takes at least a quarter of that in bytes)
-            scanned = [seq for seq, body in db.execute(
+            scanned = {seq: scan_alphabet(body) for seq, body in db.execute(
                 f"SELECT m.seq, {INDEXED_BODY_SQL} FROM messages m WHERE m.seq > ? AND m.seq <= ? AND "
                 "max(coalesce(length(CAST(m.text AS BLOB)), 0), coalesce(length(CAST(m.data AS BLOB)), 0)) >= ?",
-                (done, top, EXACT_SCAN_MIN_CHARS // 4)) if costly_to_index(body)]
+                (done, top, EXACT_SCAN_MIN_CHARS // 4)) if costly_to_index(body)}
             db.execute(f"INSERT INTO messages_exact (rowid, body) SELECT m.seq, {INDEXED_BODY_SQL} "
                        "FROM messages m WHERE m.seq > ? AND m.seq <= ? AND m.seq NOT IN "
                        f"({','.join('?' * len(scanned))})", (done, top, *scanned))
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, '')",
-                           [(f"{EXACT_SCAN_KEY}{seq}",) for seq in scanned])
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                           [(f"{EXACT_SCAN_KEY}{seq}", alphabet) for seq, alphabet in scanned.items()])
             db.execute("INSERT OR REPLACE INTO meta VALUES ('exact_upto', ?)", (str(top),))
 
-    def exact_scanned(self) -> list:
-        """The messages the substring index leaves to a scan (costly_to_index)."""
-        return [int(k[len(EXACT_SCAN_KEY):]) for (k,) in self.db.execute(
-            "SELECT key FROM meta WHERE key >= ? AND key < ?", (EXACT_SCAN_KEY, EXACT_SCAN_KEY[:-1] + ";"))]
+    def exact_scanned(self, text=None) -> list:
+        """The messages the substring index leaves to a scan (costly_to_index); with text,
+        only those whose alphabet could hold it (scan_alphabet)."""
+        return [int(k[len(EXACT_SCAN_KEY):]) for k, alphabet in self.db.execute(
+            "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (EXACT_SCAN_KEY, EXACT_SCAN_KEY[:-1] + ";"))
+                if text is None or could_hold(alphabet, text)]
 
     # -- reading ------------------------------------------------------------------
 
@@ -14146,7 +14167,7 @@ def _exact_hits(store, text: str, limit: int):
         inner = (f"SELECT {cols} FROM messages_exact x JOIN messages m ON m.seq = x.rowid "
                  "WHERE messages_exact MATCH ? ORDER BY x.rowid DESC LIMIT -1")
         args = (query, text)
-        scanned = store.exact_scanned()
+        scanned = store.exact_scanned(text)
     else:
         inner = f"SELECT {cols} FROM messages m ORDER BY m.seq DESC LIMIT -1"
         args = (text,)

@@ -212,12 +212,23 @@ def test_a_large_output_with_little_repetition_is_scanned_not_indexed(tmp_path, 
     store = cc_lhc.ThreadStore(thread.home, thread.id)
     (big,) = [m["seq"] for m in thread.messages().values() if m["text"] == blob]
     assert store.exact_scanned() == [big]
+    # a query with a character base64 never holds does not read the dump at all
+    assert store.exact_scanned(needle) == [big] and store.exact_scanned("no such text") == []
     indexed = {r for (r,) in store.db.execute("SELECT rowid FROM messages_exact WHERE messages_exact MATCH ?",
                                               (cc_lhc.exact_query(needle),))}
     assert big not in indexed and len(indexed) == 2
     store.close()
     status, out, _ = search(capsysbinary, "worker-3 did item 11995")  # the log, through the index
     assert [h["what"] for h in hits_of(out)] == ["tool_result"]
+
+
+def test_a_scanned_output_is_named_by_its_alphabet():
+    assert cc_lhc.scan_alphabet("deadBEEF 0012\n") == "hex"
+    assert cc_lhc.scan_alphabet("QUJD+/ZA==\n") == "base64"
+    assert cc_lhc.scan_alphabet("QUJD ZA==") == "" and cc_lhc.scan_alphabet("QUJD\u00e9") == ""
+    assert cc_lhc.could_hold("hex", "beef") and not cc_lhc.could_hold("hex", "beefy")
+    assert cc_lhc.could_hold("base64", "QUJD") and not cc_lhc.could_hold("base64", "QU JD")
+    assert cc_lhc.could_hold("", "anything at all \u00e9")   # '' (and a thread from before): any text
 
 
 def test_words_in_a_large_tool_output_show_the_line_that_holds_them(tmp_path, monkeypatch, capsysbinary):
