@@ -2459,8 +2459,9 @@ def costly_to_index(body) -> bool:
 
 # A scanned text made only of one of these alphabets (a hex dump, base64) cannot hold a
 # query with any other character: its search skips it without reading it (its meta value
-# names the alphabet; '' means any text).
-SCAN_ALPHABETS = {"hex": b"0123456789abcdefABCDEF \t\r\n",
+# names the alphabet; '' means any text). Neither holds a space: the index's body has one
+# for each NUL the text holds, which a query may name.
+SCAN_ALPHABETS = {"hex": b"0123456789abcdefABCDEF\r\n",
                   "base64": b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_\r\n"}
 
 

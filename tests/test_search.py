@@ -223,7 +223,7 @@ def test_a_large_output_with_little_repetition_is_scanned_not_indexed(tmp_path, 
 
 
 def test_a_scanned_output_is_named_by_its_alphabet():
-    assert cc_lhc.scan_alphabet("deadBEEF 0012\n") == "hex"
+    assert cc_lhc.scan_alphabet("deadBEEF0012\n") == "hex" and cc_lhc.scan_alphabet("dead BEEF") == ""
     assert cc_lhc.scan_alphabet("QUJD+/ZA==\n") == "base64"
     assert cc_lhc.scan_alphabet("QUJD ZA==") == "" and cc_lhc.scan_alphabet("QUJD\u00e9") == ""
     assert cc_lhc.could_hold("hex", "beef") and not cc_lhc.could_hold("hex", "beefy")
