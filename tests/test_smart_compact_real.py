@@ -371,8 +371,9 @@ def test_kill_while_claude_works_in_an_unaccepted_rebuild(real_claude):
     thread_id = threads(rc)[0]["id"]
     rc.api.script([tool_use_reply("Bash", {"command": "echo STEP-ONE-OUTPUT-4417", "description": "one"},
                                   text="working on step one"),
-                   tool_use_reply("Bash", {"command": "sleep 120", "description": "long"},
-                                  usage=SMALL)])
+                   # (not a bare `sleep`, which Claude Code refuses at once)
+                   tool_use_reply("Bash", {"command": "python3 -c 'import time; time.sleep(120)'",
+                                           "description": "long"}, usage=SMALL)])
     p = subprocess.Popen(rc.lhc_argv("--resume", old, "-p", "do both steps", "--allowedTools", "Bash"),
                          env=rc.env, cwd=rc.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
@@ -380,7 +381,7 @@ def test_kill_while_claude_works_in_an_unaccepted_rebuild(real_claude):
         [(new, _from, status)] = wait_for_rebuild(rc)
         path = rc.project_dir / f"{new}.jsonl"
         deadline = time.monotonic() + 60
-        while b"sleep 120" not in (path.read_bytes() if path.exists() else b""):
+        while b"time.sleep(120)" not in (path.read_bytes() if path.exists() else b""):
             assert p.poll() is None and time.monotonic() < deadline, "Claude never started step two"
             time.sleep(0.05)
     finally:
