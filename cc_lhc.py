@@ -8228,14 +8228,18 @@ def accept(home, thread_id, pending) -> bool:
         home.log("pointer_write_failed", thread=thread_id, error=repr(e))
         return True
     failpoint("after-alias-advance")
+    settle_boundary(home, thread_id, pending.session_id)
+    return True
+
+
+def settle_boundary(home, thread_id, session_id, **fields) -> None:
+    """After the thread moved to an accepted rebuild: its boundary becomes the thread's."""
     store = ThreadStore(home, thread_id)
     try:
-        boundary = advance_boundary(store, pending.session_id)
+        boundary = advance_boundary(store, session_id)
     finally:
         store.close()
-    home.log("smart_compact_accepted", thread=thread_id, session=pending.session_id,
-             boundary=boundary)
-    return True
+    home.log("smart_compact_accepted", thread=thread_id, session=session_id, boundary=boundary, **fields)
 
 
 def abandon(home, registry, session_id, reason):
@@ -12902,13 +12906,7 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
             # Claude already held a turn in it: going back would drop that turn from what
             # Claude sees and return to the oversized session, so the swap is completed.
             advance_current(registry, thread_id, session_id)
-            store = ThreadStore(home, thread_id)
-            try:
-                boundary = advance_boundary(store, session_id)
-            finally:
-                store.close()
-            home.log("smart_compact_accepted", thread=thread_id, session=session_id,
-                     boundary=boundary, recovered=True)
+            settle_boundary(home, thread_id, session_id, recovered=True)
             say(f"an interrupted Smart Compact of thread {thread_id[:8]} was completed: Claude had "
                 f"already worked in its rebuilt session {session_id}, which the thread now continues")
             continue

@@ -269,6 +269,34 @@ def test_grown_rebuild_is_settled_by_cc_lhc_recovery_then_nothing_to_do(iso_env)
     assert "nothing to do" in run_script(iso_env).stdout
 
 
+def test_recovery_completes_a_grown_rebuild_only_when_it_is_provably_ours_and_still_next(iso_env):
+    """A rebuild Claude worked in becomes the thread's session only if the file is provably
+    cc-lhc's rebuild of that thread and the thread is still on the session it was built
+    from; otherwise it is settled as abandoned (the file left where it is when unproven)."""
+    stranger = State(iso_env, dead_identity())
+    grow_rebuild(stranger)
+    lines = stranger.transcript.read_text().splitlines()
+    # (the same length, so what Claude appended still starts where the prefix ends)
+    lines[0] = json.dumps({"type": "user", "message": {"role": "user", "content": "not a rebuild".ljust(
+        len(lines[0]) - len(json.dumps({"type": "user", "message": {"role": "user", "content": ""}})))}})
+    stranger.transcript.write_text("\n".join(lines) + "\n")
+    cc_lhc.recover_thread(stranger.home, stranger.registry, cc_lhc.HostDB(stranger.home), stranger.thread)
+    assert stranger.rows()[0] == [(stranger.new, "abandoned")]
+    assert stranger.registry.current_session(stranger.thread) == stranger.old
+    assert stranger.transcript.exists() and not stranger.moved_to.exists()
+
+    overtaken = State(iso_env, dead_identity())
+    grow_rebuild(overtaken)
+    later = str(uuid.uuid4())
+    with cc_lhc.Tx(overtaken.registry.db) as db:
+        db.execute("UPDATE aliases SET is_current = 0 WHERE thread_id = ?", (overtaken.thread,))
+        db.execute("INSERT INTO aliases (alias, thread_id, session_id, is_current, created) "
+                   "VALUES (?, ?, ?, 1, 'now')", (cc_lhc.session_alias(later), overtaken.thread, later))
+    cc_lhc.recover_thread(overtaken.home, overtaken.registry, cc_lhc.HostDB(overtaken.home), overtaken.thread)
+    assert (overtaken.new, "abandoned") in overtaken.rows()[0]
+    assert overtaken.registry.current_session(overtaken.thread) == later
+
+
 def test_summary_counts_each_skip_reason(iso_env):
     repair = State(iso_env, dead_identity())
     hostdb = cc_lhc.HostDB(repair.home)
