@@ -13618,10 +13618,19 @@ def _take_option(args, name, default=None, cast=str):
         raise usage_error(f"{name}: {value!r} is not valid")
 
 
+def whole_number(text: str) -> int:
+    """An option's integer as written in ASCII digits (a leading minus allowed, so a range
+    check can say what is wrong): int() alone would also take "1_000", " 5" or other
+    scripts' digits."""
+    if not re.fullmatch(r"-?[0-9]+", text):
+        raise ValueError(text)
+    return int(text)
+
+
 def _take_number(args, name, default, low, high=None):
     """An integer option within low..high (no upper bound when high is None): a value out
     of range is refused, never quietly moved into it."""
-    value = _take_option(args, name, default, int)
+    value = _take_option(args, name, default, whole_number)
     if value != default and (value < low or (high is not None and value > high)):
         span = f"from {low:,} to {high:,}" if high is not None else f"{low:,} or more"
         raise usage_error(f"{name}: {value} is out of range ({span})")
@@ -14456,6 +14465,10 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         cap.catch_up(index=False)
         store = cap.store
         turns = load_turns(store, closed_only=False)
+        # A rebuild made now (no Claude writes the file) leaves out a turn the file left
+        # open mid-way, as plan_rebuild does; Smart Compact itself waits for the seam.
+        unsettled = unsettled_reason(store, idle=True)
+        served = load_turns(store, closed_only=True) if unsettled else turns
         problems = store.db.execute("SELECT count(*) FROM problems").fetchone()[0]
         agent_messages, agent_count, compactions = store.db.execute(
             "SELECT count(*), count(DISTINCT CASE WHEN a.kind IS NOT 'compaction' THEN m.agent END), "
@@ -14493,17 +14506,17 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         counter.prefill({key: counts[i] for key, i in known.items()})
     # As a rebuild does: the file-state pairs are set aside first, and those the view does
     # not already hold are written into it (plan_rebuild).
-    carried, reserve = carried_file_state(turns, target)
-    view, header = serve_view(thread_id, turns, target - reserve, profile, summaries, counter=counter)
-    carried_tokens = carried_pairs_tokens(view, turns, carried, counter)
-    in_view = view.tokens + carried_tokens
+    carried, reserve = carried_file_state(served, target)
+    view, header = serve_view(thread_id, served, target - reserve, profile, summaries, counter=counter)
+    carried_tokens = carried_pairs_tokens(view, served, carried, counter)
+    in_view = view.tokens + carried_tokens if captured else 0  # (an empty session: nothing to rebuild)
     # The same figures by the estimate used without the tokenizer, for comparison.
     safe = [safe_estimate(t) for t in texts]
     estimated_full = sum(safe[i] for row in per_turn for _, i in row["full"])
     by_estimate = ViewCounter(_EstimateOnly())
     by_estimate.prefill({key: safe[i] for key, i in known.items()})
-    estimated_view = (view_tokens(view, header, turns, by_estimate)["total"]
-                      + carried_pairs_tokens(view, turns, carried, by_estimate))
+    estimated_view = (view_tokens(view, header, served, by_estimate)["total"]
+                      + carried_pairs_tokens(view, served, carried, by_estimate)) if captured else 0
     original = totals["full"]
 
     def cut(after):
@@ -14518,6 +14531,8 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         "smart_compact_tokens": in_view, "smart_compact_cut_pct": cut(in_view),
         "carried_file_state_tokens": carried_tokens,
         "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted", SPLIT)},
+        "settled": not unsettled, "unsettled_reason": unsettled or None,
+        "open_turn_left_out": bool(unsettled) and len(served) < len(turns),
         "integrity_problems": problems, "exact": TOKENS.exact,
         "counting": "exact o200k_base" if TOKENS.exact else "approximate (a safe estimate, never under)",
         "target": target, "view_within_target": in_view <= target,
@@ -14546,7 +14561,7 @@ def cmd_measure(args) -> int:
     as_json = _take_flag(args, "--json")
     as_md = _take_flag(args, "--markdown")
     profile = _take_option(args, "--profile")
-    target = _take_option(args, "--target", None, int)
+    target = _take_option(args, "--target", None, whole_number)
     if profile is None or target is None:
         # What Smart Compact would use here: the user's and this folder's configuration.
         policy = load_policy(os.getcwd(), {})
@@ -14600,8 +14615,8 @@ def cmd_measure(args) -> int:
             say(f"{path} holds no conversation yet: session {row['session']} counts nothing")
     for path, why in unread:
         say(f"{path} could not be read ({why}): left out of the figures")
-    if files and not rows:
-        return EXIT_ERROR
+    if not rows:
+        return EXIT_ERROR  # (each file or folder was named above: there is nothing to report)
     status = EXIT_ERROR if unread else EXIT_OK
     report = {"profile": profile, "target": target, "sessions": rows}
     if len(rows) > 1:
@@ -14631,12 +14646,28 @@ def cmd_measure(args) -> int:
         print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
         for ln in lines:
             print("  ".join(c.ljust(w) for c, w in zip(ln, widths)))
+    notes = []
+    for r in rows:
+        if r["unsettled_reason"]:
+            left = "; its open turn is left out of the smart compact figure" if r["open_turn_left_out"] else ""
+            notes.append(f"session {r['session']}: not at a settled seam ({r['unsettled_reason']}): Smart "
+                         f"Compact would wait for the turn to end{left}")
+        if r["messages"] and not r["view_within_target"]:
+            notes.append(f"session {r['session']}: the smart compact view ({r['smart_compact_tokens']:,} tokens) "
+                         f"is over the target ({target:,})")
     if len(rows) > 1 and report["median_lean_cut_pct"] is not None:
         # (as the table writes them: the change to the size, so a 72.9% cut reads -72.9%)
-        print(f"median: lean {_change(report['median_lean_cut_pct'])}, smart compact "
-              f"{_change(report['median_smart_compact_cut_pct'])}; the cut at p90: lean "
-              f"{_change(report['p90_lean_cut_pct'])}, smart compact {_change(report['p90_smart_compact_cut_pct'])}")
-    print(f"tokens: {counting}; profile {profile}, target {target:,}")
+        notes.append(f"median: lean {_change(report['median_lean_cut_pct'])}, smart compact "
+                     f"{_change(report['median_smart_compact_cut_pct'])}; the cut at p90: lean "
+                     f"{_change(report['p90_lean_cut_pct'])}, smart compact "
+                     f"{_change(report['p90_smart_compact_cut_pct'])}")
+    notes.append(f"tokens: {counting}; profile {profile}, target {target:,}")
+    if as_md:
+        # (a line straight after a table reads as one more of its rows, and lines next to
+        # each other as one paragraph)
+        print("\n" + "\n\n".join(notes))
+    else:
+        print("\n".join(notes))
     return status
 
 

@@ -415,7 +415,9 @@ def test_measure_counts_without_printing_content(iso_env, tmp_path):
     assert row["exact"] is True and row["counting"] == "exact o200k_base"
     assert row["tokens"] > row["lean_tokens"] > 0 and 0 < row["lean_cut_pct"] < 100
     assert row["smart_compact_tokens"] <= 20000 * 1.2 + 2000
-    assert sum(row["bands"].values()) == row["turns"]
+    # (the prompt added last has no answer: the view leaves that open turn out, as a rebuild would)
+    assert row["settled"] is False and row["open_turn_left_out"] is True
+    assert sum(row["bands"].values()) == row["turns"] - 1
     # over a folder: one row a session (subagents skipped), median and p90
     many = json.loads(run(str(folder), "--json"))
     assert len(many["sessions"]) == 2 and many["sessions"][0]["tokens"] == row["tokens"]
@@ -429,6 +431,8 @@ def test_measure_counts_without_printing_content(iso_env, tmp_path):
     md = run(str(folder), "--markdown", "--profile", "historical").splitlines()
     assert md[0].startswith("| session | messages | tool calls | tokens |")
     assert md[1].startswith("| --- |") and len([ln for ln in md if ln.startswith("| ")]) == 4
+    # what follows the table is apart from it: a line right under it would read as a row
+    assert md[4] == "" and md[5] and not md[5].startswith("|")
     # approximate counts are labelled as such: corrupted data, and no data at all
     bad = tmp_path / "bad.tiktoken"
     bad.write_bytes(b"not the o200k_base ranks\n")
@@ -464,12 +468,76 @@ def test_measure_prints_the_same_bytes_for_the_same_input(iso_env, tmp_path):
 
 
 def test_measure_refuses_bad_arguments(iso_env, tmp_path):
-    for args in ([str(tmp_path / "nowhere.jsonl")], [], ["--profile", "weird", str(tmp_path)],
-                 ["--target", "0", str(tmp_path)]):
+    path = tmp_path / "s.jsonl"
+    generate(str(path), size_mb=0.05, seed=5)
+    for args, says in (([str(tmp_path / "nowhere.jsonl")], "neither"), ([], "usage"),
+                       (["--profile", "weird", str(path)], "--profile"), (["--target", "0", str(path)], "--target"),
+                       # int() would read these as 1000 and 12345
+                       (["--target", "1_000", str(path)], "'1_000' is not valid"),
+                       (["--target=\u0661\u0662\u0663\u0664\u0665", str(path)], "is not valid"),
+                       (["--target", " 5000", str(path)], "is not valid")):
         proc = subprocess.run([sys.executable, str(REPO / "cc_lhc.py"), "measure", *args],
                               capture_output=True, text=True, env=iso_env.env, timeout=60,
                               stdin=subprocess.DEVNULL)
-        assert proc.returncode == 2, args
+        assert proc.returncode == 2 and says in proc.stderr and proc.stdout == "", (args, proc.stderr)
+
+
+def test_measure_of_a_folder_it_cannot_list_prints_no_empty_report(monkeypatch, capsys, tmp_path):
+    def walk(top, onerror=None):
+        onerror(PermissionError(13, "Permission denied", str(top)))
+        return iter(())
+    monkeypatch.setattr(cc_lhc.os, "walk", walk)
+    assert cc_lhc.cmd_measure([str(tmp_path), "--json"]) == cc_lhc.EXIT_ERROR
+    out, err = capsys.readouterr()
+    assert out == "" and f"{tmp_path} could not be read (Permission denied)" in err
+
+
+def cut_after_a_tool_call(path):
+    """Append to a transcript the response of a turn killed while its tool ran: a call with
+    no result."""
+    last = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("type") in ("user", "assistant")][-1]
+    rec = {"parentUuid": last["uuid"], "isSidechain": False, "type": "assistant", "uuid": str(uuid.uuid4()),
+           "timestamp": "2027-01-01T00:00:00.000Z", "sessionId": last["sessionId"],
+           "message": {"id": "msg_cut", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+                       "content": [{"type": "tool_use", "id": "toolu_cut", "name": "Bash",
+                                    "input": {"command": "make test"}}],
+                       "stop_reason": "tool_use", "usage": {"input_tokens": 10, "output_tokens": 5}}}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def test_measure_of_a_session_left_mid_turn_says_so_and_serves_what_a_rebuild_would(iso_env, tmp_path):
+    """A rebuild made before a launch leaves out a turn the file left open; measure's figure
+    does too, and it says the seam is not settled (Smart Compact would wait for it)."""
+    path = tmp_path / "s.jsonl"
+    generate(str(path), size_mb=0.5, seed=9)
+    whole = cc_lhc.measure_transcript(str(path), "default", 10_000)
+    assert whole["settled"] is True and whole["unsettled_reason"] is None and not whole["open_turn_left_out"]
+    cut_after_a_tool_call(path)
+    row = cc_lhc.measure_transcript(str(path), "default", 10_000)
+    assert row["settled"] is False and row["open_turn_left_out"] is True
+    assert "1 tool call(s) still waiting for results" in row["unsettled_reason"]
+    assert row["tool_calls"] == whole["tool_calls"] + 1
+
+    home = cc_lhc.StateHome(str(tmp_path / "lhc"))
+    home.ensure()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    cap = cc_lhc.Capture(home, str(uuid.uuid5(cc_lhc.ROLLOUT_NAMESPACE, f"measure/{digest}")), "s", str(path))
+    cap.catch_up()
+    policy = cc_lhc.resolve_policy([("test", {"lowerBoundTokens": 10_000})])
+    plan = cc_lhc.plan_rebuild(home, cap.store, cap.thread_id, policy, str(uuid.uuid4()), "/w", idle=True)
+    turns = cc_lhc.load_turns(cap.store, closed_only=True)
+    carried, _reserve = cc_lhc.carried_file_state(turns, 10_000)
+    served = plan.view.tokens + cc_lhc.carried_pairs_tokens(plan.view, turns, carried, cc_lhc.ViewCounter())
+    assert max(plan.view.bands) < max(t.n for t in cc_lhc.load_turns(cap.store, closed_only=False))
+    cap.stop()
+    assert row["smart_compact_tokens"] == served
+
+    proc = subprocess.run([sys.executable, str(REPO / "cc_lhc.py"), "measure", str(path), "--target", "10000"],
+                          capture_output=True, text=True, env=iso_env.env, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert ("session 1: not at a settled seam (the transcript was left mid-turn: t" in proc.stdout
+            and "Smart Compact would wait for the turn to end; its open turn is left out" in proc.stdout)
 
 
 def test_measure_predicts_the_view_a_rebuild_serves(iso_env, tmp_path):
