@@ -1338,8 +1338,13 @@ class RolloutParser:
 
     def feed(self, raw: bytes, line_no: int, offset: int) -> None:
         """One complete line (without its newline)."""
+        not_finite = False
         try:
-            rec = transcript_json(raw)
+            try:
+                rec = transcript_json(raw)
+            except NotFiniteNumber:
+                # (stored as null, as Claude Code sends it on; the line's bytes are kept)
+                rec, not_finite = finite_or_null(json.loads(raw)), True
         except ValueError as e:
             if raw.strip():
                 self._malformed(raw, line_no, offset, f"not valid JSON: {e}")
@@ -1353,7 +1358,7 @@ class RolloutParser:
         if not isinstance(rec, dict):
             self._malformed(raw, line_no, offset, "a line that is not a JSON object")
             return
-        self._odd = []
+        self._odd = ["number_out_of_range"] if not_finite else []
         if ESCAPED_SURROGATE.search(raw) or (b"\xed" in raw and SURROGATE_IN_LINE.search(raw)):
             # Half of a surrogate pair (a string cut mid-emoji), escaped or as raw bytes
             # ED A0..BF (Python's reader lets those through), is valid JSON but not
@@ -1914,7 +1919,36 @@ def _local_command_part(content):
     return None
 
 
-_SCAN_JSON = json.JSONDecoder().scan_once  # json.loads's own scanner, with its defaults
+class NotFiniteNumber(Exception):
+    """A line holds a number no float can hold (1e400) or NaN/Infinity, which JSON has not."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0:  # inf or nan
+        raise NotFiniteNumber(text)
+    return value
+
+
+def _no_constant(name: str):
+    raise NotFiniteNumber(name)
+
+
+def finite_or_null(value):
+    """value with every inf and nan in it made null, as Claude Code's own JSON.stringify
+    writes them (so the model saw null), and as JSON can hold them."""
+    if isinstance(value, float) and value - value != 0:
+        return None
+    if isinstance(value, list):
+        return [finite_or_null(v) for v in value]
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    return value
+
+
+# json.loads's own scanner; a float it cannot hold raises NotFiniteNumber (ints and every
+# other value are read exactly as json.loads reads them: only floats reach the hook).
+_SCAN_JSON = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant).scan_once
 
 
 def transcript_json(raw: bytes):
@@ -1930,10 +1964,10 @@ def transcript_json(raw: bytes):
             text = raw.decode("utf-8")
             value, end = _SCAN_JSON(text, 0)
         except (UnicodeDecodeError, StopIteration, ValueError):
-            return json.loads(raw)
+            return json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
         if end == len(text) or not text[end:].strip(" \t\n\r"):
             return value
-    return json.loads(raw)
+    return json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
 
 
 # A surrogate escaped (\uD800-\uDFFF) or as raw UTF-8-style bytes (ED A0..BF): only such a

@@ -245,9 +245,25 @@ def raw_surrogate(parent) -> bytes:
     return json.dumps(rec).encode().replace(b"SURROGATE", b"\xed\xa0\x80")
 
 
+def not_finite(parent, call=False) -> bytes:
+    """A reply holding a number no float holds (JSON.parse reads it as Infinity, which
+    JSON.stringify writes as null) and a NaN (which JSON does not have); with ``call``,
+    in a tool call's input."""
+    content = [{"type": "text", "text": "a reply with odd numbers"}]
+    if call:
+        content.append({"type": "tool_use", "id": "toolu_inf", "name": "Calc",
+                        "input": {"big": "BIG", "nan": "NAN", "ok": 1.5}})
+    rec = {"parentUuid": parent, "isSidechain": False, "type": "assistant", "uuid": "inf-1",
+           "timestamp": "2026-11-30T10:00:01.000Z", "costUSD": "BIG", "durationMs": "NAN",
+           "message": {"id": "msg_inf", "role": "assistant", "model": "claude-opus-5-5", "content": content,
+                       "stop_reason": "end_turn", "usage": {"input_tokens": 10, "output_tokens": 5}}}
+    return json.dumps(rec).encode().replace(b'"BIG"', b"1e400").replace(b'"NAN"', b"NaN")
+
+
 @pytest.mark.parametrize("odd_line, reason, odd_text", [
     (huge_usage, "number_out_of_range", "a reply with odd usage"),
     (raw_surrogate, "text_repaired", "cut \ufffd here"),
+    (not_finite, "number_out_of_range", "a reply with odd numbers"),
 ])
 def test_an_odd_line_is_kept_verbatim_and_the_rest_is_captured(tmp_path, odd_line, reason, odd_text):
     home, thread = registered_thread()
@@ -262,6 +278,21 @@ def test_an_odd_line_is_kept_verbatim_and_the_rest_is_captured(tmp_path, odd_lin
     assert store.db.execute("SELECT count FROM telemetry WHERE type = ?", (reason,)).fetchone() == (1,)
     assert store.db.execute("SELECT reason, raw FROM raw_lines").fetchall() == [(reason, line)]
     store.close()
+
+
+def test_a_number_no_float_holds_is_stored_as_null_and_the_line_kept(tmp_path):
+    home, thread = registered_thread()
+    path, line = odd_transcript(tmp_path, lambda parent: not_finite(parent, call=True))
+    capture_once(home, thread, path)
+    [call] = [m for m in export(thread) if m["kind"] == "tool_call"]
+    assert call["input"] == {"big": None, "nan": None, "ok": 1.5}
+    # what the store (and so a rebuilt session) holds is JSON: never Infinity or NaN
+    store = cc_lhc.ThreadStore(home, thread)
+    text, data = store.db.execute("SELECT lhc_text(text), data FROM messages WHERE kind = 'tool_call'").fetchone()
+    assert store.db.execute("SELECT reason, raw FROM raw_lines").fetchall() == [("number_out_of_range", line)]
+    store.close()
+    assert json.loads(text, parse_constant=pytest.fail) == call["input"] and b"1e400" in line
+    assert "Infinity" not in data and "NaN" not in data
 
 
 def test_an_out_of_range_usage_figure_is_stored_as_unknown(tmp_path):
