@@ -10157,32 +10157,31 @@ def run_oneshot(spec, home: StateHome) -> int:
     kwargs = {}
     if os.name == "posix":
         kwargs["preexec_fn"] = _death_link_preexec(os.getpid())
-    try:
-        child = subprocess.Popen(spec.child_argv, cwd=spec.cwd, env=child_environment(spec), **kwargs)
-    except OSError as e:
-        raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
-    home.log("child_started", mode="oneshot", child_pid=child.pid, session=spec.session_id,
-             argv=spec.child_argv[1:])
-    if spec.after_spawn:
-        spec.after_spawn()
-    watchdog = start_watchdog(child.pid)
-    job = tie_to_wrapper_windows(child.pid) if os.name == "nt" else None
+    started = []  # the child, once it runs
+    early = []    # signals that came before it did: passed on once it runs
 
     def forward(signum, _frame):
+        if not started:
+            early.append(signum)
+            return
         if os.name == "nt":
-            close_tree_windows(child.pid)
+            close_tree_windows(started[0].pid)
             return
         try:
-            child.send_signal(signum)
+            started[0].send_signal(signum)
         except OSError:
             pass
 
-    def interrupted(_signum, _frame):
+    def interrupted(signum, _frame):
         # ctrl-c reaches Claude through the shared process group and Claude decides what it
         # means; a SIGINT sent to cc-lhc alone (kill -INT <pid>, a supervisor) would not.
         # So it is passed on if Claude is still running a moment later, which it is not
         # once it took the first: it never gets a second one in the middle of its exit.
+        if not started:
+            early.append(signum)
+            return
         import threading
+        child = started[0]
 
         def late():
             if child.poll() is None:
@@ -10194,16 +10193,46 @@ def run_oneshot(spec, home: StateHome) -> int:
         timer.daemon = True
         timer.start()
 
+    # The handlers are in place before Claude starts: a signal in between would otherwise
+    # end cc-lhc (KeyboardInterrupt) with Claude still running, or be lost.
     previous = {signal.SIGINT: signal.signal(
         signal.SIGINT, interrupted if os.name == "posix" else signal.SIG_IGN)}
     for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), getattr(signal, "SIGBREAK", None)):
         if s is not None:
             previous[s] = signal.signal(s, forward)
-    try:
-        returncode = child.wait()
-    finally:
+
+    def restore():
         for s, handler in previous.items():
             signal.signal(s, handler)
+    try:
+        env = child_environment(spec)
+        if early:
+            # Stopped before Claude ran: nothing to pass the signal on to, so Claude is
+            # not started at all, and the status is the signal's as if it had been.
+            restore()
+            home.log("child_not_started", mode="oneshot", signal=early[0])
+            return 128 + early[0]
+        child = subprocess.Popen(spec.child_argv, cwd=spec.cwd, env=env, **kwargs)
+    except OSError as e:
+        restore()
+        raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
+    except BaseException:
+        restore()
+        raise
+    started.append(child)
+    for signum in early:
+        (interrupted if signum == signal.SIGINT else forward)(signum, None)
+    home.log("child_started", mode="oneshot", child_pid=child.pid, session=spec.session_id,
+             argv=spec.child_argv[1:])
+    watchdog = job = None
+    try:
+        if spec.after_spawn:
+            spec.after_spawn()
+        watchdog = start_watchdog(child.pid)
+        job = tie_to_wrapper_windows(child.pid) if os.name == "nt" else None
+        returncode = child.wait()
+    finally:
+        restore()
         if watchdog:
             watchdog.kill()
     del job  # the job handle lived as long as we waited; Claude has exited by now

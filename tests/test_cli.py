@@ -598,6 +598,65 @@ def test_ctrl_c_during_one_shot_is_claudes_to_handle(fake_claude, tmp_path, to_g
         proc.stderr.close()
 
 
+def _oneshot_spec(tmp_path, argv):
+    from types import SimpleNamespace
+    return SimpleNamespace(child_argv=argv, cwd=str(tmp_path), session_id=SID_A, after_spawn=None)
+
+
+@pytest.fixture
+def caught_signals():
+    """While a test runs run_oneshot in this process, a signal that its handlers do not
+    take is recorded here instead of ending (or interrupting) the test run."""
+    caught = []
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.signal(s, lambda n, _f: caught.append(n)) for s in watched}
+    yield caught
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+@pytest.mark.parametrize("sig", ["TERM", "HUP", "INT"])
+def test_a_signal_before_claude_starts_means_it_is_not_started(tmp_path, monkeypatch, sig,
+                                                               caught_signals):
+    """A signal that reaches a one-shot cc-lhc in the moment before Claude is started has
+    no Claude to go to: Claude is not started (it would run on unasked), the status is the
+    signal's, and cc-lhc's own handlers are put back."""
+    signum = getattr(signal, "SIG" + sig)
+    marker = tmp_path / "started"
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def environment(_spec):
+        os.kill(os.getpid(), signum)  # delivered (its handler run) before kill returns
+        return dict(os.environ)
+    monkeypatch.setattr(cc_lhc, "child_environment", environment)
+    spec = _oneshot_spec(tmp_path, [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    home = cc_lhc.StateHome(str(tmp_path / "home"))
+    assert cc_lhc.run_oneshot(spec, home) == 128 + signum
+    assert not marker.exists()
+    assert caught_signals == []
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+def test_a_signal_while_claude_is_being_started_reaches_it(tmp_path, monkeypatch, caught_signals):
+    """A SIGTERM that arrives while Claude is being started (the fork done, cc-lhc not yet
+    holding it) is passed on as soon as Claude is known, not lost and not fatal to cc-lhc."""
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        child = real_popen(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # cc-lhc does not hold the child yet
+        return child
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(cc_lhc, "child_environment", lambda _spec: dict(os.environ))
+    spec = _oneshot_spec(tmp_path, [sys.executable, "-c", "import time; time.sleep(5)"])
+    home = cc_lhc.StateHome(str(tmp_path / "home"))
+    # (unpassed, Claude would sleep its time out and end with 0)
+    assert cc_lhc.run_oneshot(spec, home) == 128 + signal.SIGTERM
+    assert caught_signals == []
+
+
 # -- stdout belongs to Claude -------------------------------------------------------------
 
 def test_cc_lhc_lines_go_to_stderr_only(fake_claude, iso_env):
