@@ -361,58 +361,235 @@ def _tiktoken_core():
     return None
 
 
-def _ranks_cache_path(data_sha256: str) -> str:
-    name = f"o200k_base-{data_sha256[:16]}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
+def _cache_file_path(kind: str) -> str:
+    """A derived form of the rank file kept in the state folder, named by the rank file's
+    hash and the Python version (marshal's format is that version's)."""
+    name = (f"o200k_base-{O200K_SHA256[:16]}{kind}-py{sys.version_info[0]}{sys.version_info[1]}"
+            ".marshal")
     return StateHome().path("cache", name)
 
 
-def _cached_ranks(data_sha256: str):
-    """The parsed ranks from the cache, or None when there is no sound copy."""
+def _ranks_cache_path(data_sha256: str) -> str:
+    return _cache_file_path("")
+
+
+def _read_cache_file(path: str, magic: bytes):
+    """The object marshalled in a cache file, or None when there is no sound copy: a hash
+    of the payload follows the magic line, so a torn or altered file is never trusted."""
     import hashlib
     import marshal
     try:
-        with open(_ranks_cache_path(data_sha256), "rb") as f:
+        with open(path, "rb") as f:
             blob = f.read()
     except OSError:
         return None
-    head = len(RANKS_CACHE_MAGIC)
-    payload = blob[head + 65:]
-    if (blob[:head] != RANKS_CACHE_MAGIC
+    head = len(magic)
+    payload = memoryview(blob)[head + 65:]  # (a 5 MB index is not copied to be checked)
+    if (blob[:head] != magic
             or blob[head:head + 64].decode("ascii", "replace") != hashlib.sha256(payload).hexdigest()):
         return None
     try:
-        tokens = marshal.loads(payload)
+        return marshal.loads(payload)
     except (ValueError, EOFError, TypeError):
         return None
-    if not isinstance(tokens, list) or len(tokens) != O200K_TOKENS:
-        return None
-    return dict(zip(tokens, range(len(tokens))))
 
 
-def _save_ranks(data_sha256: str, ranks: dict) -> None:
-    """Write the cache (atomically, privately); a folder that cannot take it is no error."""
+def _write_cache_file(path: str, magic: bytes, value) -> bool:
+    """Write a cache file (atomically, privately); whether it was written. A folder that
+    cannot take it is no error, and no reason to create the state folder (doctor reports
+    that one missing)."""
     import hashlib
     import marshal
-    tokens = sorted(ranks, key=ranks.__getitem__)
-    if [ranks[t] for t in tokens[:1]] != [0] or ranks[tokens[-1]] != len(tokens) - 1:
-        return  # ranks are 0..n-1 in o200k_base; anything else is not cached
-    payload = marshal.dumps(tokens)
-    path = _ranks_cache_path(data_sha256)
+    payload = marshal.dumps(value)
     tmp = f"{path}.{os.getpid()}.tmp"
     home = StateHome()
     if not os.path.isdir(home.root):
-        return  # a cache is no reason to create the state folder (doctor reports it missing)
+        return False
     try:
         home.ensure("cache")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(RANKS_CACHE_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+            f.write(magic + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
         os.replace(tmp, path)
+        return True
     except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        return False
+
+
+def _cached_ranks(data_sha256: str):
+    """The parsed ranks from the cache, or None when there is no sound copy."""
+    tokens = _read_cache_file(_ranks_cache_path(data_sha256), RANKS_CACHE_MAGIC)
+    if not isinstance(tokens, list) or len(tokens) != O200K_TOKENS:
+        return None
+    return dict(zip(tokens, range(len(tokens))))
+
+
+def _rank_order(ranks: dict):
+    """The tokens in rank order, or None unless the ranks are 0..n-1 (as o200k_base's are)."""
+    tokens = sorted(ranks, key=ranks.__getitem__)
+    if not tokens or ranks[tokens[0]] != 0 or ranks[tokens[-1]] != len(tokens) - 1:
+        return None
+    return tokens
+
+
+def _save_ranks(data_sha256: str, ranks: dict) -> None:
+    tokens = _rank_order(ranks)
+    if tokens is not None:
+        _write_cache_file(_ranks_cache_path(data_sha256), RANKS_CACHE_MAGIC, tokens)
+
+
+# A tokenizer for the texts at hand. Building tiktoken's encoder from all 200,000 ranks takes about 0.15 s (each rank's bytes
+# are handed over one at a time), more than counting a megabyte. For a one-off count (a
+# `measure`, a rebuild before a launch) an encoder holding only the ranks the texts can use
+# is built instead, and counts exactly as the whole one does: BPE only ever looks up byte
+# strings inside one piece of the text, and a rank missing from the encoder is one no
+# lookup of these texts could find. The ranks kept are those every byte 2-, 3- and 4-gram of
+# which occurs in the texts, cut into words at ASCII whitespace. A rank the texts hold
+# either has no ASCII whitespace (it lies inside a word), or is one whitespace byte then
+# the start of a word (its word-part is checked), or is one of the 2,400 others (whitespace
+# runs, line ends after a sign), which are always kept. On a 1 MiB session the encoder
+# holds about 34,000 ranks and takes a third of the time. A long-running process (a live
+# session) builds the whole encoder once instead.
+VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 3\n"
+ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"      # what bytes.split() cuts at
+SUBSET_TEXT_LIMIT = 4_000_000    # characters counted at once, beyond which the whole encoder is cheaper
+SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words, likewise
+SUBSET_BUILDS = 3                # encoders built for texts at hand before the whole one is
+
+
+def core_text(text: str) -> str:
+    """The text as tiktoken's core counts it: lone surrogates (which it cannot take) read
+    as U+FFFD, as tiktoken's own Encoding does."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _gram_masks():
+    """How a 4-gram (an int read natively from four bytes) gives its first 3 and 2 bytes as
+    the ints those bytes read as."""
+    if sys.byteorder == "little":
+        return (0xFFFFFF).__and__, (0xFFFF).__and__
+    return (8).__rrshift__, (16).__rrshift__
+
+
+def text_grams(texts):
+    """The byte 4-grams of the texts' distinct words (as ints read natively), or None when
+    they are too many for an encoder of their own to pay off."""
+    from array import array
+    if array("I").itemsize != 4 or sum(map(len, texts)) > SUBSET_TEXT_LIMIT:
+        return None
+    words = set()
+    for text in texts:
+        words.update(core_text(text).encode("utf-8").split())
+    corpus = b" ".join(words) + b"    "  # padded: a word's last bytes start a 4-gram too
+    if len(corpus) > SUBSET_WORDS_LIMIT:
+        return None
+    view, grams = memoryview(corpus), set()
+    for start in range(4):
+        grams.update(view[start:start + (len(corpus) - start) // 4 * 4].cast("I"))
+    return grams
+
+
+def build_vocab_index(tokens) -> tuple:
+    """The ranks (tokens in rank order) filed for VocabIndex: their bytes, the ranks always
+    kept, and for each other rank the 2-, 3- or 4-grams of its word-part that must occur
+    (the first; for longer ones also the second, a middle and the last 4 bytes). Plain
+    bytes and ints, so marshal loads it in a moment."""
+    from array import array
+    order = sys.byteorder
+    offsets = array("I", itertools.accumulate(map(len, tokens), initial=0))
+    always, words = array("I"), {2: ([], []), 3: ([], []), 4: ([], [])}  # n: (ranks, word-parts)
+    for rank, token in enumerate(tokens):
+        spaces = len(token) - len(token.translate(None, ASCII_WHITESPACE))
+        word = token if spaces == 0 else token[1:] if spaces == 1 and token[0] in ASCII_WHITESPACE else b""
+        if len(word) < 2:
+            always.append(rank)
+        else:
+            ranks, parts = words[min(len(word), 4)]
+            ranks.append(rank)
+            parts.append(word)
+    tables = []
+    for n, (ranks, parts) in words.items():
+        first = [int.from_bytes(w[:n], order) for w in parts]
+        columns = [first, ranks]
+        if n == 4:
+            columns += [[int.from_bytes(w[1:5], order) if len(w) > 4 else k for w, k in zip(parts, first)],
+                        [int.from_bytes(w[len(w) // 2 - 2:len(w) // 2 + 2], order) for w in parts],
+                        [int.from_bytes(w[-4:], order) for w in parts]]
+        rows = sorted(range(len(ranks)), key=first.__getitem__)  # a few grams are looked up by bisection
+        tables.append([array("I", map(column.__getitem__, rows)).tobytes() for column in columns])
+    return (order, len(tokens), b"".join(tokens), offsets.tobytes(), always.tobytes(), tables)
+
+
+class VocabIndex:
+    """build_vocab_index's tables, ready to pick the ranks some texts can use."""
+
+    def __init__(self, data):
+        from array import array
+
+        def arr(raw):
+            a = array("I")
+            a.frombytes(raw)
+            return a
+        order, self.size, self.blob, offsets, always, groups = data
+        if order != sys.byteorder:
+            raise ValueError("index made on a machine of the other byte order")
+        self.offsets, self.always = arr(offsets), arr(always)
+        self.groups = [[arr(raw) for raw in group] for group in groups]
+        if len(self.offsets) != self.size + 1 or self.offsets[-1] != len(self.blob):
+            raise ValueError("index does not match its ranks")
+
+    def ranks_for(self, grams) -> dict:
+        """token bytes -> rank for every rank texts with these 4-grams can hold."""
+        import bisect
+        three, two = _gram_masks()
+        picked = list(self.always)
+        for (first, ranks, *more), present in zip(self.groups, (
+                set(map(two, grams)), set(map(three, grams)), grams)):
+            if len(present) * 16 < len(first):  # a short text: its grams looked up
+                rows = []
+                for key in present:
+                    rows.extend(range(bisect.bisect_left(first, key), bisect.bisect_right(first, key)))
+            else:
+                rows = list(itertools.compress(range(len(ranks)), map(present.__contains__, first)))
+            for column in more:
+                rows = list(itertools.compress(rows, map(grams.__contains__, map(column.__getitem__, rows))))
+            picked.extend(map(ranks.__getitem__, rows))
+        offsets, after = self.offsets, (1).__add__
+        cut = map(slice, map(offsets.__getitem__, picked), map(offsets.__getitem__, map(after, picked)))
+        return dict(zip(map(self.blob.__getitem__, cut), picked))
+
+
+def _vocab_index_path() -> str:
+    return _cache_file_path(f"-index3-{sys.byteorder}")
+
+
+def load_vocab_index(ranks_source):
+    """The VocabIndex from the cache; made from the ranks (``ranks_source()``, a dict or
+    None) and cached when there is none. None when it cannot be had, or kept: building
+    it (0.3 s) only pays off once it is kept for the next process."""
+    data = _read_cache_file(_vocab_index_path(), VOCAB_INDEX_MAGIC)
+    if data is None:
+        if not os.path.isdir(StateHome().root):
+            return None
+        ranks = ranks_source()
+        tokens = _rank_order(ranks) if ranks else None
+        if tokens is None:
+            return None
+        data = build_vocab_index(tokens)
+        if not _write_cache_file(_vocab_index_path(), VOCAB_INDEX_MAGIC, data):
+            return None
+    try:
+        return VocabIndex(data)
+    except (ValueError, TypeError):
+        return None
 
 
 # Counts already made are kept in the state folder by a hash of the text (never the text
@@ -553,7 +730,7 @@ def _token_count(core, text: str) -> int:
     try:
         return len(core.encode_ordinary(text))
     except UnicodeEncodeError:
-        return len(core.encode_ordinary(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")))
+        return len(core.encode_ordinary(core_text(text)))
 
 
 def _token_counts(core, texts, threads: int = 4) -> list:
@@ -609,6 +786,9 @@ class TokenCounter:
         self._atexit = False
         self._ahead = None  # texts waiting for count_ahead's thread
         self.ahead_error = None  # count_ahead's last failure (it goes on; the session's end logs it)
+        self._whole_wanted = False  # a process that counts for long builds the whole encoder
+        self._for_texts = []  # (encoder, the 4-grams it covers) built for texts at hand
+        self._index = None  # VocabIndex, once loaded (False: it cannot be had)
 
     def usable(self) -> bool:
         """Whether counts are exact, settled without building the tokenizer."""
@@ -652,28 +832,30 @@ class TokenCounter:
         self.exact = True
         self.reason = f"o200k_base from {path}"
 
-    def _load(self):
-        """Build tiktoken's encoder (once); a failure leaves every later count an estimate."""
-        self._loaded = True
-        data, self._ranks_data = self._ranks_data, None
-        if not self.usable():
-            return
+    def _core(self):
+        """tiktoken's compiled core; None (counts become estimates) when it cannot be imported."""
         try:
             core = _tiktoken_core()
             if core is None:
                 from tiktoken import _tiktoken as core
+            return core
         except ImportError as e:
             self.exact = False
             self.reason = f"tiktoken could not be imported ({e}; counts are approximate)"
-            return
+            return None
+
+    def _ranks(self):
+        """o200k_base's ranks (token bytes -> rank), from the cache or parsed from the rank
+        file; None when the file changed under us (counts become estimates)."""
         ranks = _cached_ranks(O200K_SHA256)
         if ranks is None:
+            data, self._ranks_data = self._ranks_data, None
             if data is None:
                 data = _read_tokenizer_bytes(*self._where)
             if data is None or not _is_o200k(data):
                 self.exact = False
                 self.reason = f"o200k_base data at {self._where[0]} changed while in use (counts are approximate)"
-                return
+                return None
             import base64
             ranks = {}
             for line in data.splitlines():
@@ -681,16 +863,51 @@ class TokenCounter:
                     token, rank = line.split()
                     ranks[base64.b64decode(token)] = int(rank)
             _save_ranks(O200K_SHA256, ranks)
-        # (tiktoken's own o200k_base() would download the ranks)
-        self._encoding = core.CoreBPE(ranks, O200K_SPECIAL, O200K_PATTERN)
+        return ranks
+
+    def _load(self):
+        """Build tiktoken's encoder (once); a failure leaves every later count an estimate."""
+        self._loaded = True
+        if not self.usable():
+            return
+        core = self._core()
+        ranks = self._ranks() if core is not None else None
+        if ranks is not None:
+            # (tiktoken's own o200k_base() would download the ranks)
+            self._encoding = core.CoreBPE(ranks, O200K_SPECIAL, O200K_PATTERN)
+            self._ranks_data = None
 
     def encoding(self):
         """tiktoken's o200k_base encoder (its core: encode_ordinary and the rest), built now
-        if it was not; None without the tokenizer."""
+        if it was not; None without the tokenizer. Counting from here on uses it."""
+        self._whole_wanted = True
         with self._lock:
             if not self._loaded and self.usable():
                 self._load()
         return self._encoding
+
+    def _encoder_for(self, texts):
+        """What to count these texts with: the whole encoder once it is built or wanted,
+        else one holding only the ranks they can use (see VocabIndex), kept for later
+        texts it covers. The whole one is built when that cannot be had, or after
+        SUBSET_BUILDS of them: many different batches are a long-running count."""
+        with self._lock:
+            if self._whole_wanted or self._loaded or len(self._for_texts) >= SUBSET_BUILDS:
+                return self.encoding()
+            grams = text_grams(texts)
+            if grams is None:
+                return self.encoding()
+            for encoder, covered in self._for_texts:
+                if grams <= covered:
+                    return encoder
+            if self._index is None:
+                self._index = load_vocab_index(self._ranks) or False
+            core = self._core() if self._index else None
+            if core is None:  # (encoding() then builds the whole one, or says why it cannot)
+                return self.encoding()
+            encoder = core.CoreBPE(self._index.ranks_for(grams), O200K_SPECIAL, O200K_PATTERN)
+            self._for_texts.append((encoder, grams))
+            return encoder
 
     def count(self, text: str) -> int:
         """One text's tokens; without the tokenizer, bytes/4 (labelled approximate)."""
@@ -714,7 +931,7 @@ class TokenCounter:
             if k and k not in memo and k not in todo:
                 todo[k] = t
         if todo:
-            enc = self.encoding()
+            enc = self._encoder_for(list(todo.values()))
             if enc is None:  # tiktoken failed to load after all: estimates from here on
                 return [0 if not t else memo.get(k) or safe_estimate(t) for k, t in zip(keys, texts)]
             for k, n in zip(todo, _token_counts(enc, list(todo.values()))):
@@ -758,6 +975,7 @@ class TokenCounter:
         texts = [t for t in texts if t]
         if not texts or not self.usable():
             return
+        self._whole_wanted = True  # counting for as long as the session runs
         with self._lock:
             if self._ahead is None:
                 import atexit

@@ -139,16 +139,20 @@ COUNTS = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {repo!r})
     import cc_lhc
-    built = []
-    real = cc_lhc.TokenCounter._load
+    built = []  # encoders built: the whole one, or one for the texts at hand
+    real, for_texts = cc_lhc.TokenCounter._load, cc_lhc.VocabIndex.ranks_for
     def spy(self):
-        built.append(1)
+        built.append("whole")
         return real(self)
+    def spy_for_texts(self, grams):
+        built.append("for texts")
+        return for_texts(self, grams)
     cc_lhc.TokenCounter._load = spy
+    cc_lhc.VocabIndex.ranks_for = spy_for_texts
     {body}
     if not globals().get("saved_later"):
         cc_lhc.TOKENS.save()
-    print(json.dumps({{"out": out, "built": bool(built), "exact": cc_lhc.TOKENS.exact,
+    print(json.dumps({{"out": out, "built": bool(built), "encoders": built, "exact": cc_lhc.TOKENS.exact,
                        "reason": cc_lhc.TOKENS.reason}}))
 """)
 
@@ -190,7 +194,7 @@ def test_a_text_counted_once_is_not_counted_again_by_the_next_process(tmp_path):
     first = run_counts(tmp_path, counts_of(TEXTS))
     assert first["exact"] and first["built"] and first["out"][:2] == [2, 501]
     again = run_counts(tmp_path, counts_of(TEXTS))
-    assert again == dict(first, built=False)  # the same exact counts, tiktoken never built
+    assert again == dict(first, built=False, encoders=[])  # the same exact counts, no encoder built
     # one new text among known ones: only then is the encoder built, and the rest still agree
     mixed = run_counts(tmp_path, counts_of(TEXTS[:2] + ["a text never seen before"]))
     assert mixed["built"] and mixed["out"][:2] == [2, 501] and mixed["exact"]
@@ -465,3 +469,136 @@ def test_counts_from_the_core_loaded_on_its_own_are_tiktokens(tmp_path):
     assert report["built"] and report["exact"] and len(counts) == len(texts) > 100
     assert counts == tiktokens
     assert not package_imported and same_core
+
+
+# -- an encoder built for the texts at hand (VocabIndex) --------------------------------
+
+@pytest.fixture(scope="module")
+def o200k():
+    """(the whole o200k_base encoder, its ranks in rank order, their VocabIndex)."""
+    pytest.importorskip("tiktoken")
+    import base64
+    import cc_lhc
+    ranks = {}
+    for line in DATA.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    core = cc_lhc._tiktoken_core()
+    whole = core.CoreBPE(ranks, cc_lhc.O200K_SPECIAL, cc_lhc.O200K_PATTERN)
+    tokens = cc_lhc._rank_order(ranks)
+    return whole, tokens, cc_lhc.VocabIndex(cc_lhc.build_vocab_index(tokens))
+
+
+# Characters that sit at the edges of o200k's pieces: every ASCII whitespace byte and the
+# other whitespace Python's split() knows (U+001C..U+001F are not whitespace to the
+# tokenizer's pattern), line ends after signs, contractions, digits in threes, marks,
+# other scripts, emoji and lone surrogates.
+EDGES = (list(" \t\n\r\x0b\x0c") * 6 + list("\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2009\u2028\u2029\u202f\u205f\u3000")
+         + list(".,;:!?()[]{}<>/\\|\"'`~@#$%^&*-_=+") * 2 + ["'s", "'T", "'re", "'LL", "'d", "\r\n", ".\n/", "//\n"]
+         + list("0123456789") + ["\u0663", "\u00bd", "\u2167"] + list("aeiouxyzAEQZ") * 3
+         + ["é", "ß", "Σ", "ж", "日本", "語", "\u0301", "\u0e33", "한", "ـ", "👍", "🏳️‍🌈", "\ud800", "\udfff", "\ufffd", "\x00", "\x1b[31m"])
+
+
+def fuzz_texts(seed, n):
+    import random
+    rnd = random.Random(seed)
+    words = ["the", " quick", "Brown", "fox's", "HTTPServer", "snake_case", "kebab-case", "don't", "x86_64",
+             "/usr/local/bin", "C:\\Users\\a", "deadbeef", "0xFF", "1234567", "==", "->", "…", "“quoted”",
+             "Ünïcödé", "naïve", "straße", "日本語のテキスト", "Привет", "مرحبا", "שלום", "नमस्ते", "🙂🙃"]
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rnd.randint(1, 40)):
+            parts.append(rnd.choice(words) if rnd.random() < 0.4 else rnd.choice(EDGES) * rnd.choice([1, 1, 1, 2, 3, 9]))
+        out.append("".join(parts))
+    return out
+
+
+def test_an_encoder_for_the_texts_at_hand_counts_exactly_as_the_whole_one(o200k):
+    """Each text gets the smallest encoder there is for it (its own words only), the
+    harshest case for the ranks it leaves out: every count equals the whole encoder's."""
+    import cc_lhc
+    whole, _tokens, index = o200k
+    core = cc_lhc._tiktoken_core()
+    texts = fuzz_texts(11, 1500) + [line for path in sorted(SAMPLES_DIR.glob("*.jsonl"))
+                                    for line in path.read_text(encoding="utf-8").splitlines()[:60]]
+    differ = []
+    for text in texts:
+        own = core.CoreBPE(index.ranks_for(cc_lhc.text_grams([text])), cc_lhc.O200K_SPECIAL, cc_lhc.O200K_PATTERN)
+        if cc_lhc._token_count(own, text) != cc_lhc._token_count(whole, text):
+            differ.append(text)
+    assert differ == []
+
+
+def test_an_encoder_for_the_texts_at_hand_holds_a_fraction_of_the_ranks(o200k):
+    """What makes it worth building: a session's worth of texts needs a few of the ranks."""
+    import cc_lhc
+    _whole, tokens, index = o200k
+    texts = [line for path in sorted(SAMPLES_DIR.glob("*.jsonl")) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert sum(map(len, texts)) > 100_000
+    picked = index.ranks_for(cc_lhc.text_grams(texts))
+    assert len(picked) < len(tokens) / 4
+    assert all(tokens[rank] == token for token, rank in picked.items())  # each with its own rank
+
+
+def test_too_many_words_for_an_encoder_of_their_own_take_the_whole_one():
+    import cc_lhc
+    assert cc_lhc.text_grams(["x" * (cc_lhc.SUBSET_TEXT_LIMIT + 1)]) is None
+    many = [" ".join(f"w{i:07d}" for i in range(j, j + 1000)) for j in range(0, 80_000, 1000)]
+    assert cc_lhc.text_grams(many) is None  # 80,000 distinct words: more than SUBSET_WORDS_LIMIT bytes
+    assert cc_lhc.text_grams(many[:10])
+
+
+FOR_TEXTS = """
+batches = json.load(open({listed!r}))
+out = [cc_lhc.TOKENS.count_many(batch) for batch in batches]
+"""
+
+
+def test_one_off_counts_build_encoders_for_their_texts_then_the_whole_one(tmp_path):
+    """A process that counts a batch (measure, a rebuild before a launch) builds an encoder
+    for it; a later batch its encoder covers reuses it; after SUBSET_BUILDS different ones
+    the whole encoder is built. The counts are tiktoken's all along."""
+    pytest.importorskip("tiktoken")
+    import cc_lhc
+    (tmp_path / "state").mkdir()
+    texts = fuzz_texts(5, 40)
+    batches = [texts[:20], texts[3:9], texts[20:25], texts[25:30], texts[30:35], texts[35:]]
+    listed = tmp_path / "batches.json"
+    listed.write_text(json.dumps(batches))
+    report = run_counts(tmp_path, FOR_TEXTS.format(listed=str(listed)))
+    assert report["encoders"] == ["for texts"] * cc_lhc.SUBSET_BUILDS + ["whole"]
+    (tmp_path / "again").mkdir()
+    direct = run_counts(tmp_path / "again", f"enc = cc_lhc.TOKENS.encoding(); out = [[cc_lhc._token_count(enc, t) "
+                                             f"for t in b] for b in json.load(open({str(listed)!r}))]")
+    assert report["out"] == direct["out"] and direct["encoders"] == ["whole"]
+
+
+def test_a_process_that_asked_for_the_whole_encoder_builds_no_other(tmp_path):
+    """A live session warms the whole encoder up (and counts ahead with it for hours)."""
+    pytest.importorskip("tiktoken")
+    (tmp_path / "state").mkdir()
+    report = run_counts(tmp_path, "cc_lhc.TOKENS.encoding(); out = cc_lhc.TOKENS.count_many(['a', 'b c'])")
+    assert report["encoders"] == ["whole"] and report["out"] == [1, 2]
+
+
+def test_a_damaged_or_foreign_vocabulary_index_is_never_trusted(tmp_path):
+    pytest.importorskip("tiktoken")
+    import cc_lhc
+    (tmp_path / "state").mkdir()
+    first = run_counts(tmp_path, counts_of(TEXTS))
+    assert first["encoders"] == ["for texts"]
+    index = next((tmp_path / "state" / "cache").glob("o200k_base-*-index*"))
+    data = bytearray(index.read_bytes())
+    data[len(data) // 2] ^= 0x40  # a flipped bit: the file's own hash no longer matches
+    index.write_bytes(bytes(data))
+    for extra in (tmp_path / "state" / "cache").glob("o200k-counts-*"):
+        extra.unlink()
+    again = run_counts(tmp_path, counts_of(TEXTS))
+    assert again["out"] == first["out"] and again["encoders"] == ["for texts"]
+    assert index.read_bytes() != bytes(data)  # made again from the ranks
+    other = "big" if sys.byteorder == "little" else "little"
+    built = cc_lhc.build_vocab_index([b"a", b"b", b"ab"])
+    with pytest.raises(ValueError):
+        cc_lhc.VocabIndex((other,) + built[1:])
