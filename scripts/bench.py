@@ -1079,13 +1079,22 @@ def compiled_entry(root: Path) -> tuple[Path, list[str]]:
 
 def counts_forgetter(cc: Any, state: Path) -> tuple[Path, Callable[[], None]]:
     """The counts cache of the state folder ``state`` (cc_lhc's own CountsCache path), and
-    a function that deletes it with its WAL files, leaving the ranks cache: someone who has
-    used cc-lhc before, whose texts were never counted."""
+    a function that empties it of counts, leaving the file (with the rank file's checksum
+    it has noted), the ranks cache and the vocabulary index: someone who has used cc-lhc
+    before, whose texts were never counted."""
+    import sqlite3
     counts = Path(cc.CountsCache(cc.StateHome(str(state))).path)
 
     def forget() -> None:
-        for p in counts.parent.glob(counts.name + "*"):
-            p.unlink()
+        if not counts.exists():
+            return
+        db = sqlite3.connect(counts)
+        try:
+            with db:
+                db.execute("DELETE FROM counts")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            db.close()
     return counts, forget
 
 
