@@ -454,10 +454,10 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
 # runs, line ends after a sign), which are always kept. On a 1 MiB session the encoder
 # holds about 34,000 ranks and takes a third of the time. A long-running process (a live
 # session) builds the whole encoder once instead.
-VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 3\n"
+VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 4\n"
 ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"      # what bytes.split() cuts at
 SUBSET_TEXT_LIMIT = 4_000_000    # characters counted at once, beyond which the whole encoder is cheaper
-SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words, likewise
+SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words (all such encoders' together), likewise
 SUBSET_BUILDS = 3                # encoders built for texts at hand before the whole one is
 
 
@@ -479,9 +479,10 @@ def _gram_masks():
     return (8).__rrshift__, (16).__rrshift__
 
 
-def text_grams(texts):
-    """The byte 4-grams of the texts' distinct words (as ints read natively), or None when
-    they are too many for an encoder of their own to pay off."""
+def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
+    """The byte 4-grams of the texts' distinct words (as ints read natively), and how many
+    bytes those words are; None when they are more than ``limit`` bytes (too many for an
+    encoder of their own to pay off)."""
     from array import array
     if array("I").itemsize != 4 or sum(map(len, texts)) > SUBSET_TEXT_LIMIT:
         return None
@@ -489,40 +490,52 @@ def text_grams(texts):
     for text in texts:
         words.update(core_text(text).encode("utf-8").split())
     corpus = b" ".join(words) + b"    "  # padded: a word's last bytes start a 4-gram too
-    if len(corpus) > SUBSET_WORDS_LIMIT:
+    if len(corpus) > limit:
         return None
     view, grams = memoryview(corpus), set()
     for start in range(4):
         grams.update(view[start:start + (len(corpus) - start) // 4 * 4].cast("I"))
-    return grams
+    return grams, len(corpus)
 
 
 def build_vocab_index(tokens) -> tuple:
     """The ranks (tokens in rank order) filed for VocabIndex: their bytes, the ranks always
-    kept, and for each other rank the 2-, 3- or 4-grams of its word-part that must occur
-    (the first; for longer ones also the second, a middle and the last 4 bytes). Plain
-    bytes and ints, so marshal loads it in a moment."""
+    kept, and the others in four tables by the length of their word-part (2, 3, 4, more),
+    each row its rank and the grams of the word-part that must occur: the first 2, 3 or 4
+    bytes, and for a longer one also bytes 1-4 and the last 4. Plain bytes and ints, so
+    marshal loads it in a moment."""
+    import operator
     from array import array
     order = sys.byteorder
     offsets = array("I", itertools.accumulate(map(len, tokens), initial=0))
-    always, words = array("I"), {2: ([], []), 3: ([], []), 4: ([], [])}  # n: (ranks, word-parts)
-    for rank, token in enumerate(tokens):
-        spaces = len(token) - len(token.translate(None, ASCII_WHITESPACE))
-        word = token if spaces == 0 else token[1:] if spaces == 1 and token[0] in ASCII_WHITESPACE else b""
+    bare = map(operator.methodcaller("translate", None, ASCII_WHITESPACE), tokens)
+    always, words = array("I"), {2: ([], []), 3: ([], []), 4: ([], []), 5: ([], [])}  # n: (ranks, word-parts)
+    for rank, token, kept in zip(itertools.count(), tokens, bare):
+        if len(kept) == len(token):
+            word = token
+        elif len(kept) + 1 == len(token) and token[0] in ASCII_WHITESPACE:
+            word = kept
+        else:
+            always.append(rank)
+            continue
         if len(word) < 2:
             always.append(rank)
         else:
-            ranks, parts = words[min(len(word), 4)]
+            ranks, parts = words[min(len(word), 5)]
             ranks.append(rank)
             parts.append(word)
+
+    def grams(parts, cut):  # each part's bytes ``cut`` (4 of them) read as an int
+        return memoryview(b"".join(map(operator.itemgetter(cut), parts))).cast("I").tolist()
     tables = []
     for n, (ranks, parts) in words.items():
-        first = [int.from_bytes(w[:n], order) for w in parts]
-        columns = [first, ranks]
-        if n == 4:
-            columns += [[int.from_bytes(w[1:5], order) if len(w) > 4 else k for w, k in zip(parts, first)],
-                        [int.from_bytes(w[len(w) // 2 - 2:len(w) // 2 + 2], order) for w in parts],
-                        [int.from_bytes(w[-4:], order) for w in parts]]
+        if n < 4:
+            columns = [[int.from_bytes(w, order) for w in parts], ranks]
+        else:
+            columns = [grams(parts, slice(0, 4)), ranks]
+            if n == 5:
+                columns += [grams(parts, slice(1, 5)), grams(parts, slice(-4, None))]
+        first = columns[0]
         rows = sorted(range(len(ranks)), key=first.__getitem__)  # a few grams are looked up by bisection
         tables.append([array("I", map(column.__getitem__, rows)).tobytes() for column in columns])
     return (order, len(tokens), b"".join(tokens), offsets.tobytes(), always.tobytes(), tables)
@@ -548,7 +561,7 @@ class VocabIndex:
         three, two = _gram_masks()
         picked = list(self.always)
         for (first, ranks, *more), present in zip(self.groups, (
-                set(map(two, grams)), set(map(three, grams)), grams)):
+                set(map(two, grams)), set(map(three, grams)), grams, grams)):
             if len(present) * 16 < len(first):  # a short text: its grams looked up
                 rows = []
                 for key in present:
@@ -564,7 +577,7 @@ class VocabIndex:
 
 
 def _vocab_index_path() -> str:
-    return _cache_file_path(f"-index3-{sys.byteorder}")
+    return _cache_file_path(f"-index4-{sys.byteorder}")
 
 
 def load_vocab_index(ranks_source):
@@ -783,7 +796,7 @@ class TokenCounter:
         self._ahead = None  # texts waiting for count_ahead's thread
         self.ahead_error = None  # count_ahead's last failure (it goes on; the session's end logs it)
         self._whole_wanted = False  # a process that counts for long builds the whole encoder
-        self._for_texts = []  # (encoder, the 4-grams it covers) built for texts at hand
+        self._for_texts = []  # (encoder, the 4-grams it covers, their words' bytes) built for texts at hand
         self._index = None  # VocabIndex, once loaded (False: it cannot be had)
 
     def usable(self) -> bool:
@@ -885,24 +898,30 @@ class TokenCounter:
     def _encoder_for(self, texts):
         """What to count these texts with: the whole encoder once it is built or wanted,
         else one holding only the ranks they can use (see VocabIndex), kept for later
-        texts it covers. The whole one is built when that cannot be had, or after
-        SUBSET_BUILDS of them: many different batches are a long-running count."""
+        texts it covers. The whole one is built when that cannot be had, or once such
+        encoders would be more than SUBSET_BUILDS, or built for more than
+        SUBSET_WORDS_LIMIT bytes of words: many different batches are a long count, for
+        which the whole one costs less."""
         with self._lock:
-            if self._whole_wanted or self._loaded or len(self._for_texts) >= SUBSET_BUILDS:
+            if self._whole_wanted or self._loaded:
                 return self.encoding()
-            grams = text_grams(texts)
-            if grams is None:
+            found = text_grams(texts)
+            if found is None:
                 return self.encoding()
-            for encoder, covered in self._for_texts:
+            grams, size = found
+            for encoder, covered, _size in self._for_texts:
                 if grams <= covered:
                     return encoder
+            if (len(self._for_texts) >= SUBSET_BUILDS
+                    or size + sum(n for _e, _g, n in self._for_texts) > SUBSET_WORDS_LIMIT):
+                return self.encoding()
             if self._index is None:
                 self._index = load_vocab_index(self._ranks) or False
             core = self._core() if self._index else None
             if core is None:  # (encoding() then builds the whole one, or says why it cannot)
                 return self.encoding()
             encoder = core.CoreBPE(self._index.ranks_for(grams), O200K_SPECIAL, O200K_PATTERN)
-            self._for_texts.append((encoder, grams))
+            self._for_texts.append((encoder, grams, size))
             return encoder
 
     def count(self, text: str) -> int:

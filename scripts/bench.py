@@ -1390,9 +1390,12 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
             lease = capture.lease
             capture.stop()
             lease.release()
-            # As for someone who has used cc-lhc before: the tokenizer's ranks are cached in
-            # the state folder; no text of this thread has been counted yet.
-            cc.TokenCounter().encoding()
+            # As for someone who has used cc-lhc before: the tokenizer's ranks and their
+            # vocabulary index are cached in the state folder; no text of this thread has
+            # been counted yet.
+            counter = cc.TokenCounter()
+            counter.encoding()
+            cc.load_vocab_index(counter._ranks)
         counts, forget = counts_forgetter(cc, state)
         forget()
         shutil.copytree(state, backup)

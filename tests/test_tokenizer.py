@@ -525,7 +525,7 @@ def test_an_encoder_for_the_texts_at_hand_counts_exactly_as_the_whole_one(o200k)
                                     for line in path.read_text(encoding="utf-8").splitlines()[:60]]
     differ = []
     for text in texts:
-        own = core.CoreBPE(index.ranks_for(cc_lhc.text_grams([text])), cc_lhc.O200K_SPECIAL, cc_lhc.O200K_PATTERN)
+        own = core.CoreBPE(index.ranks_for(cc_lhc.text_grams([text])[0]), cc_lhc.O200K_SPECIAL, cc_lhc.O200K_PATTERN)
         if cc_lhc._token_count(own, text) != cc_lhc._token_count(whole, text):
             differ.append(text)
     assert differ == []
@@ -537,7 +537,7 @@ def test_an_encoder_for_the_texts_at_hand_holds_a_fraction_of_the_ranks(o200k):
     _whole, tokens, index = o200k
     texts = [line for path in sorted(SAMPLES_DIR.glob("*.jsonl")) for line in path.read_text(encoding="utf-8").splitlines()]
     assert sum(map(len, texts)) > 100_000
-    picked = index.ranks_for(cc_lhc.text_grams(texts))
+    picked = index.ranks_for(cc_lhc.text_grams(texts)[0])
     assert len(picked) < len(tokens) / 4
     assert all(tokens[rank] == token for token, rank in picked.items())  # each with its own rank
 
@@ -573,6 +573,21 @@ def test_one_off_counts_build_encoders_for_their_texts_then_the_whole_one(tmp_pa
     direct = run_counts(tmp_path / "again", f"enc = cc_lhc.TOKENS.encoding(); out = [[cc_lhc._token_count(enc, t) "
                                              f"for t in b] for b in json.load(open({str(listed)!r}))]")
     assert report["out"] == direct["out"] and direct["encoders"] == ["whole"]
+
+
+def test_encoders_for_texts_at_hand_stop_at_a_bound_on_their_words(tmp_path):
+    """Two large batches of different words: building a second encoder for them would cost
+    more than the whole one, which is built instead."""
+    pytest.importorskip("tiktoken")
+    import cc_lhc
+    (tmp_path / "state").mkdir()
+    half = cc_lhc.SUBSET_WORDS_LIMIT * 2 // 3 // 12  # words of 11 bytes and a space
+    batches = [[" ".join(f"{p}{i:09d}" for i in range(j, min(j + 2000, half))) for j in range(0, half, 2000)]
+               for p in ("a", "b")]
+    listed = tmp_path / "batches.json"
+    listed.write_text(json.dumps(batches))
+    report = run_counts(tmp_path, FOR_TEXTS.format(listed=str(listed)))
+    assert report["encoders"] == ["for texts", "whole"]
 
 
 def test_a_process_that_asked_for_the_whole_encoder_builds_no_other(tmp_path):
