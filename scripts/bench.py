@@ -1277,7 +1277,7 @@ def _measure_1m(ctx: Ctx) -> dict:
         warm, proc = time_process(argv, runs, env, root, warmup=1)
         report = json.loads(proc.stdout)["sessions"][0]
         out[f"{name}: first count (median)"] = ms(statistics.median(cold), note=f"{spread(cold)}; "
-                                                  "tiktoken's table built, every text counted")
+                                                  "an encoder built for its texts, every text counted")
         out[f"{name}: counted before (median)"] = ms(statistics.median(warm), 150, f"{spread(warm)}; "
                                                      f"{report['counting']}, {report['tokens']:,} tokens")
     if not exe:
