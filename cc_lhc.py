@@ -456,7 +456,7 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
 # session) builds the whole encoder once instead.
 VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 4\n"
 ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"      # what bytes.split() cuts at
-SUBSET_TEXT_LIMIT = 4_000_000    # characters counted at once, beyond which the whole encoder is cheaper
+SUBSET_TEXT_LIMIT = 2_000_000    # characters counted at once, beyond which the whole encoder is cheaper
 SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words (all such encoders' together), likewise
 SUBSET_BUILDS = 3                # encoders built for texts at hand before the whole one is
 
@@ -488,7 +488,10 @@ def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
         return None
     words = set()
     for text in texts:
-        words.update(core_text(text).encode("utf-8").split())
+        try:
+            words.update(text.encode("utf-8").split())
+        except UnicodeEncodeError:
+            words.update(core_text(text).encode("utf-8").split())
     corpus = b" ".join(words) + b"    "  # padded: a word's last bytes start a 4-gram too
     if len(corpus) > limit:
         return None
@@ -917,6 +920,7 @@ class TokenCounter:
                 return self.encoding()
             if self._index is None:
                 self._index = load_vocab_index(self._ranks) or False
+                self._ranks_data = None  # (the rank file's bytes, read for its checksum)
             core = self._core() if self._index else None
             if core is None:  # (encoding() then builds the whole one, or says why it cannot)
                 return self.encoding()
