@@ -7647,8 +7647,10 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
     db = store.db
     # Only this session's responses count: a rebuilt session's context is its view, not
     # the oversized one it replaced, so before its first answer it is "not observed".
+    # Claude's own notice of a failed request (model <synthetic>, a usage of zeros) is no
+    # provider reading: after a "prompt is too long" it would read a full session as empty.
     rows = db.execute("SELECT input, cache_creation, cache_read, seq FROM usage WHERE source_session = ? "
-                      "ORDER BY seq DESC", (session_id,)).fetchall()
+                      "AND coalesce(model, '') != '<synthetic>' ORDER BY seq DESC", (session_id,)).fetchall()
     latest = rows[0] if rows else None
     last_valid = next((r for r in rows if provider_context(r) is not None), None)
 

@@ -26,7 +26,7 @@ import pytest
 
 import cc_lhc
 from conftest import REPO
-from fakeapi import text_reply, tool_use_reply
+from fakeapi import error_reply, text_reply, tool_use_reply
 from realcli import log_events
 
 ROLLBACK = REPO / "scripts" / "rollback-unaccepted.py"
@@ -182,6 +182,25 @@ def test_over_trigger_oneshot_runs_on_rebuilt_session(real_claude):
     assert threads(rc)[0]["current_session"] == new
     assert len(rebuilds(rc)) == 1                         # the rebuilt session is healthy: no second rebuild
     assert "nothing to do" in rollback_dry_run(rc).stdout
+
+
+def test_a_failed_request_does_not_make_a_full_session_read_as_empty(real_claude):
+    """A request the API refuses (too long here) leaves Claude's own error record, with a
+    usage of zeros, as the session's newest response. That is no provider reading: the
+    next one-shot still reads the session as over the trigger and rebuilds it."""
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    rc.api.script([error_reply(400, "prompt is too long: 1000123 tokens > 1000000 maximum")])
+    failed = lhc(rc, "--resume", old, "-p", "one more", "--lhc-trigger", "2000000")
+    assert failed.returncode != 0 and "Smart Compact" not in failed.stderr
+    rc.api.responder = lambda body: text_reply(SMALL_REPLY, usage=SMALL)
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", old, "-p", "and now"))
+    assert SMALL_REPLY in p.stdout and "Smart Compact" in p.stderr
+    assert "371,000" in p.stderr, p.stderr               # the reading is the last real answer's
+    [sent] = rc.api.message_requests[n:]
+    assert sent["session_id"] != old
+    assert first_text(sent["body"]["messages"][0]).startswith(cc_lhc.REBUILT_MARKER)
 
 
 # -- (b), (c) the trigger ---------------------------------------------------------------------------
