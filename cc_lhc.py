@@ -13546,6 +13546,39 @@ class LaunchSpec:
         self.governed = True          # False when Claude keeps no transcript to capture
 
 
+# Claude's one-letter options that take no value. Its parser (commander) reads a run of
+# one-letter options as each in turn (-cp is -c -p); a letter that takes a value takes
+# the rest of the run as it (-pr<id> is -p -r <id>).
+CLAUDE_SHORT_FLAGS = frozenset(("-c", "-h", "-p", "-v"))
+
+
+def split_short_options(args):
+    """Claude's argv with each run of one-letter options written out one by one (pure):
+    ["-cp", "x"] -> ["-c", "-p", "x"], so the session selectors and the print flag in it
+    are found, and a selector can be replaced without losing the letters beside it. A run
+    holding a letter Claude does not know is left as it is (Claude says what is wrong)."""
+    out = []
+    for i, a in enumerate(args):
+        if a == "--":
+            return out + args[i:]
+        parts = []
+        if a.startswith("-") and not a.startswith("--") and len(a) > 2 and a[2] != "=":
+            rest = a[1:]
+            while rest:
+                letter = "-" + rest[0]
+                if letter in CLAUDE_SHORT_FLAGS:
+                    parts.append(letter)
+                    rest = rest[1:]
+                elif CLAUDE_VALUE_OPTIONS.get(letter) in ("value", "optional"):
+                    parts.append("-" + rest)  # (its value written onto it, when there is one)
+                    rest = ""
+                else:
+                    parts = None
+                    break
+        out.extend(parts or [a])
+    return out
+
+
 def scan_claude_args(args):
     """Walk Claude's argv once and describe it (pure; the argv is never changed).
 
@@ -13669,14 +13702,17 @@ def option_value(name: str, value: str) -> str:
 def parse_launch(argv) -> tuple:
     """Split our argv into the wrapper's own flags and Claude's arguments.
 
-    Everything after the first standalone `--` belongs to Claude untouched.
+    Everything after the first standalone `--` belongs to Claude untouched. Before any
+    Claude argument that `--` is cc-lhc's own separator (`cc-lhc -- doctor`); after one it
+    is Claude's, and goes on with the rest (`cc-lhc -p -- "-5 degrees?"` asks Claude what
+    `claude -p -- "-5 degrees?"` asks).
     """
     flags, claude_args = {}, []
     i = 0
     while i < len(argv):
         a = argv[i]
         if a == "--":
-            claude_args.extend(argv[i + 1:])
+            claude_args.extend(argv[i:] if claude_args else argv[i + 1:])
             break
         if a.startswith("--lhc-"):
             name, eq, inline = a.partition("=")
@@ -13844,6 +13880,7 @@ def _is_terminal(stream) -> bool:
 
 def build_launch(argv) -> LaunchSpec:
     flags, claude_args = parse_launch(argv)
+    claude_args = split_short_options(claude_args)
     spec = LaunchSpec()
     spec.flags = flags
     spec.claude_args = claude_args

@@ -208,6 +208,21 @@ def test_resume_repairs_a_torn_last_line_before_claude_appends(real_claude):
 
 # -- --continue, and prefixes -------------------------------------------------------------
 
+def test_a_run_of_one_letter_options_continues_as_claude_reads_it(real_claude):
+    """`cc-lhc -cp "..."` is `claude -c -p "..."`: the folder's thread goes on, one-shot."""
+    rc, api = real_claude, real_claude.api
+    api.script(["first reply"])
+    lhc(rc, "-p", "the first prompt")
+    [row] = threads(rc)
+    api.script(["second reply"])
+    p = rc.run_lhc("-cp", "the second prompt")
+    assert p.returncode == 0 and "second reply" in p.stdout, p.stderr
+    assert api.message_requests[-1]["session_id"] == row["current_session"]
+    assert [r["id"] for r in threads(rc)] == [row["id"]]
+    assert conversation(export(rc, row["id"]))[-2:] == [("user_text", "the second prompt"),
+                                                        ("assistant_text", "second reply")]
+
+
 def test_continue_resolves_to_this_folders_most_recent_thread(real_claude):
     rc, api = real_claude, real_claude.api
     other = rc.cwd / "elsewhere"

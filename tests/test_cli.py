@@ -250,8 +250,41 @@ def test_threads_and_export_work(fake_claude):
 def test_double_dash_sends_a_reserved_word_to_claude(fake_claude):
     p = lhc(fake_claude, "-p", "--", "doctor")
     assert p.returncode == 0, err(p)
-    # The first `--` is cc-lhc's separator; what follows reaches Claude as written.
-    assert only_launch(fake_claude)["argv"][-2:] == ["-p", "doctor"]
+    # After a Claude argument the `--` is Claude's: `doctor` is the prompt, not its command.
+    assert only_launch(fake_claude)["argv"][-3:] == ["-p", "--", "doctor"]
+
+
+@pytest.mark.parametrize("args", [["-p", "--", "-5 degrees: is that cold?"],
+                                  ["-p", "--allowedTools", "Bash", "--", "hello"],
+                                  ["--model", "x", "--", "--lhc-target", "hi"]])
+def test_a_double_dash_after_claude_arguments_is_claudes(fake_claude, args):
+    """`claude -p -- "-5 degrees"` takes the words after `--` as the prompt; so does
+    Claude through cc-lhc, which passes that `--` on instead of taking it as its own."""
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    argv = only_launch(fake_claude)["argv"]
+    assert argv[-len(args):] == args
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["-cp", "more"], ["-c", "-p", "more"]),
+    (["-pc", "more"], ["-p", "-c", "more"]),
+    (["-pr", SID_A, "more"], ["-p", "-r", SID_A, "more"]),
+    ([f"-pr{SID_A}", "more"], ["-p", f"-r{SID_A}", "more"]),
+    (["-pn", "name", "more"], ["-p", "-n", "name", "more"]),
+    (["-px", "more"], ["-px", "more"]),               # a letter Claude does not know: as written
+    (["-p", "--", "-cp"], ["-p", "--", "-cp"]),       # after `--`: words, not options
+])
+def test_a_run_of_one_letter_options_is_read_as_claude_reads_it(fake_claude, args, expected):
+    """Claude reads -cp as -c -p (and -pr <id> as -p -r <id>): the selector and the print
+    flag in such a run are found (a one-shot, no session id of cc-lhc's added)."""
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    argv = only_launch(fake_claude)["argv"]
+    assert argv[-len(expected):] == expected
+    options = expected[:expected.index("--")] if "--" in expected else expected
+    chooses = any(a == "-c" or a.startswith("-r") for a in options)
+    assert ("--session-id" in argv) == (not chooses)  # cc-lhc names a session only for a new one
 
 
 # -- doctor and a damaged thread file ---------------------------------------------------
@@ -429,6 +462,8 @@ def test_continue_gets_no_session_id(fake_claude):
     ["--session-id"],
     ["-p", "hi", "--resume", SID_A, "--session-id", SID_B],
     ["-p", "hi", "-c", "--resume", SID_A],
+    ["-cr", SID_A],
+    [f"-pcr{SID_A}", "hi"],
 ])
 def test_conflicting_selectors_exit_2_before_spawn(fake_claude, iso_env, args):
     p = lhc(fake_claude, *args)
