@@ -1168,7 +1168,10 @@ def resolve_policy(layers) -> Policy:
                 continue
             why = _check_field(name, value)
             if why:
+                # The builtin value, not a lower layer's: what the layer meant to change
+                # is unknown, and a value set below it is not what this layer asked for.
                 problems.append(f"{name} from {source}: {why}")
+                values[name], sources[name] = BUILTIN_POLICY[name], "builtin"
                 continue
             values[name] = value
             sources[name] = source

@@ -156,8 +156,20 @@ def test_bad_launch_flag_falls_back_naming_it(iso_env, flags, field):
     write_user(iso_env, {field: below[field]})
     p = policy(iso_env.work, *flags)
     assert len(p.problems) == 1 and field in p.problems[0] and flags[0].split("=")[0] in p.problems[0], p.problems
-    # the flag's bad value is dropped; the user file below it still holds
-    assert p.sources[field] == str(user_config(iso_env))
+    # the field falls back to the builtin default, as the fallback message says, not to
+    # the user file's value below the flag (that is not what the flag asked for either)
+    assert (p[field], p.sources[field]) == (BUILTIN[field], "builtin")
+
+
+def test_a_bad_project_value_falls_back_to_the_builtin_not_the_user_value(iso_env):
+    write_user(iso_env, {"lowerBoundTokens": 100_000, "minRunwayTokens": 40_000})
+    (iso_env.work / ".cc-lhc.json").write_text(json.dumps({"lowerBoundTokens": "bad"}))
+    p = policy(iso_env.work)
+    assert p.fell_back and len(p.problems) == 1 and "lowerBoundTokens" in p.problems[0]
+    assert (p["lowerBoundTokens"], p.sources["lowerBoundTokens"]) == (BUILTIN["lowerBoundTokens"], "builtin")
+    assert (p["minRunwayTokens"], p.sources["minRunwayTokens"]) == (40_000, str(user_config(iso_env)))
+    # a flag above the bad layer still has its say
+    assert policy(iso_env.work, "--lhc-target", "90000")["lowerBoundTokens"] == 90_000
 
 
 @pytest.mark.parametrize("content, words", [
