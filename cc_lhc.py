@@ -13954,6 +13954,8 @@ def _take_option(args, name, default=None, cast=str):
             break
     else:
         return default
+    if any(a == name or a.startswith(name + "=") for a in args):
+        raise usage_error(f"{name} is given more than once")
     try:
         return cast(value)
     except ValueError:
@@ -13982,6 +13984,8 @@ def _take_number(args, name, default, low, high=None):
 def _take_flag(args, name) -> bool:
     if name in args:
         args.remove(name)
+        if name in args:
+            raise usage_error(f"{name} is given more than once")
         return True
     return False
 
@@ -14407,10 +14411,22 @@ def cmd_get_messages(args) -> int:
     return _retrieve(args, "m", "get-messages", _render_messages)
 
 
+SEARCH_WORDS_MAX = 12  # words of a text asked of the word index: its longest distinct ones
+
+
+def search_words(text: str) -> list:
+    """The words a words search asks for: distinct, the longest first, at most
+    SEARCH_WORDS_MAX of them. A pasted log excerpt holds hundreds, and each is a phrase the
+    index matches position by position: all of them took minutes and gigabytes on a
+    message of a few MB, and a dozen long ones already pick the messages out."""
+    words = list(dict.fromkeys(re.findall(r"\w[\w./-]*", text, flags=re.UNICODE)))
+    return sorted(words, key=len, reverse=True)[:SEARCH_WORDS_MAX]
+
+
 def fts_query(text: str):
-    """User text as an FTS5 word query (every word must appear, each quoted so no syntax
-    leaks), or None when the text has no words."""
-    words = re.findall(r"\w[\w./-]*", text, flags=re.UNICODE)
+    """User text as an FTS5 word query (each of search_words must appear, each quoted so no
+    syntax leaks), or None when the text has no words."""
+    words = search_words(text)
     if not words:
         return None
     return " ".join('"' + w.replace('"', '""') + '"' for w in words)
@@ -14449,17 +14465,29 @@ def escape_controls(text: str) -> str:
     return "".join(out)
 
 
+def context_text(text: str) -> str:
+    """Text of a hit's line as shown: on one line, control characters as escapes. A
+    backslash stays as it is: the line is most often copied into the next command (a grep
+    pattern, a Windows path), so a tab and the two characters \\t look alike there."""
+    return escape_controls(text)
+
+
+def shown_query(text: str) -> str:
+    """The searched text as a message repeats it: quoted, and cut when it is long."""
+    return repr(text if len(text) <= 200 else text[:100] + "\u2026" + text[-60:])
+
+
 def match_context(body: str, text: str) -> str:
     """The line holding the first match of text, cut to some characters either side of it,
     with the match between » and «, on one line."""
     at = body.find(text)
     if at < 0:
-        return escape_controls(body[:2 * SEARCH_CONTEXT_CHARS])
+        return context_text(body[:2 * SEARCH_CONTEXT_CHARS])
     end = at + len(text)
     match = text if len(text) <= 2 * SEARCH_CONTEXT_CHARS else (
         text[:SEARCH_CONTEXT_CHARS] + "\u2026" + text[-SEARCH_CONTEXT_CHARS:])
     return _context_line(body, at, end, lambda before, after: (
-        f"{escape_controls(before)}\u00bb{escape_controls(match)}\u00ab{escape_controls(after)}"))
+        f"{context_text(before)}\u00bb{context_text(match)}\u00ab{context_text(after)}"))
 
 
 def _context_line(body: str, at: int, end: int, show) -> str:
@@ -14584,9 +14612,9 @@ def word_context(body: str, text: str) -> str:
         if found:
             break
     if found is None:
-        return escape_controls(" ".join(body[:2 * SEARCH_CONTEXT_CHARS].split()))
+        return context_text(" ".join(body[:2 * SEARCH_CONTEXT_CHARS].split()))
     at, end = found.span()
-    return _context_line(body, at, end, lambda before, after: escape_controls(
+    return _context_line(body, at, end, lambda before, after: context_text(
         pattern.sub(lambda m: f"\u00bb{m.group(0)}\u00ab", before + found.group(0) + after)))
 
 
@@ -14639,13 +14667,23 @@ def cmd_search(args) -> int:
     return EXIT_OK
 
 
+def more_hits_line(limit: int) -> str:
+    """Said under a list of hits that stopped at its limit while more match."""
+    if limit >= SEARCH_LIMIT_MAX:
+        return f"(more messages match than the {limit} shown: search for a longer string to narrow it)"
+    return f"(more messages match than the {limit} shown: --limit {SEARCH_LIMIT_MAX} shows up to {SEARCH_LIMIT_MAX})"
+
+
 def _search_in_session(desc, store, text, limit, start):
     import shlex
-    hits = search_thread(store, text, limit)
+    hits = search_thread(store, text, limit + 1)
+    more, hits = len(hits) > limit, hits[:limit]
     lines = [h.line() for h in hits]
     if not lines:
-        lines = [f"no messages match {text!r}"]
+        lines = [f"no messages match {shown_query(text)}"]
     else:
+        if more:
+            lines.append(more_hits_line(limit))
         lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN"
                      + (" (a subagent's record: get-messages only)." if any(h.agent for h in hits) else "."))
     request = ((f"--limit {limit} " if limit != 20 else "") + ("-- " if text.startswith("-") else "")
@@ -14686,7 +14724,7 @@ def _search_for_people(text, limit, thread, every) -> int:
             skipped += 1
             continue
         try:
-            for hit in search_thread(store, text, limit):
+            for hit in search_thread(store, text, limit + 1):
                 (exact if hit.how == "exact" else words).append(hit)
         except sqlite3_errors() as e:
             say(f"thread {thread_id[:8]} skipped: {store.path} cannot be searched ({e})")
@@ -14696,13 +14734,16 @@ def _search_for_people(text, limit, thread, every) -> int:
     exact.sort(key=lambda h: h.created or "", reverse=True)
     exact.sort(key=lambda h: h.own)
     words.sort(key=lambda h: (h.own, h.rank))
-    hits = (exact or words)[:limit]  # words only for a text no thread holds exactly
+    found = exact or words  # words only for a text no thread holds exactly
+    hits = found[:limit]
     status = EXIT_ERROR if skipped else EXIT_OK
     if not hits:
-        print(f"no messages match {text!r}")
+        print(f"no messages match {shown_query(text)}")
         return status
     for hit in hits:
         print(hit.line(with_thread=True))
+    if len(found) > limit:
+        print(more_hits_line(limit))
     print("Show a hit's turns with: cc-lhc export <thread> --from tN --to tN --format markdown")
     return status
 
@@ -15218,6 +15259,27 @@ def registry_check(home, repair: bool):
             "cc-lhc doctor --repair (or the next launch) rebuilds them")
 
 
+COMMAND_USAGE = {
+    "threads": "usage: cc-lhc threads [--json]",
+    "export": "usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown|raw-lines] [--from tN] [--to tN]",
+    "get-turns": "usage: cc-lhc get-turns [--from TOKENS] <tN>... (inside a session cc-lhc started)",
+    "get-messages": "usage: cc-lhc get-messages [--from TOKENS] <mN>... (inside a session cc-lhc started)",
+    "search": SEARCH_USAGE,
+    "rollout": "usage: cc-lhc rollout write --thread-id ID --session-id UUID [--cwd DIR] [--projects-root DIR] "
+               "[--envelope-from ROLLOUT]",
+    "measure": "usage: cc-lhc measure <transcript.jsonl | folder> [--json | --markdown] [--profile P] [--target N]",
+    "backfill-labels": "usage: cc-lhc backfill-labels <thread-id-or-prefix> [--dry-run]",
+    "doctor": "usage: cc-lhc doctor [--repair]",
+    "preview": "usage: cc-lhc preview [--fixture F] [--geometry G] [--raw] [--list]",
+}
+
+
+def asks_for_help(args) -> bool:
+    """Whether a command's arguments ask for its usage (-h or --help before any --)."""
+    before = args[:args.index("--")] if "--" in args else args
+    return any(a in ("-h", "--help") for a in before)
+
+
 COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_turns,
             "get-messages": cmd_get_messages, "search": cmd_search, "rollout": cmd_rollout,
             "measure": cmd_measure, "backfill-labels": cmd_backfill_labels, "doctor": cmd_doctor,
@@ -15238,6 +15300,9 @@ def main(argv=None) -> int:
             bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
             if bad is not None:  # (bytes the locale could not decode: nothing can match them)
                 raise usage_error(f"{argv[0]}: the argument {os.fsencode(bad)!r} is not UTF-8 text")
+            if command in COMMAND_USAGE and asks_for_help(argv[1:]):
+                print(COMMAND_USAGE[command])
+                return EXIT_OK
             return COMMANDS[argv[0]](argv[1:])
         return cmd_launch(argv)
     except LhcError as e:

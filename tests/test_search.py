@@ -647,3 +647,61 @@ def test_text_that_looks_like_an_option_is_searched_after_a_double_dash(two_fold
     assert status == 0 and "unknown option" not in err
     status, out, err = search(capsysbinary, "--all", "a phrase --with a dash inside")  # one argument: text
     assert status == 0 and "unknown option" not in err
+
+
+def test_a_pasted_log_excerpt_asks_the_word_index_for_its_longest_words_only(tmp_path, monkeypatch,
+                                                                             capsysbinary):
+    """A log excerpt that matches nowhere exactly falls back to words; hundreds of them, each
+    a phrase matched position by position in a large output, took minutes and gigabytes.
+    The dozen longest distinct ones are asked, and the log's message is still found."""
+    log = "".join(f"2026-11-30 12:{i // 60 % 60:02d}:{i % 60:02d} INFO worker[{i % 17}] processed batch {i} ok\n"
+                  for i in range(20_000))
+    tr = Transcript()
+    tr.prompt("run the workers")
+    calls = tr.response(tool_use("Bash", command="./workers"), stop="tool_use")
+    tr.results((calls[0]["id"], log, False))
+    tr.response(text("they ran"))
+    grant(intake_transcript(tr, tmp_path), monkeypatch)
+    excerpt = log.splitlines()[100:140]
+    query = "\n".join(line.replace(" ok", " OK!") for line in excerpt)  # nowhere as written
+    words = cc_lhc.search_words(query)
+    assert len(words) == cc_lhc.SEARCH_WORDS_MAX and len(set(words)) == len(words)
+    assert all(len(w) >= len(v) for w, v in zip(words, words[1:]))
+    assert cc_lhc.fts_query(query).count('"') == 2 * cc_lhc.SEARCH_WORDS_MAX
+    status, out, _ = search(capsysbinary, query)
+    (hit,) = hits_of(out)
+    assert status == 0 and hit["how"] == "words" and hit["what"].startswith("tool_result")
+
+
+def test_more_hits_than_the_limit_are_said(two_folders, monkeypatch, capsysbinary):
+    folders, threads = two_folders
+    monkeypatch.chdir(folders["a"])
+    status, out, _ = search(capsysbinary, "--limit", "1", "alpha")
+    assert status == 0 and len(hits_of(out)) == 1 and "more messages match than the 1 shown: --limit 200" in out
+    status, out, _ = search(capsysbinary, "--limit", "2", "alpha")
+    assert len(hits_of(out)) == 2 and "more messages match" not in out
+
+
+def test_a_long_text_no_thread_holds_is_named_shortly(two_folders, monkeypatch, capsysbinary):
+    folders, _threads = two_folders
+    monkeypatch.chdir(folders["a"])
+    status, out, _ = search(capsysbinary, "q" * 100_000)
+    assert status == 0 and out.startswith("no messages match 'qqq") and len(out) < 300
+
+
+@pytest.mark.parametrize("argv", [["--limit", "2", "--limit", "3", "alpha"], ["--all", "--all", "alpha"],
+                                  ["--thread", "a", "--thread=b", "alpha"]])
+def test_an_option_given_twice_is_said_to_be(two_folders, capsysbinary, argv):
+    status, out, err = search(capsysbinary, *argv)
+    assert status == cc_lhc.EXIT_USAGE and out == "" and f"{argv[0]} is given more than once" in err
+
+
+@pytest.mark.parametrize("command", ["search", "export", "measure", "threads", "doctor", "rollout",
+                                     "backfill-labels", "preview", "get-turns", "get-messages"])
+def test_help_of_a_command_is_its_usage(command, capsysbinary):
+    capsysbinary.readouterr()
+    assert cc_lhc.main([command, "--help"]) == 0
+    out = capsysbinary.readouterr().out.decode()
+    assert out.startswith(f"usage: cc-lhc {command}")
+    # after --, it is only text
+    assert cc_lhc.main(["search", "--", "--help"]) in (0, 1)
