@@ -14939,6 +14939,25 @@ def _percentile(values, p):
     return round(values[lo] + (values[hi] - values[lo]) * (k - lo), 1)
 
 
+def holds_transcript_records(path) -> bool:
+    """Whether any line of a file is a record as Claude Code writes them: a JSON object
+    with a type, and a uuid or session id beside it (a session that holds no conversation
+    yet still has such lines, or none at all; a file of other JSON has none)."""
+    empty = True
+    try:
+        with open_regular(path) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                empty, rec = False, json_record(line)
+                if (isinstance(rec, dict) and isinstance(rec.get("type"), str)
+                        and any(isinstance(rec.get(k), str) for k in ("uuid", "sessionId", "leafUuid", "messageId"))):
+                    return True
+    except OSError:
+        return False
+    return empty
+
+
 def cmd_measure(args) -> int:
     """Offline: what Smart Compact and each band would do to sessions. Counts only."""
     as_json = _take_flag(args, "--json")
@@ -14971,10 +14990,20 @@ def cmd_measure(args) -> int:
                        and "subagents" not in os.path.relpath(d, where).split(os.sep)
                        and not f.startswith("agent-"))  # a 2.0 subagent file: measured with its session
         if not files and not unread:
+            if any(f.startswith("agent-") and f.endswith(".jsonl") for _d, _s, names in os.walk(where)
+                   for f in names):
+                raise usage_error(f"{where!r} holds only subagents' transcripts (agent-*.jsonl): measure "
+                                  "the session they belong to, which counts them with it")
             raise usage_error(f"{where!r} holds no transcripts (.jsonl files)")
     elif os.path.isfile(where):
         files = [where]
     else:
+        try:
+            os.stat(where)
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError):  # (a folder on the way it may not enter, say)
+                say(f"{where} could not be read ({e.strerror or e})")
+                return EXIT_ERROR
         raise usage_error(f"{where!r} is neither a transcript nor a folder")
     rows = []
     for path in files:
@@ -14985,10 +15014,11 @@ def cmd_measure(args) -> int:
             continue
         row["session"] = len(rows) + 1
         rows.append(row)
-        if not row["messages"] and row["integrity_problems"]:
+        if not row["messages"] and (row["integrity_problems"] or not holds_transcript_records(path)):
             # (lines, but none a transcript record: the wrong file more likely than a session)
-            unread.append((path, f"none of its lines is a Claude Code transcript record; "
-                                 f"{row['integrity_problems']} cannot be read"))
+            unread.append((path, "none of its lines is a Claude Code transcript record"
+                                 + (f"; {row['integrity_problems']} cannot be read" if row["integrity_problems"]
+                                    else "")))
             rows.pop()
         elif not row["messages"] and row["subagent_messages"]:
             say(f"{path} is a subagent's own transcript ({row['subagent_messages']} messages): measure the "
@@ -15041,7 +15071,7 @@ def cmd_measure(args) -> int:
     if len(rows) > 1 and report["median_lean_cut_pct"] is not None:
         # (as the table writes them: the change to the size, so a 72.9% cut reads -72.9%)
         notes.append(f"median: lean {_change(report['median_lean_cut_pct'])}, smart compact "
-                     f"{_change(report['median_smart_compact_cut_pct'])}; the cut at p90: lean "
+                     f"{_change(report['median_smart_compact_cut_pct'])}; at p90: lean "
                      f"{_change(report['p90_lean_cut_pct'])}, smart compact "
                      f"{_change(report['p90_smart_compact_cut_pct'])}")
     notes.append(f"tokens: {counting}; profile {profile}, target {target:,}")

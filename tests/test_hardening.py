@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -255,6 +256,43 @@ def test_measure_names_a_file_that_is_no_transcript_and_one_that_is_empty(fake_c
     p = lhc(fake_claude, "measure", str(tmp_path), "--json")
     assert p.returncode == 1 and "bin.jsonl" in p.stderr and "empty.jsonl holds no conversation" in p.stderr
     assert [s["messages"] for s in json.loads(p.stdout)["sessions"]] == [0]   # the empty one, counted
+
+
+@pytest.mark.parametrize("content", [b'{"a": 1}\n{"b": 2}\n', b"QUJD" * 200_000, b'["type", "user"]\n'])
+def test_measure_names_json_that_is_no_transcript(fake_claude, tmp_path, content):
+    """Lines of JSON that Claude Code never writes (no record type, no uuid or session) are
+    another file, not a session with no conversation yet."""
+    (tmp_path / "other.jsonl").write_bytes(content)
+    p = lhc(fake_claude, "measure", str(tmp_path / "other.jsonl"))
+    assert p.returncode == 1 and p.stdout == ""
+    assert "none of its lines is a Claude Code transcript record" in p.stderr
+
+
+def test_measure_of_a_subagents_folder_says_to_measure_its_session(fake_claude, tmp_path):
+    agents = tmp_path / "session" / "subagents"
+    agents.mkdir(parents=True)
+    (agents / "agent-a1.jsonl").write_text('{"type": "user", "uuid": "u1", "isSidechain": true}\n')
+    p = lhc(fake_claude, "measure", str(agents))
+    assert p.returncode == 2 and "holds only subagents' transcripts" in p.stderr
+
+
+@pytest.mark.skipif(os.name != "posix" or (os.geteuid() == 0 and not shutil.which("setpriv")),
+                    reason="root enters any folder, unless setpriv takes that power away")
+def test_measure_of_a_file_in_a_folder_it_cannot_enter_says_so(fake_claude, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "t.jsonl").write_text("")
+    locked.chmod(0)
+    argv = [sys.executable, str(CC_LHC), "measure", str(locked / "t.jsonl")]
+    if os.geteuid() == 0:  # (as root: without the capabilities that pass over permissions)
+        argv = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                "--bounding-set=-dac_override,-dac_read_search"] + argv
+    try:
+        p = subprocess.run(argv, env=fake_claude.env, cwd=fake_claude.cwd, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=TIMEOUT)
+    finally:
+        locked.chmod(0o700)
+    assert p.returncode == 1 and "Permission denied" in p.stderr
 
 
 # -- names that are not UTF-8, and a state folder that is not one -------------------------

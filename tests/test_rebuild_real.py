@@ -427,7 +427,7 @@ def test_measure_counts_without_printing_content(iso_env, tmp_path):
     text_ = run(str(folder))
     assert "exact o200k_base" in text_ and f"{row['tokens']:,}" in text_
     median = many["median_lean_cut_pct"]
-    assert f"median: lean -{median:.1f}%" in text_ and "the cut at p90: lean -" in text_
+    assert f"median: lean -{median:.1f}%" in text_ and "; at p90: lean -" in text_
     md = run(str(folder), "--markdown", "--profile", "historical").splitlines()
     assert md[0].startswith("| session | messages | tool calls | tokens |")
     assert md[1].startswith("| --- |") and len([ln for ln in md if ln.startswith("| ")]) == 4
