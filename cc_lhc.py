@@ -13560,10 +13560,15 @@ def split_short_options(args):
     ["-cp", "x"] -> ["-c", "-p", "x"], so the session selectors and the print flag in it
     are found, and a selector can be replaced without losing the letters beside it. A run
     holding a letter Claude does not know is left as it is (Claude says what is wrong)."""
-    out = []
+    out, value_next = [], False
     for i, a in enumerate(args):
+        if value_next:  # the value of the option before it (`-n -pc` names a session "-pc")
+            out.append(a)
+            value_next = False
+            continue
         if a == "--":
             return out + args[i:]
+        value_next = CLAUDE_VALUE_OPTIONS.get(a) == "value"
         parts = []
         if a.startswith("-") and not a.startswith("--") and len(a) > 2 and a[2] != "=":
             rest = a[1:]
@@ -13578,6 +13583,7 @@ def split_short_options(args):
                 else:
                     parts = None
                     break
+            value_next = bool(parts) and CLAUDE_VALUE_OPTIONS.get(parts[-1]) == "value"  # (-pn <name>)
         out.extend(parts or [a])
     return out
 
@@ -15304,8 +15310,11 @@ COMMAND_USAGE = {
 }
 
 
-def asks_for_help(args) -> bool:
-    """Whether a command's arguments ask for its usage (-h or --help before any --)."""
+def asks_for_help(command, args) -> bool:
+    """Whether a command's arguments ask for its usage: -h or --help before any --, or for
+    search, whose words they may be (`cc-lhc search du -h`), as its only argument."""
+    if command == "search":
+        return args in (["-h"], ["--help"])
     before = args[:args.index("--")] if "--" in args else args
     return any(a in ("-h", "--help") for a in before)
 
@@ -15330,7 +15339,7 @@ def main(argv=None) -> int:
             bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
             if bad is not None:  # (bytes the locale could not decode: nothing can match them)
                 raise usage_error(f"{argv[0]}: the argument {os.fsencode(bad)!r} is not UTF-8 text")
-            if command in COMMAND_USAGE and asks_for_help(argv[1:]):
+            if command in COMMAND_USAGE and asks_for_help(command, argv[1:]):
                 print(COMMAND_USAGE[command])
                 return EXIT_OK
             return COMMANDS[argv[0]](argv[1:])

@@ -274,6 +274,8 @@ def test_a_double_dash_after_claude_arguments_is_claudes(fake_claude, args):
     (["-pn", "name", "more"], ["-p", "-n", "name", "more"]),
     (["-px", "more"], ["-px", "more"]),               # a letter Claude does not know: as written
     (["-p", "--", "-cp"], ["-p", "--", "-cp"]),       # after `--`: words, not options
+    (["-p", "-n", "-cv", "more"], ["-p", "-n", "-cv", "more"]),  # an option's value, as Claude reads it
+    (["-pn", "-cv", "more"], ["-p", "-n", "-cv", "more"]),
 ])
 def test_a_run_of_one_letter_options_is_read_as_claude_reads_it(fake_claude, args, expected):
     """Claude reads -cp as -c -p (and -pr <id> as -p -r <id>): the selector and the print

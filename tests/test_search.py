@@ -705,3 +705,10 @@ def test_help_of_a_command_is_its_usage(command, capsysbinary):
     assert out.startswith(f"usage: cc-lhc {command}")
     # after --, it is only text
     assert cc_lhc.main(["search", "--", "--help"]) in (0, 1)
+
+
+def test_a_search_for_words_with_a_short_help_flag_among_them_searches(two_folders, monkeypatch, capsysbinary):
+    folders, _threads = two_folders
+    monkeypatch.chdir(folders["a"])
+    status, out, _ = search(capsysbinary, "du", "-h")
+    assert status == 0 and out.startswith("no messages match 'du -h'")
