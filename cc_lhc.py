@@ -10830,6 +10830,15 @@ def smart_compact_before_launch(spec, home, policy, capture):
         say(f"the transcript of session {spec.session_id} is gone (Claude Code removes old "
             f"sessions); writing the conversation again from thread {capture.thread_id[:8]}")
         home.log("transcript_gone", thread=capture.thread_id, session=spec.session_id, path=capture.path)
+    compacted = not gone and compacted_in_process(home, spec.session_id)
+    if compacted:
+        # Claude reads a session back by its records' message ids, and the newest records the
+        # mod's compaction kept are written after its boundary with the ids they had before
+        # it: resumed as it is, Claude would hold each of them twice (its text and signed
+        # thinking repeated). The thread holds the compacted conversation: written again.
+        say(f"session {spec.session_id} was compacted inside Claude by the cc-lhc mod, which "
+            f"Claude cannot resume as it is; writing it again from thread {capture.thread_id[:8]}")
+        home.log("resume_rewrites_in_process_compaction", thread=capture.thread_id, session=spec.session_id)
     refused = thinking_refused(home, hostdb, capture.store, policy)
     if refused:
         # The rebuilt session's first request was refused over its replayed thinking: the
@@ -10839,7 +10848,8 @@ def smart_compact_before_launch(spec, home, policy, capture):
             "without it (thinking replay: omit for this thread from now on), nothing is lost")
         home.log("thinking_refused", thread=capture.thread_id, session=refused)
     a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused), gone=gone)
+               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused),
+               gone=gone or compacted)
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
     plan_view = None
     if not a.go and automatic_prune_due(policy, a.c):
@@ -10857,7 +10867,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
     try:
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
                           spec.cwd, envelope_from=None if gone else capture.path, assessment=a,
-                          plan_view=plan_view, idle=True, gone=gone)
+                          plan_view=plan_view, idle=True, gone=gone or compacted)
     except PruneUnchanged as e:
         a.outcome(f"no_action: {e}")
         say(f"Smart Prune: {e}")
@@ -10874,6 +10884,15 @@ def smart_compact_before_launch(spec, home, policy, capture):
                         pending.path)
     fresh.lease = lease
     return fresh, pending
+
+
+def compacted_in_process(home, session_id) -> bool:
+    """Whether the cc-lhc mod compacted this session inside Claude (an accepted in-process
+    rebuild of it is on record)."""
+    row = Registry(home).db.execute(
+        "SELECT 1 FROM rebuilds WHERE from_session = ? AND status = 'accepted' AND session_id LIKE ? LIMIT 1",
+        (session_id, session_id + "#%")).fetchone()
+    return row is not None
 
 
 def _cwd_threads(registry, hostdb, cwd):

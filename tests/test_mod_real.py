@@ -201,6 +201,39 @@ def test_over_the_trigger_the_view_is_served_in_process_on_the_same_session_and_
     exit_cleanly(t)
 
 
+@pytest.mark.parametrize("how", ["interactive", "one-shot"])
+def test_a_session_compacted_in_process_resumes_with_each_message_once(real_claude, tmux, how):
+    """The mod's compaction writes the records it kept again after its boundary, under the
+    message ids they had: Claude's own resume would read each of them twice. cc-lhc's
+    resume writes the session again from the thread, and Claude reads each message once."""
+    rc = real_claude
+    t = over_the_trigger_with_the_mod(rc, tmux)
+    wait_for_log(rc, "in_process_compact_served")
+    type_line(t, "third prompt")
+    t.wait_for("answered on the compacted conversation")
+    wait_for_log(rc, "smart_compact_accepted")
+    live = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    exit_cleanly(t)
+    rc.api.responder = lambda body: text_reply("the fourth answer", usage=SMALL_USAGE)
+    n = len(rc.api.message_requests)
+    if how == "one-shot":
+        p = rc.run_lhc("-c", "-p", "fourth prompt")
+        assert p.returncode == 0 and "compacted inside Claude by the cc-lhc mod" in p.stderr, p.stderr
+    else:
+        t = start(rc, tmux, "-c")
+        type_line(t, "fourth prompt")
+        t.wait_for("the fourth answer")
+        exit_cleanly(t)
+    resumed = rc.api.message_requests[n]
+    body = json.dumps(resumed["body"]["messages"])
+    for said in ("second answer", "third prompt"):
+        assert live.count(said) == 1 and body.count(said) == 1, said
+    assert body.count("answered on the compacted conversation") == 1
+    signatures = [b["signature"] for b in _thinking_blocks(resumed["body"]["messages"])]
+    assert len(signatures) == len(set(signatures))
+    assert log_events(rc, "resume_rewrites_in_process_compaction")
+
+
 def test_a_background_job_started_before_runs_on_and_its_notification_arrives(real_claude, tmux):
     from fakeapi import tool_use_reply
     rc = real_claude
