@@ -8559,6 +8559,84 @@ def abandon(home, registry, session_id, reason):
 # == 13. Terminal relay ==========================================================
 
 
+# Terminal modes a program turns on with one sequence and off with another. Claude turns
+# several on (the alternate screen, a hidden cursor, mouse and focus reports, bracketed
+# paste, kitty's and xterm's key encodings) and off again as it exits; a Claude that
+# dies by a signal, or a panel still open at its end, would leave the person's shell in
+# them (its output drawn on a dead screen, mouse moves typed as text).
+DEC_MODE_SEQ = re.compile(rb"\x1b\[\?([0-9;]+)([hl])")
+KITTY_KEYS_SEQ = re.compile(rb"\x1b\[([<>])([0-9]*)u")
+OTHER_KEYS_SEQ = re.compile(rb"\x1b\[>4(?:;([0-9]*))?m")
+RESET_MODES = {1000, 1002, 1003, 1005, 1006, 1015, 1016, 1004, 2004, 2031}  # turned off when left on
+SYNC_OUTPUT = 2026  # a synchronized update: a terminal shows nothing new until it ends
+
+
+class TerminalModes:
+    """What the bytes written to the person's terminal left switched on (pure)."""
+
+    TAIL = 24  # a sequence cut between two writes is read whole with the next one
+    OPEN_STRING = re.compile(rb"\x1b[\]PX^_][^\x07\x1b\x18\x1a]*\Z")  # OSC, DCS...: no BEL or ST yet
+    OPEN_CONTROL = re.compile(rb"\x1b(?:\[[\x20-\x3f]*)?\Z")           # ESC or CSI: no final byte yet
+
+    def __init__(self):
+        self.dec = {}         # mode -> on
+        self.kitty = 0        # entries pushed on kitty's key-encoding stack
+        self.other_keys = False
+        self._tail = b""
+        self._last = b""
+
+    def feed(self, data: bytes) -> None:
+        self._last = (self._last + data)[-4096:]  # (for a sequence left open)
+        if b"\x1b" not in data and b"\x1b" not in self._tail:
+            return
+        buf, old = self._tail + data, len(self._tail)
+        for m in DEC_MODE_SEQ.finditer(buf):
+            if m.end() > old:
+                for mode in m.group(1).split(b";"):
+                    if mode.isdigit():
+                        self.dec[int(mode)] = m.group(2) == b"h"
+        for m in KITTY_KEYS_SEQ.finditer(buf):
+            if m.end() > old:
+                if m.group(1) == b">":
+                    self.kitty += 1
+                else:
+                    self.kitty = max(0, self.kitty - int(m.group(2) or 1))
+        for m in OTHER_KEYS_SEQ.finditer(buf):
+            if m.end() > old:
+                self.other_keys = bool(m.group(1)) and m.group(1) != b"0"
+        self._tail = buf[-self.TAIL:]
+
+    def left_open(self) -> bool:
+        """Whether the bytes written end inside a sequence (a program killed while writing it)."""
+        last = self._last
+        return bool(self.OPEN_STRING.search(last[max(0, last.rfind(b"\x1b")):]) or self.OPEN_CONTROL.search(last))
+
+    def reset(self) -> bytes:
+        """The sequences that switch off what is still on; b"" when nothing is. A program
+        killed while writing a sequence leaves the terminal reading what follows as part of
+        it (an OSC title without its end swallows it all): CAN ends it first. One killed in
+        the middle of drawing leaves a synchronized update open, in which a terminal shows
+        nothing new: ended next."""
+        out = []
+        if self.dec.get(SYNC_OUTPUT):
+            out.append(b"\x1b[?%dl" % SYNC_OUTPUT)
+        if self.kitty:
+            out.append(b"\x1b[<%du" % self.kitty)
+        if self.other_keys:
+            out.append(b"\x1b[>4m")
+        out += [b"\x1b[?%dl" % mode for mode in sorted(RESET_MODES) if self.dec.get(mode)]
+        for mode in (1049, 1047, 47):
+            if self.dec.get(mode):
+                out.append(b"\x1b[?%dl" % mode)
+                break
+        if self.dec.get(7) is False:
+            out.append(b"\x1b[?7h")  # line wrap
+        if self.dec.get(25) is False:
+            out.append(b"\x1b[?25h")
+        cancel = b"\x18" if self.left_open() else b""
+        return cancel + (b"\x1b[0m" + b"".join(out) if out else b"")
+
+
 class Relay:
     """Copies bytes between the user's terminal and the child's PTY master.
 
@@ -8598,6 +8676,7 @@ class Relay:
         self.hold_output = False
         self.held = bytearray()
         self.child_alt_screen = False  # whether the child itself drew on the alternate screen
+        self.modes = TerminalModes()    # what the bytes written to the person's terminal switched on
         # Job control. Claude runs in a session of its own, so the SIGTSTP it sends itself
         # on ctrl-z is discarded by the kernel (an orphaned process group may not stop):
         # it would leave the terminal and wait for a SIGCONT that never comes. So when a
@@ -8719,7 +8798,7 @@ class Relay:
                             if self.on_suspend and any(k in data for k in self.SUSPEND_KEYS):
                                 self._ask_suspend(force=False)
                 elif tag == "out":
-                    self._write_some(self.out_fd, self.to_user)
+                    self._to_user()
             if self.suspend_asked and master_open:
                 self._check_suspend()
             if self.on_tick:
@@ -8801,6 +8880,28 @@ class Relay:
             return
         del buf[:n]
 
+    def _to_user(self) -> None:
+        """Write what waits for the person's terminal, noting the modes it switches."""
+        before = bytes(self.to_user[: Relay.CHUNK])
+        left = len(self.to_user)
+        self._write_some(self.out_fd, self.to_user)
+        if left != len(self.to_user):
+            self.modes.feed(before[: left - len(self.to_user)])
+
+    def restore_modes(self) -> None:
+        """Switch off what the session left on in the person's terminal (see TerminalModes)."""
+        self.to_user += self.modes.reset()
+        self._deliver_all()
+
+    def _deliver_all(self) -> None:
+        blocking = os.get_blocking(self.out_fd)
+        os.set_blocking(self.out_fd, True)
+        try:
+            while self.to_user:
+                self._to_user()
+        finally:
+            os.set_blocking(self.out_fd, blocking)
+
     def _flush_user(self):
         """Deliver what the child wrote before it exited (its goodbye screen)."""
         self.to_user += self.held
@@ -8813,13 +8914,7 @@ class Relay:
                 self.to_user += data
         except OSError:
             pass
-        blocking = os.get_blocking(self.out_fd)
-        os.set_blocking(self.out_fd, True)
-        try:
-            while self.to_user:
-                self._write_some(self.out_fd, self.to_user)
-        finally:
-            os.set_blocking(self.out_fd, blocking)
+        self._deliver_all()
 
     def _drain_signals(self, wake_r):
         try:
@@ -9902,7 +9997,10 @@ class InteractiveHost:
             with RawTerminal(self.in_fd) as terminal:
                 if terminal.saved is not None and os.name == "posix":
                     relay.on_suspend = lambda _relay: self.suspend(terminal, set_child_size)
-                relay.run()
+                try:
+                    relay.run()
+                finally:
+                    relay.restore_modes()
         finally:
             if handoff is not None and handoff.candidate is not None:
                 handoff._fail(relay, "the session ended during the handoff")

@@ -480,3 +480,66 @@ def test_a_gone_session_left_mid_turn_keeps_that_turn_as_far_as_it_went(real_cla
     sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
     assert "run the two steps" in sent and "FINISHED-STEP-8123" in sent
     assert "Step one printed FINISHED-STEP-8123." in again.stdout
+
+
+# -- the person's terminal however Claude ends ------------------------------------------
+
+PANE_MODES = "alt=#{alternate_on} cursor=#{cursor_flag} mouse=#{mouse_any_flag}"
+
+
+@pytest.mark.parametrize("how", ["claude killed", "claude killed, panel open", "claude ends, panel open"])
+def test_the_terminal_modes_claude_turned_on_are_off_however_it_ends(real_claude, tmux, how):
+    """Claude draws on the alternate screen with the cursor hidden and mouse reports on, and
+    turns them off as it exits. Killed by a signal (or ending under the open panel) it
+    cannot: cc-lhc switches off what was left on, so the shell's output is seen again."""
+    import os
+    import signal
+    import time
+    rc = real_claude
+    rc.api.script([text_reply("HELLO-ANSWER")])
+    # (the shell lingers a moment: tmux reports a pane whose program ended as cursorless)
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"], cols=110, rows=32, env=rc.env,
+             cwd=rc.cwd, after="printf 'SHELL-IS-BACK\\n'; sleep 3")
+    t.wait_for(PROMPT, timeout=60)
+    type_line(t, "hello")
+    t.wait_for("HELLO-ANSWER")
+    during = t._tmux("display-message", "-p", "-t", t.target, PANE_MODES).stdout.strip()
+    if "panel" in how:
+        t.send_keys("C-]")
+        t.wait_for("cc-lhc control panel")
+    (started,) = log_events(rc, "child_started")
+    os.kill(started["child_pid"], signal.SIGKILL if "killed" in how else signal.SIGTERM)
+    t.wait_for("SHELL-IS-BACK", timeout=30)  # (written after cc-lhc's last bytes)
+    deadline = time.monotonic() + 2
+    while True:
+        after = t._tmux("display-message", "-p", "-t", t.target, PANE_MODES).stdout.strip()
+        if after == "alt=0 cursor=1 mouse=0" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert during.startswith("alt=1") and after == "alt=0 cursor=1 mouse=0", (during, after)
+    t.wait_exit(30)
+    assert t.stty_before == t.stty_after
+
+
+def test_terminal_modes_follow_what_was_written_in_any_cut():
+    stream = (b"\x1b[?1049h\x1b[?25l\x1b[?1000;1006h\x1b[?2004h\x1b[?1004h\x1b[>1u\x1b[>4;2m"
+              b"text\x1b[?1004l\x1b[>3u\x1b[<u\x1b[?2026hhalf a fra")
+    whole = cc_lhc.TerminalModes()
+    whole.feed(stream)
+    assert whole.reset() == (b"\x1b[0m\x1b[?2026l\x1b[<1u\x1b[>4m\x1b[?1000l\x1b[?1006l\x1b[?2004l"
+                             b"\x1b[?1049l\x1b[?25h")
+    for cut in range(1, len(stream)):
+        modes = cc_lhc.TerminalModes()
+        modes.feed(stream[:cut])
+        modes.feed(stream[cut:])
+        assert modes.reset() == whole.reset(), cut
+    tidy = cc_lhc.TerminalModes()  # a program that turned everything off again leaves nothing
+    tidy.feed(stream + b"me\x1b[?2026l\x1b[<u\x1b[>4m\x1b[?1000;1006l\x1b[?2004l\x1b[?1049l\x1b[?25h")
+    assert tidy.reset() == b""
+    for open_ in (b"\x1b]0;a title", b"\x1b[38;5", b"\x1b"):  # killed in the middle of a sequence
+        cut = cc_lhc.TerminalModes()
+        cut.feed(b"\x1b[?25l" + open_)
+        assert cut.reset() == b"\x18\x1b[0m\x1b[?25h"
+    done = cc_lhc.TerminalModes()
+    done.feed(b"\x1b]0;a title\x07plain")
+    assert done.reset() == b""
