@@ -11258,7 +11258,7 @@ class DraftWatch:
         "/model", "/config", "/settings", "/resume", "/agents", "/mcp", "/permissions",
         "/allowed-tools", "/hooks", "/memory", "/theme", "/status", "/help", "/doctor", "/login",
         "/logout", "/ide", "/output-style", "/export", "/add-dir", "/privacy-settings", "/bashes",
-        "/tasks", "/plugin", "/plugins", "/rewind", "/usage", "/todos", "/statusline", "/branch",
+        "/tasks", "/plugin", "/plugins", "/rewind", "/usage", "/statusline", "/branch",
     ))
 
     DIALOG_BYTES = frozenset(c.encode() for c in DIALOG_COMMANDS)
@@ -11275,6 +11275,8 @@ class DraftWatch:
         self.lines = 0            # new lines in it
         self.recalled = 0         # Up presses Down has not undone: an earlier prompt may be there
         self.unseen = False       # ctrl-r or ctrl-y put in text the keys do not show
+        self._text = bytearray()  # a one-line draft as typed (for ctrl-w and alt-backspace)
+        self._escs = 0            # Esc presses in a row: a second one empties the box
         self._slash = False       # the draft began with "/": a command, not a prompt
         self._last = 0
         self._paste = False
@@ -11288,11 +11290,29 @@ class DraftWatch:
         self.chars = self.lines = self.recalled = 0
         self.unseen = False
         self._command = b""
+        self._text.clear()
+
+    def _erase_word(self) -> None:
+        """ctrl-w or alt-backspace: the word before the cursor (taken to be at the end) and
+        the spaces after it go. Only a one-line draft whose text the keys showed is known."""
+        if self.lines or self.recalled or self.unseen:
+            return
+        text = self._text.rstrip(b" ")
+        cut = max(text.rfind(b" "), -1) + 1
+        del self._text[cut:]
+        self.chars = sum(1 for b in self._text if not 0x80 <= b < 0xC0)
+        self._command = self._command[:self.chars]
 
     def feed(self, data: bytes, now: float) -> bool:
         """Take keys that reached Claude; True when they sent a prompt."""
         if self.dialog and self._cut + data == b"\x1b":
             self.dialog, self._cut = False, b""  # Esc closes the dialog
+            return False
+        if self._cut == b"\x1b" and data[:1] == b"\x1b":  # a lone Esc, then another key
+            self._cut = b""
+            self._esc()
+        if data == b"\x1b" and self._escs and not self._cut:
+            self._esc()  # (a second Esc of a pair: no more is coming with it)
             return False
         data, self._cut = self._cut + data, b""
         sent, i = False, 0
@@ -11312,6 +11332,10 @@ class DraftWatch:
                     self._cut = data[i:]  # the rest comes with the next read (or it was Esc)
                     break
                 if seq is None:
+                    if data[i + 1:i + 2] in (b"\x7f", b"\x08"):  # alt-backspace
+                        self._erase_word()
+                        i += 2
+                        continue
                     i += 1
                     continue
                 key = ENCODED_KEY.fullmatch(data, i, seq[0])
@@ -11351,23 +11375,41 @@ class DraftWatch:
                 self.recalled = max(0, self.recalled - 1)
             elif b == 0x15 and not self.lines:
                 self.chars, self._command = 0, b""
+                self._text.clear()
+            elif b == 0x17:  # ctrl-w
+                self._erase_word()
             elif b in (0x7F, 0x08):
                 if self.chars:
                     self.chars -= 1
                     self._command = self._command[:self.chars]
+                    while self._text and 0x80 <= self._text[-1] < 0xC0:
+                        self._text.pop()
+                    if self._text:
+                        self._text.pop()
                 elif self.lines:
                     self.lines -= 1
-            elif b >= 0x20 and not 0x80 <= b < 0xC0:  # (a UTF-8 character once, by its first byte)
-                if not self.pending:
-                    self._slash = b == 0x2F
-                    self._command = b""
-                if self._slash and self.chars == len(self._command):
-                    # (still the command's first word: a space or any argument ends it)
-                    self._command += bytes([b]) if b != 0x20 else b"\0"
-                self.chars += 1
+            elif b >= 0x20:
+                self._text.append(b)
+                if not 0x80 <= b < 0xC0:  # (a UTF-8 character once, by its first byte)
+                    if not self.pending:
+                        self._slash = b == 0x2F
+                        self._command = b""
+                    if self._slash and self.chars == len(self._command):
+                        # (still the command's first word: a space or any argument ends it)
+                        self._command += bytes([b]) if b != 0x20 else b"\0"
+                    self.chars += 1
+            if b != 0x1B:
+                self._escs = 0
             self._last = b
             i += 1
         return sent
+
+    def _esc(self) -> None:
+        """The Esc key: Claude empties its box on the second of two in a row."""
+        self._escs += 1
+        if self._escs >= 2 and not self.dialog:
+            self._empty()
+            self._escs = 0
 
 
 class LiveHandoff:

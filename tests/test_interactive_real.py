@@ -579,3 +579,30 @@ def test_a_swap_waits_until_the_stop_hooks_have_run(real_claude, tmux, how):
     type_line(t, "next one")
     t.wait_for("after the swap")
     exit_cleanly(t)
+
+
+@pytest.mark.parametrize("erase", ["C-w", "M-BSpace"])
+def test_a_draft_erased_word_by_word_does_not_hold_smart_compact_back(real_claude, tmux, erase):
+    """Words typed into Claude's box while it works, then erased with ctrl-w or
+    alt-backspace, leave the box empty: the seam over the trigger swaps as usual."""
+    import threading
+    from fakeapi import text_reply
+    rc = real_claude
+    hold = threading.Event()
+    rc.api.script([dict(text_reply("LONG-ANSWER", usage=OVER_USAGE), hold=hold)])
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"], cols=110, rows=32, env=rc.env,
+             cwd=rc.cwd)
+    t.wait_for(PROMPT, timeout=60)
+    type_line(t, "go long")
+    rc.api.wait_for_requests(1, answered=False)
+    t.send_text("draft words")
+    t.wait_for("draft words")
+    t.send_keys(erase)
+    t.wait_for(re.compile(r"^❯\s+draft\s*$", re.M))  # (the box begins with a no-break space)
+    t.send_keys(erase)
+    t.wait_for(re.compile(r"^❯\s*$", re.M))
+    hold.set()
+    t.wait_for("LONG-ANSWER", timeout=30)
+    wait_for_log(rc, "handoff_switched", timeout=30)
+    assert not log_events(rc, "handoff_waits_for_person")
+    exit_cleanly(t)

@@ -530,3 +530,30 @@ def test_the_draft_watch_takes_a_recalled_prompt_for_a_draft_until_it_is_undone_
     assert d.pending and d.chars == 5 and d.recalled == 0
     d.clear()
     assert not d.pending
+
+
+def test_the_draft_watch_follows_word_erasing_and_esc_esc():
+    """ctrl-w and alt-backspace erase a word of the box, and Esc twice empties it, in
+    Claude as in the draft watch: a box emptied so does not hold Smart Compact back."""
+    for erase in (b"\x17", b"\x1b\x7f"):
+        d = cc_lhc.DraftWatch()
+        d.feed(b"draft words", 1.0)
+        d.feed(erase, 1.1)
+        assert d.pending and d.chars == len("draft ")
+        d.feed(erase, 1.2)
+        assert not d.pending, erase
+        d.feed("caf\u00e9 au lait  ".encode(), 1.3)
+        d.feed(erase, 1.4)
+        assert d.chars == len("caf\u00e9 au ")
+    d = cc_lhc.DraftWatch()
+    d.feed(b"half a thought", 2.0)
+    d.feed(b"\x1b", 2.1)
+    assert d.pending  # one Esc leaves the box as it is
+    d.feed(b"\x1b", 2.2)
+    assert not d.pending
+    d.feed(b"again", 3.0)
+    d.feed(b"\x1b", 3.1)
+    d.feed(b"x", 3.2)  # Esc then a key: no pair
+    assert d.pending
+    d.feed(b"\x03/todos\r", 4.0)  # not a dialog in the Claude Code this is tested with
+    assert not d.pending
