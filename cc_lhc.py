@@ -11743,9 +11743,15 @@ class LiveHandoff:
         # The old screen (and the notice, when input was dropped) scrolls up into the
         # terminal's history; the replacement's own first frame is drawn on a clean screen.
         notice = f"\r\n{PROG}: {self.NOTICE}" if relay.dropped else ""
+        frame = (notice + "\r\n" * rows + "\x1b[H\x1b[2J").encode() + bytes(self.replay)
         if relay.dropped:
             session.notices.append(self.NOTICE)
-        frame = (notice + "\r\n" * rows + "\x1b[H\x1b[2J").encode() + bytes(self.replay)
+            home.log("notice", text=self.NOTICE, dropped_bytes=relay.dropped)
+            # On the alternate screen Claude draws on, nothing scrolls into history: the
+            # notice is also written over the replacement's bottom line, where it stands
+            # until Claude next draws that line (the cursor put back where Claude left it).
+            frame += (f"\x1b7\x1b[{rows};1H\x1b[2K\x1b[7m{PROG}: {self.NOTICE}\x1b[0m\x1b8"
+                      .encode("utf-8"))
         if relay.hold_output:
             # The panel is open: the old Claude's held output belongs to a screen that is
             # gone, so the replacement's first frame is what the panel's closing shows.

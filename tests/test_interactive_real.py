@@ -164,8 +164,12 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
     at = argv.index(rules[0])
     assert argv[at:at + len(rules)] == rules and at < argv.index("--resume")
     wait_for_log(real_claude, "handoff_switched")
-    # the replacement's own first frame is on screen: the rebuilt conversation
+    # the replacement's own first frame is on screen: the rebuilt conversation, and the
+    # notice at its foot while the person has not typed again (Claude's alternate screen
+    # keeps no history for it to scroll into)
     t.wait_for("This conversation was rebuilt by Smart Compact")
+    t.wait_for(cc_lhc.LiveHandoff.NOTICE)
+    assert [e for e in log_events(real_claude, "notice") if e["text"] == cc_lhc.LiveHandoff.NOTICE]
     t.wait_for(PROMPT)
     type_line(t, "next one")
     t.wait_for("after the swap")
