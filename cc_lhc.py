@@ -9424,6 +9424,8 @@ class ControlPanel:
             return "Smart Compact is not available in this session"
         why_not = self.handoff.start(self.relay, manual=True)
         if why_not:
+            if why_not.startswith(LiveHandoff.PASSING):  # (only an automatic one comes back by itself)
+                why_not += "; this request is not kept: run /smart-compact again then"
             return f"Smart Compact did not start: {why_not}"
         self._hide()  # back to Claude's screen; the switch follows once the replacement is up
         return "Smart Compact started"

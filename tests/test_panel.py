@@ -300,3 +300,22 @@ def test_allocation_takes_the_profile_names_as_the_help_writes_them(monkeypatch)
     p.on_input(b"\x1d/allocation Balanced\r")
     assert p.output[-1] == "profile balanced for the rest of this session"
     assert p.session.policy["profile"] == "balanced"
+
+
+@pytest.mark.parametrize("why, kept", [
+    (cc_lhc.LiveHandoff.JUST_SENT + "; Smart Compact waits for it to be recorded", False),
+    (cc_lhc.LiveHandoff.DRAFT_WAITS, False),
+    ("under the trigger", True),
+])
+def test_a_smart_compact_asked_for_at_a_passing_moment_says_to_ask_again(why, kept):
+    """The panel's /smart-compact is not remembered: when what holds it back passes by
+    itself (a prompt being recorded, a draft), the answer says to ask again then."""
+    import types
+    policy = cc_lhc.resolve_policy([])
+    session = types.SimpleNamespace(policy=policy, home=None)
+    host = types.SimpleNamespace(size=lambda: (24, 80))
+    handoff = types.SimpleNamespace(start=lambda relay, manual: why)
+    panel = cc_lhc.ControlPanel(session, host, handoff)
+    said = panel.cmd_smart_compact([])
+    assert said.startswith(f"Smart Compact did not start: {why}")
+    assert ("run /smart-compact again" in said) is not kept
