@@ -10115,6 +10115,7 @@ class ManagedSession:
         self.spec, self.home, self.policy, self.capture = spec, home, policy, capture
         self.hostdb = HostDB(home)
         self.pending = self.descriptor = self.worker = None
+        self.kept_notes = None  # (files, first note) of notes a one-shot's prompt carries
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
         self.announced = []               # lines shown on the terminal as they happened
@@ -10149,6 +10150,8 @@ class ManagedSession:
                 os.set_blocking(self.control_w, False)
                 self.capture.request_handoff = self.request_handoff
             self.capture.start()
+            if spec.print_mode:
+                self.kept_notes = give_kept_notes_to_prompt(spec, home, self.capture.thread_id)
             if self.pending:
                 spec.after_spawn = lambda: failpoint("after-spawn")
             if self.summaries:
@@ -10167,6 +10170,7 @@ class ManagedSession:
             ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
                                                                              self.policy)),
             ("acceptance", self._settle),
+            ("kept notes", self._kept_notes_told),
             ("descriptor", lambda: self.descriptor and remove_descriptor(
                 home, self.hostdb, self.descriptor, "session ended")),
             ("notices", self._last_words),
@@ -10192,6 +10196,26 @@ class ManagedSession:
                 interrupted = interrupted or e
         if interrupted is not None:
             raise interrupted
+
+    def _kept_notes_told(self) -> None:
+        """The notes a one-shot's prompt carried are told once the thread holds that prompt."""
+        if not self.kept_notes:
+            return
+        files, first = self.kept_notes
+        store = ThreadStore(self.home, self.capture.thread_id)
+        try:
+            told = store.db.execute("SELECT 1 FROM messages WHERE kind = 'user_text' AND agent IS NULL "
+                                    "AND instr(text, ?) > 0 LIMIT 1", (first,)).fetchone()
+        finally:
+            store.close()
+        if not told:
+            return  # (Claude never took the prompt: the next launch gives them again)
+        for path in files:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.home.log("kept_notes_told", thread=self.capture.thread_id, mode="oneshot")
 
     def _settle(self) -> None:
         if not self.pending:
@@ -13136,6 +13160,26 @@ def kept_notes(home, thread_id: str):
     for path in guards:
         notes += read_kept_notes(path) or []
     return notes, guards
+
+
+def give_kept_notes_to_prompt(spec, home, thread_id):
+    """A one-shot's Claude gets the notes kept for the thread's next launch (background
+    work the last session's end stopped) ahead of its prompt, which cc-lhc has as an
+    argument; returns (the files to clear once Claude took them, the first note), or None.
+    A prompt on standard input is left alone: the notes wait for a launch that can say them."""
+    if not os.path.isdir(home.path("continuity", thread_id)):
+        return None
+    notes, guards = kept_notes(home, thread_id)
+    prompt = spec.positionals[-1] if spec.positionals else None
+    if not notes or prompt is None:
+        if notes:
+            say(f"{len(notes)} note(s) about stopped background work wait for this thread's next launch "
+                "that takes its prompt as an argument")
+        return None
+    at = len(spec.child_argv) - 1 - spec.child_argv[::-1].index(prompt)
+    spec.child_argv[at] = "\n".join(notes) + "\n\n" + prompt
+    home.log("kept_notes_given", thread=thread_id, notes=len(notes), mode="oneshot")
+    return [kept_notes_path(home, thread_id)] + guards, notes[0]
 
 
 def read_kept_notes(path: str):

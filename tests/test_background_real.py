@@ -518,3 +518,29 @@ def test_an_open_item_a_swap_cannot_carry_skips_the_seam_with_a_receipt_saying_w
     assert not log_events(rc, "handoff_spawned")
     type_line(t, "/exit")
     assert t.wait_exit() == 0
+
+
+def test_notes_kept_for_the_next_launch_reach_a_one_shots_claude(real_claude):
+    """What the last session's end stopped (kept in continuity/<thread>/undelivered.json)
+    reaches the next launch's Claude also when that launch is a one-shot: ahead of its
+    prompt, and then no longer kept. A prompt on standard input leaves them kept."""
+    import subprocess
+    rc = real_claude
+    rc.api.script([text_reply("first reply")])
+    assert rc.run_lhc("-p", "first prompt").returncode == 0
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    kept = Path(rc.env["CC_LHC_HOME"]) / "continuity" / thread["id"] / "undelivered.json"
+    kept.parent.mkdir(parents=True)
+    note = cc_lhc.stopped_note("shell", "b1", "sleep 300", "/tmp/out.b1")
+    kept.write_text(json.dumps([note]))
+    rc.api.script([text_reply("from stdin")])
+    p = subprocess.run([sys.executable, CC_LHC, "-c", "-p"], input="prompt on stdin", env=rc.env, cwd=rc.cwd,
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0 and "wait for this thread's next launch" in p.stderr, p.stderr
+    assert kept.exists() and note not in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    rc.api.script([text_reply("second reply")])
+    p = rc.run_lhc("-c", "-p", "hello again")
+    assert p.returncode == 0 and "second reply" in p.stdout, p.stderr
+    said = new_input(rc.api.message_requests[-1])
+    assert note in said and said.index(note) < said.index("hello again")
+    assert not kept.exists()
