@@ -370,7 +370,7 @@ def _cache_file_path(kind: str) -> str:
 
 
 def _ranks_cache_path(data_sha256: str) -> str:
-    return _cache_file_path("")
+    return _cache_file_path("")  # (named by O200K_SHA256, the one rank file cc-lhc takes)
 
 
 def _read_cache_file(path: str, magic: bytes):
@@ -442,8 +442,9 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
         _write_cache_file(_ranks_cache_path(data_sha256), RANKS_CACHE_MAGIC, tokens)
 
 
-# A tokenizer for the texts at hand. Building tiktoken's encoder from all 200,000 ranks takes about 0.15 s (each rank's bytes
-# are handed over one at a time), more than counting a megabyte. For a one-off count (a
+# A tokenizer for the texts at hand. Building tiktoken's encoder from all 200,000 ranks
+# takes about 0.11 s (each rank's bytes are handed over one at a time) and loading their
+# cache 0.045 s, more than counting a megabyte. For a one-off count (a
 # `measure`, a rebuild before a launch) an encoder holding only the ranks the texts can use
 # is built instead, and counts exactly as the whole one does: BPE only ever looks up byte
 # strings inside one piece of the text, and a rank missing from the encoder is one no
@@ -451,12 +452,13 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
 # which occurs in the texts, cut into words at ASCII whitespace. A rank the texts hold
 # either has no ASCII whitespace (it lies inside a word), or is one whitespace byte then
 # the start of a word (its word-part is checked), or is one of the 2,400 others (whitespace
-# runs, line ends after a sign), which are always kept. On a 1 MiB session the encoder
-# holds about 34,000 ranks and takes a third of the time. A long-running process (a live
-# session) builds the whole encoder once instead.
+# runs, line ends after a sign), which are always kept. For a 1 MiB session the encoder
+# holds about 30,000 ranks and is built in 0.017 s, after about 0.07 s picking them (the
+# index loaded, the words' grams, the passes over the index). A long-running process (a
+# live session) builds the whole encoder once instead.
 VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 4\n"
 ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"      # what bytes.split() cuts at
-SUBSET_TEXT_LIMIT = 2_000_000    # characters counted at once, beyond which the whole encoder is cheaper
+SUBSET_TEXT_LIMIT = 2_000_000    # characters counted at once: more hold more distinct words than the next limit
 SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words (all such encoders' together), likewise
 SUBSET_BUILDS = 3                # encoders built for texts at hand before the whole one is
 
@@ -586,7 +588,7 @@ def _vocab_index_path() -> str:
 def load_vocab_index(ranks_source):
     """The VocabIndex from the cache; made from the ranks (``ranks_source()``, a dict or
     None) and cached when there is none. None when it cannot be had, or kept: building
-    it (0.3 s) only pays off once it is kept for the next process."""
+    it (0.36 s) only pays off once it is kept for the next process."""
     data = _read_cache_file(_vocab_index_path(), VOCAB_INDEX_MAGIC)
     if data is None:
         if not os.path.isdir(StateHome().root):
@@ -8173,9 +8175,10 @@ def assess(home, hostdb, store, thread_id, session_id, policy, *, prompt_estimat
     ``swap`` means the Claude process would be replaced, so background work it owns and
     that cannot be carried makes the seam skip. ``idle``: no Claude is writing the
     transcript now (before a launch), see unsettled_reason. ``prune``: the operation is
-    Smart Prune, judged against pruneThresholdTokens. ``gone``: the session's transcript no
-    longer exists, so its conversation is written again from the thread, settled or not (a
-    turn left open is in the view as far as it went).
+    Smart Prune, judged against pruneThresholdTokens. ``gone``: Claude cannot go on with the
+    session as it is (its transcript no longer exists, or the mod compacted it in process),
+    so its conversation is written again from the thread, settled or not (a turn left open
+    is in the view as far as it went).
     """
     c, unsettled = current_classification(store, session_id, policy, prompt_estimate, idle, prune)
     if gone:
@@ -8564,9 +8567,9 @@ def abandon(home, registry, session_id, reason):
 # paste, kitty's and xterm's key encodings) and off again as it exits; a Claude that
 # dies by a signal, or a panel still open at its end, would leave the person's shell in
 # them (its output drawn on a dead screen, mouse moves typed as text).
-DEC_MODE_SEQ = re.compile(rb"\x1b\[\?([0-9;]+)([hl])")
-KITTY_KEYS_SEQ = re.compile(rb"\x1b\[([<>])([0-9]*)u")
-OTHER_KEYS_SEQ = re.compile(rb"\x1b\[>4(?:;([0-9]*))?m")
+# (one pattern, so a write is scanned once: DEC private modes, kitty's key-encoding stack,
+# xterm's modifyOtherKeys)
+MODE_SEQ = re.compile(rb"\x1b\[(?:\?([0-9;]+)([hl])|([<>])([0-9]*)u|>4(?:;([0-9]*))?m)")
 RESET_MODES = {1000, 1002, 1003, 1005, 1006, 1015, 1016, 1004, 2004, 2031}  # turned off when left on
 SYNC_OUTPUT = 2026  # a synchronized update: a terminal shows nothing new until it ends
 
@@ -8585,25 +8588,29 @@ class TerminalModes:
         self._tail = b""
         self._last = b""
 
+    LAST = 4096  # the bytes kept to tell whether the stream ended inside a sequence
+
     def feed(self, data: bytes) -> None:
-        self._last = (self._last + data)[-4096:]  # (for a sequence left open)
+        if not data:
+            return
+        self._last = (self._last + data[-self.LAST:])[-self.LAST:]
         if b"\x1b" not in data and b"\x1b" not in self._tail:
             return
         buf, old = self._tail + data, len(self._tail)
-        for m in DEC_MODE_SEQ.finditer(buf):
-            if m.end() > old:
-                for mode in m.group(1).split(b";"):
+        for m in MODE_SEQ.finditer(buf):
+            if m.end() <= old:
+                continue  # (read whole with the write before)
+            modes, switch, stack, count, other = m.groups()
+            if modes is not None:
+                for mode in modes.split(b";"):
                     if mode.isdigit():
-                        self.dec[int(mode)] = m.group(2) == b"h"
-        for m in KITTY_KEYS_SEQ.finditer(buf):
-            if m.end() > old:
-                if m.group(1) == b">":
-                    self.kitty += 1
-                else:
-                    self.kitty = max(0, self.kitty - int(m.group(2) or 1))
-        for m in OTHER_KEYS_SEQ.finditer(buf):
-            if m.end() > old:
-                self.other_keys = bool(m.group(1)) and m.group(1) != b"0"
+                        self.dec[int(mode)] = switch == b"h"
+            elif stack == b">":
+                self.kitty += 1
+            elif stack == b"<":
+                self.kitty = max(0, self.kitty - int(count or 1))
+            else:
+                self.other_keys = bool(other) and other != b"0"
         self._tail = buf[-self.TAIL:]
 
     def left_open(self) -> bool:
@@ -8870,23 +8877,22 @@ class Relay:
         self.to_user.clear()
 
     @staticmethod
-    def _write_some(fd, buf: bytearray) -> None:
+    def _write_some(fd, buf: bytearray) -> bytes:
+        """Write what fd takes of buf now, and drop it from buf; returns what was written."""
+        chunk = bytes(buf[: Relay.CHUNK])
         try:
-            n = os.write(fd, bytes(buf[: Relay.CHUNK]))
+            n = os.write(fd, chunk)
         except BlockingIOError:
-            return
+            return b""
         except OSError:
             buf.clear()  # the reader went away; nothing more can be delivered
-            return
+            return b""
         del buf[:n]
+        return chunk[:n]
 
     def _to_user(self) -> None:
         """Write what waits for the person's terminal, noting the modes it switches."""
-        before = bytes(self.to_user[: Relay.CHUNK])
-        left = len(self.to_user)
-        self._write_some(self.out_fd, self.to_user)
-        if left != len(self.to_user):
-            self.modes.feed(before[: left - len(self.to_user)])
+        self.modes.feed(self._write_some(self.out_fd, self.to_user))
 
     def restore_modes(self) -> None:
         """Switch off what the session left on in the person's terminal (see TerminalModes)."""
@@ -10955,6 +10961,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
             f"sessions); writing the conversation again from thread {capture.thread_id[:8]}")
         home.log("transcript_gone", thread=capture.thread_id, session=spec.session_id, path=capture.path)
     compacted = not gone and compacted_in_process(home, spec.session_id)
+    unresumable = gone or compacted  # as it is, Claude cannot go on with it: written again
     if compacted:
         # Claude reads a session back by its records' message ids, and the newest records the
         # mod's compaction kept are written after its boundary with the ids they had before
@@ -10973,7 +10980,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
         home.log("thinking_refused", thread=capture.thread_id, session=refused)
     a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
                prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused),
-               gone=gone or compacted)
+               gone=unresumable)
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
     plan_view = None
     if not a.go and automatic_prune_due(policy, a.c):
@@ -10991,7 +10998,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
     try:
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
                           spec.cwd, envelope_from=None if gone else capture.path, assessment=a,
-                          plan_view=plan_view, idle=True, gone=gone or compacted)
+                          plan_view=plan_view, idle=True, gone=unresumable)
     except PruneUnchanged as e:
         a.outcome(f"no_action: {e}")
         say(f"Smart Prune: {e}")
@@ -11265,8 +11272,8 @@ HISTORY_KEY = re.compile(rb"\x1b(?:\[(?:1;\d+)?|O)([AB])")  # up and down, eithe
 class DraftWatch:
     """Whether Claude's input box holds a message the person has begun and not sent, told
     from the keys that reach Claude: the characters typed since the last Enter that sent
-    something, less those erased (backspace; ctrl-u on a one-line draft; ctrl-c empties the
-    box). A backslash or a paste before an Enter makes it a new line, not a send. Terminal
+    something, less those erased (backspace; ctrl-u, ctrl-w and alt-backspace on a one-line
+    draft; ctrl-c and Esc twice empty the box). A backslash or a paste before an Enter makes it a new line, not a send. Terminal
     sequences (focus reports, answers, most cursor keys) are no text. Up (or ctrl-p) brings
     back an earlier prompt the keys never showed, as ctrl-r's history search and ctrl-y's
     yank put in text they do not show: until Down (ctrl-n) undoes each Up, or Enter or
@@ -14378,8 +14385,7 @@ def cmd_export(args) -> int:
     if fmt not in ("json", "markdown", "raw-lines"):
         raise usage_error("--format is json, markdown or raw-lines")
     if len(args) != 1:
-        raise usage_error("usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown|raw-lines] "
-                          "[--from tN] [--to tN]")
+        raise usage_error(COMMAND_USAGE["export"])
     if first is not None and last is not None and first > last:
         raise usage_error(f"--from t{first} --to t{last} is not a usable range (the first turn comes first)")
     if fmt == "raw-lines" and (first is not None or last is not None):
@@ -14682,13 +14688,6 @@ def escape_controls(text: str) -> str:
     return "".join(out)
 
 
-def context_text(text: str) -> str:
-    """Text of a hit's line as shown: on one line, control characters as escapes. A
-    backslash stays as it is: the line is most often copied into the next command (a grep
-    pattern, a Windows path), so a tab and the two characters \\t look alike there."""
-    return escape_controls(text)
-
-
 def shown_query(text: str) -> str:
     """The searched text as a message repeats it: quoted, and cut when it is long."""
     return repr(text if len(text) <= 200 else text[:100] + "\u2026" + text[-60:])
@@ -14699,12 +14698,12 @@ def match_context(body: str, text: str) -> str:
     with the match between » and «, on one line."""
     at = body.find(text)
     if at < 0:
-        return context_text(body[:2 * SEARCH_CONTEXT_CHARS])
+        return escape_controls(body[:2 * SEARCH_CONTEXT_CHARS])
     end = at + len(text)
     match = text if len(text) <= 2 * SEARCH_CONTEXT_CHARS else (
         text[:SEARCH_CONTEXT_CHARS] + "\u2026" + text[-SEARCH_CONTEXT_CHARS:])
     return _context_line(body, at, end, lambda before, after: (
-        f"{context_text(before)}\u00bb{context_text(match)}\u00ab{context_text(after)}"))
+        f"{escape_controls(before)}\u00bb{escape_controls(match)}\u00ab{escape_controls(after)}"))
 
 
 def _context_line(body: str, at: int, end: int, show) -> str:
@@ -14829,9 +14828,9 @@ def word_context(body: str, text: str) -> str:
         if found:
             break
     if found is None:
-        return context_text(" ".join(body[:2 * SEARCH_CONTEXT_CHARS].split()))
+        return escape_controls(" ".join(body[:2 * SEARCH_CONTEXT_CHARS].split()))
     at, end = found.span()
-    return _context_line(body, at, end, lambda before, after: context_text(
+    return _context_line(body, at, end, lambda before, after: escape_controls(
         pattern.sub(lambda m: f"\u00bb{m.group(0)}\u00ab", before + found.group(0) + after)))
 
 
@@ -14998,8 +14997,7 @@ def check_envelope_source(path) -> None:
 def cmd_rollout(args) -> int:
     """`rollout write`: write a thread's served view as a new Claude session (the fork entry)."""
     if not args or args[0] != "write":
-        raise usage_error("usage: cc-lhc rollout write --thread-id ID --session-id UUID "
-                          "[--cwd DIR] [--projects-root DIR] [--envelope-from ROLLOUT]")
+        raise usage_error(COMMAND_USAGE["rollout"])
     args = args[1:]
     thread_arg = _take_option(args, "--thread-id")
     session_id = _take_option(args, "--session-id")
@@ -15193,8 +15191,7 @@ def cmd_measure(args) -> int:
     if token_count_problem(target):
         raise usage_error(f"--target must be a positive number of tokens up to {TOKEN_FIELD_MAX:,}")
     if len(args) != 1:
-        raise usage_error("usage: cc-lhc measure <transcript.jsonl | folder> [--json | --markdown] "
-                          "[--profile P] [--target N]")
+        raise usage_error(COMMAND_USAGE["measure"])
     if as_json and as_md:
         raise usage_error("--json and --markdown: give one of them")
     where = args[0]
@@ -15305,7 +15302,7 @@ def cmd_backfill_labels(args) -> int:
     """Give older stored turn renderings the stable tN/mN labels (operator command)."""
     dry = _take_flag(args, "--dry-run")
     if len(args) != 1:
-        raise usage_error("usage: cc-lhc backfill-labels <thread-id-or-prefix> [--dry-run]")
+        raise usage_error(COMMAND_USAGE["backfill-labels"])
     home = StateHome()
     if not registry_known(home):
         raise usage_error("no threads yet")
