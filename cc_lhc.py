@@ -284,7 +284,10 @@ def _tokenizer_location():
 
 
 def _read_tokenizer_bytes(path, member):
-    """The rank file's bytes from _tokenizer_location()'s answer, or None."""
+    """The bytes of a file (member None) or of a zipapp's member, as _tokenizer_location()
+    names the rank file; None when there is none to read."""
+    if path is None:
+        return None
     if member is None:
         try:
             with open(path, "rb") as f:
@@ -309,12 +312,7 @@ def _tokenizer_stamp(path, member) -> str | None:
     return f"{path}\0{member or ''}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
 
 
-# The rank file parsed (200,000 base64 lines: most of what loading the tokenizer cost)
-# is kept in the state folder as marshal data, named by the rank file's hash and the
-# Python version, with a hash of its own bytes in front so a torn or altered copy is
-# parsed again instead of trusted.
-RANKS_CACHE_MAGIC = b"cc-lhc ranks 1\n"
-O200K_TOKENS = 199_998
+O200K_TOKENS = 199_998  # ranks 0..199,997 (the two special tokens come after them)
 
 
 # o200k_base's split pattern and special tokens, as tiktoken_ext.openai_public defines them
@@ -361,87 +359,6 @@ def _tiktoken_core():
     return None
 
 
-def _cache_file_path(kind: str) -> str:
-    """A derived form of the rank file kept in the state folder, named by the rank file's
-    hash and the Python version (marshal's format is that version's)."""
-    name = (f"o200k_base-{O200K_SHA256[:16]}{kind}-py{sys.version_info[0]}{sys.version_info[1]}"
-            ".marshal")
-    return StateHome().path("cache", name)
-
-
-def _ranks_cache_path(data_sha256: str) -> str:
-    return _cache_file_path("")  # (named by O200K_SHA256, the one rank file cc-lhc takes)
-
-
-def _read_cache_file(path: str, magic: bytes):
-    """The object marshalled in a cache file, or None when there is no sound copy: a hash
-    of the payload follows the magic line, so a torn or altered file is never trusted."""
-    import hashlib
-    import marshal
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError:
-        return None
-    head = len(magic)
-    payload = memoryview(blob)[head + 65:]  # (a 5 MB index is not copied to be checked)
-    if (blob[:head] != magic
-            or blob[head:head + 64].decode("ascii", "replace") != hashlib.sha256(payload).hexdigest()):
-        return None
-    try:
-        return marshal.loads(payload)
-    except (ValueError, EOFError, TypeError):
-        return None
-
-
-def _write_cache_file(path: str, magic: bytes, value) -> bool:
-    """Write a cache file (atomically, privately); whether it was written. A folder that
-    cannot take it is no error, and no reason to create the state folder (doctor reports
-    that one missing)."""
-    import hashlib
-    import marshal
-    payload = marshal.dumps(value)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    home = StateHome()
-    if not os.path.isdir(home.root):
-        return False
-    try:
-        home.ensure("cache")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(magic + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
-        os.replace(tmp, path)
-        return True
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        return False
-
-
-def _cached_ranks(data_sha256: str):
-    """The parsed ranks from the cache, or None when there is no sound copy."""
-    tokens = _read_cache_file(_ranks_cache_path(data_sha256), RANKS_CACHE_MAGIC)
-    if not isinstance(tokens, list) or len(tokens) != O200K_TOKENS:
-        return None
-    return dict(zip(tokens, range(len(tokens))))
-
-
-def _rank_order(ranks: dict):
-    """The tokens in rank order, or None unless the ranks are 0..n-1 (as o200k_base's are)."""
-    tokens = sorted(ranks, key=ranks.__getitem__)
-    if not tokens or ranks[tokens[0]] != 0 or ranks[tokens[-1]] != len(tokens) - 1:
-        return None
-    return tokens
-
-
-def _save_ranks(data_sha256: str, ranks: dict) -> None:
-    tokens = _rank_order(ranks)
-    if tokens is not None:
-        _write_cache_file(_ranks_cache_path(data_sha256), RANKS_CACHE_MAGIC, tokens)
-
-
 # A tokenizer for the texts at hand. Building tiktoken's encoder from all 200,000 ranks
 # takes about 0.11 s (each rank's bytes are handed over one at a time) and loading their
 # cache 0.045 s, more than counting a megabyte. For a one-off count (a
@@ -456,11 +373,12 @@ def _save_ranks(data_sha256: str, ranks: dict) -> None:
 # holds about 30,000 ranks and is built in 0.017 s, after about 0.07 s picking them (the
 # index loaded, the words' grams, the passes over the index). A long-running process (a
 # live session) builds the whole encoder once instead.
-VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 4\n"
 ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"      # what bytes.split() cuts at
 SUBSET_TEXT_LIMIT = 2_000_000    # characters counted at once: more hold more distinct words than the next limit
 SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words (all such encoders' together), likewise
 SUBSET_BUILDS = 3                # encoders built for texts at hand before the whole one is
+SMALL_BATCH = 32_768             # characters: a batch this short gets only the ranks found in its text
+SMALL_BUILDS = 16                # encoders built for such short batches before the whole one is
 
 
 def core_text(text: str) -> str:
@@ -501,6 +419,14 @@ def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
     for start in range(4):
         grams.update(view[start:start + (len(corpus) - start) // 4 * 4].cast("I"))
     return grams, len(corpus)
+
+
+def _rank_order(ranks: dict):
+    """The tokens in rank order, or None unless the ranks are 0..n-1 (as o200k_base's are)."""
+    tokens = sorted(ranks, key=ranks.__getitem__)
+    if not tokens or ranks[tokens[0]] != 0 or ranks[tokens[-1]] != len(tokens) - 1:
+        return None
+    return tokens
 
 
 def build_vocab_index(tokens) -> tuple:
@@ -557,14 +483,17 @@ class VocabIndex:
             raise ValueError("index made on a machine of the other byte order")
         self.offsets, self.always = arr(offsets), arr(always)
         self.groups = [[arr(raw) for raw in group] for group in groups]
+        self._always = None  # (bytes, rank) of the ranks always kept, once asked for
         if len(self.offsets) != self.size + 1 or self.offsets[-1] != len(self.blob):
             raise ValueError("index does not match its ranks")
 
-    def ranks_for(self, grams) -> dict:
-        """token bytes -> rank for every rank texts with these 4-grams can hold."""
+    def ranks_for(self, grams, text=None) -> dict:
+        """token bytes -> rank for every rank texts with these 4-grams can hold; given
+        ``text`` (the texts' bytes, when they are short), only those that occur in it,
+        the only ones BPE can look up."""
         import bisect
         three, two = _gram_masks()
-        picked = list(self.always)
+        picked = [] if text is not None else list(self.always)
         for (first, ranks, *more), present in zip(self.groups, (
                 set(map(two, grams)), set(map(three, grams)), grams, grams)):
             if len(present) * 16 < len(first):  # a short text: its grams looked up
@@ -576,34 +505,142 @@ class VocabIndex:
             for column in more:
                 rows = list(itertools.compress(rows, map(grams.__contains__, map(column.__getitem__, rows))))
             picked.extend(map(ranks.__getitem__, rows))
+        found = dict(zip(self._tokens(picked), picked))
+        if text is not None:
+            if self._always is None:  # (kept: a process counts a few short texts, such as headers)
+                self._always = list(zip(self._tokens(self.always), self.always))
+            found = {token: rank for token, rank in itertools.chain(found.items(), self._always) if token in text}
+        return found
+
+    def _tokens(self, ranks):
+        """The bytes of each of these ranks, in turn."""
         offsets, after = self.offsets, (1).__add__
-        cut = map(slice, map(offsets.__getitem__, picked), map(offsets.__getitem__, map(after, picked)))
-        return dict(zip(map(self.blob.__getitem__, cut), picked))
+        return map(self.blob.__getitem__,
+                   map(slice, map(offsets.__getitem__, ranks), map(offsets.__getitem__, map(after, ranks))))
+
+    def ranks(self) -> dict:
+        """token bytes -> rank for every rank (the whole encoder's)."""
+        return dict(zip(self._tokens(range(self.size)), range(self.size)))
 
 
-def _vocab_index_path() -> str:
-    return _cache_file_path(f"-index4-{sys.byteorder}")
+# The index is the rank file in a form read in a moment: the tokens' bytes and the tables
+# above, each a run of native ints, about 5 MB in all. The build writes it beside the rank
+# file (a checkout's .cache/tokenizer/, the bundle's data folder, the zipapp), so no copy
+# of cc-lhc parses the rank file's 200,000 base64 lines (0.15 s) or makes the index itself
+# (0.36 s); beside a rank file that has none (one named by CC_LHC_TOKENIZER_FILE) it is made
+# once and kept in the state folder. The file: the magic line, the SHA-256 of the rest, a
+# JSON line naming the ranks it was made from and each section's length, the sections.
+# One that fails the hash or names other ranks is never used.
+VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 5\n"
+VOCAB_INDEX_FILE_NAME = "o200k_base.index"
 
 
-def load_vocab_index(ranks_source):
-    """The VocabIndex from the cache; made from the ranks (``ranks_source()``, a dict or
-    None) and cached when there is none. None when it cannot be had, or kept: building
-    it (0.36 s) only pays off once it is kept for the next process."""
-    data = _read_cache_file(_vocab_index_path(), VOCAB_INDEX_MAGIC)
-    if data is None:
-        if not os.path.isdir(StateHome().root):
+def vocab_index_bytes(data) -> bytes:
+    """build_vocab_index's tables as an index file holds them."""
+    import hashlib
+    order, size, blob, offsets, always, tables = data
+    sections = [blob, offsets, always] + [raw for table in tables for raw in table]
+    head = json.dumps({"ranks_sha256": O200K_SHA256, "order": order, "size": size,
+                       "columns": [len(table) for table in tables],
+                       "sections": [len(raw) for raw in sections]}).encode()
+    body = head + b"\n" + b"".join(sections)
+    return VOCAB_INDEX_MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def parse_vocab_index(raw, hashed=True):
+    """The tables in an index file's bytes (read in place, not copied), or None when they
+    are not sound: torn or altered, another layout, or the index of other ranks. With
+    ``hashed`` false the hash is not checked: the file's stamp says it passed before."""
+    import hashlib
+    start = len(VOCAB_INDEX_MAGIC) + 65
+    if not raw or raw[:start - 65] != VOCAB_INDEX_MAGIC:
+        return None
+    view = memoryview(raw)
+    if hashed and raw[start - 65:start - 1] != hashlib.sha256(view[start:]).hexdigest().encode():
+        return None
+    end = raw.find(b"\n", start)
+    try:
+        head = json.loads(raw[start:end])
+        sizes, columns = head["sections"], head["columns"]
+        if (head["ranks_sha256"] != O200K_SHA256 or len(sizes) != 3 + sum(columns)
+                or end + 1 + sum(sizes) != len(raw)):
             return None
+        sections = []
+        at = end + 1
+        for n in sizes:
+            sections.append(view[at:at + n])
+            at += n
+        tables, at = [], 3
+        for n in columns:
+            tables.append(sections[at:at + n])
+            at += n
+        return (head["order"], head["size"], bytes(sections[0]), sections[1], sections[2], tables)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _index_of(raw, hashed=True):
+    """The VocabIndex an index file's bytes hold, or None."""
+    data = parse_vocab_index(raw, hashed)
+    try:
+        return VocabIndex(data) if data else None
+    except (ValueError, TypeError):  # (made on a machine of the other byte order)
+        return None
+
+
+def _index_beside_ranks():
+    """(path, member) of the index the build put beside the rank file, as
+    _tokenizer_location() gives that file's; (None, None) without a rank file."""
+    path, member = _tokenizer_location()
+    if path is None:
+        return None, None
+    if member is not None:
+        return path, member.rpartition("/")[0] + "/" + VOCAB_INDEX_FILE_NAME
+    return os.path.join(os.path.dirname(path), VOCAB_INDEX_FILE_NAME), None
+
+
+def _kept_index_path() -> str:
+    return StateHome().path("cache", f"o200k_base-{O200K_SHA256[:16]}-index5-{sys.byteorder}.bin")
+
+
+def _write_cache_file(path: str, data: bytes) -> bool:
+    """Write a file into the state folder's cache (atomically, privately); whether it was
+    written. A folder that cannot take it is no error, and no reason to create the state
+    folder (doctor reports that one missing)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    home = StateHome()
+    if not os.path.isdir(home.root):
+        return False
+    try:
+        home.ensure("cache")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+
+
+def load_vocab_index(ranks_source, checked=False):
+    """The VocabIndex beside the rank file, else the one kept in the state folder, else one
+    made from the ranks (``ranks_source()``, a dict or None) and kept there. None when it
+    cannot be had, or kept: making it (0.36 s) only pays off once the next process finds it.
+    ``checked``: the one beside the rank file passed its hash under the stamp it has now."""
+    index = _index_of(_read_tokenizer_bytes(*_index_beside_ranks()), hashed=not checked)
+    if index is None:
+        index = _index_of(_read_tokenizer_bytes(_kept_index_path(), None))
+    if index is None and os.path.isdir(StateHome().root):
         ranks = ranks_source()
         tokens = _rank_order(ranks) if ranks else None
-        if tokens is None:
-            return None
-        data = build_vocab_index(tokens)
-        if not _write_cache_file(_vocab_index_path(), VOCAB_INDEX_MAGIC, data):
-            return None
-    try:
-        return VocabIndex(data)
-    except (ValueError, TypeError):
-        return None
+        raw = vocab_index_bytes(build_vocab_index(tokens)) if tokens is not None else None
+        if raw is not None and _write_cache_file(_kept_index_path(), raw):
+            index = _index_of(raw)
+    return index
 
 
 # Counts already made are kept in the state folder by a hash of the text (never the text
@@ -786,7 +823,10 @@ class TokenCounter:
         self._encoding = None
         self._checked = False
         self._loaded = False
-        self._ranks_data = None
+        self._ranks_data = None  # the rank file's bytes, when _check read them
+        self._parsed = None  # the rank file parsed, when no index was to be had
+        self._small_builds = 0  # encoders built for short batches (see SMALL_BATCH)
+        self._index_checked = False  # the index beside the rank file passed its hash under its stamp
         self._where = (None, None)
         self.exact = False
         self.reason = "not loaded yet"
@@ -823,15 +863,25 @@ class TokenCounter:
             return
         self.cache = CountsCache()
         stamp = _tokenizer_stamp(path, member)
-        if not self.cache.verified(stamp):
-            data = _read_tokenizer_bytes(path, member)
-            if data is None:
-                self.reason = "o200k_base data not found (counts are approximate)"
-                return
-            if not _is_o200k(data):
-                self.reason = f"o200k_base data at {path} failed its checksum (counts are approximate)"
-                return
-            self._ranks_data = data
+        beside = _index_beside_ranks()
+        index_stamp = _tokenizer_stamp(*beside) if beside[0] else None
+        checked = None  # the stamp of the file whose hash passed just now
+        self._index_checked = self.cache.verified(index_stamp)
+        if not (self._index_checked or self.cache.verified(stamp)):
+            # The index beside the rank file holds the same ranks and carries its own hash:
+            # when it is sound, the rank file (3.6 MB) need not be read and hashed.
+            self._index = _index_of(_read_tokenizer_bytes(*beside))
+            if self._index is not None:
+                checked = index_stamp
+            else:
+                data = _read_tokenizer_bytes(path, member)
+                if data is None:
+                    self.reason = "o200k_base data not found (counts are approximate)"
+                    return
+                if not _is_o200k(data):
+                    self.reason = f"o200k_base data at {path} failed its checksum (counts are approximate)"
+                    return
+                self._ranks_data, checked = data, stamp
         import importlib.util
         try:
             found = importlib.util.find_spec("tiktoken") is not None
@@ -840,8 +890,8 @@ class TokenCounter:
         if not found:
             self.reason = "tiktoken is not installed (counts are approximate)"
             return
-        if data is not None:
-            self.cache.note_verified(stamp)
+        if checked is not None:
+            self.cache.note_verified(checked)
         self._where = (path, member)
         self.exact = True
         self.reason = f"o200k_base from {path}"
@@ -859,10 +909,17 @@ class TokenCounter:
             return None
 
     def _ranks(self):
-        """o200k_base's ranks (token bytes -> rank), from the cache or parsed from the rank
-        file; None when the file changed under us (counts become estimates)."""
-        ranks = _cached_ranks(O200K_SHA256)
-        if ranks is None:
+        """o200k_base's ranks (token bytes -> rank), from the vocabulary index (see
+        load_vocab_index) or parsed from the rank file; None when that file changed under
+        us (counts become estimates)."""
+        if self._index is None:
+            self._index = load_vocab_index(self._parsed_ranks, self._index_checked) or False
+        return self._index.ranks() if self._index else self._parsed_ranks()
+
+    def _parsed_ranks(self):
+        """The rank file parsed (kept until an encoder is built from it), its hash checked
+        again unless _check just did; None when it changed under us."""
+        if self._parsed is None:
             data, self._ranks_data = self._ranks_data, None
             if data is None:
                 data = _read_tokenizer_bytes(*self._where)
@@ -871,13 +928,12 @@ class TokenCounter:
                 self.reason = f"o200k_base data at {self._where[0]} changed while in use (counts are approximate)"
                 return None
             import base64
-            ranks = {}
+            self._parsed = {}
             for line in data.splitlines():
                 if line:
                     token, rank = line.split()
-                    ranks[base64.b64decode(token)] = int(rank)
-            _save_ranks(O200K_SHA256, ranks)
-        return ranks
+                    self._parsed[base64.b64decode(token)] = int(rank)
+        return self._parsed
 
     def _load(self):
         """Build tiktoken's encoder (once); a failure leaves every later count an estimate."""
@@ -889,7 +945,7 @@ class TokenCounter:
         if ranks is not None:
             # (tiktoken's own o200k_base() would download the ranks)
             self._encoding = core.CoreBPE(ranks, O200K_SPECIAL, O200K_PATTERN)
-            self._ranks_data = None
+        self._ranks_data = self._parsed = None
 
     def encoding(self):
         """tiktoken's o200k_base encoder (its core: encode_ordinary and the rest), built now
@@ -903,10 +959,11 @@ class TokenCounter:
     def _encoder_for(self, texts):
         """What to count these texts with: the whole encoder once it is built or wanted,
         else one holding only the ranks they can use (see VocabIndex), kept for later
-        texts it covers. The whole one is built when that cannot be had, or once such
-        encoders would be more than SUBSET_BUILDS, or built for more than
-        SUBSET_WORDS_LIMIT bytes of words: many different batches are a long count, for
-        which the whole one costs less."""
+        texts it covers; for a short batch (SMALL_BATCH), one of the ranks found in its
+        text. The whole one is built when that cannot be had, or once such encoders would
+        be more than SUBSET_BUILDS (SMALL_BUILDS for short batches), or built for more
+        than SUBSET_WORDS_LIMIT bytes of words: many different batches are a long count,
+        for which the whole one costs less."""
         with self._lock:
             if self._whole_wanted or self._loaded:
                 return self.encoding()
@@ -917,15 +974,21 @@ class TokenCounter:
             for encoder, covered, _size in self._for_texts:
                 if grams <= covered:
                     return encoder
-            if (len(self._for_texts) >= SUBSET_BUILDS
+            small = sum(map(len, texts)) <= SMALL_BATCH
+            if (self._small_builds >= SMALL_BUILDS if small else
+                    len(self._for_texts) >= SUBSET_BUILDS
                     or size + sum(n for _e, _g, n in self._for_texts) > SUBSET_WORDS_LIMIT):
                 return self.encoding()
             if self._index is None:
-                self._index = load_vocab_index(self._ranks) or False
-                self._ranks_data = None  # (the rank file's bytes, read for its checksum)
+                self._index = load_vocab_index(self._parsed_ranks, self._index_checked) or False
+                self._ranks_data = self._parsed = None  # (read for the checksum, parsed for the index)
             core = self._core() if self._index else None
             if core is None:  # (encoding() then builds the whole one, or says why it cannot)
                 return self.encoding()
+            if small:  # (a view's header, a note: a count holds a few, each different)
+                self._small_builds += 1
+                data = b"\0".join(core_text(t).encode("utf-8") for t in texts)
+                return core.CoreBPE(self._index.ranks_for(grams, data), O200K_SPECIAL, O200K_PATTERN)
             encoder = core.CoreBPE(self._index.ranks_for(grams), O200K_SPECIAL, O200K_PATTERN)
             self._for_texts.append((encoder, grams, size))
             return encoder
@@ -4107,18 +4170,45 @@ def working_set(turns):
 # other sign, whitespace runs), which stays above the exact count on all of it (about
 # 1.6 times it on average).
 SAFE_BYTES_PER_TOKEN = 2.25
-TOKEN_PIECES = re.compile(r"[A-Za-z]+|\d{1,3}|[^\sA-Za-z\d]|\s+")
 MESSAGE_TOKENS = 4        # what each message adds beyond its text (as band_cost counts it)
 VIEW_FIT_ROUNDS = 4       # allocations tried to bring the counted view up to its budget
 VIEW_FIT_FILL = 0.97      # a view counted at this share of its budget or more is kept
+
+
+def _piece_tables():
+    """bytes.translate tables for min_pieces, each marking one class of byte as 'a' and
+    every other byte as ' ', and the bytes that are no sign: those classes' and UTF-8's
+    continuation bytes (so a character beyond ASCII is one sign)."""
+    classes = {"letters": set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"),
+               "digits": set(b"0123456789"), "spaces": set(ASCII_WHITESPACE)}
+    tables = {name: bytes(ord("a") if b in members else ord(" ") for b in range(256))
+              for name, members in classes.items()}
+    plain = set().union(*classes.values()) | set(range(0x80, 0xC0))
+    return tables, bytes(sorted(plain))
+
+
+PIECE_TABLES, NOT_A_SIGN = _piece_tables()
+
+
+def min_pieces(data: bytes) -> int:
+    """At least as many pieces as o200k's splitter cuts UTF-8 text into, counted by
+    byte class in a few passes of C: each run of ASCII letters one, each run of ASCII
+    digits one per three, each run of ASCII whitespace one, every other character one (a
+    character beyond ASCII is at least one piece, whatever its class)."""
+    if not data:
+        return 0
+    letters, digits, spaces = (b" " + data.translate(table) for table in PIECE_TABLES.values())
+    # a digit run of n makes ceil(n / 3) pieces: lengthened by 2, it holds floor((n + 2) / 3) "aaa"
+    return (letters.count(b" a") + digits.replace(b" a", b" aaa").count(b"aaa") + spaces.count(b" a")
+            + len(data.translate(None, NOT_A_SIGN)))
 
 
 def safe_estimate(text) -> int:
     """Tokens of text counted without the tokenizer, never fewer than o200k counts."""
     if not text:
         return 0
-    by_bytes = -(-len(text.encode("utf-8")) * 4 // 9)  # bytes / 2.25, rounded up
-    return max(by_bytes, len(TOKEN_PIECES.findall(text)))
+    data = text.encode("utf-8", "surrogatepass")
+    return max(-(-len(data) * 4 // 9), min_pieces(data))  # bytes / 2.25, rounded up
 
 
 def shown_text(m, stub) -> str:

@@ -69,6 +69,7 @@ tokenizer = _load_sibling("tokenizer")
 STAMP_LINE = "SOURCE_STAMP = None  # build/build.py replaces this line"
 DATA_DIR = "cc_lhc_data"
 TOKENIZER_NAME = "o200k_base.tiktoken"
+INDEX_NAME = "o200k_base.index"  # the rank file as cc-lhc reads it (cc_lhc.VOCAB_INDEX_FILE_NAME)
 ZIPAPP_NAME = "cc-lhc.pyz"
 ROLLBACK_SCRIPT = "rollback-unaccepted.py"
 VENDORED = ("pexpect", "ptyprocess")  # pure Python, carried inside the zipapp
@@ -300,6 +301,7 @@ def build_zipapp(stamped: str, tokenizer_file: Path, out: Path, epoch: int) -> N
     for name in [n for n in files if n.endswith(".py")]:
         files[name[:-3] + ".pyc"] = compiled(files[name], name)
     files[f"{DATA_DIR}/{TOKENIZER_NAME}"] = tokenizer_file.read_bytes()
+    files[f"{DATA_DIR}/{INDEX_NAME}"] = tokenizer.vocab_index_bytes(tokenizer_file)
 
     tmp = out.with_suffix(".tmp")
     with open(tmp, "wb") as f:
@@ -307,7 +309,8 @@ def build_zipapp(stamped: str, tokenizer_file: Path, out: Path, epoch: int) -> N
         with zipfile.ZipFile(f, "w") as zf:
             for name in sorted(files):
                 # code stored as it is: zipimport then reads it without inflating it first
-                add_zip_bytes(zf, name, files[name], epoch, stored=name.endswith((".py", ".pyc")))
+                # (and the vocabulary index, which each count reads whole: inflating it costs more)
+                add_zip_bytes(zf, name, files[name], epoch, stored=name.endswith((".py", ".pyc", INDEX_NAME)))
     os.chmod(tmp, 0o755)
     os.replace(tmp, out)
 
@@ -390,7 +393,10 @@ def build_bundle(stamped: str, tokenizer_file: Path | None, version: str, os_nam
     if os_name == "linux":
         args.append("--strip")  # debug symbols are most of libpython's 22 MB
     if tokenizer_file is not None:
-        args += ["--add-data", f"{Path(tokenizer_file).resolve()}{sep}{DATA_DIR}"]
+        index = work / INDEX_NAME
+        index.write_bytes(tokenizer.vocab_index_bytes(tokenizer_file))
+        args += ["--add-data", f"{Path(tokenizer_file).resolve()}{sep}{DATA_DIR}",
+                 "--add-data", f"{index.resolve()}{sep}{DATA_DIR}"]
     args.append(str(entry))
 
     env = dict(os.environ, PYTHONHASHSEED="0", SOURCE_DATE_EPOCH=str(epoch))

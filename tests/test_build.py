@@ -123,6 +123,10 @@ def test_zipapp_contents_and_checksums(zipapp):
                 "cc_lhc_data/o200k_base.tiktoken"} <= set(names)
         data = zf.read("cc_lhc_data/o200k_base.tiktoken")
         assert hashlib.sha256(data).hexdigest() == TOKENIZER.O200K_SHA256
+        # the ranks as cc-lhc reads them, stored (each count reads the index whole)
+        index = zf.getinfo("cc_lhc_data/o200k_base.index")
+        assert index.compress_type == zipfile.ZIP_STORED
+        assert TOKENIZER._cc_lhc().parse_vocab_index(zf.read(index)) is not None
         stamped = zf.read("cc_lhc.py").decode()
         assert "SOURCE_STAMP = None" not in stamped and "SOURCE_STAMP = {" in stamped
         assert {zi.date_time for zi in zf.infolist()} == {(2026, 1, 1, 0, 0, 0)}
@@ -145,7 +149,7 @@ def test_zipapp_code_is_stored_as_it_is_with_bytecode_used_unchecked(zipapp):
     with zipfile.ZipFile(zipapp / "dist" / "cc-lhc.pyz") as z:
         code = [i for i in z.infolist() if i.filename.endswith((".py", ".pyc"))]
         assert code and all(i.compress_type == zipfile.ZIP_STORED for i in code)
-        others = [i for i in z.infolist() if not i.filename.endswith((".py", ".pyc"))]
+        others = [i for i in z.infolist() if not i.filename.endswith((".py", ".pyc", ".index"))]
         assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in others)
         for info in code:
             if info.filename.endswith(".pyc"):

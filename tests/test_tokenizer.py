@@ -144,9 +144,9 @@ COUNTS = textwrap.dedent("""
     def spy(self):
         built.append("whole")
         return real(self)
-    def spy_for_texts(self, grams):
+    def spy_for_texts(self, grams, text=None):
         built.append("for texts")
-        return for_texts(self, grams)
+        return for_texts(self, grams, text)
     cc_lhc.TokenCounter._load = spy
     cc_lhc.VocabIndex.ranks_for = spy_for_texts
     {body}
@@ -446,7 +446,7 @@ counts = cc_lhc.TOKENS.count_many(listed)
 package_imported = "tiktoken" in sys.modules
 import tiktoken
 import tiktoken_ext.openai_public as public
-public.load_tiktoken_bpe = lambda *_a, **_k: cc_lhc._cached_ranks(cc_lhc.O200K_SHA256)
+public.load_tiktoken_bpe = lambda *_a, **_k: cc_lhc.TOKENS._ranks()
 enc = tiktoken.Encoding(**public.o200k_base())
 same_core = enc._core_bpe.__class__ is type(cc_lhc.TOKENS.encoding())
 out = [counts, [len(enc.encode_ordinary(t)) for t in listed], package_imported, same_core]
@@ -563,8 +563,9 @@ def test_one_off_counts_build_encoders_for_their_texts_then_the_whole_one(tmp_pa
     pytest.importorskip("tiktoken")
     import cc_lhc
     (tmp_path / "state").mkdir()
-    texts = fuzz_texts(5, 40)
+    texts = [text * 200 for text in fuzz_texts(5, 40)]  # batches longer than SMALL_BATCH
     batches = [texts[:20], texts[3:9], texts[20:25], texts[25:30], texts[30:35], texts[35:]]
+    assert min(sum(map(len, batch)) for batch in batches) > cc_lhc.SMALL_BATCH
     listed = tmp_path / "batches.json"
     listed.write_text(json.dumps(batches))
     report = run_counts(tmp_path, FOR_TEXTS.format(listed=str(listed)))
@@ -598,22 +599,93 @@ def test_a_process_that_asked_for_the_whole_encoder_builds_no_other(tmp_path):
     assert report["encoders"] == ["whole"] and report["out"] == [1, 2]
 
 
+SPIES = """
+parsed, made = [], []
+real_parse, real_make = cc_lhc.TokenCounter._parsed_ranks, cc_lhc.build_vocab_index
+cc_lhc.TokenCounter._parsed_ranks = lambda self: parsed.append(1) or real_parse(self)
+cc_lhc.build_vocab_index = lambda tokens: made.append(1) or real_make(tokens)
+"""
+
+
+def test_the_index_beside_the_rank_file_is_read_instead_of_the_rank_file(tmp_path):
+    """A copy of cc-lhc as installed (the index the build made beside the rank file), no
+    state folder: counts are exact and neither the rank file is parsed nor an index made,
+    for a batch, a short text, or the whole encoder."""
+    pytest.importorskip("tiktoken")
+    import cc_lhc
+    assert (DATA.parent / cc_lhc.VOCAB_INDEX_FILE_NAME).is_file(), "run python3 build/tokenizer.py"
+    body = SPIES + counts_of(TEXTS) + "\nout = [out, cc_lhc.TOKENS.encoding().encode_ordinary('hello world'), parsed, made]"
+    report = run_counts(tmp_path, body)
+    counts, whole, parsed, made = report["out"]
+    assert report["exact"] and counts[:2] == [2, 501] and whole == [24912, 2375]
+    assert parsed == [] and made == [] and not (tmp_path / "state").exists()
+
+
 def test_a_damaged_or_foreign_vocabulary_index_is_never_trusted(tmp_path):
+    """An index that fails its hash, beside the rank file or kept in the state folder, is
+    not used: the ranks are parsed from the rank file and an index made and kept."""
     pytest.importorskip("tiktoken")
     import cc_lhc
     (tmp_path / "state").mkdir()
-    first = run_counts(tmp_path, counts_of(TEXTS))
-    assert first["encoders"] == ["for texts"]
-    index = next((tmp_path / "state" / "cache").glob("o200k_base-*-index*"))
-    data = bytearray(index.read_bytes())
-    data[len(data) // 2] ^= 0x40  # a flipped bit: the file's own hash no longer matches
-    index.write_bytes(bytes(data))
-    for extra in (tmp_path / "state" / "cache").glob("o200k-counts-*"):
-        extra.unlink()
-    again = run_counts(tmp_path, counts_of(TEXTS))
-    assert again["out"] == first["out"] and again["encoders"] == ["for texts"]
-    assert index.read_bytes() != bytes(data)  # made again from the ranks
+    copy = tmp_path / "ranks" / "o200k_base.tiktoken"  # a rank file with no index beside it
+    copy.parent.mkdir()
+    copy.write_bytes(DATA.read_bytes())
+    env = {"CC_LHC_TOKENIZER_FILE": str(copy)}
+    body = SPIES + counts_of(TEXTS) + "\nout = [out, len(parsed), len(made)]"
+    first = run_counts(tmp_path, body, env)
+    assert first["encoders"] == ["for texts"] and first["out"][1:] == [1, 1]
+    kept = next((tmp_path / "state" / "cache").glob("o200k_base-*-index*"))
+    beside = copy.with_name(cc_lhc.VOCAB_INDEX_FILE_NAME)
+    for index in (kept, beside):
+        if index == beside:
+            kept.rename(beside)  # the same index, now as the build puts it
+        data = bytearray(index.read_bytes())
+        data[len(data) // 2] ^= 0x40  # a flipped bit: the file's own hash no longer matches
+        index.write_bytes(bytes(data))
+        for extra in (tmp_path / "state" / "cache").glob("o200k-counts-*"):
+            extra.unlink()  # (nothing counted before; the check of the rank file forgotten)
+        again = run_counts(tmp_path, body, env)
+        assert again["out"] == [first["out"][0], 1, 1] and again["encoders"] == ["for texts"]
+        assert kept.read_bytes() != bytes(data)  # made again from the ranks and kept
     other = "big" if sys.byteorder == "little" else "little"
     built = cc_lhc.build_vocab_index([b"a", b"b", b"ab"])
     with pytest.raises(ValueError):
         cc_lhc.VocabIndex((other,) + built[1:])
+    raw = cc_lhc.vocab_index_bytes(built)
+    assert cc_lhc.parse_vocab_index(raw) is not None
+    assert cc_lhc.parse_vocab_index(raw.replace(cc_lhc.O200K_SHA256.encode(), b"0" * 64)) is None  # other ranks
+    assert cc_lhc.parse_vocab_index(raw[:-1]) is None and cc_lhc.parse_vocab_index(b"") is None
+
+
+def test_short_batches_get_encoders_of_their_own_and_never_the_whole_one(tmp_path):
+    """A view's header is counted once per try at fitting the view, each time a little
+    different: each gets an encoder of the ranks found in it (exact), and a few such never
+    make a process build the whole encoder."""
+    pytest.importorskip("tiktoken")
+    import cc_lhc
+    (tmp_path / "state").mkdir()
+    texts = fuzz_texts(23, 60)
+    batches = [[t * 200 for t in texts[:40]]] + [[t] for t in texts[40:40 + cc_lhc.SMALL_BUILDS]]
+    listed = tmp_path / "batches.json"
+    listed.write_text(json.dumps(batches))
+    report = run_counts(tmp_path, FOR_TEXTS.format(listed=str(listed)))
+    assert report["encoders"] == ["for texts"] * (1 + cc_lhc.SMALL_BUILDS)
+    (tmp_path / "again").mkdir()
+    direct = run_counts(tmp_path / "again", f"enc = cc_lhc.TOKENS.encoding(); out = [[cc_lhc._token_count(enc, t) "
+                                             f"for t in b] for b in json.load(open({str(listed)!r}))]")
+    assert report["out"] == direct["out"]
+
+
+def test_an_encoder_for_a_short_text_holds_only_ranks_found_in_it(o200k):
+    import cc_lhc
+    whole, tokens, index = o200k
+    core = cc_lhc._tiktoken_core()
+    differ = []
+    for text in fuzz_texts(31, 400):
+        data = core_bytes = cc_lhc.core_text(text).encode("utf-8")
+        ranks = index.ranks_for(cc_lhc.text_grams([text])[0], data)
+        assert all(token in core_bytes for token in ranks)
+        own = core.CoreBPE(ranks, cc_lhc.O200K_SPECIAL, cc_lhc.O200K_PATTERN)
+        if cc_lhc._token_count(own, text) != cc_lhc._token_count(whole, text):
+            differ.append(text)
+    assert differ == []
