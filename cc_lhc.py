@@ -15309,6 +15309,12 @@ def cmd_measure(args) -> int:
                 say(f"{where} could not be read ({e.strerror or e})")
                 return EXIT_ERROR
         raise usage_error(f"{where!r} is neither a transcript nor a folder")
+    # Counts are kept in the state folder's cache, so the next measure of these sessions
+    # (or a rebuild of their threads) counts nothing again: a first use makes the folder.
+    try:
+        StateHome().ensure("cache")
+    except OSError:
+        pass  # (counting goes on; nothing is kept)
     rows = []
     for path in files:
         try:

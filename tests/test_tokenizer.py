@@ -257,8 +257,8 @@ def test_a_rank_file_changed_after_its_check_is_checked_again(tmp_path):
 
 
 def test_measure_a_second_time_builds_no_tokenizer_and_prints_the_same(tmp_path):
+    """Also on a first use: measure makes the state folder (private) to keep its counts."""
     pytest.importorskip("tiktoken")
-    (tmp_path / "state").mkdir()
     sample = sorted((REPO.parent / "shared" / "samples").glob("*.jsonl")) or \
         sorted((REPO / "tests" / "fixtures").rglob("*.jsonl"))
     body = ("import io, contextlib\n"
@@ -268,6 +268,8 @@ def test_measure_a_second_time_builds_no_tokenizer_and_prints_the_same(tmp_path)
             "out = json.loads(buf.getvalue())")
     first, second = run_counts(tmp_path, body), run_counts(tmp_path, body)
     assert first["built"] and not second["built"]
+    if os.name == "posix":
+        assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
     assert first["out"] == second["out"] and second["out"]["sessions"][0]["counting"] == "exact o200k_base"
 
 
