@@ -1273,9 +1273,15 @@ def _measure_1m(ctx: Ctx) -> dict:
     for name, cmd in commands.items():
         argv = cmd + ["measure", str(path), "--json"]
         env = envs[name]
+        # someone who never used cc-lhc: no state folder (measure makes it, to keep its counts)
+        fresh = root / f"never-used-{name}"
+        first, _p = time_process(argv, runs, dict(env, CC_LHC_HOME=str(fresh)), root, warmup=1,
+                                 before=lambda: shutil.rmtree(fresh, ignore_errors=True))
         cold, proc = time_process(argv, runs, env, root, warmup=1, before=forget)
         warm, proc = time_process(argv, runs, env, root, warmup=1)
         report = json.loads(proc.stdout)["sessions"][0]
+        out[f"{name}: first use (median)"] = ms(statistics.median(first), note=f"{spread(first)}; "
+                                                "no state folder: the index beside the rank file read")
         out[f"{name}: first count (median)"] = ms(statistics.median(cold), note=f"{spread(cold)}; "
                                                   "an encoder built for its texts, every text counted")
         out[f"{name}: counted before (median)"] = ms(statistics.median(warm), 150, f"{spread(warm)}; "
