@@ -11398,7 +11398,7 @@ class DraftWatch:
         self.lines = 0            # new lines in it
         self.recalled = 0         # Up presses Down has not undone: an earlier prompt may be there
         self.unseen = False       # ctrl-r or ctrl-y put in text the keys do not show
-        self._text = bytearray()  # a one-line draft as typed (for ctrl-w and alt-backspace)
+        self._text = bytearray()  # the draft as typed, new lines as LF (backspace, ctrl-w, alt-backspace)
         self._escs = 0            # Esc presses in a row: a second one empties the box
         self._slash = False       # the draft began with "/": a command, not a prompt
         self._last = 0
@@ -11414,6 +11414,24 @@ class DraftWatch:
         self.unseen = False
         self._command = b""
         self._text.clear()
+
+    def _backspace(self) -> None:
+        """Backspace: the character or new line before the cursor (taken to be at the end)
+        goes; what the keys did not show (a recalled prompt) is gone from the count first."""
+        if not self._text:
+            if self.chars:
+                self.chars -= 1
+            elif self.lines:
+                self.lines -= 1
+            return
+        last = self._text.pop()
+        while 0x80 <= last < 0xC0 and self._text:  # (the rest of a UTF-8 character)
+            last = self._text.pop()
+        if last == 0x0A:
+            self.lines = max(0, self.lines - 1)
+        else:
+            self.chars = max(0, self.chars - 1)
+            self._command = self._command[:self.chars]
 
     def _erase_word(self) -> None:
         """ctrl-w or alt-backspace: the word before the cursor (taken to be at the end) and
@@ -11448,6 +11466,7 @@ class DraftWatch:
                     continue
                 if data[i + 1:i + 2] in (b"\r", b"\n"):  # alt- or shift-Enter: a new line
                     self.lines += 1
+                    self._text.append(0x0A)
                     i += 2
                     continue
                 seq = terminal_sent(data, i)
@@ -11485,6 +11504,7 @@ class DraftWatch:
                 self._empty()
             elif b in (0x0D, 0x0A):  # a new line in the box (ctrl-j, backslash-Enter, a paste's)
                 self.lines += 1
+                self._text.append(0x0A)
             elif b == 0x03:
                 self._empty()
                 self._paste = self.dialog = False
@@ -11502,15 +11522,7 @@ class DraftWatch:
             elif b == 0x17:  # ctrl-w
                 self._erase_word()
             elif b in (0x7F, 0x08):
-                if self.chars:
-                    self.chars -= 1
-                    self._command = self._command[:self.chars]
-                    while self._text and 0x80 <= self._text[-1] < 0xC0:
-                        self._text.pop()
-                    if self._text:
-                        self._text.pop()
-                elif self.lines:
-                    self.lines -= 1
+                self._backspace()
             elif b >= 0x20:
                 self._text.append(b)
                 if not 0x80 <= b < 0xC0:  # (a UTF-8 character once, by its first byte)

@@ -414,6 +414,24 @@ def test_the_draft_watch_tells_a_message_being_written_from_one_sent():
     assert d.feed(b"\r\x1b[I", 9.0) and d.sent_at == 9.0  # sent, whatever follows in the read
 
 
+def test_backspace_over_a_new_line_leaves_a_one_line_draft_that_ctrl_w_can_empty():
+    """The box as typed, new lines included: backspace takes the new line back (not a
+    character of the line before it), so what is left is one line again, and the keys
+    that only work on one line (ctrl-w, ctrl-u) empty it."""
+    d = cc_lhc.DraftWatch()
+    d.feed(b"ab\n", 1.0)  # ctrl-j: a new line
+    assert (d.chars, d.lines) == (2, 1)
+    d.feed(b"\x7f", 1.1)
+    assert (d.chars, d.lines) == (2, 0)
+    d.feed(b"\x17", 1.2)  # ctrl-w: the word "ab"
+    assert not d.pending
+    d.feed("x\u00e9\x1b\r".encode(), 2.0)  # alt-Enter, then two backspaces: the new line, then the é
+    d.feed(b"\x7f\x7f", 2.1)
+    assert (d.chars, d.lines) == (1, 0)
+    d.feed(b"\x15", 2.2)
+    assert not d.pending
+
+
 def test_a_dialog_claude_opens_over_the_box_holds_smart_compact_back_until_it_closes():
     # keys typed into the /model picker or the ctrl-o transcript view go there, not to the box
     d = cc_lhc.DraftWatch()

@@ -673,6 +673,19 @@ def test_a_pasted_log_excerpt_asks_the_word_index_for_its_longest_words_only(tmp
     assert status == 0 and hit["how"] == "words" and hit["what"].startswith("tool_result")
 
 
+def test_more_hits_than_the_largest_limit_ask_for_a_longer_string(tmp_path, monkeypatch, capsysbinary):
+    """At the largest limit there is no larger one to offer: the line says to narrow the search."""
+    tr = Transcript()
+    for i in range(cc_lhc.SEARCH_LIMIT_MAX + 5):
+        tr.prompt(f"note {i}: the widget needs polish")
+        tr.response(text(f"noted {i}"))
+    grant(intake_transcript(tr, tmp_path), monkeypatch)
+    status, out, _ = search(capsysbinary, "--limit", str(cc_lhc.SEARCH_LIMIT_MAX), "widget needs polish")
+    assert status == 0 and len(hits_of(out)) == cc_lhc.SEARCH_LIMIT_MAX
+    assert f"more messages match than the {cc_lhc.SEARCH_LIMIT_MAX} shown: search for a longer string" in out
+    assert "--limit" not in out.split("more messages match")[1].splitlines()[0]
+
+
 def test_more_hits_than_the_limit_are_said(two_folders, monkeypatch, capsysbinary):
     folders, threads = two_folders
     monkeypatch.chdir(folders["a"])
