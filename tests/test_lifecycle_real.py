@@ -247,7 +247,9 @@ def _group_stopped(leader) -> bool:
     """Whether the process group of ``leader`` is stopped as a whole. A SIGSTOP to the
     group stops a process only once it runs: Claude caught in vfork(), waiting for a child
     that the same signal stopped before its exec, stays in uninterruptible sleep ("D")
-    instead, and goes on with the rest at SIGCONT. Every member is then "T" or "D"."""
+    instead, and goes on with the rest at SIGCONT. A child that ended just as Claude was
+    stopped stays a zombie ("Z") until Claude runs again to reap it: it has nothing left to
+    stop. Every member is then "T", "D" or "Z"."""
     import os
     states = []
     for entry in os.listdir("/proc"):
@@ -260,7 +262,7 @@ def _group_stopped(leader) -> bool:
             continue
         if int(fields[2]) == leader:
             states.append(fields[0])
-    return bool(states) and "T" in states and all(s in "TD" for s in states)
+    return bool(states) and "T" in states and all(s in "TDZ" for s in states)
 
 
 def test_ctrl_z_stops_the_job_and_fg_brings_it_back(real_claude, tmux):
