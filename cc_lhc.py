@@ -3272,7 +3272,8 @@ class ThreadStore:
         self.thread_id = thread_id
         home.ensure("threads")
         self.path = home.path("threads", f"{thread_id}.sqlite")
-        self.db = open_db(self.path, THREAD_MIGRATIONS, page_size=THREAD_PAGE_SIZE)
+        self.db = open_db(self.path, THREAD_MIGRATIONS, page_size=THREAD_PAGE_SIZE,
+                          synchronous="OFF" if getattr(home, "scratch", False) else "NORMAL")
         if not self.db.execute("SELECT 1 FROM meta WHERE key = 'thread_id'").fetchone():
             with Tx(self.db):
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('thread_id', ?)", (thread_id,))
@@ -5736,9 +5737,11 @@ class DerivationWorker:
 class StateHome:
     """The private state folder (~/.cc-lhc or $CC_LHC_HOME) and its log."""
 
-    def __init__(self, root=None):
+    def __init__(self, root=None, scratch=False):
         self.root = os.path.abspath(root or os.environ.get("CC_LHC_HOME")
                                     or os.path.join(os.path.expanduser("~"), ".cc-lhc"))
+        # A folder thrown away after one command (measure's): its stores never wait for the disk.
+        self.scratch = scratch
 
     def path(self, *parts) -> str:
         return os.path.join(self.root, *parts)
@@ -15142,6 +15145,43 @@ class _EstimateOnly:
         return [safe_estimate(t) for t in texts]
 
 
+class ScratchHome:
+    """``with ScratchHome(kind) as home``: a StateHome for one command's throwaway stores,
+    removed after it: a private folder of a new random name in the system's temporary
+    folder, made without tempfile (whose import, with shutil's compressors, is 4-8 ms of
+    a 90 ms measure)."""
+
+    def __init__(self, kind: str):
+        self.kind, self.root = kind, None
+
+    def __enter__(self) -> "StateHome":
+        base = (os.environ.get("TMPDIR") or "/tmp" if os.name == "posix" else
+                os.environ.get("TEMP") or os.environ.get("TMP"))
+        if base:
+            root = os.path.join(base, f"cc-lhc-{self.kind}-{uuid.uuid4().hex}")
+            try:
+                os.mkdir(root, 0o700)  # (fails on anything already there: the name is its own)
+                self.root = root
+            except OSError:
+                pass
+        if self.root is None:
+            import tempfile
+            self.root = tempfile.mkdtemp(prefix=f"cc-lhc-{self.kind}-")
+        return StateHome(self.root, scratch=True)
+
+    def __exit__(self, *_exc) -> None:
+        for folder, _dirs, names in os.walk(self.root, topdown=False):
+            for name in names:
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+
+
 def measure_transcript(path: str, profile: str, target: int) -> dict:
     """What each band and Smart Compact would make of one transcript (counts only).
 
@@ -15149,10 +15189,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     throwaway state folder, so the figures are the product's own, not a model of it.
     """
     import hashlib
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix="cc-lhc-measure-") as tmp:
-        home = StateHome(tmp)
-        home.ensure()
+    with ScratchHome("measure") as home:
         # The thread id is written into the view's header, so it is counted: one derived
         # from the transcript's bytes makes the same input give the same figures.
         digest = hashlib.sha256()

@@ -13,11 +13,12 @@ import shutil
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 import cc_lhc
-from conftest import CC_LHC
+from conftest import CC_LHC, REPO
 
 MSG = cc_lhc.MSG_CONFIG_FALLBACK
 SID = "11111111-2222-4333-8444-555555555555"
@@ -356,3 +357,28 @@ def test_a_full_disk_is_the_error_a_transaction_reports(tmp_path):
         with cc_lhc.Tx(db):
             db.execute("INSERT INTO t VALUES (?)", (b"x" * 100_000,))
     assert not db.in_transaction and db.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+def test_a_scratch_home_is_private_and_gone_after_its_command(tmp_path, monkeypatch):
+    """measure's throwaway store lives in a folder of its own under the temporary folder,
+    readable by no one else, and nothing of it stays, also when the command fails."""
+    base = tmp_path / "tmp"
+    base.mkdir()
+    monkeypatch.setenv("TMPDIR", str(base))
+    monkeypatch.setenv("TEMP", str(base))
+    with cc_lhc.ScratchHome("measure") as home:
+        assert home.scratch and Path(home.root).parent == base
+        if os.name == "posix":
+            assert Path(home.root).stat().st_mode & 0o777 == 0o700
+        store = cc_lhc.ThreadStore(home, "t")
+        store.close()
+    assert list(base.iterdir()) == []
+    with pytest.raises(RuntimeError):
+        with cc_lhc.ScratchHome("measure") as home:
+            Path(home.ensure("threads"), "x").write_text("half made")
+            raise RuntimeError("the command failed")
+    assert list(base.iterdir()) == []
+    path = REPO / "tests" / "fixtures"
+    sample = next(p for p in sorted(path.rglob("*.jsonl")) if p.stat().st_size > 2000)
+    assert cc_lhc.measure_transcript(str(sample), "default", 180_000)["messages"] > 0
+    assert list(base.iterdir()) == []
