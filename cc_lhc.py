@@ -377,7 +377,7 @@ ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"      # what bytes.split() cuts at
 SUBSET_TEXT_LIMIT = 2_000_000    # characters counted at once: more hold more distinct words than the next limit
 SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words (all such encoders' together), likewise
 SUBSET_BUILDS = 3                # encoders built for texts at hand before the whole one is
-SMALL_BATCH = 32_768             # characters: a batch this short gets only the ranks found in its text
+SMALL_BATCH = 8_192              # characters: a batch this short (a view's header) is bounded apart
 SMALL_BUILDS = 16                # encoders built for such short batches before the whole one is
 
 
@@ -483,17 +483,14 @@ class VocabIndex:
             raise ValueError("index made on a machine of the other byte order")
         self.offsets, self.always = arr(offsets), arr(always)
         self.groups = [[arr(raw) for raw in group] for group in groups]
-        self._always = None  # (bytes, rank) of the ranks always kept, once asked for
         if len(self.offsets) != self.size + 1 or self.offsets[-1] != len(self.blob):
             raise ValueError("index does not match its ranks")
 
-    def ranks_for(self, grams, text=None) -> dict:
-        """token bytes -> rank for every rank texts with these 4-grams can hold; given
-        ``text`` (the texts' bytes, when they are short), only those that occur in it,
-        the only ones BPE can look up."""
+    def ranks_for(self, grams) -> dict:
+        """token bytes -> rank for every rank texts with these 4-grams can hold."""
         import bisect
         three, two = _gram_masks()
-        picked = [] if text is not None else list(self.always)
+        picked = list(self.always)
         for (first, ranks, *more), present in zip(self.groups, (
                 set(map(two, grams)), set(map(three, grams)), grams, grams)):
             if len(present) * 16 < len(first):  # a short text: its grams looked up
@@ -505,12 +502,7 @@ class VocabIndex:
             for column in more:
                 rows = list(itertools.compress(rows, map(grams.__contains__, map(column.__getitem__, rows))))
             picked.extend(map(ranks.__getitem__, rows))
-        found = dict(zip(self._tokens(picked), picked))
-        if text is not None:
-            if self._always is None:  # (kept: a process counts a few short texts, such as headers)
-                self._always = list(zip(self._tokens(self.always), self.always))
-            found = {token: rank for token, rank in itertools.chain(found.items(), self._always) if token in text}
-        return found
+        return dict(zip(self._tokens(picked), picked))
 
     def _tokens(self, ranks):
         """The bytes of each of these ranks, in turn."""
@@ -533,6 +525,8 @@ class VocabIndex:
 # One that fails the hash or names other ranks is never used.
 VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 5\n"
 VOCAB_INDEX_FILE_NAME = "o200k_base.index"
+# tokens_digest of o200k_base's ranks: an index of any other tokens is never used, whoever made it.
+O200K_TOKENS_SHA256 = "46b83cda257f90fb412a2dae27add88dcc92d859fe7f46753a023b473cec6590"
 
 
 def vocab_index_bytes(data) -> bytes:
@@ -547,16 +541,16 @@ def vocab_index_bytes(data) -> bytes:
     return VOCAB_INDEX_MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
 
 
-def parse_vocab_index(raw, hashed=True):
+def parse_vocab_index(raw):
     """The tables in an index file's bytes (read in place, not copied), or None when they
-    are not sound: torn or altered, another layout, or the index of other ranks. With
-    ``hashed`` false the hash is not checked: the file's stamp says it passed before."""
+    are not sound: torn or altered (its own hash), another layout, or not o200k_base's
+    ranks (their bytes and bounds against O200K_TOKENS_SHA256)."""
     import hashlib
     start = len(VOCAB_INDEX_MAGIC) + 65
-    if not raw or raw[:start - 65] != VOCAB_INDEX_MAGIC:
+    if not raw or raw[:start - 65] != VOCAB_INDEX_MAGIC or raw[start - 1:start] != b"\n":
         return None
     view = memoryview(raw)
-    if hashed and raw[start - 65:start - 1] != hashlib.sha256(view[start:]).hexdigest().encode():
+    if raw[start - 65:start - 1] != hashlib.sha256(view[start:]).hexdigest().encode():
         return None
     end = raw.find(b"\n", start)
     try:
@@ -574,14 +568,30 @@ def parse_vocab_index(raw, hashed=True):
         for n in columns:
             tables.append(sections[at:at + n])
             at += n
+        if head["size"] != O200K_TOKENS or tokens_digest(sections[0], sections[1], head["order"]) != O200K_TOKENS_SHA256:
+            return None
         return (head["order"], head["size"], bytes(sections[0]), sections[1], sections[2], tables)
     except (ValueError, KeyError, TypeError):
         return None
 
 
-def _index_of(raw, hashed=True):
+def tokens_digest(blob, offsets, order) -> str:
+    """The SHA-256 of the tokens' bytes in rank order and their bounds (little-endian
+    uint32s), whichever byte order the index was made in."""
+    import hashlib
+    from array import array
+    bounds = array("I")
+    if bounds.itemsize != 4:
+        return ""
+    bounds.frombytes(offsets)
+    if order != "little":
+        bounds.byteswap()
+    return hashlib.sha256(bytes(blob) + bounds.tobytes()).hexdigest()
+
+
+def _index_of(raw):
     """The VocabIndex an index file's bytes hold, or None."""
-    data = parse_vocab_index(raw, hashed)
+    data = parse_vocab_index(raw)
     try:
         return VocabIndex(data) if data else None
     except (ValueError, TypeError):  # (made on a machine of the other byte order)
@@ -626,15 +636,16 @@ def _write_cache_file(path: str, data: bytes) -> bool:
         return False
 
 
-def load_vocab_index(ranks_source, checked=False):
+def load_vocab_index(ranks_source):
     """The VocabIndex beside the rank file, else the one kept in the state folder, else one
     made from the ranks (``ranks_source()``, a dict or None) and kept there. None when it
-    cannot be had, or kept: making it (0.36 s) only pays off once the next process finds it.
-    ``checked``: the one beside the rank file passed its hash under the stamp it has now."""
-    index = _index_of(_read_tokenizer_bytes(*_index_beside_ranks()), hashed=not checked)
+    cannot be had, or kept: making it (0.36 s) only pays off once the next process finds it."""
+    index = _index_of(_read_tokenizer_bytes(*_index_beside_ranks()))
     if index is None:
         index = _index_of(_read_tokenizer_bytes(_kept_index_path(), None))
-    if index is None and os.path.isdir(StateHome().root):
+    cache = os.path.dirname(_kept_index_path())
+    if index is None and os.path.isdir(StateHome().root) and (
+            not os.path.isdir(cache) or os.access(cache, os.W_OK | os.X_OK)):
         ranks = ranks_source()
         tokens = _rank_order(ranks) if ranks else None
         raw = vocab_index_bytes(build_vocab_index(tokens)) if tokens is not None else None
@@ -826,7 +837,6 @@ class TokenCounter:
         self._ranks_data = None  # the rank file's bytes, when _check read them
         self._parsed = None  # the rank file parsed, when no index was to be had
         self._small_builds = 0  # encoders built for short batches (see SMALL_BATCH)
-        self._index_checked = False  # the index beside the rank file passed its hash under its stamp
         self._where = (None, None)
         self.exact = False
         self.reason = "not loaded yet"
@@ -857,31 +867,21 @@ class TokenCounter:
 
     def _check(self):
         path, member = _tokenizer_location()
-        data = None
+        data = None  # the rank file's bytes, when its checksum was checked now
         if path is None:
             self.reason = "o200k_base data not found (counts are approximate)"
             return
         self.cache = CountsCache()
         stamp = _tokenizer_stamp(path, member)
-        beside = _index_beside_ranks()
-        index_stamp = _tokenizer_stamp(*beside) if beside[0] else None
-        checked = None  # the stamp of the file whose hash passed just now
-        self._index_checked = self.cache.verified(index_stamp)
-        if not (self._index_checked or self.cache.verified(stamp)):
-            # The index beside the rank file holds the same ranks and carries its own hash:
-            # when it is sound, the rank file (3.6 MB) need not be read and hashed.
-            self._index = _index_of(_read_tokenizer_bytes(*beside))
-            if self._index is not None:
-                checked = index_stamp
-            else:
-                data = _read_tokenizer_bytes(path, member)
-                if data is None:
-                    self.reason = "o200k_base data not found (counts are approximate)"
-                    return
-                if not _is_o200k(data):
-                    self.reason = f"o200k_base data at {path} failed its checksum (counts are approximate)"
-                    return
-                self._ranks_data, checked = data, stamp
+        if not self.cache.verified(stamp):
+            data = _read_tokenizer_bytes(path, member)
+            if data is None:
+                self.reason = "o200k_base data not found (counts are approximate)"
+                return
+            if not _is_o200k(data):
+                self.reason = f"o200k_base data at {path} failed its checksum (counts are approximate)"
+                return
+            self._ranks_data = data
         import importlib.util
         try:
             found = importlib.util.find_spec("tiktoken") is not None
@@ -890,8 +890,8 @@ class TokenCounter:
         if not found:
             self.reason = "tiktoken is not installed (counts are approximate)"
             return
-        if checked is not None:
-            self.cache.note_verified(checked)
+        if data is not None:
+            self.cache.note_verified(stamp)
         self._where = (path, member)
         self.exact = True
         self.reason = f"o200k_base from {path}"
@@ -913,7 +913,7 @@ class TokenCounter:
         load_vocab_index) or parsed from the rank file; None when that file changed under
         us (counts become estimates)."""
         if self._index is None:
-            self._index = load_vocab_index(self._parsed_ranks, self._index_checked) or False
+            self._index = load_vocab_index(self._parsed_ranks) or False
         return self._index.ranks() if self._index else self._parsed_ranks()
 
     def _parsed_ranks(self):
@@ -959,11 +959,12 @@ class TokenCounter:
     def _encoder_for(self, texts):
         """What to count these texts with: the whole encoder once it is built or wanted,
         else one holding only the ranks they can use (see VocabIndex), kept for later
-        texts it covers; for a short batch (SMALL_BATCH), one of the ranks found in its
-        text. The whole one is built when that cannot be had, or once such encoders would
-        be more than SUBSET_BUILDS (SMALL_BUILDS for short batches), or built for more
-        than SUBSET_WORDS_LIMIT bytes of words: many different batches are a long count,
-        for which the whole one costs less."""
+        texts it covers. The whole one is built when that cannot be had, or once such
+        encoders would be more than SUBSET_BUILDS, or built for more than
+        SUBSET_WORDS_LIMIT bytes of words: many different batches are a long count, for
+        which the whole one costs less. A short batch (SMALL_BATCH: a view's header, a
+        note, a few of which one count holds, each a little different) is bounded apart,
+        by SMALL_BUILDS."""
         with self._lock:
             if self._whole_wanted or self._loaded:
                 return self.encoding()
@@ -976,20 +977,18 @@ class TokenCounter:
                     return encoder
             small = sum(map(len, texts)) <= SMALL_BATCH
             if (self._small_builds >= SMALL_BUILDS if small else
-                    len(self._for_texts) >= SUBSET_BUILDS
+                    len(self._for_texts) - self._small_builds >= SUBSET_BUILDS
                     or size + sum(n for _e, _g, n in self._for_texts) > SUBSET_WORDS_LIMIT):
                 return self.encoding()
             if self._index is None:
-                self._index = load_vocab_index(self._parsed_ranks, self._index_checked) or False
-                self._ranks_data = self._parsed = None  # (read for the checksum, parsed for the index)
+                self._index = load_vocab_index(self._parsed_ranks) or False
+                if self._index:  # (else the whole encoder is built from them next)
+                    self._ranks_data = self._parsed = None  # (read for the checksum, parsed for the index)
             core = self._core() if self._index else None
             if core is None:  # (encoding() then builds the whole one, or says why it cannot)
                 return self.encoding()
-            if small:  # (a view's header, a note: a count holds a few, each different)
-                self._small_builds += 1
-                data = b"\0".join(core_text(t).encode("utf-8") for t in texts)
-                return core.CoreBPE(self._index.ranks_for(grams, data), O200K_SPECIAL, O200K_PATTERN)
             encoder = core.CoreBPE(self._index.ranks_for(grams), O200K_SPECIAL, O200K_PATTERN)
+            self._small_builds += small
             self._for_texts.append((encoder, grams, size))
             return encoder
 
@@ -15198,21 +15197,23 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
                 digest.update(block)
         thread_id = str(uuid.uuid5(ROLLOUT_NAMESPACE, f"measure/{digest.hexdigest()}"))
         cap = Capture(home, thread_id, "measured", path)
-        cap.take_unended = True
-        cap.catch_up(index=False)
-        store = cap.store
-        turns = load_turns(store, closed_only=False)
-        # A rebuild made now (no Claude writes the file) leaves out a turn the file left
-        # open mid-way, as plan_rebuild does; Smart Compact itself waits for the seam.
-        unsettled = unsettled_reason(store, idle=True)
-        served = load_turns(store, closed_only=True) if unsettled else turns
-        problems = store.db.execute("SELECT count(*) FROM problems").fetchone()[0]
-        agent_messages, agent_count, compactions = store.db.execute(
-            "SELECT count(*), count(DISTINCT CASE WHEN a.kind IS NOT 'compaction' THEN m.agent END), "
-            "count(DISTINCT CASE WHEN a.kind = 'compaction' THEN m.agent END) FROM messages m "
-            "LEFT JOIN agents a ON a.agent_id = m.agent WHERE m.agent IS NOT NULL").fetchone()
-        captured = store.db.execute("SELECT count(*) FROM messages WHERE agent IS NULL").fetchone()[0]
-        cap.stop()
+        try:  # (stopped before its folder goes: an open store cannot be removed everywhere)
+            cap.take_unended = True
+            cap.catch_up(index=False)
+            store = cap.store
+            turns = load_turns(store, closed_only=False)
+            # A rebuild made now (no Claude writes the file) leaves out a turn the file left
+            # open mid-way, as plan_rebuild does; Smart Compact itself waits for the seam.
+            unsettled = unsettled_reason(store, idle=True)
+            served = load_turns(store, closed_only=True) if unsettled else turns
+            problems = store.db.execute("SELECT count(*) FROM problems").fetchone()[0]
+            agent_messages, agent_count, compactions = store.db.execute(
+                "SELECT count(*), count(DISTINCT CASE WHEN a.kind IS NOT 'compaction' THEN m.agent END), "
+                "count(DISTINCT CASE WHEN a.kind = 'compaction' THEN m.agent END) FROM messages m "
+                "LEFT JOIN agents a ON a.agent_id = m.agent WHERE m.agent IS NOT NULL").fetchone()
+            captured = store.db.execute("SELECT count(*) FROM messages WHERE agent IS NULL").fetchone()[0]
+        finally:
+            cap.stop()
     messages = [m for t in turns for m in t.messages]  # (what a view can hold: on Claude's branch)
     tool_calls = sum(1 for m in messages if m["kind"] == "tool_call")
     texts, index = [], {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -205,15 +206,11 @@ def _cc_lhc():
     return cc_lhc
 
 
+@functools.lru_cache(maxsize=4)
 def vocab_index_bytes(rank_file: Path) -> bytes:
-    """The vocabulary index of a verified rank file (made again unless the one beside it
-    is current)."""
+    """The vocabulary index of a verified rank file, made from it by cc_lhc's own code (an
+    index already beside it is not trusted: an older cc_lhc may have made it)."""
     cc = _cc_lhc()
-    beside = vocab_index_path(rank_file)
-    if beside.is_file():
-        raw = beside.read_bytes()
-        if cc.parse_vocab_index(raw) is not None:
-            return raw
     data = rank_file.read_bytes()
     if sha256_hex(data) != O200K_SHA256:
         raise TokenizerError(f"{rank_file} is not the verified o200k_base file")
@@ -225,7 +222,11 @@ def vocab_index_bytes(rank_file: Path) -> bytes:
     tokens = cc._rank_order(ranks)
     if tokens is None or len(tokens) != O200K_TOKENS:
         raise TokenizerError(f"{rank_file} does not hold ranks 0..{O200K_TOKENS - 1}")
-    return cc.vocab_index_bytes(cc.build_vocab_index(tokens))
+    raw = cc.vocab_index_bytes(cc.build_vocab_index(tokens))
+    if cc.parse_vocab_index(raw) is None:
+        raise TokenizerError("the vocabulary index made from the rank file does not read back "
+                             "(its tokens differ from cc_lhc.O200K_TOKENS_SHA256)")
+    return raw
 
 
 def ensure_vocab_index(rank_file: Path) -> Path:

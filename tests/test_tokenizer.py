@@ -6,6 +6,7 @@ Each case runs in a fresh interpreter, because TOKENS loads once per process.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -144,9 +145,9 @@ COUNTS = textwrap.dedent("""
     def spy(self):
         built.append("whole")
         return real(self)
-    def spy_for_texts(self, grams, text=None):
+    def spy_for_texts(self, grams):
         built.append("for texts")
-        return for_texts(self, grams, text)
+        return for_texts(self, grams)
     cc_lhc.TokenCounter._load = spy
     cc_lhc.VocabIndex.ranks_for = spy_for_texts
     {body}
@@ -653,10 +654,41 @@ def test_a_damaged_or_foreign_vocabulary_index_is_never_trusted(tmp_path):
     built = cc_lhc.build_vocab_index([b"a", b"b", b"ab"])
     with pytest.raises(ValueError):
         cc_lhc.VocabIndex((other,) + built[1:])
-    raw = cc_lhc.vocab_index_bytes(built)
-    assert cc_lhc.parse_vocab_index(raw) is not None
-    assert cc_lhc.parse_vocab_index(raw.replace(cc_lhc.O200K_SHA256.encode(), b"0" * 64)) is None  # other ranks
-    assert cc_lhc.parse_vocab_index(raw[:-1]) is None and cc_lhc.parse_vocab_index(b"") is None
+    # a sound file of other tokens (its own hash right) is not o200k_base's index
+    assert cc_lhc.parse_vocab_index(cc_lhc.vocab_index_bytes(built)) is None
+    assert cc_lhc.parse_vocab_index(b"") is None
+
+
+def test_the_index_is_checked_against_o200k_base_s_own_tokens(o200k):
+    """O200K_TOKENS_SHA256 is the digest of the rank file's tokens (a test makes it from the
+    rank file, not from an index); an index whose tokens or bounds differ is refused."""
+    import cc_lhc
+    from array import array
+    _whole, tokens, _index = o200k
+    bounds = array("I", itertools.accumulate(map(len, tokens), initial=0))
+    assert cc_lhc.tokens_digest(b"".join(tokens), bounds.tobytes(), sys.byteorder) == cc_lhc.O200K_TOKENS_SHA256
+    good = cc_lhc.vocab_index_bytes(cc_lhc.build_vocab_index(tokens))
+    assert cc_lhc.parse_vocab_index(good) is not None
+    swapped = list(tokens)
+    swapped[1000], swapped[1001] = swapped[1001], swapped[1000]  # two ranks traded
+    assert cc_lhc.parse_vocab_index(cc_lhc.vocab_index_bytes(cc_lhc.build_vocab_index(swapped))) is None
+    for cut in (1, 100, len(good) // 2):
+        assert cc_lhc.parse_vocab_index(good[:-cut]) is None
+
+
+def test_a_named_rank_file_that_fails_its_checksum_is_not_vouched_for_by_an_index_beside_it(tmp_path):
+    """CC_LHC_TOKENIZER_FILE names that file or nothing: a sound index beside a damaged
+    rank file does not make counts exact."""
+    pytest.importorskip("tiktoken")
+    import cc_lhc
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    data = bytearray(DATA.read_bytes())
+    data[100] ^= 0x01
+    (folder / "o200k_base.tiktoken").write_bytes(bytes(data))
+    (folder / cc_lhc.VOCAB_INDEX_FILE_NAME).write_bytes((DATA.parent / cc_lhc.VOCAB_INDEX_FILE_NAME).read_bytes())
+    report = run_report(tmp_path, {"CC_LHC_TOKENIZER_FILE": str(folder / "o200k_base.tiktoken")})
+    assert report["exact"] is False and "checksum" in report["reason"]
 
 
 def test_short_batches_get_encoders_of_their_own_and_never_the_whole_one(tmp_path):
@@ -676,18 +708,3 @@ def test_short_batches_get_encoders_of_their_own_and_never_the_whole_one(tmp_pat
     direct = run_counts(tmp_path / "again", f"enc = cc_lhc.TOKENS.encoding(); out = [[cc_lhc._token_count(enc, t) "
                                              f"for t in b] for b in json.load(open({str(listed)!r}))]")
     assert report["out"] == direct["out"]
-
-
-def test_an_encoder_for_a_short_text_holds_only_ranks_found_in_it(o200k):
-    import cc_lhc
-    whole, tokens, index = o200k
-    core = cc_lhc._tiktoken_core()
-    differ = []
-    for text in fuzz_texts(31, 400):
-        data = core_bytes = cc_lhc.core_text(text).encode("utf-8")
-        ranks = index.ranks_for(cc_lhc.text_grams([text])[0], data)
-        assert all(token in core_bytes for token in ranks)
-        own = core.CoreBPE(ranks, cc_lhc.O200K_SPECIAL, cc_lhc.O200K_PATTERN)
-        if cc_lhc._token_count(own, text) != cc_lhc._token_count(whole, text):
-            differ.append(text)
-    assert differ == []
