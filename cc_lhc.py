@@ -11359,6 +11359,8 @@ def with_runtime(kept, runtime: dict):
 # encodings, which Claude Code turns on where the terminal has them.
 ENCODED_KEY = re.compile(rb"\x1b\[(\d+)(?:;(\d+))?u|\x1b\[27;(\d+);(\d+)~")
 HISTORY_KEY = re.compile(rb"\x1b(?:\[(?:1;\d+)?|O)([AB])")  # up and down, either cursor mode
+# Left and Home (plain or modified, either cursor mode): the cursor leaves the draft's end
+LEFTWARD_KEY = re.compile(rb"\x1b(?:\[(?:1;\d+)?|O)[DH]|\x1b\[[17]~")
 
 
 class DraftWatch:
@@ -11368,9 +11370,11 @@ class DraftWatch:
     draft; ctrl-c and Esc twice empty the box). A backslash or a paste before an Enter makes it a new line, not a send. Terminal
     sequences (focus reports, answers, most cursor keys) are no text. Up (or ctrl-p) brings
     back an earlier prompt the keys never showed, as ctrl-r's history search and ctrl-y's
-    yank put in text they do not show: until Down (ctrl-n) undoes each Up, or Enter or
-    ctrl-c empties the box, the box is taken to hold a draft (waiting on one that is not
-    there costs a wait; typing /compact under one that is sends it).
+    yank put in text they do not show, and as a cursor moved off the draft's end (Left,
+    Home, ctrl-a, ctrl-b, alt-b) makes what the keys erase unknown: until Down (ctrl-n)
+    undoes each Up, or Enter or ctrl-c empties the box, the box is taken to hold a draft
+    (waiting on one that is not there costs a wait; typing /compact under one that is
+    sends it).
 
     Smart Compact waits while there is one: typed /compact would be sent with it, and a swap
     would end the Claude that holds it. ``sent_at`` is when the last prompt went: Claude
@@ -11416,6 +11420,12 @@ class DraftWatch:
         self.unseen = False
         self._command = b""
         self._text.clear()
+
+    def _cursor_moved(self) -> None:
+        """The cursor left the end of a draft: what the keys erase or add from here is no
+        longer known, so the box is taken to hold a draft until it is sent or emptied."""
+        if self.chars or self.lines:
+            self.unseen = True
 
     def _backspace(self) -> None:
         """Backspace: the character or new line before the cursor (taken to be at the end)
@@ -11480,10 +11490,16 @@ class DraftWatch:
                         self._erase_word()
                         i += 2
                         continue
+                    if data[i + 1:i + 2] in (b"b", b"B"):  # alt-b: a word back
+                        self._cursor_moved()
+                        i += 2
+                        continue
                     i += 1
                     continue
                 key = ENCODED_KEY.fullmatch(data, i, seq[0])
                 arrow = HISTORY_KEY.fullmatch(data, i, seq[0])
+                if LEFTWARD_KEY.fullmatch(data, i, seq[0]):
+                    self._cursor_moved()
                 i = seq[0]
                 if arrow is not None:
                     self.recalled = self.recalled + 1 if arrow.group(1) == b"A" else max(0, self.recalled - 1)
@@ -11514,6 +11530,8 @@ class DraftWatch:
                 self.dialog = not self.dialog
             elif b in (0x12, 0x19):  # ctrl-r, ctrl-y
                 self.unseen = True
+            elif b in (0x01, 0x02):  # ctrl-a, ctrl-b: the cursor to the start, or back one
+                self._cursor_moved()
             elif b == 0x10:  # ctrl-p: Claude's Up
                 self.recalled += 1
             elif b == 0x0E:  # ctrl-n: its Down

@@ -432,6 +432,22 @@ def test_backspace_over_a_new_line_leaves_a_one_line_draft_that_ctrl_w_can_empty
     assert not d.pending
 
 
+def test_a_draft_whose_cursor_left_its_end_is_held_until_it_is_sent_or_emptied():
+    """Backspace at the start of the box erases nothing: after Left, Home, ctrl-a, ctrl-b or
+    alt-b the keys no longer tell what the box holds, so no count of them may say it is
+    empty. On an empty box, moving the cursor holds nothing back."""
+    for move in (b"\x1b[D", b"\x1bOD", b"\x1b[1;5D", b"\x1b[H", b"\x1b[1~", b"\x01", b"\x02", b"\x1bb"):
+        d = cc_lhc.DraftWatch()
+        d.feed(b"abc" + move * 3 + b"\x7f\x7f\x7f", 1.0)
+        assert d.pending, move
+        d.feed(b"\x03", 2.0)  # ctrl-c empties the box
+        assert not d.pending, move
+        d.feed(move + b"\x1b[C", 3.0)
+        assert not d.pending, move
+        d.feed(b"x" + move + b"\r", 4.0)  # sent with the cursor anywhere
+        assert not d.pending and d.sent_at == 4.0, move
+
+
 def test_a_dialog_claude_opens_over_the_box_holds_smart_compact_back_until_it_closes():
     # keys typed into the /model picker or the ctrl-o transcript view go there, not to the box
     d = cc_lhc.DraftWatch()
