@@ -14145,6 +14145,7 @@ Environment:
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   CLAUDE_CODE_PLUGIN_DIRS  read, not set: plugin folders Claude loads (their Stop hooks)
   XDG_CONFIG_HOME      where config.json is looked for (cc-lhc/config.json)
+  TMPDIR (TEMP, TMP on Windows)  where measure keeps its throwaway copy while it runs
   CC_LHC_RUNTIME_DESCRIPTOR  set by cc-lhc for Claude's retrieval; do not set it
   CC_LHC_FAILPOINT     tests only: kill cc-lhc at a named step to prove recovery
 
