@@ -361,9 +361,9 @@ def _tiktoken_core():
 
 # A tokenizer for the texts at hand. Building tiktoken's encoder from all 200,000 ranks
 # takes about 0.1 s (each rank's bytes are handed over one at a time, 0.45 us a rank) and
-# cutting their bytes out of the index 0.07 s, more than counting a megabyte. For a one-off
-# count (a `measure`, a rebuild before a launch) an encoder holding only the ranks the texts can use
-# is built instead, and counts exactly as the whole one does: BPE only ever looks up byte
+# cutting their bytes out of the index 0.07 s, more than counting a megabyte. For a
+# one-off count (a `measure`, a rebuild before a launch) an encoder holding only the ranks
+# the texts can use is built instead, and counts exactly as the whole one does: BPE only ever looks up byte
 # strings inside one piece of the text, and a rank missing from the encoder is one no
 # lookup of these texts could find. The ranks kept are those every byte 2-, 3- and 4-gram of
 # which occurs in the texts, cut into words at ASCII whitespace. A rank the texts hold
@@ -568,7 +568,8 @@ def parse_vocab_index(raw):
         for n in columns:
             tables.append(sections[at:at + n])
             at += n
-        if head["size"] != O200K_TOKENS or tokens_digest(sections[0], sections[1], head["order"]) != O200K_TOKENS_SHA256:
+        if (head["size"] != O200K_TOKENS
+                or tokens_digest(sections[0], sections[1], head["order"]) != O200K_TOKENS_SHA256):
             return None
         return (head["order"], head["size"], bytes(sections[0]), sections[1], sections[2], tables)
     except (ValueError, KeyError, TypeError):
