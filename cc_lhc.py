@@ -362,17 +362,17 @@ def _tiktoken_core():
 # A tokenizer for the texts at hand. Building tiktoken's encoder from all 200,000 ranks
 # takes about 0.1 s (each rank's bytes are handed over one at a time, 0.45 us a rank) and
 # cutting their bytes out of the index 0.07 s, more than counting a megabyte. For a
-# one-off count (a `measure`, a rebuild before a launch) an encoder holding only the ranks
-# the texts can use is built instead, and counts exactly as the whole one does: BPE only ever looks up byte
-# strings inside one piece of the text, and a rank missing from the encoder is one no
-# lookup of these texts could find. The ranks kept are those every byte 2-, 3- and 4-gram of
-# which occurs in the texts, cut into words at ASCII whitespace. A rank the texts hold
-# either has no ASCII whitespace (it lies inside a word), or is one whitespace byte then
-# the start of a word (its word-part is checked), or is one of the 2,400 others (whitespace
-# runs, line ends after a sign: 2,853), which are always kept. For a 1 MiB session the
-# encoder holds about 31,000 ranks and is built in 0.015-0.019 s, after about 0.07 s
-# picking them (the index read and checked, the words' grams, the passes over the index).
-# A long-running process (a live session) builds the whole encoder once instead.
+# one-off count (a `measure`, a rebuild before a launch) an encoder holding only the ranks the
+# texts can use is built instead, and counts exactly as the whole one does: BPE only ever
+# looks up byte strings inside one piece of the text, and a rank missing from the encoder
+# is one no lookup of these texts could find. The ranks kept are those every byte 2-, 3-
+# and 4-gram of which occurs in the texts, cut into words at ASCII whitespace. A rank the
+# texts hold either has no ASCII whitespace (it lies inside a word), or is one whitespace
+# byte then the start of a word (its word-part is checked), or is one of the 2,853 others
+# (whitespace runs, line ends after a sign), which are always kept. For a 1 MiB
+# session the encoder holds about 31,000 ranks and is built in 0.015-0.019 s, after about
+# 0.07 s picking them (the index read and checked, the words' grams, the passes over the
+# index). A long-running process (a live session) builds the whole encoder once instead.
 ASCII_WHITESPACE = b" \t\n\r\x0b\x0c"      # what bytes.split() cuts at
 SUBSET_TEXT_LIMIT = 2_000_000    # characters counted at once: more hold more distinct words than the next limit
 SUBSET_WORDS_LIMIT = 600_000     # bytes of distinct words (all such encoders' together), likewise
