@@ -4234,13 +4234,15 @@ class ViewCounter:
     def text(self, text) -> int:
         return self.tokens.count_many([text])[0] if text else 0
 
-    def prime(self, pairs) -> None:
-        """Count many (message, stub) pairs in one batch before message() asks for each."""
+    def prime(self, pairs, texts=()) -> None:
+        """Count many (message, stub) pairs in one batch before message() asks for each,
+        and with them ``texts`` that text() will ask for (a view's header, its notes):
+        counted apart, each short text would need an encoder of its own."""
         todo = {}
         for m, stub in pairs:
             if (m["seq"], stub) not in self._cache:
                 todo[(m["seq"], stub)] = shown_text(m, stub)
-        for key, n in zip(todo, self.tokens.count_many(list(todo.values()))):
+        for key, n in zip(todo, self.tokens.count_many(list(todo.values()) + [t for t in texts if t])):
             self._cache[key] = n + MESSAGE_TOKENS
 
     def prefill(self, counted: dict) -> None:
@@ -4258,10 +4260,11 @@ class ViewCounter:
 
 def view_tokens(view, header, turns, counter) -> dict:
     """What a served view holds, counted: header (summaries included), full, lean, notes."""
-    out = {"header": counter.text(header), "full": 0, "lean": 0, "notes": 0}
     shown = [(turn, turn_items(view, turn)) for turn in turns
              if view.bands.get(turn.n, "omitted") not in ("omitted", "summary")]
-    counter.prime(pair for _, (_, items) in shown for pair in items)
+    counter.prime((pair for _, (_, items) in shown for pair in items),
+                  [header] + [note for _, (note, _) in shown if note])
+    out = {"header": counter.text(header), "full": 0, "lean": 0, "notes": 0}
     for turn, (note, items) in shown:
         if note:
             out["notes"] += counter.text(note) + MESSAGE_TOKENS
