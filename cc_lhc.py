@@ -433,8 +433,8 @@ def build_vocab_index(tokens) -> tuple:
     """The ranks (tokens in rank order) filed for VocabIndex: their bytes, the ranks always
     kept, and the others in four tables by the length of their word-part (2, 3, 4, more),
     each row its rank and the grams of the word-part that must occur: the first 2, 3 or 4
-    bytes, and for a longer one also bytes 1-4 and the last 4. Plain bytes and ints, so
-    marshal loads it in a moment."""
+    bytes, and for a longer one also bytes 1-4 and the last 4. Plain bytes and runs of
+    native ints, which an index file holds as they are (vocab_index_bytes)."""
     import operator
     from array import array
     order = sys.byteorder

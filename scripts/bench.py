@@ -1080,8 +1080,7 @@ def compiled_entry(root: Path) -> tuple[Path, list[str]]:
 def counts_forgetter(cc: Any, state: Path) -> tuple[Path, Callable[[], None]]:
     """The counts cache of the state folder ``state`` (cc_lhc's own CountsCache path), and
     a function that empties it of counts, leaving the file (with the rank file's checksum
-    it has noted), the ranks cache and the vocabulary index: someone who has used cc-lhc
-    before, whose texts were never counted."""
+    it has noted): someone who has used cc-lhc before, whose texts were never counted."""
     import sqlite3
     counts = Path(cc.CountsCache(cc.StateHome(str(state))).path)
 
@@ -1300,8 +1299,8 @@ def _measure(ctx: Ctx) -> dict:
     root = ctx.scratch("measure")
     runs = ctx.runs(3)
     # As for someone who has used cc-lhc before: the state folder exists, so the first
-    # (warm-up) run leaves the tokenizer's ranks cache there for the timed ones. The counts
-    # it made go before each timed run: every text is counted, as lcc counts it.
+    # (warm-up) run leaves the rank file's checksum noted there for the timed ones. The
+    # counts it made go before each timed run: every text is counted, as lcc counts it.
     (root / ".cc-lhc").mkdir(parents=True, exist_ok=True)
     _counts, forget = counts_forgetter(cc, root / ".cc-lhc")
     times, proc = time_process([sys.executable, str(REPO / "cc_lhc.py"), "measure", str(path), "--json"],
@@ -1396,12 +1395,11 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
             lease = capture.lease
             capture.stop()
             lease.release()
-            # As for someone who has used cc-lhc before: the tokenizer's ranks and their
-            # vocabulary index are cached in the state folder; no text of this thread has
-            # been counted yet.
+            # As for someone who has used cc-lhc before: the rank file's checksum is noted
+            # in the state folder (and its vocabulary index kept there, when none lies
+            # beside it); no text of this thread has been counted yet.
             counter = cc.TokenCounter()
             counter.encoding()
-            cc.load_vocab_index(counter._ranks)
         counts, forget = counts_forgetter(cc, state)
         forget()
         shutil.copytree(state, backup)
