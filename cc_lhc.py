@@ -421,6 +421,18 @@ def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
     return grams, len(corpus)
 
 
+def parse_rank_file(data: bytes) -> dict:
+    """token bytes -> rank from a rank file's bytes (tiktoken's text format: one
+    "<base64 token> <rank>" line each)."""
+    import base64
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
 def _rank_order(ranks: dict):
     """The tokens in rank order, or None unless the ranks are 0..n-1 (as o200k_base's are)."""
     tokens = sorted(ranks, key=ranks.__getitem__)
@@ -521,8 +533,8 @@ class VocabIndex:
 # of cc-lhc parses the rank file's 200,000 base64 lines (0.15 s) or makes the index itself
 # (0.36 s); beside a rank file that has none (one named by CC_LHC_TOKENIZER_FILE) it is made
 # once and kept in the state folder. The file: the magic line, the SHA-256 of the rest, a
-# JSON line naming the ranks it was made from and each section's length, the sections.
-# One that fails the hash or names other ranks is never used.
+# JSON line giving the byte order and each section's length, the sections. One that fails
+# the hash, or holds other tokens than o200k_base's, is never used.
 VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 5\n"
 VOCAB_INDEX_FILE_NAME = "o200k_base.index"
 # tokens_digest of o200k_base's ranks: an index of any other tokens is never used, whoever made it.
@@ -534,7 +546,7 @@ def vocab_index_bytes(data) -> bytes:
     import hashlib
     order, size, blob, offsets, always, tables = data
     sections = [blob, offsets, always] + [raw for table in tables for raw in table]
-    head = json.dumps({"ranks_sha256": O200K_SHA256, "order": order, "size": size,
+    head = json.dumps({"order": order, "size": size,
                        "columns": [len(table) for table in tables],
                        "sections": [len(raw) for raw in sections]}).encode()
     body = head + b"\n" + b"".join(sections)
@@ -556,8 +568,7 @@ def parse_vocab_index(raw):
     try:
         head = json.loads(raw[start:end])
         sizes, columns = head["sections"], head["columns"]
-        if (head["ranks_sha256"] != O200K_SHA256 or len(sizes) != 3 + sum(columns)
-                or end + 1 + sum(sizes) != len(raw)):
+        if len(sizes) != 3 + sum(columns) or end + 1 + sum(sizes) != len(raw):
             return None
         sections = []
         at = end + 1
@@ -587,7 +598,9 @@ def tokens_digest(blob, offsets, order) -> str:
     bounds.frombytes(offsets)
     if order != "little":
         bounds.byteswap()
-    return hashlib.sha256(bytes(blob) + bounds.tobytes()).hexdigest()
+    digest = hashlib.sha256(blob)
+    digest.update(bounds)
+    return digest.hexdigest()
 
 
 def _index_of(raw):
@@ -928,12 +941,7 @@ class TokenCounter:
                 self.exact = False
                 self.reason = f"o200k_base data at {self._where[0]} changed while in use (counts are approximate)"
                 return None
-            import base64
-            self._parsed = {}
-            for line in data.splitlines():
-                if line:
-                    token, rank = line.split()
-                    self._parsed[base64.b64decode(token)] = int(rank)
+            self._parsed = parse_rank_file(data)
         return self._parsed
 
     def _load(self):
@@ -3273,7 +3281,7 @@ class ThreadStore:
         home.ensure("threads")
         self.path = home.path("threads", f"{thread_id}.sqlite")
         self.db = open_db(self.path, THREAD_MIGRATIONS, page_size=THREAD_PAGE_SIZE,
-                          synchronous="OFF" if getattr(home, "scratch", False) else "NORMAL")
+                          synchronous="OFF" if home.scratch else "NORMAL")
         if not self.db.execute("SELECT 1 FROM meta WHERE key = 'thread_id'").fetchone():
             with Tx(self.db):
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('thread_id', ?)", (thread_id,))

@@ -214,12 +214,7 @@ def vocab_index_bytes(rank_file: Path) -> bytes:
     data = rank_file.read_bytes()
     if sha256_hex(data) != O200K_SHA256:
         raise TokenizerError(f"{rank_file} is not the verified o200k_base file")
-    ranks = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    tokens = cc._rank_order(ranks)
+    tokens = cc._rank_order(cc.parse_rank_file(data))
     if tokens is None or len(tokens) != O200K_TOKENS:
         raise TokenizerError(f"{rank_file} does not hold ranks 0..{O200K_TOKENS - 1}")
     raw = cc.vocab_index_bytes(cc.build_vocab_index(tokens))

@@ -83,6 +83,9 @@ def test_artifact_counts_exactly_with_no_network(artifacts, flavour, tmp_path):
     report = json.loads(proc.stdout)
     assert report["sessions"][0]["exact"] is True
     assert report["sessions"][0]["counting"] == "exact o200k_base"
+    # the vocabulary index it carries beside its rank file was read: none was made and kept
+    cache = Path(os.environ["CC_LHC_HOME"]) / "cache"
+    assert cache.is_dir() and not list(cache.glob("*index*"))
 
 
 @pytest.mark.parametrize("flavour", _flavours())

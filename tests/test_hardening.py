@@ -371,7 +371,11 @@ def test_a_scratch_home_is_private_and_gone_after_its_command(tmp_path, monkeypa
         if os.name == "posix":
             assert Path(home.root).stat().st_mode & 0o777 == 0o700
         store = cc_lhc.ThreadStore(home, "t")
+        assert store.db.execute("PRAGMA synchronous").fetchone()[0] == 0  # (a throwaway: never waits for the disk)
         store.close()
+    kept = cc_lhc.ThreadStore(cc_lhc.StateHome(str(tmp_path / "state")), "t")
+    assert kept.db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL for every other store
+    kept.close()
     assert list(base.iterdir()) == []
     with pytest.raises(RuntimeError):
         with cc_lhc.ScratchHome("measure") as home:

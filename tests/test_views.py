@@ -1111,3 +1111,31 @@ def test_the_envelope_read_from_the_end_is_the_newest_one(tmp_path, monkeypatch,
         assert cc_lhc.read_envelope(str(path)) == _envelope_forward(path), path.name
     found, meta = cc_lhc.read_envelope(str(mixed))
     assert [r["attachment"]["n"] for r in found] == [4, 3, 5] and meta == {"version": "2.1.4", "gitBranch": "b5"}
+
+
+def test_a_views_header_and_notes_are_counted_in_the_batch_of_its_messages(tmp_path):
+    """Counted one by one, each short text of a view would need an encoder of its own in a
+    one-off count: the header and every note go in the one batch with the messages."""
+    thread = intake_transcript(long_turn_transcript(200, 12_000, before=3), tmp_path)
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    view, header = cc_lhc.serve_view(thread.id, turns, 8_000, "default", summaries)
+    notes = [n for n in (cc_lhc.turn_items(view, t)[0] for t in turns) if n]
+    assert notes  # the long turn resumes after a note
+
+    class Batches:
+        def __init__(self):
+            self.seen = []
+
+        def usable(self):
+            return False
+
+        def count_many(self, texts):
+            self.seen.append(list(texts))
+            return [cc_lhc.safe_estimate(t) for t in texts]
+
+    tokens = Batches()
+    counted = cc_lhc.view_tokens(view, header, turns, cc_lhc.ViewCounter(tokens))
+    first = tokens.seen[0]
+    assert header in first and all(n in first for n in notes) and len(first) > 1 + len(notes)
+    assert counted["header"] == cc_lhc.safe_estimate(header)
