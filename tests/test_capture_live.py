@@ -281,13 +281,15 @@ def test_stop_catches_up_to_the_end_of_the_file(tmp_path):
     store.close()
 
 
-def test_a_long_catch_up_copies_its_wal_into_the_file_once_at_its_last_batch(tmp_path, monkeypatch):
-    """A catch-up of many batches leaves the thread file as it was until its last commit
-    (no checkpoint, with its fsyncs, after every batch); that commit copies them all, and
-    the store is left checkpointing as SQLite does by default."""
+def test_a_long_catch_up_copies_its_wal_into_the_file_once_it_is_done_on_a_thread_of_its_own(tmp_path, monkeypatch):
+    """A catch-up of many batches leaves the thread file as it was through all its commits
+    (no checkpoint, with its fsyncs, after any batch, nor before catch_up returns); then a
+    connection of its own copies them all while the store goes on being used, and the
+    store is left checkpointing as SQLite does by default. A throwaway store is never copied."""
     data = big_transcript(11, 6)
     path = tmp_path / "t.jsonl"
     path.write_bytes(data)
+    expected = one_shot(tmp_path, data)[1]
     monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 1 << 20)
     cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path))
     cap._open()
@@ -297,12 +299,31 @@ def test_a_long_catch_up_copies_its_wal_into_the_file_once_at_its_last_batch(tmp
         trust(self, batch)
         sizes.append(os.path.getsize(self.store.path))
     monkeypatch.setattr(cc_lhc.Capture, "_trust", sized_commit)
+    copies = []
+    import threading
+    real_start = threading.Thread.start
+
+    def noted_start(self):
+        if self.name == "cc-lhc-checkpoint":
+            copies.append(os.path.getsize(cap.store.path))  # (the file before the copy)
+        return real_start(self)
+    monkeypatch.setattr(threading.Thread, "start", noted_start)
     cap.catch_up(index=False)
     assert len(sizes) > 3
-    assert set(sizes[:-1]) == {sizes[0]} and sizes[-1] > sizes[0]
+    assert set(sizes) == {sizes[0]} and copies == [sizes[0]]
+    cap.store._checkpointer.join()
+    assert os.path.getsize(cap.store.path) > sizes[0]  # copied, with the store still open
     assert cap.store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == cc_lhc.WAL_CHECKPOINT_PAGES
-    assert exported(cap.store) == one_shot(tmp_path, data)[1]
+    assert exported(cap.store) == expected
     cap.stop()
+
+    scratch = cc_lhc.StateHome(str(tmp_path / "scratch"), scratch=True)
+    cap = cc_lhc.Capture(scratch, THREAD, SESSION, str(path))
+    cap.catch_up(index=False)
+    assert cap.store._checkpointer is None and os.path.getsize(cap.store.path + "-wal") > (1 << 20)
+    assert exported(cap.store) == expected
+    cap.stop()
+    assert copies == [sizes[0]]
 
 
 def test_a_long_catch_up_writes_on_a_store_thread_and_a_failed_write_loses_nothing(tmp_path, monkeypatch):
