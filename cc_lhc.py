@@ -443,10 +443,12 @@ def _rank_order(ranks: dict):
 
 def build_vocab_index(tokens) -> tuple:
     """The ranks (tokens in rank order) filed for VocabIndex: their bytes, the ranks always
-    kept, and the others in four tables by the length of their word-part (2, 3, 4, more),
-    each row its rank and the grams of the word-part that must occur: the first 2, 3 or 4
-    bytes, and for a longer one also bytes 1-4 and the last 4. Plain bytes and runs of
-    native ints, which an index file holds as they are (vocab_index_bytes)."""
+    kept, and the others in four tables by the length of their word-part (2, 3, 4, more).
+    In the first three each row is its rank and its word-part read as an int, in that
+    int's order (a few are looked up by bisection). The fourth is in the order of its
+    word-parts' first 4 bytes and holds those 4-grams once each, where each one's run of
+    rows starts, and each row's rank and the 4-grams of its bytes 1-4 and last 4. Plain
+    bytes and runs of native ints, which an index file holds as they are (vocab_index_bytes)."""
     import operator
     from array import array
     order = sys.byteorder
@@ -472,15 +474,20 @@ def build_vocab_index(tokens) -> tuple:
         return memoryview(b"".join(map(operator.itemgetter(cut), parts))).cast("I").tolist()
     tables = []
     for n, (ranks, parts) in words.items():
-        if n < 4:
-            columns = [[int.from_bytes(w, order) for w in parts], ranks]
+        first = [int.from_bytes(w, order) for w in parts] if n < 4 else grams(parts, slice(0, 4))
+        rows = sorted(range(len(ranks)), key=first.__getitem__)
+        if n < 5:
+            columns = [first, ranks]
         else:
-            columns = [grams(parts, slice(0, 4)), ranks]
-            if n == 5:
-                columns += [grams(parts, slice(1, 5)), grams(parts, slice(-4, None))]
-        first = columns[0]
-        rows = sorted(range(len(ranks)), key=first.__getitem__)  # a few grams are looked up by bisection
-        tables.append([array("I", map(column.__getitem__, rows)).tobytes() for column in columns])
+            keys, starts = [], []
+            for at, row in enumerate(rows):
+                if not keys or first[row] != keys[-1]:
+                    keys.append(first[row])
+                    starts.append(at)
+            starts.append(len(rows))
+            columns = [keys, starts, ranks, grams(parts, slice(1, 5)), grams(parts, slice(-4, None))]
+        tables.append([array("I", column if len(column) != len(rows) else map(column.__getitem__, rows)).tobytes()
+                       for column in columns])
     return (order, len(tokens), b"".join(tokens), offsets.tobytes(), always.tobytes(), tables)
 
 
@@ -494,23 +501,40 @@ class VocabIndex:
         if order != sys.byteorder:
             raise ValueError("index made on a machine of the other byte order")
         self.offsets, self.always = arr(offsets), arr(always)
-        self.groups = [[arr(raw) for raw in group] for group in groups]
-        if len(self.offsets) != self.size + 1 or self.offsets[-1] != len(self.blob):
+        self.ends = self.offsets[1:]
+        groups = [[arr(raw) for raw in group] for group in groups]
+        if [len(group) for group in groups] != [2, 2, 2, 5]:
+            raise ValueError("index of another layout")
+        self.short, (keys, starts, *self.long) = groups[:3], groups[3]
+        self.keys, self.starts, self.run_ends = keys, starts, starts[1:]
+        if (len(self.offsets) != self.size + 1 or self.offsets[-1] != len(self.blob)
+                or len(starts) != len(keys) + 1 or starts[-1] != len(self.long[0])):
             raise ValueError("index does not match its ranks")
+
+    @staticmethod
+    def _rows(keys, present) -> list:
+        """Where in ``keys`` (sorted) the ints in ``present`` are."""
+        if len(present) * 16 < len(keys):  # a short text: its grams looked up
+            import bisect
+            rows = []
+            for key in present:
+                rows.extend(range(bisect.bisect_left(keys, key), bisect.bisect_right(keys, key)))
+            return rows
+        return list(itertools.compress(range(len(keys)), map(present.__contains__, keys)))
 
     def ranks_for(self, grams) -> dict:
         """token bytes -> rank for every rank texts with these 4-grams can hold."""
-        import bisect
+        import operator
         three, two = _gram_masks()
+        threes = set(map(three, grams))
         picked = list(self.always)
-        for (first, ranks, *more), present in zip(self.groups, (
-                set(map(two, grams)), set(map(three, grams)), grams, grams)):
-            if len(present) * 16 < len(first):  # a short text: its grams looked up
-                rows = []
-                for key in present:
-                    rows.extend(range(bisect.bisect_left(first, key), bisect.bisect_right(first, key)))
-            else:
-                rows = list(itertools.compress(range(len(ranks)), map(present.__contains__, first)))
+        for (words, ranks), present in zip(self.short, (set(map(two, threes)), threes, grams)):
+            picked.extend(map(ranks.__getitem__, self._rows(words, present)))
+        runs = self._rows(self.keys, grams)  # the longer ones: their first 4 bytes, then the rest
+        if runs:
+            at = operator.itemgetter(*runs) if len(runs) > 1 else lambda column: (column[runs[0]],)
+            rows = list(itertools.chain.from_iterable(map(range, at(self.starts), at(self.run_ends))))
+            ranks, *more = self.long
             for column in more:
                 rows = list(itertools.compress(rows, map(grams.__contains__, map(column.__getitem__, rows))))
             picked.extend(map(ranks.__getitem__, rows))
@@ -518,9 +542,11 @@ class VocabIndex:
 
     def _tokens(self, ranks):
         """The bytes of each of these ranks, in turn."""
-        offsets, after = self.offsets, (1).__add__
-        return map(self.blob.__getitem__,
-                   map(slice, map(offsets.__getitem__, ranks), map(offsets.__getitem__, map(after, ranks))))
+        import operator
+        if not ranks:
+            return iter(())
+        at = operator.itemgetter(*ranks) if len(ranks) > 1 else lambda column: (column[ranks[0]],)
+        return map(self.blob.__getitem__, map(slice, at(self.offsets), at(self.ends)))
 
     def ranks(self) -> dict:
         """token bytes -> rank for every rank (the whole encoder's)."""
@@ -535,7 +561,7 @@ class VocabIndex:
 # once and kept in the state folder. The file: the magic line, the SHA-256 of the rest, a
 # JSON line giving the byte order and each section's length, the sections. One that fails
 # the hash, or holds other tokens than o200k_base's, is never used.
-VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 5\n"
+VOCAB_INDEX_MAGIC = b"cc-lhc vocab index 6\n"
 VOCAB_INDEX_FILE_NAME = "o200k_base.index"
 # tokens_digest of o200k_base's ranks: an index of any other tokens is never used, whoever made it.
 O200K_TOKENS_SHA256 = "46b83cda257f90fb412a2dae27add88dcc92d859fe7f46753a023b473cec6590"
@@ -624,7 +650,7 @@ def _index_beside_ranks():
 
 
 def _kept_index_path() -> str:
-    return StateHome().path("cache", f"o200k_base-{O200K_SHA256[:16]}-index5-{sys.byteorder}.bin")
+    return StateHome().path("cache", f"o200k_base-{O200K_SHA256[:16]}-index6-{sys.byteorder}.bin")
 
 
 def _write_cache_file(path: str, data: bytes) -> bool:
