@@ -45,7 +45,6 @@ import re
 import signal
 import stat
 import sys
-import uuid
 
 # == 1. Constants, user-facing strings, errors ==================================
 
@@ -108,7 +107,23 @@ def is_uuid(text: str) -> bool:
 
 
 def new_session_id() -> str:
-    return str(uuid.uuid4())
+    """A random UUID (version 4), as text. The uuid module is not imported: it brings the
+    platform module with it, 2 ms of every command's start."""
+    return _uuid_text(os.urandom(16), 4)
+
+
+def name_uuid(name: str) -> str:
+    """The name-based UUID (version 5, as uuid.uuid5 makes it) of ``name`` in cc-lhc's
+    namespace (ROLLOUT_NAMESPACE), as text."""
+    import hashlib
+    return _uuid_text(hashlib.sha1(ROLLOUT_NAMESPACE + name.encode("utf-8")).digest(), version=5)
+
+
+def _uuid_text(raw: bytes, version: int) -> str:
+    """16 bytes as a UUID of this version (its version and variant bits set), as text."""
+    n = int.from_bytes(raw[:16], "big") & ~(0xF000 << 64 | 0xC000 << 48) | version << 76 | 0x8000 << 48
+    h = f"{n:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _java_string_hash(text: str) -> int:
@@ -3194,7 +3209,7 @@ class Registry:
     def create_thread(self, session_id: str, cwd: str, origin: str, thread_id=None) -> str:
         """A new thread whose current session is session_id (``thread_id``: one whose
         file was made ready under that id first, see fork_thread)."""
-        thread_id = thread_id or str(uuid.uuid4())
+        thread_id = thread_id or new_session_id()
         now = utc_now_iso()
         with Tx(self.db):
             self.db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (thread_id, cwd, now, origin))
@@ -4608,7 +4623,7 @@ def render_header(view: View, files, fallback_note: bool, native: bool = False) 
 
 # == 7. Rollout writing: a view -> a transcript Claude can resume ===============
 
-ROLLOUT_NAMESPACE = uuid.UUID("5d2c4f0e-8f1b-4a55-9a3c-6c1c2b7d9e01")
+ROLLOUT_NAMESPACE = bytes.fromhex("5d2c4f0e8f1b4a559a3c6c1c2b7d9e01")  # (a UUID's 16 bytes: see name_uuid)
 ENVELOPE_ATTACHMENTS = ("environment", "date", "model")
 # A session started with `claude -w NAME` (or one that entered a worktree) records where the
 # worktree is in a worktree-state record after each turn, and `claude --resume` goes back
@@ -4681,7 +4696,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
 
     def next_uuid():
         counter[0] += 1
-        return str(uuid.uuid5(ROLLOUT_NAMESPACE, f"{session_id}/{counter[0]}"))
+        return name_uuid(f"{session_id}/{counter[0]}")
 
     def common(rtype, timestamp):
         return {"parentUuid": parent[0], "isSidechain": False, "userType": "external",
@@ -5692,7 +5707,7 @@ class DerivationWorker:
         self.idle_seconds = idle_seconds
         self.summarise = summariser or summarise_turn
         # The worker field keeps two workers of one process from releasing each other's claims.
-        self.owner = {**process_identity(), "worker": uuid.uuid4().hex[:12]}
+        self.owner = {**process_identity(), "worker": os.urandom(16).hex()[:12]}
         self.done = 0
         self.failed = 0
         self._stopping = threading.Event()
@@ -6898,7 +6913,7 @@ def cmd_mod_compact(args) -> int:
         if view is None and not asked:  # nothing under way: a person's own /compact
             _write_private_json(os.path.join(folder, MOD_REQUEST_FILE), {
                 "token": body["token"], "session_id": args[0], "trigger": args[1],
-                "instructions": " ".join(args[3:]), "id": uuid.uuid4().hex, "at": utc_now_iso()})
+                "instructions": " ".join(args[3:]), "id": os.urandom(16).hex(), "at": utc_now_iso()})
             asked = True
         refused = _read_bound_json(folder, MOD_REFUSED_FILE, body["token"])
         if refused is not None:
@@ -7864,7 +7879,7 @@ class Receipts:
                      utc_now_iso()))
                 return cur.lastrowid
         except Exception as e:  # write-behind: the receipt store must never block the work
-            rid = f"memory-{uuid.uuid4()}"
+            rid = f"memory-{new_session_id()}"
             say(f"warning: governor receipt could not be stored ({e}); using {rid}, "
                 "restart recovery is degraded for this attempt")
             self.home.log("receipt_store_unavailable", error=repr(e), receipt=rid)
@@ -8583,7 +8598,7 @@ def rebuild_in_process(home, store, thread_id, from_session, policy, cwd, descri
                        assessment=None, plan_view=None, envelope_from=None, instructions=""):
     """Record an in-process rebuild as pending, build the view and leave it for the hook."""
     import time
-    key = f"{from_session}#{uuid.uuid4().hex[:12]}"
+    key = f"{from_session}#{os.urandom(16).hex()[:12]}"
     sources = []
     plan = (plan_view or plan_rebuild)(home, store, thread_id, policy, from_session, cwd,
                                        envelope_from=envelope_from, native=True, sources=sources)
@@ -11021,7 +11036,7 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
         c, unsettled = current_classification(store, current, policy, prompt_estimate(spec), idle=True)
         if unsettled or not (elsewhere or c["would_mutate"]):
             return None
-        fork_id = str(uuid.uuid4())
+        fork_id = new_session_id()
         _copy_thread_file(home, store, fork_id, spec.session_id, spec.cwd)
         turns = store.summary()["turns"]
     finally:
@@ -15252,7 +15267,7 @@ class ScratchHome:
         base = (os.environ.get("TMPDIR") or "/tmp" if os.name == "posix" else
                 os.environ.get("TEMP") or os.environ.get("TMP"))
         if base:
-            root = os.path.join(base, f"cc-lhc-{self.kind}-{uuid.uuid4().hex}")
+            root = os.path.join(base, f"cc-lhc-{self.kind}-{os.urandom(16).hex()}")
             try:
                 os.mkdir(root, 0o700)  # (fails on anything already there: the name is its own)
                 self.root = root
@@ -15290,7 +15305,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
-        thread_id = str(uuid.uuid5(ROLLOUT_NAMESPACE, f"measure/{digest.hexdigest()}"))
+        thread_id = name_uuid(f"measure/{digest.hexdigest()}")
         cap = Capture(home, thread_id, "measured", path)
         try:  # (stopped before its folder goes: an open store cannot be removed everywhere)
             cap.take_unended = True

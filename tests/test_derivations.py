@@ -324,3 +324,25 @@ def test_worker_thread_stop_ends_the_run_and_releases_its_claim(fake_claude, hom
     row = work_row(store, 1)
     assert row["status"] == "queued" and row["attempts"] == 0 and row["owner"] is None
     assert worker.failed == 0
+
+
+def test_ids_are_the_uuids_the_uuid_module_makes():
+    """cc-lhc makes its UUIDs without the uuid module (which imports platform at every
+    start): a name-based one equals uuid.uuid5's, byte for byte, and a random one is a
+    well-formed version 4 UUID, a new one each time."""
+    namespace = uuid.UUID(bytes=cc_lhc.ROLLOUT_NAMESPACE)
+    for name in ("", "measure/abc", "3f2a9c1e-77b0-4c1e-9f3e-0d5f5e8b2a11/17", "é\u4e2d\U0001f600"):
+        assert cc_lhc.name_uuid(name) == str(uuid.uuid5(namespace, name))
+    made = {cc_lhc.new_session_id() for _ in range(200)}
+    assert len(made) == 200
+    for text in made:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert cc_lhc.is_uuid(text)
+
+
+def test_importing_cc_lhc_does_not_import_uuid_or_platform():
+    proc = subprocess.run([sys.executable, "-c", "import sys; import cc_lhc; "
+                           "print(sorted(m for m in ('uuid', 'platform') if m in sys.modules))"],
+                          cwd=Path(cc_lhc.__file__).parent, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"

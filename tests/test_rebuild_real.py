@@ -522,7 +522,7 @@ def test_measure_of_a_session_left_mid_turn_says_so_and_serves_what_a_rebuild_wo
     home = cc_lhc.StateHome(str(tmp_path / "lhc"))
     home.ensure()
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    cap = cc_lhc.Capture(home, str(uuid.uuid5(cc_lhc.ROLLOUT_NAMESPACE, f"measure/{digest}")), "s", str(path))
+    cap = cc_lhc.Capture(home, cc_lhc.name_uuid(f"measure/{digest}"), "s", str(path))
     cap.catch_up()
     policy = cc_lhc.resolve_policy([("test", {"lowerBoundTokens": 10_000})])
     plan = cc_lhc.plan_rebuild(home, cap.store, cap.thread_id, policy, str(uuid.uuid4()), "/w", idle=True)
@@ -554,7 +554,7 @@ def test_measure_predicts_the_view_a_rebuild_serves(iso_env, tmp_path):
     home.ensure()
     # the thread id measure writes into the header: with it, the two views are the same
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    thread_id = str(uuid.uuid5(cc_lhc.ROLLOUT_NAMESPACE, f"measure/{digest}"))
+    thread_id = cc_lhc.name_uuid(f"measure/{digest}")
     cap = cc_lhc.Capture(home, thread_id, "s", str(path))
     cap.catch_up()
     policy = cc_lhc.resolve_policy([("test", {"lowerBoundTokens": target})])
