@@ -82,7 +82,7 @@ def _calls(rng: random.Random, files: list[Path], work: Path, n: int) -> list:
             cmd = rng.choice([
                 f"sed -n '{rng.randint(1, lines)},+{rng.randint(80, 400)}p' {rel}",
                 f"grep -n '{rng.choice(words)}' {rel} | head -n {rng.randint(50, 400)}",
-                f"python3 -c \"import json,sys; print(json.dumps(sorted(sys.modules), indent=1))\"",
+                "python3 -c \"import json,sys; print(json.dumps(sorted(sys.modules), indent=1))\"",
                 f"ls -la {work}/tests {work}/scripts",
                 f"wc -l {work}/*.py {work}/tests/*.py",
                 f"python3 -m pydoc {rng.choice(['json', 'sqlite3', 'zlib', 'pathlib', 'subprocess'])} | head -n 400",

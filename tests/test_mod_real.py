@@ -649,7 +649,6 @@ def test_a_long_agentic_turn_keeps_its_newest_calls_by_handle_in_process(real_cl
     assert results and uses == {b["tool_use_id"] for b in results}  # each call with its result
     assert "step 7 line 250 of the build log: ok" in json.dumps(results)  # the newest, verbatim
     assert {"type": "thinking", "thinking": "last thought", "signature": "SIG-LAST"} in _thinking_blocks(messages)
-    roles = [m["role"] for m in messages]
     # right after the header comes the first verbatim response, a call of the long turn
     after = next(m for m in messages[1:] if m["role"] == "assistant")
     assert [b["type"] for b in after["content"]] == ["tool_use"]

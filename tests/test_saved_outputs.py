@@ -12,13 +12,10 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import cc_lhc
-from conftest import CC_LHC
 from fakeapi import block_text, text_reply, tool_use_reply
 from test_capture_live import registered_thread, run_main
 from test_capture_parse import Transcript, text
