@@ -518,6 +518,7 @@ class VocabIndex:
             raise ValueError("index made on a machine of the other byte order")
         self.offsets, self.always = arr(offsets), arr(always)
         self.ends = self.offsets[1:]
+        self._always = None  # token bytes -> rank of the ranks always kept, once cut out
         groups = [[arr(raw) for raw in group] for group in groups]
         if [len(group) for group in groups] != [2, 2, 2, 5]:
             raise ValueError("index of another layout")
@@ -542,7 +543,7 @@ class VocabIndex:
         """token bytes -> rank for every rank texts with these 4-grams can hold."""
         three, two = _gram_masks()
         threes = set(map(three, grams))
-        picked = list(self.always)
+        picked = []
         for (words, ranks), present in zip(self.short, (set(map(two, threes)), threes, grams)):
             picked.extend(map(ranks.__getitem__, self._rows(words, present)))
         runs = self._rows(self.keys, grams)  # the longer ones: their first 4 bytes, then the rest
@@ -553,7 +554,11 @@ class VocabIndex:
             for column in more:
                 rows = list(itertools.compress(rows, map(grams.__contains__, map(column.__getitem__, rows))))
             picked.extend(map(ranks.__getitem__, rows))
-        return dict(zip(self._tokens(picked), picked))
+        if self._always is None:  # (the same 2,853 for every encoder this process builds)
+            self._always = dict(zip(self._tokens(self.always), self.always))
+        chosen = self._always.copy()
+        chosen.update(zip(self._tokens(picked), picked))
+        return chosen
 
     def _tokens(self, ranks):
         """The bytes of each of these ranks, in turn."""
