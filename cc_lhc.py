@@ -381,9 +381,11 @@ def _tiktoken_core():
 # one-off count (a `measure`, a rebuild before a launch) an encoder holding only the ranks the
 # texts can use is built instead, and counts exactly as the whole one does: BPE only ever
 # looks up byte strings inside one piece of the text, and a rank missing from the encoder
-# is one no lookup of these texts could find. The ranks kept are those every byte 2-, 3-
-# and 4-gram of which occurs in the texts, cut into words at ASCII whitespace. A rank the
-# texts hold either has no ASCII whitespace (it lies inside a word), or is one whitespace
+# is one no lookup of these texts could find. The ranks kept are those whose word-part
+# (see below) occurs in the texts' words (cut at ASCII whitespace) as far as its byte
+# grams tell: a part of 2, 3 or 4 bytes whole, a longer one by its first 4 bytes, its
+# bytes 1-4 and its last 4 (some kept this way occur nowhere; none that occurs is left
+# out). A rank the texts hold either has no ASCII whitespace (it lies inside a word), or is one whitespace
 # byte then the start of a word (its word-part is checked), or is one of the 2,853 others
 # (whitespace runs, line ends after a sign), which are always kept. For a 1 MiB
 # session the encoder holds about 33,000 ranks and is built in 0.015-0.019 s, after about
@@ -408,12 +410,12 @@ def core_text(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _gram_masks():
-    """How a 4-gram (an int read natively from four bytes) gives its first 3 and 2 bytes as
-    the ints those bytes read as."""
-    if sys.byteorder == "little":
+def _gram_masks(order=sys.byteorder):
+    """How a 4-gram (an int read in this byte order from four bytes) gives its first 3
+    bytes, and how those 3 give their first 2, as the ints those bytes read as."""
+    if order == "little":
         return (0xFFFFFF).__and__, (0xFFFF).__and__
-    return (8).__rrshift__, (16).__rrshift__
+    return (8).__rrshift__, (8).__rrshift__
 
 
 def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
@@ -492,18 +494,20 @@ def build_vocab_index(tokens) -> tuple:
     for n, (ranks, parts) in words.items():
         first = [int.from_bytes(w, order) for w in parts] if n < 4 else grams(parts, slice(0, 4))
         rows = sorted(range(len(ranks)), key=first.__getitem__)
+
+        def in_order(column):  # (the rows sorted by their first bytes)
+            return array("I", map(column.__getitem__, rows)).tobytes()
         if n < 5:
-            columns = [first, ranks]
-        else:
-            keys, starts = [], []
-            for at, row in enumerate(rows):
-                if not keys or first[row] != keys[-1]:
-                    keys.append(first[row])
-                    starts.append(at)
-            starts.append(len(rows))
-            columns = [keys, starts, ranks, grams(parts, slice(1, 5)), grams(parts, slice(-4, None))]
-        tables.append([array("I", column if len(column) != len(rows) else map(column.__getitem__, rows)).tobytes()
-                       for column in columns])
+            tables.append([in_order(first), in_order(ranks)])
+            continue
+        keys, starts = array("I"), array("I")
+        for at, row in enumerate(rows):
+            if not keys or first[row] != keys[-1]:
+                keys.append(first[row])
+                starts.append(at)
+        starts.append(len(rows))
+        tables.append([keys.tobytes(), starts.tobytes(), in_order(ranks),
+                       in_order(grams(parts, slice(1, 5))), in_order(grams(parts, slice(-4, None)))])
     return (order, len(tokens), b"".join(tokens), offsets.tobytes(), always.tobytes(), tables)
 
 
@@ -541,7 +545,7 @@ class VocabIndex:
 
     def ranks_for(self, grams) -> dict:
         """token bytes -> rank for every rank texts with these 4-grams can hold."""
-        three, two = _gram_masks()
+        three, two = _gram_masks()  # (two: of a 3-gram)
         threes = set(map(three, grams))
         picked = []
         for (words, ranks), present in zip(self.short, (set(map(two, threes)), threes, grams)):
@@ -3325,7 +3329,7 @@ class ThreadStore:
         self.thread_id = thread_id
         home.ensure("threads")
         self.path = home.path("threads", f"{thread_id}.sqlite")
-        self.scratch = home.scratch  # a throwaway store: nothing in it is ever copied into its file
+        self.scratch = home.scratch  # a throwaway store: never fsynced, nor copied apart (checkpoint_apart)
         self.db = open_db(self.path, THREAD_MIGRATIONS, page_size=THREAD_PAGE_SIZE,
                           synchronous="OFF" if home.scratch else "NORMAL")
         self._checkpointer = None  # checkpoint_apart's thread
@@ -3555,29 +3559,25 @@ class ThreadStore:
     def checkpoint_on_commit(self, yes: bool) -> None:
         """Whether a commit that leaves the WAL past SQLite's threshold copies it into the file.
 
-        Each such copy costs two fsyncs and restarts the WAL. A catch-up commits a batch of
-        several MB at a time, so it turns this off for all of them and has checkpoint_apart
-        copy them at once when it is done. Every commit is as durable either way.
+        Each such copy costs two fsyncs and restarts the WAL. A catch-up of several batches
+        (several MB each) turns this off for all of them and has checkpoint_apart copy them
+        at once when it is done; a live read of a few lines leaves it on.
         """
         self.db.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES if yes else 0}")
 
     def checkpoint_apart(self) -> None:
-        """Copy the WAL into the file on a connection and a thread of their own, when it is
-        long enough that a commit would (a catch-up leaves it so, see checkpoint_on_commit).
+        """Copy the WAL into the file on a connection and a thread of their own: what a
+        long catch-up does once its batches are written (see checkpoint_on_commit).
 
-        The copy of a long catch-up's WAL (tens of ms for 40 MB, two fsyncs) then runs
-        beside what comes next instead of before it. It is SQLite's passive checkpoint: it
-        never waits for this connection, and this connection's own later commits never wait
-        for it (one that finds it running leaves the copy to it). Stopping it half-way, by
-        a crash or the process's exit, loses nothing: the WAL still holds every page. A
-        throwaway store is never copied. close() waits for it.
+        The copy of its WAL (tens of ms for 40 MB, and the fsyncs that make the batches
+        safe from a power cut) then runs beside what comes next instead of before it. It is
+        SQLite's passive checkpoint: it never waits for this connection, and this
+        connection's own later commits never wait for it (one that finds it running leaves
+        the copy to it). Stopping it half-way, by a crash or the process's exit, loses
+        nothing: the WAL still holds every page. A throwaway store is left to its close,
+        which copies it as SQLite does when its last connection closes. close() waits for it.
         """
         if self.scratch or (self._checkpointer is not None and self._checkpointer.is_alive()):
-            return
-        try:
-            if os.path.getsize(self.path + "-wal") < WAL_CHECKPOINT_PAGES * THREAD_PAGE_SIZE:
-                return
-        except OSError:
             return
         import threading
 
@@ -7491,15 +7491,17 @@ class Capture:
         def write(batch):
             store.apply(self.session_id, batch.out, batch.end, batch.lines, batch.digest, rows=batch.rows)
 
-        store.checkpoint_on_commit(False)  # (none of its commits copies the WAL: see checkpoint_apart)
+        long = size - offset > self.BATCH_BYTES
+        if long:  # (none of its commits copies the WAL: see checkpoint_apart)
+            store.checkpoint_on_commit(False)
         try:
             batches = self._caught(f, parser, src, packer, prefix)
-            total, self.caught_up = self._store_batches(batches, write, self._trust,
-                                                        size - offset > self.BATCH_BYTES, deadline)
+            total, self.caught_up = self._store_batches(batches, write, self._trust, long, deadline)
         finally:
-            store.checkpoint_on_commit(True)
             packer.close()
-            store.checkpoint_apart()
+            if long:
+                store.checkpoint_on_commit(True)
+                store.checkpoint_apart()
         return total
 
     def _caught(self, f, parser, src, packer, prefix):

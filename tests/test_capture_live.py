@@ -285,11 +285,13 @@ def test_a_long_catch_up_copies_its_wal_into_the_file_once_it_is_done_on_a_threa
     """A catch-up of many batches leaves the thread file as it was through all its commits
     (no checkpoint, with its fsyncs, after any batch, nor before catch_up returns); then a
     connection of its own copies them all while the store goes on being used, and the
-    store is left checkpointing as SQLite does by default. A throwaway store is never copied."""
+    store is left checkpointing as SQLite does by default: the live reads after it start no
+    copy of their own. A throwaway store is not copied apart."""
     data = big_transcript(11, 6)
-    path = tmp_path / "t.jsonl"
-    path.write_bytes(data)
     expected = one_shot(tmp_path, data)[1]
+    cut = data.index(b"\n", len(data) * 9 // 10) + 1
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data[:cut])
     monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 1 << 20)
     cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path))
     cap._open()
@@ -314,8 +316,15 @@ def test_a_long_catch_up_copies_its_wal_into_the_file_once_it_is_done_on_a_threa
     cap.store._checkpointer.join()
     assert os.path.getsize(cap.store.path) > sizes[0]  # copied, with the store still open
     assert cap.store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == cc_lhc.WAL_CHECKPOINT_PAGES
+    rest = data[cut:].splitlines(keepends=True)
+    for k in range(5):  # live reads of a few lines each
+        with open(path, "ab") as f:
+            f.write(b"".join(rest[k * len(rest) // 5:(k + 1) * len(rest) // 5]))
+        assert cap.catch_up(index=False) > 0
+    assert len(copies) == 1
     assert exported(cap.store) == expected
     cap.stop()
+    path.write_bytes(data)
 
     scratch = cc_lhc.StateHome(str(tmp_path / "scratch"), scratch=True)
     cap = cc_lhc.Capture(scratch, THREAD, SESSION, str(path))
@@ -323,7 +332,7 @@ def test_a_long_catch_up_copies_its_wal_into_the_file_once_it_is_done_on_a_threa
     assert cap.store._checkpointer is None and os.path.getsize(cap.store.path + "-wal") > (1 << 20)
     assert exported(cap.store) == expected
     cap.stop()
-    assert copies == [sizes[0]]
+    assert len(copies) == 1
 
 
 def test_a_long_catch_up_writes_on_a_store_thread_and_a_failed_write_loses_nothing(tmp_path, monkeypatch):

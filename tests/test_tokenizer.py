@@ -708,3 +708,32 @@ def test_short_batches_get_encoders_of_their_own_and_never_the_whole_one(tmp_pat
     direct = run_counts(tmp_path / "again", f"enc = cc_lhc.TOKENS.encoding(); out = [[cc_lhc._token_count(enc, t) "
                                              f"for t in b] for b in json.load(open({str(listed)!r}))]")
     assert report["out"] == direct["out"]
+
+
+@pytest.mark.parametrize("order", ["little", "big"])
+def test_a_4_gram_gives_its_first_3_and_those_their_first_2_bytes_in_either_byte_order(order):
+    """The picker reads grams natively: the masks must agree with int.from_bytes in the
+    machine's own order (on a big-endian one too, where 3 -> 2 is a shift of one byte)."""
+    import random
+    import cc_lhc
+    three, two = cc_lhc._gram_masks(order)
+    rnd = random.Random(7)
+    for raw in [b"abcd", b"\x00\x00\x00\x00", b"\xff\xff\xff\xff"] + [rnd.randbytes(4) for _ in range(500)]:
+        gram = int.from_bytes(raw, order)
+        assert three(gram) == int.from_bytes(raw[:3], order)
+        assert two(three(gram)) == int.from_bytes(raw[:2], order)
+
+
+def test_the_index_keeps_its_tables_in_order_whatever_the_vocabulary():
+    """A vocabulary whose longer word-parts all start differently (as many first 4-byte
+    keys as rows) or share one start: the keys stay sorted and every rank is found."""
+    import cc_lhc
+    single = [bytes([b]) for b in range(256)]
+    for extra in ([b"zzzzz1", b"aaaaa1", b"mmmmm1"], [b"zzzzz1", b"aaaaa1", b"aaaaa2", b"mmmmm1"],
+                  [b"qqqqq", b"qqqqqq", b"qqqqqqq"], [b" hello", b"world", b"hello world"]):
+        tokens = single + extra
+        index = cc_lhc.VocabIndex(cc_lhc.build_vocab_index(tokens))
+        assert list(index.keys) == sorted(set(index.keys))
+        for rank, token in enumerate(tokens[256:], start=256):
+            picked = index.ranks_for(cc_lhc.text_grams([token.decode()])[0])
+            assert picked.get(token) == rank, (extra, token)
