@@ -1409,12 +1409,19 @@ TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the sam
 CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
 QUEUE_KEY = "queue:"  # + session id: ParseState.queued, the same way
 ABSORBED_KEY = "absorbed:"  # + session id: ParseState.absorbed, the same way
+UNASKED_KEY = "unasked:"  # + session id: ParseState.unasked, the same way
+AFTER_BOUNDARY_KEY = "after_boundary:"  # + session id: ParseState.after_boundary, the same way
+# + session id + ":" + uuid: the agent of a sidechain record that made no message (a hook's
+# system record, say). Those that made one are found by their messages' source_uuid; a
+# restart must find these too, or the records after one would start a second agent.
+SIDECHAIN_KEY = "sidechain:"
 # The ParseState fields the records alone do not give back, kept in the thread's meta under
 # key + session id whenever a batch changes them (ParseOutput.state): (field, key, default).
 # A flag is kept as "1"/"0", a uuid as itself, a tuple as JSON (persisted_value).
 PERSISTED_STATE = (("local_output", LOCAL_OUTPUT_KEY, False), ("turn_end_due", TURN_END_KEY, False),
                    ("chain_tip", CHAIN_TIP_KEY, None), ("queued", QUEUE_KEY, ()),
-                   ("absorbed", ABSORBED_KEY, ()))
+                   ("absorbed", ABSORBED_KEY, ()), ("unasked", UNASKED_KEY, False),
+                   ("after_boundary", AFTER_BOUNDARY_KEY, False))
 
 
 def without_first(entries: tuple, matches) -> tuple:
@@ -1635,6 +1642,7 @@ class ParseOutput:
         self.telemetry = {}      # type -> Tally
         self.events = []         # CaptureEvent ("native_compact", turn) and similar, for the host
         self.agents = []         # AgentRow: seen or linked
+        self.sidechain_records = []  # (uuid, agent) of sidechain records that made no message
         self.raw_lines = []      # RawLine: lines kept verbatim
         self.state = {}           # PERSISTED_STATE field -> its value at the batch's end, if it changed
         self.branches = []        # (parent uuid, line) of prompts chained to an older record
@@ -1900,10 +1908,13 @@ class RolloutParser:
         s.sidechains[uid] = agent
         self.agent, self.usage_session = agent, f"{self.session}/{agent}"
         self.agent_turn = s.open_turn if s.open_turn is not None else max(0, s.next_turn - 1)
+        made = len(self.out.messages)
         try:
             self._dispatch(rec, rtype, size, line_no, offset)
         finally:
             self.agent, self.usage_session = None, self.session
+        if len(self.out.messages) == made:
+            self.out.sidechain_records.append((uid, agent))
 
     def _calls(self):
         """Unanswered tool calls of whoever is speaking: the main chain or one agent."""
@@ -3400,6 +3411,9 @@ class ThreadStore:
                                            "NULL AND source_session = ?", (session_id,)).fetchall())
         state.sidechains.update((a, a) for (a,) in db.execute(
             "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
+        prefix = f"{SIDECHAIN_KEY}{session_id}:"
+        state.sidechains.update((key[len(prefix):], agent) for key, agent in db.execute(
+            "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (prefix, prefix + "\uffff")))
         for field, key, default in PERSISTED_STATE:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key + session_id,)).fetchone()
             setattr(state, field, restored_value(row and row[0], default))
@@ -3516,6 +3530,8 @@ class ThreadStore:
             insert_rows(db, "INSERT OR IGNORE INTO chain", 2, out.chain)
             if out.agents:
                 self._note_agents(out.agents, now)
+            insert_rows(db, "INSERT OR REPLACE INTO meta", 2, [(f"{SIDECHAIN_KEY}{session_id}:{uuid}", agent)
+                                                             for uuid, agent in out.sidechain_records])
             keys = {field: key for field, key, _d in PERSISTED_STATE}
             for field, value in out.state.items():
                 db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (keys[field] + session_id,

@@ -449,3 +449,115 @@ def test_real_cli_subagent_records_reach_the_thread(real_claude):
     call = next(m for m in exported if m["kind"] == "tool_call" and m["tool"] == "Agent")
     assert all(m["agent"]["tool_use_id"] == call["tool_use_id"] for m in marked)
     assert any(needle in (m.get("text") or "") for m in marked)
+
+
+# -- a live capture reads a line at a time: it must store what one read stores --------------
+
+def _mod_view_session(tmp_path) -> Path:
+    """A 2.1.328 session the cc-lhc mod compacted in process: the boundary, the view it
+    served back (header, replayed turn, end marker), then a new turn."""
+    def line(**rec):
+        return json.dumps({"uuid": rec.pop("uuid"), "parentUuid": rec.pop("parent", None),
+                           "timestamp": "2026-01-01T00:00:00Z", "sessionId": "sess-mod", **rec})
+
+    def said(role, content, **more):
+        return {"role": role, "content": content, **more}
+    answer = [{"type": "text", "text": "first answer"}]
+    lines = [
+        line(uuid="p1", type="user", message=said("user", "first prompt")),
+        line(uuid="a1", parent="p1", type="assistant",
+             message=said("assistant", answer, id="r1", model="m", stop_reason="end_turn")),
+        line(uuid="b", type="system", subtype="compact_boundary", content="Conversation compacted"),
+        line(uuid="h", parent="b", type="user", message=said("user", cc_lhc.REBUILT_MARKER + " from thread T.")),
+        line(uuid="p1b", parent="h", type="user", message=said("user", "first prompt")),
+        line(uuid="a1b", parent="p1b", type="assistant",
+             message=said("assistant", answer, id="r1", model="m", stop_reason="end_turn")),
+        line(uuid="e", parent="a1b", type="assistant",
+             message=said("assistant", [{"type": "text", "text": cc_lhc.IN_PROCESS_VIEW_END}], id="x",
+                          model="<synthetic>")),
+        line(uuid="p2", parent="e", type="user", message=said("user", "second prompt")),
+        line(uuid="a2", parent="p2", type="assistant", message=said(
+            "assistant", [{"type": "text", "text": "second answer"}], id="r2", model="m", stop_reason="end_turn")),
+    ]
+    path = tmp_path / "projects" / "mod" / "sess-mod.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _decided(store) -> dict:
+    """What capture decided about a session, in a form two reads can be compared by: turns
+    in order, the main chain's messages in order, each agent's messages and link."""
+    db = store.db
+    main = db.execute("SELECT kind, role, text, tool_use_id, source_uuid, block, is_error FROM messages "
+                      "WHERE agent IS NULL ORDER BY seq").fetchall()
+    agents = sorted(db.execute("SELECT agent, kind, text, tool_use_id, source_uuid, block FROM messages "
+                               "WHERE agent IS NOT NULL").fetchall(), key=repr)
+    return {"turns": db.execute("SELECT kind, status, stop_reason FROM turns ORDER BY n").fetchall(),
+            "main": main, "agents": agents,
+            "links": sorted(db.execute("SELECT agent_id, kind, tool_use_id FROM agents").fetchall(), key=repr),
+            "problems": sorted(r[0] for r in db.execute("SELECT kind FROM problems")),
+            "raw": sorted(r[0] for r in db.execute("SELECT reason FROM raw_lines"))}
+
+
+def _with_a_sidechain_hook_record(path: Path) -> None:
+    """The 1.0.98 session with a hook's system record inside its sidechain (no message),
+    the sidechain's next record chained to it."""
+    recs = records(path)
+    at = next(k for k, r in enumerate(recs) if r.get("isSidechain") and r["type"] == "assistant")
+    hook = {**{k: recs[at][k] for k in ("isSidechain", "userType", "cwd", "sessionId", "version")},
+            "parentUuid": recs[at]["uuid"], "type": "system", "content": "Running PreToolUse hooks…",
+            "level": "info", "uuid": "00000000-0000-0000-0000-0000000051de", "timestamp": recs[at]["timestamp"]}
+    recs.insert(at + 1, hook)
+    recs[at + 2]["parentUuid"] = hook["uuid"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+@pytest.mark.parametrize("case", ["1.0.98", "1.0.98-hook", "2.0.76", "2.1.39", "sample-01", "sample-02",
+                                  "sample-08", "mod-view"])
+def test_a_line_at_a_time_stores_what_one_read_stores(case, tmp_path, monkeypatch):
+    """Live capture looks at the file every few ms, so any line can end a read, and a
+    restart (cc-lhc killed) can fall there too. Whatever the parser remembers from one
+    line to the next must survive both: turns close as their version meant, sidechains
+    stay one agent linked to its call, a view the mod served back is not taken for new
+    conversation."""
+    if case.split("-")[0] in SESSIONS:
+        version = case.split("-")[0]
+        source = fixture_copy(version, tmp_path / "one")
+        again = fixture_copy(version, tmp_path / "steps")
+        session = SESSIONS[version]
+        if case.endswith("-hook"):
+            _with_a_sidechain_hook_record(source)
+            _with_a_sidechain_hook_record(again)
+    elif case == "mod-view":
+        source, again, session = _mod_view_session(tmp_path / "one"), _mod_view_session(tmp_path / "steps"), "sess-mod"
+    else:
+        name = next(p for p in (Path(__file__).parent / "fixtures" / "samples").glob(case[len("sample-"):] + "_*.jsonl"))
+        session = json.loads(name.read_text().splitlines()[0]).get("sessionId") or "s"
+        for where in ("one", "steps"):
+            (tmp_path / where).mkdir()
+            shutil.copy(name, tmp_path / where / f"{session}.jsonl")
+        source, again = tmp_path / "one" / f"{session}.jsonl", tmp_path / "steps" / f"{session}.jsonl"
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path / "one" / "lhc"))
+    expected = _decided(intake(source, session).store)
+    lines = again.read_bytes().splitlines(keepends=True)
+    again.write_bytes(b"")
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path / "steps" / "lhc"))
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(session, "/home/u/proj", "test")
+    cap = None
+    for i, raw in enumerate(lines):
+        with open(again, "ab") as f:
+            f.write(raw)
+        if cap is None:
+            cap = cc_lhc.Capture(home, thread_id, session, str(again))
+        cap.catch_up()
+        if i % 2:  # every other line, as if cc-lhc was killed there and started again
+            cap.stop()
+            cap = None
+    if cap is not None:
+        cap.stop()
+    assert _decided(cc_lhc.ThreadStore(home, thread_id)) == expected
+    if case.endswith("-hook"):  # (one agent, linked to its call, as one read makes it)
+        assert [kind for _a, kind, tool in expected["links"]] == ["sidechain"] and expected["links"][0][2]
