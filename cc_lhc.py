@@ -2811,12 +2811,20 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
                    "(body, content='', detail=none, columnsize=0, tokenize='trigram case_sensitive 1')")
 
 # What search reads of a message (alias m): its text, except that a tool call's JSON input
-# becomes its string values, decoded, one a line (a command with quotes and backslashes
-# reads as Claude wrote it), and a block kept only as JSON gives its strings but not its
+# becomes its values (strings decoded, and numbers), one a line (a command with quotes and
+# backslashes reads as Claude wrote it); a tool output's blocks other than text (an MCP
+# tool's search_result or document, a tool_reference), which its text names only by their
+# type, add their strings; and a block kept only as JSON gives its strings but not its
 # base64 payloads.
 SEARCH_BODY_SQL = """CASE
  WHEN m.kind = 'tool_call' AND json_valid(m.text) THEN (SELECT group_concat(j.value, char(10))
-   FROM json_tree(m.text) j WHERE j.type = 'text')
+   FROM json_tree(m.text) j WHERE j.type IN ('text', 'integer', 'real'))
+ WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND json_valid(m.data)
+   THEN lhc_text(m.text) || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
+   FROM json_each(m.data, '$.content') b, json_tree(b.value) j WHERE b.type = 'object'
+   AND json_extract(b.value, '$.type') IS NOT 'text' AND j.type = 'text'
+   AND j.key NOT IN ('type', 'signature', 'media_type')
+   AND NOT (j.key = 'data' AND json_extract(b.value, j.path || '.type') = 'base64')), '')
  WHEN m.text IS NOT NULL THEN lhc_text(m.text)
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
    WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
@@ -2935,6 +2943,17 @@ def _migrate_words_of_values(db) -> None:
     db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
 
 
+def _migrate_values_and_result_blocks(db) -> None:
+    """Search reads more of a message now (SEARCH_BODY_SQL: a tool call's numbers, the
+    strings of a tool output's blocks other than text): the word index's view is made
+    again, and both indexes are filled again on the next index_search."""
+    _migrate_words_of_values(db)
+    db.execute("DROP TABLE IF EXISTS messages_exact")
+    db.execute("DELETE FROM meta WHERE key = 'exact_upto' OR (key >= ? AND key < ?)",
+               (EXACT_SCAN_KEY, EXACT_SCAN_KEY[:-1] + ";"))
+    _migrate_exact_search(db)
+
+
 THREAD_MIGRATIONS = [
     ("001_record", """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
@@ -3026,6 +3045,7 @@ INSERT INTO raw_lines_by_offset SELECT session, sha256, line, offset, reason, ra
 DROP TABLE raw_lines;
 ALTER TABLE raw_lines_by_offset RENAME TO raw_lines
 """),
+    ("011_values_and_result_blocks", _migrate_values_and_result_blocks),
 ]
 
 REGISTRY_MIGRATIONS = [

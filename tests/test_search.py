@@ -725,3 +725,65 @@ def test_a_search_for_words_with_a_short_help_flag_among_them_searches(two_folde
     monkeypatch.chdir(folders["a"])
     status, out, _ = search(capsysbinary, "du", "-h")
     assert status == 0 and out.startswith("no messages match 'du -h'")
+
+
+def _blocks_thread(tmp_path):
+    tr = Transcript()
+    tr.prompt("look it up")
+    calls = tr.response(tool_use("mcp__docs__search", query="where is the pager", options={"max": 123456789}),
+                        tool_use("Read", file_path="/srv/app/pager.py", offset=987654321), stop="tool_use")
+    tr.results((calls[0]["id"], [
+        {"type": "text", "text": "two results for the pager"},
+        {"type": "search_result", "source": "https://docs.example/pager", "title": "Pager duty rotation 7",
+         "content": [{"type": "text", "text": "the pager rotates every Monday at 09:00 UTC"}]},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                        "data": "escalate to the on-call lead after 15 minutes"}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgoAAAANSUhEUg=="}},
+        {"type": "tool_reference", "tool_name": "mcp__pager__page_someone"},
+    ], False), (calls[1]["id"], "def page(): ...", False))
+    tr.response(text("found it"))
+    return intake_transcript(tr, tmp_path)
+
+
+STRINGS_IN_BLOCKS = ["Pager duty rotation 7", "rotates every Monday at 09:00 UTC",
+                     "escalate to the on-call lead", "mcp__pager__page_someone", "123456789", "987654321"]
+
+
+def test_strings_in_a_tool_outputs_other_blocks_and_a_calls_numbers_are_found(tmp_path, monkeypatch, capsysbinary):
+    """An MCP tool's search_result and document blocks and a tool_reference are part of
+    the output the model read, though its text names them only by type; a call's numbers
+    (a Read's offset) are part of its input. An image's base64 is not searched."""
+    thread = _blocks_thread(tmp_path)
+    grant(thread, monkeypatch)
+    for needle in STRINGS_IN_BLOCKS:
+        status, out, _ = search(capsysbinary, needle)
+        assert status == 0 and hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+    status, out, _ = search(capsysbinary, "iVBORw0KGgoAAAANSUhEUg")
+    assert not [h for h in hits_of(out) if h["how"] == "exact"]
+
+
+def test_a_thread_indexed_before_reads_the_other_blocks_once_opened(tmp_path, monkeypatch, capsysbinary):
+    """A thread whose indexes were filled by the previous version (migrations up to 010):
+    opening it makes them again, so the strings they lacked are found."""
+    thread = _blocks_thread(tmp_path)
+    db = thread.store.db
+    names = [name for name, _ in cc_lhc.THREAD_MIGRATIONS]
+    before = names.index("011_values_and_result_blocks")
+    old_body = ("CASE WHEN m.kind = 'tool_call' AND json_valid(m.text) THEN (SELECT group_concat(j.value, "
+                "char(10)) FROM json_tree(m.text) j WHERE j.type = 'text') WHEN m.text IS NOT NULL THEN "
+                "lhc_text(m.text) END")
+    db.execute("DROP TABLE messages_fts")
+    db.execute("DROP VIEW messages_plain")
+    db.execute(f"CREATE VIEW messages_plain AS SELECT m.seq AS seq, {old_body} AS text FROM messages m")
+    db.execute("CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages_plain', content_rowid='seq')")
+    db.execute("INSERT INTO messages_exact (messages_exact) VALUES ('delete-all')")
+    db.execute("INSERT INTO messages_exact (rowid, body) SELECT m.seq, " + old_body + " FROM messages m")
+    db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
+    thread.store.index_search()
+    db.executemany("DELETE FROM migrations WHERE name = ?", [(n,) for n in names[before:]])
+    db.execute(f"PRAGMA user_version = {before}")
+    thread.store.close()
+    grant(thread, monkeypatch)
+    for needle in STRINGS_IN_BLOCKS:
+        status, out, _ = search(capsysbinary, needle)
+        assert hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
