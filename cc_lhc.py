@@ -14698,6 +14698,7 @@ def raw_line_record(session, line, offset, reason, raw, created) -> dict:
 
 
 RETRIEVAL_CEILING = 24_000  # whole stdout of one retrieval, envelope included
+REQUEST_SHOWN_CHARS = 300   # of a retrieval's request, in its envelope's opening line
 LABEL_RANGE_RE = re.compile(r"^([tm])(\d+)(?:(?:-|\.\.|\u2013)\1?(\d+))?$")
 
 
@@ -14788,8 +14789,13 @@ def emit_retrieval(command: str, thread_id: str, request: str, body: str, start:
     continuation receipt naming the bytes shown so far and the `--from` offset of the rest.
     """
     # (the request as an attribute on one line: a quote or a newline in it ends neither,
-    # and a backslash is doubled so that an escape in it reads as one)
-    shown = escape_controls(f"{command} {request}".replace("\\", "\\\\")).replace(
+    # and a backslash is doubled so that an escape in it reads as one; a long one, such as
+    # a search for a pasted block of output, is shown by its start: the receipt below, when
+    # one is needed, gives it whole)
+    asked = f"{command} {request}"
+    if len(asked) > REQUEST_SHOWN_CHARS:
+        asked = f"{asked[:REQUEST_SHOWN_CHARS]}… ({len(asked) - REQUEST_SHOWN_CHARS:,} more characters)"
+    shown = escape_controls(asked.replace("\\", "\\\\")).replace(
         "&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
     opening = f'<cc-lhc-recall thread="{thread_id[:8]}" request="{shown}">\n'.encode()
     closing = b"</cc-lhc-recall>\n"
@@ -14799,12 +14805,14 @@ def emit_retrieval(command: str, thread_id: str, request: str, body: str, start:
         return (f"\n[cut: {shown} of {len(data)} bytes shown so far. The rest: "
                 f"cc-lhc {command} --from {next_from} {request}]\n").encode()
 
-    room = RETRIEVAL_CEILING - len(opening) - len(closing) - len(receipt(len(data), len(data)))
-    if room < 1024:
-        raise usage_error(f"{command}: the request is too long to answer within the "
-                          f"{RETRIEVAL_CEILING:,}-byte output ceiling; ask for fewer labels or "
-                          "shorter text")
-    piece, next_from = slice_body(data, start, room)
+    piece, next_from = slice_body(data, start, RETRIEVAL_CEILING - len(opening) - len(closing) - 1)
+    if next_from is not None:  # it does not fit whole: room for the receipt too
+        room = RETRIEVAL_CEILING - len(opening) - len(closing) - len(receipt(len(data), len(data)))
+        if room < 1024:
+            raise usage_error(f"{command}: the request is too long to answer within the "
+                              f"{RETRIEVAL_CEILING:,}-byte output ceiling; ask for fewer labels or "
+                              "shorter text")
+        piece, next_from = slice_body(data, start, room)
     out = [opening, piece]
     if next_from is not None:
         out.append(receipt(_char_start(data, start * 4) + len(piece), next_from))

@@ -787,3 +787,29 @@ def test_a_thread_indexed_before_reads_the_other_blocks_once_opened(tmp_path, mo
     for needle in STRINGS_IN_BLOCKS:
         status, out, _ = search(capsysbinary, needle)
         assert hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+
+
+def test_a_search_for_kilobytes_of_pasted_output_is_answered_in_a_session(tmp_path, monkeypatch, capsysbinary):
+    """A model may search for a whole block it saw (a traceback, a repr full of quotes):
+    the envelope shows the request by its start, so the answer fits the output ceiling;
+    a get-turns cut short still names its whole request in the receipt."""
+    block = "AssertionError: [" + ", ".join(f"'k{i:04d}'" for i in range(1200)) + "]"
+    tr = Transcript()
+    tr.prompt("run the tests")
+    calls = tr.response(tool_use("Bash", command="pytest -q"), stop="tool_use")
+    tr.results((calls[0]["id"], "x" * 30_000 + "\n" + block + "\n1 failed", True))
+    tr.response(text("one test fails"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    assert len(block) > 8_000
+    status, out, err = search(capsysbinary, block)
+    assert status == 0, err
+    assert len(out.encode()) <= cc_lhc.RETRIEVAL_CEILING
+    assert hits_of(out)[0]["how"] == "exact"
+    opening = out.split("\n", 1)[0]
+    assert "more characters)" in opening and len(opening) < 1000
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["get-turns", "t1"]) == 0
+    out = capsysbinary.readouterr().out.decode()
+    assert len(out.encode()) <= cc_lhc.RETRIEVAL_CEILING and "cc-lhc get-turns --from " in out
+    assert out.rstrip().splitlines()[-2].endswith(" t1]")
