@@ -14476,7 +14476,7 @@ def _no_more(args, command):
 
 
 def _turn_number(text: str) -> int:
-    m = re.fullmatch(r"t?(\d+)", text.strip())
+    m = re.fullmatch(r"t?([0-9]+)", text.strip())
     if not m:
         raise usage_error(f"{text!r} is not a turn label like t12")
     return label_number(m.group(1), text.strip())
@@ -14699,7 +14699,7 @@ def raw_line_record(session, line, offset, reason, raw, created) -> dict:
 
 RETRIEVAL_CEILING = 24_000  # whole stdout of one retrieval, envelope included
 REQUEST_SHOWN_CHARS = 300   # of a retrieval's request, in its envelope's opening line
-LABEL_RANGE_RE = re.compile(r"^([tm])(\d+)(?:(?:-|\.\.|\u2013)\1?(\d+))?$")
+LABEL_RANGE_RE = re.compile(r"^([tm])([0-9]+)(?:(?:-|\.\.|\u2013)\1?([0-9]+))?$")
 
 
 # The most labels one retrieval names in all (its ranges added up): far more than one
@@ -15178,6 +15178,8 @@ def _search_for_people(text, limit, thread, every) -> int:
         raise usage_error("search: give --thread T or --all, not both")
     home = StateHome()
     if not registry_known(home):
+        if thread is not None:  # (an id that names nothing is the same mistake with or without threads)
+            raise usage_error(f"no thread matches {thread!r}: no threads yet")
         print("no threads yet")
         return EXIT_OK
     registry = Registry(home)
@@ -15193,7 +15195,7 @@ def _search_for_people(text, limit, thread, every) -> int:
         thread_ids = [t[0] for t in registry.threads()
                       if every or (t[1] and os.path.realpath(t[1]) == here)]
         if not thread_ids:
-            print(f"no thread was captured in {here}; search every thread with --all")
+            print("no threads yet" if every else f"no thread was captured in {here}; search every thread with --all")
             return EXIT_OK
     exact, words, skipped = [], [], 0
     for thread_id in thread_ids:

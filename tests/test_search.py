@@ -813,3 +813,28 @@ def test_a_search_for_kilobytes_of_pasted_output_is_answered_in_a_session(tmp_pa
     out = capsysbinary.readouterr().out.decode()
     assert len(out.encode()) <= cc_lhc.RETRIEVAL_CEILING and "cc-lhc get-turns --from " in out
     assert out.rstrip().splitlines()[-2].endswith(" t1]")
+
+
+def test_with_no_threads_an_unknown_thread_is_refused_and_all_says_there_are_none(tmp_path, monkeypatch, capsysbinary):
+    """--thread names a thread that does not exist: the same refusal whether the state
+    folder holds threads or none yet; --all with none says so, not "use --all"."""
+    monkeypatch.chdir(tmp_path)
+    status, out, err = search(capsysbinary, "--thread", "abc", "alpha")
+    assert status == cc_lhc.EXIT_USAGE and "no thread matches 'abc'" in err
+    status, out, err = search(capsysbinary, "--all", "alpha")
+    assert status == 0 and out == "no threads yet\n"
+    home = cc_lhc.StateHome()
+    home.ensure()
+    cc_lhc.Registry(home)  # a registry, but no thread in it
+    status, out, err = search(capsysbinary, "--all", "alpha")
+    assert status == 0 and out == "no threads yet\n"
+
+
+@pytest.mark.parametrize("label", ["t\u0662", "t\uff11", "m\u0663", "t1-t\u0662"])
+def test_labels_are_ascii_digits(two_folders, capsysbinary, label):
+    """A label reads as it prints: t and ASCII digits (Python's \\d would take any script's)."""
+    _folders, threads = two_folders
+    with pytest.raises(cc_lhc.LhcError):
+        cc_lhc.parse_labels([label], label[0])
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["export", threads["a1"].id, "--from", label]) == cc_lhc.EXIT_USAGE
