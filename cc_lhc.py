@@ -1461,7 +1461,19 @@ TASK_NOTIFICATION_OPEN = "<task-notification>"
 # A queued message that is a slash command (/mcp, /plugin:cmd args), not a path like /var/log
 QUEUED_COMMAND = re.compile(r"\s*/[\w:-]+(?:\s|$)")
 # The session a record names, read from its first bytes (Capture._legacy_agent_files).
-LEGACY_SESSION_KEY = re.compile(rb'^\{[^\n]*?"sessionId"\s*:\s*"([0-9A-Za-z-]{1,64})"')
+def legacy_owner(path: str, most: int):
+    """The session a 2.0 agent file belongs to: the sessionId of the first of its first
+    ``most`` complete records that has one (its first line may be damaged or blank, and a
+    long first record may name its session after its message); None when none says yet."""
+    with open_regular(path) as f:
+        for _n, line in zip(range(most), f):
+            if not line.endswith(b"\n"):
+                break  # (being written: asked again once it grew)
+            rec = json_record(line) if line.strip() else None
+            owner = rec.get("sessionId") if isinstance(rec, dict) else None
+            if isinstance(owner, str) and owner:
+                return owner
+    return None
 # Claude Code writes this once the Stop hooks ran, and only when there are any: a thread
 # holding one has hooks that may keep Claude working after its final answer.
 STOP_HOOK_SUMMARY = "system/stop_hook_summary"
@@ -7317,7 +7329,8 @@ class Capture:
         self._span = FileSpan(path)   # what this process has verified the transcript holds
         self._agent_spans = {}        # the same for each subagent file, by source key
         self._looked = None           # when _relocated last looked for the transcript elsewhere
-        self._legacy_agents = {}      # agent-*.jsonl beside the session -> its entry, or None: not its
+        self._legacy_agents = {}      # agent-*.jsonl beside the session -> its entry, or False: not its
+        self._legacy_unnamed = {}     # such a file that named no session yet -> its size then
         self._legacy_looked = None    # when _legacy_agent_files last listed that folder
         # Whether a whole record the file ends on without its newline is read too: only for
         # a file no Claude will append to again and whose thread is thrown away (measure);
@@ -7675,14 +7688,15 @@ class Capture:
                 found.append((f"{self.session_id}/{rel}", path, agent_id, kind))
         return found
 
-    LEGACY_AGENT_HEAD = 1 << 16  # how much of a file's first line tells whose it is
+    LEGACY_AGENT_LINES = 20  # records of a 2.0 agent file looked at to tell whose it is
 
     def _legacy_agent_files(self):
         """Subagent files as Claude Code 2.0 wrote them: agent-<id>.jsonl beside the
         session's own file, in the projects folder every session of that folder shares,
-        so a file is this session's only when its first record names the session. What a
-        file's first line said is kept; the folder is looked at no more than once a
-        second (and at the last catch-up, once stopping)."""
+        so a file is this session's only when its records name the session (legacy_owner).
+        What a file said is kept; one that named no session yet is asked again once it
+        grew. The folder is looked at no more than once a second (and at the last
+        catch-up, once stopping)."""
         import time
         now = time.monotonic()
         stopping = self._stop is not None and self._stop.is_set()
@@ -7696,29 +7710,25 @@ class Capture:
         except OSError:
             names = []
         for name in names:
-            if name in self._legacy_agents:
+            if self._legacy_agents.get(name) is not None:
                 continue
             path = os.path.join(folder, name)
             try:
-                with open_regular(path) as f:
-                    head = f.read(self.LEGACY_AGENT_HEAD)
+                size = os.stat(path).st_size
+                if self._legacy_unnamed.get(name) == size:
+                    continue  # named no session, and nothing was added since
+                owner = legacy_owner(path, self.LEGACY_AGENT_LINES)
             except OSError:
                 continue
-            if b"\n" in head:
-                rec = json_record(head.split(b"\n", 1)[0])
-                owner = rec.get("sessionId") if isinstance(rec, dict) else None
-            else:
-                # A first record longer than the head (a long prompt): Claude writes its
-                # sessionId ahead of the message; without one there, asked again later.
-                found = LEGACY_SESSION_KEY.search(head)
-                if found is None:
-                    continue
-                owner = found.group(1).decode("utf-8", "replace")
+            if owner is None:
+                self._legacy_unnamed[name] = size
+                continue
+            self._legacy_unnamed.pop(name, None)
             mine = owner in (self.session_id, stem)
             agent_id = name[len("agent-"):-len(".jsonl")]
             self._legacy_agents[name] = (f"{self.session_id}/{name}", path, agent_id,
                                          "compaction" if agent_id.startswith("acompact") else "subagent"
-                                         ) if mine else None
+                                         ) if mine else False
         return [entry for entry in self._legacy_agents.values() if entry]
 
     def _catch_up_agents(self) -> int:
@@ -10535,16 +10545,20 @@ def survivor_note(pid: int) -> str:
 def finish_capture(capture, spec, home):
     """Read Claude's last lines into the record before cc-lhc exits (or leaves the session).
 
-    A last line Claude left without its newline (killed while writing it) is then mended
-    as the next resume would mend it: a whole record gets its newline and is read in, a
-    cut-off fragment is kept in the thread (keep_cut_line) and trimmed. Otherwise a
-    session never resumed would keep its last record out of the thread for good.
+    A last line Claude left without its newline (killed while writing it), in the session's
+    file or a subagent's, is then mended as the next resume would mend it: a whole record
+    gets its newline and is read in, a cut-off fragment is kept in the thread
+    (keep_cut_line) and trimmed. Otherwise a session never resumed would keep its last
+    record out of the thread for good.
     """
     try:
         capture.stop()
-        mended = repair_torn_tail(capture.path, home, capture.session_id,
-                                  keep_cut_line(home, capture.thread_id, capture.session_id, capture.path))
-        if mended == "newline":
+        # The session's own file and its subagents' files alike (a background agent killed
+        # with Claude leaves its last line as torn as Claude's own).
+        files = [(capture.session_id, capture.path)] + [(key, path) for key, path, *_ in capture.agent_files()]
+        mended = [repair_torn_tail(path, home, key, keep_cut_line(home, capture.thread_id, key, path))
+                  for key, path in files]
+        if "newline" in mended:
             capture.stop()  # (a second stop is one more catch-up)
     except Exception as e:  # the session already ended well; say what was not captured
         say(f"capture of session {capture.session_id} did not finish: {e}")
@@ -13931,7 +13945,8 @@ def repair_torn_tail(path: str, home, session_id: str, on_trim=None):
         home.log("torn_tail_newline", session=session_id, path=path)
         return "newline"
     folder = home.ensure("torn-lines")
-    saved = os.path.join(folder, f"{session_id}-{utc_now_iso().replace(':', '')}.fragment")
+    name = session_id.replace("/", "~")  # (a subagent file's key names its folders)
+    saved = os.path.join(folder, f"{name}-{utc_now_iso().replace(':', '')}.fragment")
     fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(fragment)

@@ -20,7 +20,7 @@ import pytest
 
 import cc_lhc
 from test_capture_live import wait_for
-from test_views import grant, intake, retrieve
+from test_views import Thread, grant, intake, retrieve
 
 VERSIONS = Path(__file__).parent / "fixtures" / "versions"
 SESSIONS = {"1.0.98": "10980000-0000-4000-8000-000000000001",
@@ -209,18 +209,43 @@ def test_claudes_compaction_agent_is_no_broken_chain_and_no_subagent(tmp_path):
 
 
 def test_2_0_agent_file_whose_first_record_is_long_is_still_its_sessions(tmp_path):
-    """A 2.0 agent file tells whose it is by its first record's sessionId; one whose first
-    line (a long prompt) is longer than the part read to tell is captured all the same."""
+    """A 2.0 agent file tells whose it is by its records' sessionId; one whose first line
+    is a long prompt, its sessionId written after the message, is captured all the same."""
     path = fixture_copy("2.0.76", tmp_path)
     agent = path.parent / "agent-b2076aa.jsonl"
     first, *rest = agent.read_text().splitlines()
     rec = json.loads(first)
     rec["message"]["content"] = "Summarise README.md in one line. " + "Be thorough. " * 8000
+    session = rec.pop("sessionId")
+    rec["sessionId"] = session  # (last)
     agent.write_text("\n".join([json.dumps(rec)] + rest) + "\n")
-    assert len(json.dumps(rec)) > cc_lhc.Capture.LEGACY_AGENT_HEAD
+    assert json.dumps(rec).index('"sessionId"') > 100_000
     t = intake(path, SESSIONS["2.0.76"])
     assert [r[2][:33] for r in agent_rows(t, "b2076aa")] == ["Summarise README.md in one line. ",
                                                               "README: a CLI host (agent-needle-"]
+
+
+@pytest.mark.parametrize("first_line", [b"", b"{not json", b'{"type": "summary", "summary": "x"}'])
+def test_2_0_agent_file_whose_first_line_names_no_session_is_still_its_sessions(tmp_path, first_line):
+    """A blank, damaged or session-less first line: a later record names the session, the
+    file is captured, and a damaged line is kept and named as any other."""
+    path = fixture_copy("2.0.76", tmp_path)
+    agent = path.parent / "agent-b2076aa.jsonl"
+    agent.write_bytes(first_line + b"\n" + agent.read_bytes())
+    t = intake(path, SESSIONS["2.0.76"])
+    assert [r[2][:33] for r in agent_rows(t, "b2076aa")] == ["Summarise README.md in one line.",
+                                                              "README: a CLI host (agent-needle-"]
+    problems = [r[0] for r in t.store.db.execute("SELECT kind FROM problems")]
+    assert problems == (["malformed_line"] if first_line.startswith(b"{not") else [])
+
+
+def test_2_0_agent_file_of_another_session_is_left_alone(tmp_path):
+    path = fixture_copy("2.0.76", tmp_path)
+    other = path.parent / "agent-c0ffee1.jsonl"
+    other.write_text("\n" + (path.parent / "agent-b2076aa.jsonl").read_text().replace(
+        SESSIONS["2.0.76"], "99990000-0000-4000-8000-000000000009"))
+    t = intake(path, SESSIONS["2.0.76"])
+    assert not agent_rows(t, "c0ffee1") and agent_rows(t, "b2076aa")
 
 
 def test_two_subagents_and_a_workflow_reach_export_get_messages_and_search(
@@ -561,3 +586,33 @@ def test_a_line_at_a_time_stores_what_one_read_stores(case, tmp_path, monkeypatc
     assert _decided(cc_lhc.ThreadStore(home, thread_id)) == expected
     if case.endswith("-hook"):  # (one agent, linked to its call, as one read makes it)
         assert [kind for _a, kind, tool in expected["links"]] == ["sidechain"] and expected["links"][0][2]
+
+
+@pytest.mark.parametrize("cut", ["newline", "fragment"])
+def test_a_subagent_files_torn_last_line_is_mended_when_the_session_ends(tmp_path, monkeypatch, cut):
+    """A subagent killed with Claude can leave its file's last line without its newline,
+    as Claude's own: at the session's end a whole record gets its newline and reaches the
+    thread; a cut-off one is kept as a torn raw line and the file trimmed."""
+    path = fixture_copy("2.1.39", tmp_path)
+    agent = path.parent / SESSIONS["2.1.39"] / "subagents" / "agent-a2139one.jsonl"
+    whole = agent.read_bytes()
+    last = whole.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    agent.write_bytes(whole[:-1] if cut == "newline" else whole[:-1 - len(last) // 2])
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path / "lhc"))
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(SESSIONS["2.1.39"], "/home/u/proj", "test")
+    cap = cc_lhc.Capture(home, thread_id, SESSIONS["2.1.39"], str(path))
+    cap.catch_up()
+    cc_lhc.finish_capture(cap, None, home)
+    store = cc_lhc.ThreadStore(home, thread_id)
+    rows = [r for r in agent_rows(Thread(home, thread_id, SESSIONS["2.1.39"], store)) if r[3] == "a2139one"]
+    texts = [r[2] for r in rows]
+    kept = store.db.execute("SELECT session, reason, raw FROM raw_lines").fetchall()
+    if cut == "newline":
+        assert agent.read_bytes() == whole and len(rows) == 4 and not kept
+    else:
+        fragment = whole[len(whole) - 1 - len(last):-1 - len(last) // 2]
+        assert agent.read_bytes() == whole[:-1 - len(last)] and len(rows) == 3
+        assert kept == [(f"{SESSIONS['2.1.39']}/subagents/agent-a2139one.jsonl", cc_lhc.TORN_LINE, fragment)]
+    assert all(texts)
