@@ -1912,7 +1912,9 @@ class RolloutParser:
         if agent is None:
             agent = f"sidechain-{uid}"
             content = (rec.get("message") or {}).get("content")
-            prompt = content if isinstance(content, str) else None
+            if isinstance(content, list):  # (the prompt as text blocks)
+                content = "".join(b.get("text") or "" for b in content if isinstance(b, dict) and b.get("type") == "text")
+            prompt = content if isinstance(content, str) and content else None
             self.out.agents.append(AgentRow(agent, self.session, "sidechain", None, prompt))
         elif rec.get("agentId") and agent not in s.sidechains:
             s.sidechains[agent] = agent  # an agent id names itself, so it is announced once

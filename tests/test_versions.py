@@ -129,6 +129,17 @@ def test_1_0_98_sidechain_records_are_kept_and_linked_by_prompt(tmp_path):
     assert not any("sidechain-needle-1098" in (s or "") for s in seen)
 
 
+def test_1_0_98_sidechain_whose_prompt_is_text_blocks_is_linked_too(tmp_path):
+    path = fixture_copy("1.0.98", tmp_path)
+    recs = records(path)
+    first = next(r for r in recs if r.get("isSidechain"))
+    first["message"]["content"] = [{"type": "text", "text": first["message"]["content"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    t = intake(path, SESSIONS["1.0.98"])
+    [(agent, info)] = t.store.agents().items()
+    assert info["kind"] == "sidechain" and info["tool_use_id"] == "toolu_0198task"
+
+
 def test_2_0_76_agent_file_is_linked_through_its_progress_record(tmp_path):
     # 2.0 wrote agent-<id>.jsonl beside the session file, in the folder all its sessions share
     path = fixture_copy("2.0.76", tmp_path)
