@@ -7338,6 +7338,7 @@ class Capture:
         # a file no Claude will append to again and whose thread is thrown away (measure);
         # a session's own capture waits for the newline (finish_capture mends the file).
         self.take_unended = False
+        self.cut_tail = 0  # with take_unended: bytes the file ends on that are no whole record
 
     def _open(self):
         if self.store is None:
@@ -7635,7 +7636,9 @@ class Capture:
         while True:
             chunk = f.read(self.BATCH_BYTES)
             if not chunk:
-                if self.take_unended and pending.strip() and json_record(bytes(pending)) is not None:
+                if self.take_unended and pending.strip() and json_record(bytes(pending)) is None:
+                    self.cut_tail = len(pending)  # (measure names it: cut off, left out)
+                elif self.take_unended and pending.strip():
                     # (measure: the whole record a file ends on without its newline counts too)
                     last = bytes(pending)
                     if prefix is not None:
@@ -15391,6 +15394,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
                 "count(DISTINCT CASE WHEN a.kind = 'compaction' THEN m.agent END) FROM messages m "
                 "LEFT JOIN agents a ON a.agent_id = m.agent WHERE m.agent IS NOT NULL").fetchone()
             captured = store.db.execute("SELECT count(*) FROM messages WHERE agent IS NULL").fetchone()[0]
+            cut_tail = cap.cut_tail
         finally:
             cap.stop()
     messages = [m for t in turns for m in t.messages]  # (what a view can hold: on Claude's branch)
@@ -15450,7 +15454,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         "bands": {b: len(view.turns_in(b)) for b in BANDS + ("omitted", SPLIT)},
         "settled": not unsettled, "unsettled_reason": unsettled or None,
         "open_turn_left_out": bool(unsettled) and len(served) < len(turns),
-        "integrity_problems": problems, "exact": TOKENS.exact,
+        "integrity_problems": problems, "cut_off_last_line_bytes": cut_tail, "exact": TOKENS.exact,
         "counting": "exact o200k_base" if TOKENS.exact else "approximate (a safe estimate, never under)",
         "target": target, "view_within_target": in_view <= target,
         "estimate": {"tokens": estimated_full, "smart_compact_tokens": estimated_view,
@@ -15604,6 +15608,9 @@ def cmd_measure(args) -> int:
             left = "; its open turn is left out of the smart compact figure" if r["open_turn_left_out"] else ""
             notes.append(f"session {r['session']}: not at a settled seam ({r['unsettled_reason']}): Smart "
                          f"Compact would wait for the turn to end{left}")
+        if r["cut_off_last_line_bytes"]:
+            notes.append(f"session {r['session']}: its last line is cut off ({r['cut_off_last_line_bytes']:,} bytes, "
+                         "no whole record: Claude was stopped while writing it) and left out")
         if r["messages"] and not r["view_within_target"]:
             notes.append(f"session {r['session']}: the smart compact view ({r['smart_compact_tokens']:,} tokens) "
                          f"is over the target ({target:,})")

@@ -852,6 +852,10 @@ def test_measure_counts_the_whole_record_a_file_ends_on_without_its_newline(tmp_
     status, out = run_main("measure", str(path), "--json")
     assert status == 0 and json.loads(out)["sessions"][0]["messages"] == 3
     assert path.read_bytes() == whole                      # measure never writes the file
+    assert json.loads(out)["sessions"][0]["cut_off_last_line_bytes"] == 0
     path.write_bytes(whole[:-9])                           # a cut-off line is still not counted
     status, out = run_main("measure", str(path), "--json")
-    assert json.loads(out)["sessions"][0]["messages"] == 2
+    row = json.loads(out)["sessions"][0]
+    assert row["messages"] == 2 and row["cut_off_last_line_bytes"] == len(t.lines[-1]) - 9
+    status, out = run_main("measure", str(path))           # and the report says it left it out
+    assert status == 0 and f"its last line is cut off ({len(t.lines[-1]) - 9:,} bytes" in out
