@@ -4312,7 +4312,10 @@ def working_set(turns):
 # 1.6 times it on average).
 SAFE_BYTES_PER_TOKEN = 2.25
 MESSAGE_TOKENS = 4        # what each message adds beyond its text (as band_cost counts it)
-VIEW_FIT_ROUNDS = 4       # allocations tried to bring the counted view up to its budget
+# Claude's side of a rebuilt session that would end on a user record (view_records): its
+# count is part of every view's, written or not.
+VIEW_CLOSING_TEXT = "Understood. Continuing from the rebuilt view."
+VIEW_FIT_ROUNDS = 8       # allocations tried to bring the counted view up to its budget
 VIEW_FIT_FILL = 0.97      # a view counted at this share of its budget or more is kept
 
 
@@ -4403,14 +4406,15 @@ def view_tokens(view, header, turns, counter) -> dict:
     shown = [(turn, turn_items(view, turn)) for turn in turns
              if view.bands.get(turn.n, "omitted") not in ("omitted", "summary")]
     counter.prime((pair for _, (_, items) in shown for pair in items),
-                  [header] + [note for _, (note, _) in shown if note])
+                  [header, VIEW_CLOSING_TEXT] + [note for _, (note, _) in shown if note])
     out = {"header": counter.text(header), "full": 0, "lean": 0, "notes": 0}
     for turn, (note, items) in shown:
         if note:
             out["notes"] += counter.text(note) + MESSAGE_TOKENS
         for m, stub in items:
             out[view.band_of(turn.n, m["seq"])] += counter.message(m, stub)
-    out["total"] = out["header"] + out["full"] + out["lean"] + out["notes"]
+    closing = counter.text(VIEW_CLOSING_TEXT) + MESSAGE_TOKENS
+    out["total"] = out["header"] + out["full"] + out["lean"] + out["notes"] + closing
     return out
 
 
@@ -4421,26 +4425,42 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
 
     The bands are allocated by the quick estimate, then what the view holds is counted
     and the allocation redone with its budget scaled by how far the count fell from
-    ``budget``, a few times; the fullest view within budget is served. ``view.tokens``
+    ``budget``, and once one allocation fits and another does not, halfway between them,
+    a few times; the fullest view within budget is served. ``view.tokens``
     is its count (``view.counting`` says how it was counted). Messages up to
     ``boundary`` (the thread's visibility boundary, moved by Smart Prune) are out of view;
     ``native``: the header names the cc-lhc mod's tools (see render_header).
     """
     counter = counter or ViewCounter()
-    alloc, best, before = budget, None, None
-    # What every allocation shares: the working set, and each part's cost in each band.
-    fixed = {"files": working_set(turns), "memo": {}}
+    alloc, best = budget, None
+    fits, over = None, None  # the largest allocation seen within budget, the smallest over it
+    fixed = _view_parts(thread_id, turns, budget, profile, boundary, fell_back)
     for _ in range(VIEW_FIT_ROUNDS):
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
                                    boundary, native, fixed)
         counted = view_tokens(view, header, turns, counter)
         used = counted["total"]
-        if used <= budget and (best is None or used > best[0]):
-            best = (used, view, header, counted)
-        if budget * VIEW_FIT_FILL <= used <= budget or (used < budget and used == before):
-            break  # full enough, or a larger allocation changed nothing (all of it is in view)
-        before = used
-        alloc = max(0, int(alloc * budget / max(used, 1)) - (1 if used > budget else 0))
+        if used <= budget:
+            if best is None or used > best[0]:
+                best = (used, view, header, counted)
+            whole = all(b == "full" for b in view.bands.values())
+            if used >= budget * VIEW_FIT_FILL or whole:
+                break  # full enough, or all of it is in view verbatim
+            fits = alloc if fits is None else max(fits, alloc)
+        else:
+            over = alloc if over is None else min(over, alloc)
+        if fits is not None and over is not None:
+            # Between an allocation that fits and one that does not: halve the gap (the
+            # count is a step function of the allocation, so scaling by it overshoots).
+            if over - fits <= max(2, fits // 64):
+                break
+            alloc = (fits + over) // 2
+        elif over is None:
+            alloc = max(alloc + 1, int(alloc * budget / max(used, 1)))
+        else:  # (scaled down by a little more than the excess: one just over is not retried by a hair)
+            alloc = min(alloc - 1, int(alloc * budget / used * 0.98))
+            if alloc <= 0:
+                break
     while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
         alloc = int(alloc * budget / max(used, 1) * 0.9)
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
@@ -4469,15 +4489,24 @@ def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_bac
     cc-lhc mod's tools (see render_header). ``fixed`` holds what does not change with
     the budget, worked out once by serve_view (see there).
     """
-    fixed = fixed or {"files": working_set(turns), "memo": {}}
-    files = fixed["files"]
+    fixed = fixed or _view_parts(thread_id, turns, budget, profile, boundary, fell_back)
+    files, by_turn = fixed["files"], fixed["by_turn"]
+    view = _build_view(thread_id, turns, by_turn, max(0, budget - fixed["reserve"]), profile,
+                       summaries or {}, favoured, fixed["hidden"], fixed["memo"])
+    return view, render_header(view, files, fell_back, native)
+
+
+def _view_parts(thread_id, turns, budget, profile, boundary, fell_back) -> dict:
+    """What every allocation of one view shares: the working set, the turns cut into parts
+    (at the segment size of the view's own budget, whatever the allocation tried: with
+    the same parts, a larger allocation never serves less), those before the boundary,
+    the header's reserve, and each part's cost in each band (filled as they are asked)."""
     soft = segment_tokens(budget, profile)
     by_turn = {t.n: turn_parts(t, soft) for t in turns}
-    hidden = apply_boundary(turns, by_turn, boundary, soft)
-    view = _build_view(thread_id, turns, by_turn, max(0, budget - _header_reserve(
-        thread_id, turns, by_turn, profile, files, fell_back)), profile, summaries or {}, favoured,
-        hidden, fixed["memo"])
-    return view, render_header(view, files, fell_back, native)
+    files = working_set(turns)
+    return {"files": files, "by_turn": by_turn, "memo": {},
+            "hidden": apply_boundary(turns, by_turn, boundary, soft),
+            "reserve": _header_reserve(thread_id, turns, by_turn, profile, files, fell_back)}
 
 
 def _header_reserve(thread_id, turns, by_turn, profile, files, fell_back) -> int:
@@ -4828,7 +4857,7 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         rec = common("assistant", now)
         rec.update({"message": {"id": f"msg_cc_lhc_{session_id.replace('-', '')[:24]}",
                                 "type": "message", "role": "assistant", "model": model,
-                                "content": [{"type": "text", "text": "Understood. Continuing from the rebuilt view."}],
+                                "content": [{"type": "text", "text": VIEW_CLOSING_TEXT}],
                                 "stop_reason": "end_turn", "stop_sequence": None,
                                 "usage": dict(ZERO_USAGE)},
                     "uuid": next_uuid(), "timestamp": now})
@@ -4921,14 +4950,16 @@ def _pair_parts(call, result, stub):
     return call["data"] or "", stub if stub is not None else (result["data"] or "")
 
 
-def carried_file_state(turns, budget):
+def carried_file_state(turns, budget, counter=None):
     """The pairs that let Claude Code know the working set's files after a rebuild.
 
     One pair per working-set file (in the manifest's order): its newest successful Read,
     Edit or Write whose lean form fits CARRY_PAIR_BYTES, until CARRY_SHARE of ``budget``
     is used by LHC's estimate (an exact count of a call's ids would crowd the pairs out
-    of a small view). Returns (pairs, tokens); pairs already in view are skipped when
-    written (carried_pairs_tokens counts those that are not).
+    of a small view). Returns (pairs, tokens), the tokens as ``counter`` counts them (a
+    ViewCounter: exact o200k when the tokenizer is there), so a view served within the
+    budget less them stays within the budget with them; pairs already in view are
+    skipped when written (carried_pairs_tokens counts those that are not).
     """
     touches = _carry_candidates(turns)
     room = int(budget * CARRY_SHARE)
@@ -4942,6 +4973,8 @@ def carried_file_state(turns, budget):
                     pairs.append((call, result, stub))
                     used += cost
                 break
+    if counter is not None:
+        used = sum(counter.text(part) + MESSAGE_TOKENS for pair in pairs for part in _pair_parts(*pair))
     return pairs, used
 
 
@@ -5100,13 +5133,14 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
     arm = arm or thinking_arm(store, policy)
     budget = policy.effective_target if prune_target is None else prune_target
     # The file-state pairs are set aside first, as if none of them were in view.
-    carried, reserve = carried_file_state(turns, budget)
+    counter = ViewCounter()
+    carried, reserve = carried_file_state(turns, budget, counter)
     if manifest:
-        reserve += estimate_tokens(render_manifest(manifest))
+        reserve += counter.text(render_manifest(manifest)) + MESSAGE_TOKENS
     if prune_target is None:
         view, header = serve_view(thread_id, turns, budget - reserve, policy["profile"],
                                   thread_summaries(store, turns), recent_impression_turns(store),
-                                  policy.fell_back, boundary=boundary, native=native)
+                                  policy.fell_back, boundary=boundary, counter=counter, native=native)
     else:
         view, header, new_boundary = prune_view(thread_id, turns, boundary, budget - reserve,
                                                 policy["profile"], policy.fell_back, native)
@@ -15427,7 +15461,7 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         counter.prefill({key: counts[i] for key, i in known.items()})
     # As a rebuild does: the file-state pairs are set aside first, and those the view does
     # not already hold are written into it (plan_rebuild).
-    carried, reserve = carried_file_state(served, target)
+    carried, reserve = carried_file_state(served, target, counter)
     view, header = serve_view(thread_id, served, target - reserve, profile, summaries, counter=counter)
     carried_tokens = carried_pairs_tokens(view, served, carried, counter)
     in_view = view.tokens + carried_tokens if captured else 0  # (an empty session: nothing to rebuild)

@@ -262,7 +262,7 @@ def test_views_are_within_budget_by_exact_count(tmp_path, exact_tokens):
     over = []
     for budget in (2_000, 6_000, 15_000):
         view, header = cc_lhc.serve_view(thread.id, turns, budget, "default", summaries, counter=counter)
-        exact = exact_tokens.count(header)
+        exact = exact_tokens.count(header) + exact_tokens.count(cc_lhc.VIEW_CLOSING_TEXT) + cc_lhc.MESSAGE_TOKENS
         for t in turns:
             note, items = cc_lhc.turn_items(view, t)
             exact += (exact_tokens.count(note) + cc_lhc.MESSAGE_TOKENS) if note else 0
@@ -326,3 +326,31 @@ def test_min_pieces_is_never_below_the_pieces_of_the_splitters_rule():
     assert cc_lhc.min_pieces(ascii_text.encode()) == len(rule.findall(ascii_text))  # on ASCII, the same
     numbers = "100 200 3000 4 56789"
     assert cc_lhc.min_pieces(numbers.encode()) == len(rule.findall(numbers)) == 11
+
+def test_carried_file_state_and_the_closing_record_stay_within_the_target(tmp_path, exact_tokens):
+    """Reads whose paths and ids are all hashes (2 bytes a token, not 4) are carried into
+    the rebuilt session; the view is fitted around their exact count, so view and pairs
+    together stay within the target (measure says so too)."""
+    import random
+    import string
+    rnd = random.Random(7)
+
+    def b62(n):
+        return "".join(rnd.choice(string.ascii_letters + string.digits) for _ in range(n))
+    tr = Transcript()
+    for t in range(30):
+        tr.prompt(f"read file {t}")
+        path = f"/home/u/proj/.cache/{rnd.getrandbits(128):032x}/{b62(12)}_{rnd.getrandbits(64):016x}.json"
+        (call,) = tr.response({"type": "tool_use", "name": "Read", "id": "toolu_01" + b62(22),
+                               "input": {"file_path": path}}, stop="tool_use")
+        tr.results((call["id"], '1\t{"k": "' + b62(60) + '"}', False))
+        tr.response(text("ok"))
+    words = "the parser reads each record and the cache keeps the view within its budget".split()
+    for t in range(60):
+        tr.prompt(f"question {t}: " + " ".join(rnd.choice(words) for _ in range(900)))
+        tr.response(text(" ".join(rnd.choice(words) for _ in range(300))))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    for target in (10_000, 20_000, 40_000):
+        row = cc_lhc.measure_transcript(str(path), "default", target)
+        assert row["carried_file_state_tokens"] > 0
+        assert row["smart_compact_tokens"] <= target and row["view_within_target"], (target, row)

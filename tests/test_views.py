@@ -1139,3 +1139,50 @@ def test_a_views_header_and_notes_are_counted_in_the_batch_of_its_messages(tmp_p
     first = tokens.seen[0]
     assert header in first and all(n in first for n in notes) and len(first) > 1 + len(notes)
     assert counted["header"] == cc_lhc.safe_estimate(header)
+
+
+def _many_tool_turns(turns=40, calls=8):
+    tr = Transcript()
+    for t in range(turns):
+        tr.prompt(f"question {t}")
+        for i in range(calls):
+            (c,) = tr.response(tool_use("Bash", command=f"step {t}.{i}"), stop="tool_use")
+            tr.results((c["id"], "\n".join(f"line {j} of output {t}.{i} ok" for j in range(300)), False))
+        tr.response(text(f"answer {t}"))
+    return tr
+
+
+def test_a_small_target_still_serves_the_newest_turn(tmp_path):
+    """Forty long turns against a target smaller than the header could name all their
+    parts: the newest turn is in view (split, its tail verbatim), never all of it left out."""
+    thread = intake_transcript(_many_tool_turns(), tmp_path)
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    for target in (3_000, 5_000, 8_000):
+        view, _header = cc_lhc.serve_view(thread.id, turns, target, "default", summaries)
+        assert view.tokens <= target
+        assert view.bands[turns[-1].n] != "omitted", target
+        assert view.tokens >= target * 0.6, (target, view.tokens)
+
+
+def test_the_view_is_the_fullest_any_allocation_of_its_parts_serves(tmp_path):
+    """The count is a step function of the allocation (parts come whole, and the quick
+    estimate misjudges dense text), so scaling the allocation by the count overshoots:
+    the fitting finds, in a few rounds, the fullest view that a scan of 80 allocations
+    of the same parts finds under the target."""
+    thread = intake_transcript(long_turn_transcript(60, 12_000), tmp_path)
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    counter = cc_lhc.ViewCounter()
+    for target in (35_000, 60_000, 95_000, 150_000):
+        view, _header = cc_lhc.serve_view(thread.id, turns, target, "default", summaries, counter=counter)
+        fixed = cc_lhc._view_parts(thread.id, turns, target, "default", 0, False)
+        best = 0
+        for k in range(80):
+            alloc = int(target / 2 * 8 ** (k / 80))
+            scan, header = cc_lhc._serve_view(thread.id, turns, alloc, "default", summaries, (), False, 0,
+                                              False, fixed)
+            used = cc_lhc.view_tokens(scan, header, turns, counter)["total"]
+            if used <= target:
+                best = max(best, used)
+        assert best * 0.99 <= view.tokens <= target, (target, view.tokens, best)
