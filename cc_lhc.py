@@ -15573,6 +15573,9 @@ def cmd_measure(args) -> int:
                        if f.endswith(".jsonl") and os.path.isfile(os.path.join(d, f))  # no FIFOs or devices
                        and "subagents" not in os.path.relpath(d, where).split(os.sep)
                        and not f.startswith("agent-"))  # a 2.0 subagent file: measured with its session
+        # (a name that is not UTF-8 cannot be recorded as a source: named, the rest measured)
+        unread += [(path, "its name is not UTF-8 text") for path in files if SURROGATE.search(path)]
+        files = [path for path in files if not SURROGATE.search(path)]
         if not files and not unread:
             if any(f.startswith("agent-") and f.endswith(".jsonl") for _d, _s, names in os.walk(where)
                    for f in names):

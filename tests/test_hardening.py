@@ -259,6 +259,16 @@ def test_measure_names_a_file_that_is_no_transcript_and_one_that_is_empty(fake_c
     assert [s["messages"] for s in json.loads(p.stdout)["sessions"]] == [0]   # the empty one, counted
 
 
+def test_measure_of_a_folder_holding_a_name_that_is_not_utf8_measures_the_rest(fake_claude, tmp_path):
+    sample = (Path(__file__).parent / "fixtures" / "samples" / "02_tool_roundtrip_thinking.jsonl").read_bytes()
+    (tmp_path / "good.jsonl").write_bytes(sample)
+    (Path(os.fsdecode(bytes(tmp_path))) / os.fsdecode(b"caf\xe9.jsonl")).write_bytes(sample)
+    p = lhc(fake_claude, "measure", str(tmp_path), "--json")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "its name is not UTF-8 text" in p.stderr
+    assert [s["messages"] for s in json.loads(p.stdout)["sessions"]] == [6]
+
+
 @pytest.mark.parametrize("content", [b'{"a": 1}\n{"b": 2}\n', b"QUJD" * 200_000, b'["type", "user"]\n'])
 def test_measure_names_json_that_is_no_transcript(fake_claude, tmp_path, content):
     """Lines of JSON that Claude Code never writes (no record type, no uuid or session) are
