@@ -3161,12 +3161,17 @@ class Registry:
 
     # -- the copy each thread file carries ----------------------------------------------
 
-    def save_copy(self, thread_id: str) -> None:
+    def save_copy(self, thread_id: str, create: bool = False) -> None:
         """Write this thread's registry rows into its thread file (replacing the old copy).
 
         A failure is logged, not raised: the registry change itself is committed, and a
-        stale copy only matters if the registry is later lost.
+        stale copy only matters if the registry is later lost. A thread file that is gone
+        is not made again here (``create`` only for a new thread): an empty record in its
+        place would hide that the record was lost (doctor names it).
         """
+        if not create and not os.path.exists(self.home.path("threads", f"{thread_id}.sqlite")):
+            self.home.log("thread_file_missing", thread=thread_id, action="registry copy not written")
+            return
         db = self.db
         thread = db.execute("SELECT cwd, created, origin FROM threads WHERE id = ?", (thread_id,)).fetchone()
         if thread is None:
@@ -3268,7 +3273,7 @@ class Registry:
             self.db.execute("INSERT INTO threads VALUES (?, ?, ?, ?)", (thread_id, cwd, now, origin))
             self.db.execute("INSERT INTO aliases VALUES (?, ?, ?, 1, ?)",
                             (session_alias(session_id), thread_id, session_id, now))
-        self.save_copy(thread_id)
+        self.save_copy(thread_id, create=True)
         return thread_id
 
     def drop_thread(self, thread_id: str) -> None:
@@ -15349,6 +15354,7 @@ def cmd_rollout(args) -> int:
         raise usage_error("no threads yet")
     registry, hostdb = Registry(home), HostDB(home)
     thread_id = registry.resolve_prefix(thread_arg)
+    ThreadStore.existing(home, thread_id).close()  # (a record that is gone is named, never made anew)
     # The thread's current session changes here, so nobody else may be driving it.
     lease = Lease(home, thread_id)
     lease.acquire()
@@ -15827,6 +15833,15 @@ def cmd_doctor(args) -> int:
             check(*found)
     check("ok" if not unusable else "fail", "thread files",
           f"{len(threads)} checked" + (f", {unusable} unusable (named above)" if unusable else ""))
+    try:
+        lost = sorted(_registry_thread_ids(home) - set(threads))
+    except sqlite3.Error:
+        lost = []  # (the registry check below says what is wrong with it)
+    for thread_id in lost:
+        check("fail", f"thread {thread_id}",
+              f"registry.sqlite names it, but its record {home.path('threads', thread_id + '.sqlite')} is gone",
+              "put the file back from a backup; while Claude Code still keeps the thread's session, "
+              "cc-lhc --resume <session id> captures it again into a new record")
     stale = 0
     folder = home.path("owners")
     if os.path.isdir(folder):
@@ -15858,6 +15873,20 @@ def cmd_doctor(args) -> int:
     return EXIT_ERROR if "fail" in results else EXIT_OK
 
 
+def _registry_thread_ids(home) -> set:
+    """The threads registry.sqlite names, read as it is: doctor applies no migration and
+    writes nothing there."""
+    path = home.path("registry.sqlite")
+    if not (os.path.exists(path) and os.path.getsize(path)):
+        return set()
+    import sqlite3
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        return {r[0] for r in db.execute("SELECT id FROM threads")}
+    finally:
+        db.close()
+
+
 def registry_check(home, repair: bool):
     """(status, what, detail) for doctor: thread files the registry lacks, repaired on request."""
     if repair:
@@ -15869,15 +15898,7 @@ def registry_check(home, repair: bool):
         return ("ok", "registry", f"rebuilt {len(restored)} thread(s) from their thread files; "
                 f"{len(ids)} thread file(s) carry a fresh copy of their entries")
     files = _thread_file_ids(home)
-    known = set()
-    path = home.path("registry.sqlite")
-    if os.path.exists(path) and os.path.getsize(path):
-        import sqlite3  # read as it is: doctor applies no migration and writes nothing here
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            known = {r[0] for r in db.execute("SELECT id FROM threads")}
-        finally:
-            db.close()
+    known = _registry_thread_ids(home)
     missing = len(files - known)
     if not missing:
         return ("ok", "registry", f"{len(known)} thread(s)")

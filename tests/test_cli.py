@@ -8,6 +8,7 @@ environment it was started with, so every test can see exactly what the wrapper 
 from __future__ import annotations
 
 import json
+import uuid
 import os
 import re
 import shutil
@@ -312,6 +313,25 @@ def test_doctor_names_a_damaged_thread_file_says_how_to_fix_it_and_exits_1(fake_
     assert lines[named + 1].strip().startswith("fix: restore it from a backup")
     assert "[fail] thread files: 2 checked, 1 unusable" in out(p)
     assert good not in out(p)  # the sound thread is not named
+    assert "Traceback" not in err(p)
+
+
+def test_a_thread_whose_record_is_gone_is_named_and_never_made_again_empty(fake_claude, iso_env):
+    """A registry entry whose thread file was deleted: doctor fails on it with a fix line;
+    --repair, threads and rollout write do not put an empty record in its place (which
+    would hide the loss for good)."""
+    good, gone, path = _two_threads_one_damaged(fake_claude, iso_env)
+    path.unlink()
+    p = lhc(fake_claude, "doctor")
+    assert p.returncode == 1, out(p)
+    lines = out(p).splitlines()
+    (named,) = [i for i, line in enumerate(lines) if line.startswith("[fail]") and gone in line]
+    assert "is gone" in lines[named] and lines[named + 1].strip().startswith("fix: put the file back")
+    assert lhc(fake_claude, "doctor", "--repair").returncode == 1
+    assert lhc(fake_claude, "threads").returncode == 1
+    p = lhc(fake_claude, "rollout", "write", "--thread-id", gone, "--session-id", str(uuid.uuid4()))
+    assert p.returncode == 1 and "is missing" in err(p)
+    assert not path.exists()
     assert "Traceback" not in err(p)
 
 
