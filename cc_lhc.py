@@ -15810,6 +15810,11 @@ def cmd_doctor(args) -> int:
                 loose.append(d)
             loose += [os.path.join(d, f) for f in files
                       if not f.endswith(("-wal", "-shm")) and readable_by_others(os.path.join(d, f))]
+    if not state_folder_usable(home.root):
+        check("fail", "state home", f"{home.root} cannot be read and written by this user, so cc-lhc "
+              "sees none of its threads", f"chown -R \"$(id -un)\" {shlex.quote(home.root)} && "
+              f"chmod u+rwx {shlex.quote(home.root)}")
+        return EXIT_ERROR
     mode_ok = os.name != "posix" or not (os.stat(home.root).st_mode & 0o077)
     check("ok" if mode_ok and not loose else "warn", "state home permissions",
           home.root + ("" if not loose else f"; readable by others: {', '.join(loose[:5])}"),
@@ -15944,7 +15949,8 @@ def main(argv=None) -> int:
         if argv and argv[0] == "__carry-guard" and len(argv) == 3:
             return run_carry_guard(argv[1], argv[2])
         command = argv[0] if argv and argv[0] in LHC_SUBCOMMANDS else None
-        if not (command is None and any(a in ("-h", "--help", "-v", "--version") for a in argv)):
+        if not (command is None and any(a in ("-h", "--help", "-v", "--version", "--lhc-help", "--lhc-version")
+                                        for a in argv)):
             check_environment(command)
         if command:
             bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
@@ -15991,6 +15997,17 @@ def check_environment(command) -> None:
     if command != "doctor" and os.path.lexists(root) and not os.path.isdir(root):
         raise LhcError(f"the state folder {root} is not a folder; point CC_LHC_HOME at a folder "
                        "(cc-lhc doctor checks it)", EXIT_ERROR)
+    if command != "doctor" and not state_folder_usable(root):
+        # (read as empty, it would say "no threads yet" of a folder full of them)
+        raise LhcError(f"the state folder {root} cannot be read and written by this user; give it "
+                       "back to them (chown), or point CC_LHC_HOME at a folder they own "
+                       "(cc-lhc doctor checks it)", EXIT_ERROR)
+
+
+def state_folder_usable(root: str) -> bool:
+    """Whether this user can list, read and write the state folder (true of one that does
+    not exist yet: it is made when first needed)."""
+    return not os.path.isdir(root) or os.access(root, os.R_OK | os.W_OK | os.X_OK)
 
 
 def sqlite3_errors():

@@ -735,3 +735,23 @@ def test_large_burst_through_a_pipe_arrives_byte_for_byte(fake_claude):
     assert p.stdout == burst_bytes(size)
     assert err(p) == ""
     assert time.monotonic() - started < 20
+
+
+def test_a_state_folder_this_user_cannot_use_is_refused_not_read_as_empty(iso_env, monkeypatch, capsys):
+    """Read as empty, a state folder another user owns would say "no threads yet" of one
+    full of them: cc-lhc refuses it (1) and doctor fails on it with a fix line. (The tests
+    run as root, whom every folder lets in: the permission is made to fail here.)"""
+    home = cc_lhc.StateHome()
+    home.ensure()
+    cc_lhc.Registry(home).create_thread(str(uuid.uuid4()), str(iso_env.work), "test")
+    real = os.access
+    monkeypatch.setattr(cc_lhc.os, "access", lambda path, mode, **kw: (
+        False if os.path.realpath(path) == os.path.realpath(home.root) else real(path, mode, **kw)))
+    assert cc_lhc.main(["threads"]) == cc_lhc.EXIT_ERROR
+    assert "cannot be read and written by this user" in capsys.readouterr().err
+    assert cc_lhc.main(["search", "--all", "x"]) == cc_lhc.EXIT_ERROR
+    capsys.readouterr()
+    assert cc_lhc.main(["doctor"]) == cc_lhc.EXIT_ERROR
+    said = capsys.readouterr().out
+    assert "[fail] state home" in said and "fix: chown" in said
+    assert cc_lhc.main(["--lhc-version"]) == 0  # help and version need no state folder
