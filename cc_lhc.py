@@ -15558,8 +15558,7 @@ def cmd_measure(args) -> int:
     if profile is None or target is None:
         # What Smart Compact would use here: the user's and this folder's configuration.
         policy = load_policy(os.getcwd(), {})
-        if policy.fell_back:
-            say(MSG_CONFIG_FALLBACK)
+        announce_policy(policy, StateHome())  # (each problem named, as a launch names them)
         profile = policy["profile"] if profile is None else profile
         target = policy.effective_target if target is None else target
     if profile not in PROFILES:

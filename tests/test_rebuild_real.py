@@ -593,3 +593,6 @@ def test_measure_uses_the_target_smart_compact_would_use_here(iso_env, tmp_path)
     fallback, err = measure(cwd=project)
     assert fallback["target"] == cc_lhc.BUILTIN_POLICY["lowerBoundTokens"]
     assert cc_lhc.MSG_CONFIG_FALLBACK in err
+    (problem,) = [line for line in err.splitlines() if "lowerBoundTokens" in line]  # each problem named
+    assert ".cc-lhc.json" in problem
+    assert "config_fallback" in (iso_env.lhc / "wrapper.log").read_text()
