@@ -15784,11 +15784,15 @@ def cmd_doctor(args) -> int:
               claude_fix)
     except (LhcError, OSError, subprocess.SubprocessError) as e:
         check("fail", "claude", str(e), claude_fix)
-    check("ok" if TOKENS.encoding() is not None and TOKENS.exact else "warn", "token counts", TOKENS.reason)
+    check("ok" if TOKENS.encoding() is not None and TOKENS.exact else "warn", "token counts", TOKENS.reason,
+          "install cc-lhc from a release (its bundle carries the tokenizer), or in a checkout run "
+          "python3 build/tokenizer.py with tiktoken installed; counts stay safe estimates until then")
     import sqlite3
     check("ok" if trigram_available() else "warn", "exact-string search",
           f"SQLite {sqlite3.sqlite_version}: " + ("trigram index" if trigram_available() else
-                                                  "no trigram tokenizer (3.34+), so search scans"))
+                                                  "no trigram tokenizer (3.34+), so search scans"),
+          "run cc-lhc with a Python whose SQLite is 3.34 or newer (the release bundle's is); "
+          "search works meanwhile, more slowly")
     if not os.path.isdir(home.root):
         if os.path.lexists(home.root):
             check("fail", "state home", f"{home.root} is not a folder",
@@ -15859,16 +15863,19 @@ def cmd_doctor(args) -> int:
                     owner = None
                 stale += 0 if identity_alive(owner) else 1
     check("ok" if not stale else "warn", "leases", f"{stale} left by processes that are gone"
-          if stale else "none stale")
+          if stale else "none stale", "nothing to do: the next cc-lhc to use such a thread takes its lease over")
     if os.path.exists(home.path("cc-lhc.sqlite")):
         try:
             hostdb = HostDB(home)
             dead = sum(1 for (owner,) in hostdb.db.execute(
                 "SELECT owner FROM descriptors WHERE revoked IS NULL") if not owner_alive(owner))
             check("ok" if not dead else "warn", "runtime descriptors",
-                  f"{dead} stale (removed at the next launch)" if dead else "none stale")
+                  f"{dead} stale" if dead else "none stale", "nothing to do: the next launch removes them")
         except (LhcError, sqlite3.Error) as e:  # named above; the checks after it still run
-            check("fail", "runtime descriptors", f"cc-lhc.sqlite cannot be read: {e}")
+            check("fail", "runtime descriptors", f"cc-lhc.sqlite cannot be read: {e}",
+                  f"restore {shlex.quote(home.path('cc-lhc.sqlite'))} from a backup, or move it away: the "
+                  "next launch starts a new one (the governor's receipts in it go with it; threads keep "
+                  "everything they captured)")
     try:
         check(*registry_check(home, repair))
     except (LhcError, sqlite3.Error) as e:
@@ -15906,8 +15913,8 @@ def registry_check(home, repair: bool):
     missing = len(files - known)
     if not missing:
         return ("ok", "registry", f"{len(known)} thread(s)")
-    return ("warn", "registry", f"{missing} thread file(s) not in registry.sqlite; "
-            "cc-lhc doctor --repair (or the next launch) rebuilds them")
+    return ("warn", "registry", f"{missing} thread file(s) not in registry.sqlite",
+            "cc-lhc doctor --repair (or the next launch) puts them back in")
 
 
 COMMAND_USAGE = {
