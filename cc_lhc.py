@@ -6405,6 +6405,16 @@ class Lease:
             return False
         return True
 
+    def forget(self) -> None:
+        """Remove the lock file of a thread that is gone, while holding it (a thread in use
+        keeps its own: removed, a waiting process could lock the old file while a new one
+        locks a new one)."""
+        if self.fd is not None:
+            try:
+                os.unlink(self.lock_path)
+            except OSError:
+                pass
+
     def release(self) -> None:
         if self.fd is not None:
             try:
@@ -10661,6 +10671,7 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
                                        (thread,)).fetchone()[0] != 1:
             return  # it recorded something, or took another session (a rebuild)
         discard_thread(home, registry, hostdb, thread, session)
+        (own or lease).forget()  # (the lease's lock file goes with the thread)
         home.log("empty_thread_dropped", thread=thread, session=session,
                  reason=f"Claude never wrote {path}")
     finally:

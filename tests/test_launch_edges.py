@@ -56,6 +56,8 @@ def test_a_launch_claude_refuses_leaves_no_empty_thread(real_claude):
     home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
     assert [e["reason"] for e in log_events(real_claude, "empty_thread_dropped")] and \
         cc_lhc.HostDB(home).db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
+    # its lease's lock file went with it: one lock file a thread that exists
+    assert len(list((real_claude.iso.lhc / "owners").glob("*.lock"))) == 1
 
 
 def test_reusing_a_known_session_id_is_a_clear_refusal(real_claude):
