@@ -14340,8 +14340,9 @@ Commands (handled by cc-lhc, never passed to Claude):
   export <thread> [...]          print a thread's record
   get-turns [--from N] <tN>...   give back whole turns (used by Claude itself)
   get-messages [--from N] <mN>...  give back single messages (used by Claude)
-  search <text> [--thread T | --all]  find an exact string (else the words): in a
-                                 session its thread; outside one this folder's threads
+  search <text> [--limit N] [--thread T | --all]  find an exact string (else the
+                                 words), at most N hits (20): in a session its thread;
+                                 outside one this folder's threads
   measure <transcript|folder>    what Smart Compact would do, counts only
   rollout write ...              write a thread's view as a Claude session
   backfill-labels <thread>       add stable labels to older stored renderings
@@ -14372,9 +14373,9 @@ thinkingReplay (signed_verbatim or omit), nativeCompact (true or false). Token
 values are whole numbers from 1 to 10,000,000; anything else falls back to the
 default. A flag value starting with `-` is refused: write --lhc-target=VALUE.
 
-Exit status: Claude's own status when Claude ran; 2 for a usage error or a
-refusal; 127 when claude cannot be found; 1 for an internal error, an unusable
-state folder, or when `doctor` finds something broken.
+Exit status: Claude's own status when Claude ran (128+N when it died of signal N);
+2 for a usage error or a refusal; 127 when claude cannot be found; 1 for an
+internal error, an unusable state folder, or when `doctor` finds something broken.
 """
 
 
@@ -15931,8 +15932,8 @@ def registry_check(home, repair: bool):
 COMMAND_USAGE = {
     "threads": "usage: cc-lhc threads [--json]",
     "export": "usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown|raw-lines] [--from tN] [--to tN]",
-    "get-turns": "usage: cc-lhc get-turns [--from TOKENS] <tN>... (inside a session cc-lhc started)",
-    "get-messages": "usage: cc-lhc get-messages [--from TOKENS] <mN>... (inside a session cc-lhc started)",
+    "get-turns": "usage: cc-lhc get-turns [--from N] <tN>... (inside a session cc-lhc started)",
+    "get-messages": "usage: cc-lhc get-messages [--from N] <mN>... (inside a session cc-lhc started)",
     "search": SEARCH_USAGE,
     "rollout": "usage: cc-lhc rollout write --thread-id ID --session-id UUID [--cwd DIR] [--projects-root DIR] "
                "[--envelope-from ROLLOUT]",
