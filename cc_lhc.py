@@ -15190,7 +15190,7 @@ def search_thread(store, text: str, limit: int):
 
 
 SEARCH_LIMIT_MAX = 200
-SEARCH_USAGE = "usage: cc-lhc search <text> [--limit N] [--thread T | --all] [--from TOKENS] [-- <text>]"
+SEARCH_USAGE = "usage: cc-lhc search <text> [--limit N] [--thread T | --all] [--from N] [-- <text>]"
 
 
 def cmd_search(args) -> int:
