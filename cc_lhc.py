@@ -14284,6 +14284,8 @@ def parse_launch(argv) -> tuple:
             if name not in LHC_FLAGS:
                 raise usage_error(f"unknown cc-lhc flag {name} (see cc-lhc --lhc-help)")
             field, takes_value, _ = LHC_FLAGS[name]
+            if name in flags:  # (the last would win without a word: which one was meant?)
+                raise usage_error(f"{name} is given twice; give it once")
             if takes_value:
                 if eq:
                     value = inline

@@ -177,6 +177,7 @@ def test_unknown_lhc_flag_exits_2_with_one_line_naming_it(fake_claude, argv):
     (["--lhc-target"], "--lhc-target"),
     (["--lhc-help=yes"], "--lhc-help"),
     (["--lhc-version=1"], "--lhc-version"),
+    (["--lhc-target", "1000", "--lhc-target=2000", "-p", "hi"], "--lhc-target is given twice"),
 ])
 def test_malformed_lhc_flag_exits_2_before_spawn(fake_claude, argv, word):
     p = lhc(fake_claude, *argv)
