@@ -9820,9 +9820,11 @@ class ControlPanel:
             boundary, arm = visibility_boundary(store), _meta(store, THINKING_KEY)
         finally:
             store.close()
+        shown = {k: json.dumps(p.values[k]) for k in BUILTIN_POLICY}  # (as a configuration file writes them)
+        width = max(map(len, shown.values()))
         return "\n".join(
             ["configuration (value, source):"]
-            + [f"  {k:<21} {p.values[k]!s:<10} {p.sources[k]}" for k in BUILTIN_POLICY]
+            + [f"  {k:<21} {shown[k]:<{width}} {p.sources[k]}" for k in BUILTIN_POLICY]
             + ([f"  thread thinking replay: {arm} (the API refused replayed thinking for this "
                 "thread)"] if arm else [])
             + [f"visibility boundary: m{boundary} (Smart Prune; earlier messages are not in view)"
