@@ -4006,6 +4006,8 @@ def band_cost(turn: Turn, band: str, summary_text: str = "", messages=None, tool
     total = 0
     for m, stub in visible_messages(turn, band, messages=messages, tools=tools):
         total += estimate_tokens(shown_text(m, stub)) + 4
+        if m["kind"] in ("tool_call", "tool_result"):
+            total += CALL_ID_TOKENS
     return total
 
 
@@ -4399,15 +4401,18 @@ class ViewCounter:
         """Count many (message, stub) pairs in one batch before message() asks for each,
         and with them ``texts`` that text() will ask for (a view's header, its notes):
         counted apart, each short text would need an encoder of its own."""
-        todo = {}
+        todo, ids = {}, {}
         for m, stub in pairs:
             if (m["seq"], stub) not in self._cache:
                 todo[(m["seq"], stub)] = shown_text(m, stub)
-        for key, n in zip(todo, self.tokens.count_many(list(todo.values()) + [t for t in texts if t])):
-            self._cache[key] = n + MESSAGE_TOKENS
+                ids[(m["seq"], stub)] = call_id_text(m)
+        counts = self.tokens.count_many(list(todo.values()) + list(ids.values()) + [t for t in texts if t])
+        for key, n, n_id in zip(todo, counts, counts[len(todo):]):
+            self._cache[key] = n + n_id + MESSAGE_TOKENS
 
     def prefill(self, counted: dict) -> None:
-        """Counts made elsewhere, by (label, stub) as message() keys them (text only)."""
+        """Counts made elsewhere, by (label, stub) as message() keys them (text and
+        call_id_text together)."""
         for key, tokens in counted.items():
             self._cache.setdefault(key, tokens + MESSAGE_TOKENS)
 
@@ -4415,8 +4420,22 @@ class ViewCounter:
         key = (m["seq"], stub)
         got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = self.text(shown_text(m, stub)) + MESSAGE_TOKENS
+            got = self._cache[key] = (self.text(shown_text(m, stub)) + self.text(call_id_text(m))
+                                      + MESSAGE_TOKENS)
         return got
+
+
+CALL_ID_TOKENS = 20  # a tool call's id (toolu_ and 24 random letters), as o200k counts it on average
+
+
+def call_id_text(m) -> str:
+    """What a message's block holds besides its text that the model reads: a tool call's
+    id and name, a result's id (an id is about 19 tokens, twice a call)."""
+    if m["kind"] == "tool_call":
+        return f"{m['tool_use_id'] or ''} {m['tool_name'] or ''}"
+    if m["kind"] == "tool_result":
+        return m["tool_use_id"] or ""
+    return ""
 
 
 def view_tokens(view, header, turns, counter) -> dict:
@@ -15482,18 +15501,20 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         for band in ("full", "lean"):
             row[band] = []
             for m, stub in visible_messages(t, band):
-                i = slot(shown_text(m, stub))
-                row[band].append((m["seq"], i))
-                known[(m["seq"], stub)] = i
-        row["summary"] = [(None, slot(extractive_summary(t.messages)))]
+                i, j = slot(shown_text(m, stub)), slot(call_id_text(m))
+                row[band].append((i, j))
+                known[(m["seq"], stub)] = (i, j)
+        row["summary"] = [(slot(extractive_summary(t.messages)), slot(""))]
         per_turn.append(row)
     counts = TOKENS.count_many(texts)  # serve_view below saves them for the next run
-    totals = {band: sum(counts[i] for row in per_turn for _, i in row[band]) for band in BANDS}
+    # (each message as a view counts it: its text, a call's id and name, MESSAGE_TOKENS)
+    totals = {band: sum(counts[i] + counts[j] + MESSAGE_TOKENS for row in per_turn for i, j in row[band])
+              for band in BANDS}
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     counter = ViewCounter()
     if TOKENS.exact:
         # Every message was just counted in one batch: fitting the view needs no second count.
-        counter.prefill({key: counts[i] for key, i in known.items()})
+        counter.prefill({key: counts[i] + counts[j] for key, (i, j) in known.items()})
     # As a rebuild does: the file-state pairs are set aside first, and those the view does
     # not already hold are written into it (plan_rebuild).
     carried, reserve = carried_file_state(served, target, counter)
@@ -15502,9 +15523,9 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     in_view = view.tokens + carried_tokens if captured else 0  # (an empty session: nothing to rebuild)
     # The same figures by the estimate used without the tokenizer, for comparison.
     safe = [safe_estimate(t) for t in texts]
-    estimated_full = sum(safe[i] for row in per_turn for _, i in row["full"])
+    estimated_full = sum(safe[i] + safe[j] + MESSAGE_TOKENS for row in per_turn for i, j in row["full"])
     by_estimate = ViewCounter(_EstimateOnly())
-    by_estimate.prefill({key: safe[i] for key, i in known.items()})
+    by_estimate.prefill({key: safe[i] + safe[j] for key, (i, j) in known.items()})
     estimated_view = (view_tokens(view, header, served, by_estimate)["total"]
                       + carried_pairs_tokens(view, served, carried, by_estimate)) if captured else 0
     original = totals["full"]

@@ -247,6 +247,13 @@ def exact_tokens():
     return counter
 
 
+def _ids_of(m) -> str:
+    """What a block holds besides its text: a call's id and name, a result's id."""
+    if m["kind"] == "tool_call":
+        return f"{m['tool_use_id']} {m['tool_name']}"
+    return m["tool_use_id"] or "" if m["kind"] == "tool_result" else ""
+
+
 def test_views_are_within_budget_by_exact_count(tmp_path, exact_tokens):
     # Content denser than 4 bytes a token (numbers, listings): the quick estimate undercounts it.
     tr = Transcript()
@@ -267,7 +274,7 @@ def test_views_are_within_budget_by_exact_count(tmp_path, exact_tokens):
             note, items = cc_lhc.turn_items(view, t)
             exact += (exact_tokens.count(note) + cc_lhc.MESSAGE_TOKENS) if note else 0
             exact += sum(exact_tokens.count(stub if stub is not None else (m["text"] or m["data"] or ""))
-                         + cc_lhc.MESSAGE_TOKENS for m, stub in items)
+                         + exact_tokens.count(_ids_of(m)) + cc_lhc.MESSAGE_TOKENS for m, stub in items)
         assert view.tokens == exact <= budget, (budget, exact)
         assert view.counting == "exact o200k_base"
         # allocated by the quick estimate alone, the same view counts over its budget
