@@ -336,7 +336,7 @@ def test_the_control_panel_shows_status_and_gives_claude_its_screen_back(real_cl
     type_line(t, "balanced")
     t.wait_for("profile balanced for the rest of this session")
     type_line(t, "/details")
-    t.wait_for(re.compile(r"profile\s+balanced\s+panel"))
+    t.wait_for(re.compile(r"profile\s+\"balanced\"\s+panel"))
     t.send_keys("Escape")
     screen = t.wait_for("first answer")  # Claude's screen is back as it was
     assert "cc-lhc control panel" not in screen
