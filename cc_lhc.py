@@ -4005,7 +4005,7 @@ def band_cost(turn: Turn, band: str, summary_text: str = "", messages=None, tool
         return estimate_tokens(summary_text) + 8
     total = 0
     for m, stub in visible_messages(turn, band, messages=messages, tools=tools):
-        total += estimate_tokens(shown_text(m, stub)) + 4
+        total += estimate_tokens(counted_text(m, stub)) + image_tokens(m, stub) + 4
         if m["kind"] in ("tool_call", "tool_result"):
             total += CALL_ID_TOKENS
     return total
@@ -4401,18 +4401,19 @@ class ViewCounter:
         """Count many (message, stub) pairs in one batch before message() asks for each,
         and with them ``texts`` that text() will ask for (a view's header, its notes):
         counted apart, each short text would need an encoder of its own."""
-        todo, ids = {}, {}
+        todo, ids, images = {}, {}, {}
         for m, stub in pairs:
             if (m["seq"], stub) not in self._cache:
-                todo[(m["seq"], stub)] = shown_text(m, stub)
+                todo[(m["seq"], stub)] = counted_text(m, stub)
                 ids[(m["seq"], stub)] = call_id_text(m)
+                images[(m["seq"], stub)] = image_tokens(m, stub)
         counts = self.tokens.count_many(list(todo.values()) + list(ids.values()) + [t for t in texts if t])
         for key, n, n_id in zip(todo, counts, counts[len(todo):]):
-            self._cache[key] = n + n_id + MESSAGE_TOKENS
+            self._cache[key] = n + n_id + images[key] + MESSAGE_TOKENS
 
     def prefill(self, counted: dict) -> None:
-        """Counts made elsewhere, by (label, stub) as message() keys them (text and
-        call_id_text together)."""
+        """Counts made elsewhere, by (label, stub) as message() keys them (counted_text,
+        call_id_text and image_tokens together)."""
         for key, tokens in counted.items():
             self._cache.setdefault(key, tokens + MESSAGE_TOKENS)
 
@@ -4420,12 +4421,35 @@ class ViewCounter:
         key = (m["seq"], stub)
         got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = (self.text(shown_text(m, stub)) + self.text(call_id_text(m))
-                                      + MESSAGE_TOKENS)
+            got = self._cache[key] = (self.text(counted_text(m, stub)) + self.text(call_id_text(m))
+                                      + image_tokens(m, stub) + MESSAGE_TOKENS)
         return got
 
 
 CALL_ID_TOKENS = 20  # a tool call's id (toolu_ and 24 random letters), as o200k counts it on average
+# An image costs what its pixels cost, not its base64: about width x height / 750 tokens,
+# the API scaling a larger one down to about 1.15 megapixels, so 1,600 at most.
+IMAGE_TOKENS = 1_600
+
+
+def counted_text(m, stub) -> str:
+    """What a view shows of a message, as its tokens are counted: shown_text, less a pasted
+    image's base64 (image_tokens counts an image)."""
+    if stub is None and m["kind"] == "user_image":
+        return ""
+    return shown_text(m, stub)
+
+
+def image_tokens(m, stub) -> int:
+    """What the images a message shows cost: a pasted one, and each a tool output holds
+    (its text names each "[image]", flatten_tool_output)."""
+    if stub is not None:
+        return 0
+    if m["kind"] == "user_image":
+        return IMAGE_TOKENS
+    if m["kind"] == "tool_result" and isinstance(m["text"], str):
+        return IMAGE_TOKENS * m["text"].count("[image]")
+    return 0
 
 
 def call_id_text(m) -> str:
@@ -15501,20 +15525,21 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         for band in ("full", "lean"):
             row[band] = []
             for m, stub in visible_messages(t, band):
-                i, j = slot(shown_text(m, stub)), slot(call_id_text(m))
-                row[band].append((i, j))
-                known[(m["seq"], stub)] = (i, j)
-        row["summary"] = [(slot(extractive_summary(t.messages)), slot(""))]
+                i, j, images = slot(counted_text(m, stub)), slot(call_id_text(m)), image_tokens(m, stub)
+                row[band].append((i, j, images))
+                known[(m["seq"], stub)] = (i, j, images)
+        row["summary"] = slot(extractive_summary(t.messages))  # (a line of the header: no message)
         per_turn.append(row)
     counts = TOKENS.count_many(texts)  # serve_view below saves them for the next run
-    # (each message as a view counts it: its text, a call's id and name, MESSAGE_TOKENS)
-    totals = {band: sum(counts[i] + counts[j] + MESSAGE_TOKENS for row in per_turn for i, j in row[band])
-              for band in BANDS}
+    # (each message as a view counts it: its text, a call's id and name, its images, MESSAGE_TOKENS)
+    totals = {band: sum(counts[i] + counts[j] + images + MESSAGE_TOKENS for row in per_turn
+                        for i, j, images in row[band]) for band in ("full", "lean")}
+    totals["summary"] = sum(counts[row["summary"]] for row in per_turn)
     summaries = {t.n: (extractive_summary(t.messages), "extractive") for t in turns}
     counter = ViewCounter()
     if TOKENS.exact:
         # Every message was just counted in one batch: fitting the view needs no second count.
-        counter.prefill({key: counts[i] + counts[j] for key, (i, j) in known.items()})
+        counter.prefill({key: counts[i] + counts[j] + images for key, (i, j, images) in known.items()})
     # As a rebuild does: the file-state pairs are set aside first, and those the view does
     # not already hold are written into it (plan_rebuild).
     carried, reserve = carried_file_state(served, target, counter)
@@ -15523,9 +15548,10 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     in_view = view.tokens + carried_tokens if captured else 0  # (an empty session: nothing to rebuild)
     # The same figures by the estimate used without the tokenizer, for comparison.
     safe = [safe_estimate(t) for t in texts]
-    estimated_full = sum(safe[i] + safe[j] + MESSAGE_TOKENS for row in per_turn for i, j in row["full"])
+    estimated_full = sum(safe[i] + safe[j] + images + MESSAGE_TOKENS for row in per_turn
+                         for i, j, images in row["full"])
     by_estimate = ViewCounter(_EstimateOnly())
-    by_estimate.prefill({key: safe[i] + safe[j] for key, (i, j) in known.items()})
+    by_estimate.prefill({key: safe[i] + safe[j] + images for key, (i, j, images) in known.items()})
     estimated_view = (view_tokens(view, header, served, by_estimate)["total"]
                       + carried_pairs_tokens(view, served, carried, by_estimate)) if captured else 0
     original = totals["full"]

@@ -400,3 +400,24 @@ def test_carried_file_state_and_the_closing_record_stay_within_the_target(tmp_pa
         row = cc_lhc.measure_transcript(str(path), "default", target)
         assert row["carried_file_state_tokens"] > 0
         assert row["smart_compact_tokens"] <= target and row["view_within_target"], (target, row)
+
+
+def test_an_image_counts_what_its_pixels_cost_not_its_base64(tmp_path):
+    """A screenshot a tool gave back is served whole and costs up to IMAGE_TOKENS (it was
+    counted as the word "[image]"); a pasted one is not counted as its base64 (tens of
+    thousands of tokens, which pushed its turn out of view)."""
+    picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                           "data": "iVBORw0KGgo" + "A" * 200_000}}
+    tr = Transcript()
+    tr._record("user", message={"role": "user", "content": [{"type": "text", "text": "what is on this screen?"},
+                                                            picture]})
+    (call,) = tr.response(tool_use("Read", file_path="/srv/screen.png"), stop="tool_use")
+    tr.results((call["id"], [{"type": "text", "text": "the screenshot:"}, picture], False))
+    tr.response(text("a login form"))
+    thread = intake_transcript(tr, tmp_path)
+    turns = cc_lhc.load_turns(thread.store)
+    (turn,) = turns
+    view, _header = cc_lhc.serve_view(thread.id, turns, 20_000, "default", {})
+    assert view.bands[turn.n] == "full"
+    assert 2 * cc_lhc.IMAGE_TOKENS < view.tokens < 2 * cc_lhc.IMAGE_TOKENS + 1_000
+    assert 2 * cc_lhc.IMAGE_TOKENS <= cc_lhc.band_cost(turn, "full") < 2 * cc_lhc.IMAGE_TOKENS + 1_000
