@@ -2833,7 +2833,8 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
 SEARCH_BODY_SQL = """CASE
  WHEN m.kind = 'tool_call' AND json_valid(m.text) THEN (SELECT group_concat(j.value, char(10))
    FROM json_tree(m.text) j WHERE j.type IN ('text', 'integer', 'real'))
- WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND json_valid(m.data)
+ WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, 'cc-lhc:text')
+   AND json_valid(m.data)
    THEN lhc_text(m.text) || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
    FROM json_each(m.data, '$.content') b, json_tree(b.value) j WHERE b.type = 'object'
    AND json_extract(b.value, '$.type') IS NOT 'text' AND j.type = 'text'
