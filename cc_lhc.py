@@ -1460,13 +1460,23 @@ OWN_UUID_KEY = re.compile(rb'[{,]\s*"uuid"\s*:\s*$')
 TASK_NOTIFICATION_OPEN = "<task-notification>"
 # A queued message that is a slash command (/mcp, /plugin:cmd args), not a path like /var/log
 QUEUED_COMMAND = re.compile(r"\s*/[\w:-]+(?:\s|$)")
-# The session a record names, read from its first bytes (Capture._legacy_agent_files).
+# A record's sessionId, found in its first bytes when the record is too long to read whole.
+SESSION_KEY_IN_LINE = re.compile(rb'"sessionId"\s*:\s*"([0-9A-Za-z-]{1,64})"')
+LEGACY_LINE_BYTES = 1 << 20  # of one line, at most, read to tell whose a 2.0 agent file is
+
+
 def legacy_owner(path: str, most: int):
     """The session a 2.0 agent file belongs to: the sessionId of the first of its first
     ``most`` complete records that has one (its first line may be damaged or blank, and a
-    long first record may name its session after its message); None when none says yet."""
+    long first record may name its session after its message); None when none says yet.
+    No more than LEGACY_LINE_BYTES of a line is read: of a longer one (a huge prompt) the
+    sessionId is looked for in those bytes, where Claude writes it ahead of the message."""
     with open_regular(path) as f:
-        for _n, line in zip(range(most), f):
+        for _n in range(most):
+            line = f.readline(LEGACY_LINE_BYTES)
+            if len(line) == LEGACY_LINE_BYTES and not line.endswith(b"\n"):
+                found = SESSION_KEY_IN_LINE.search(line)
+                return found.group(1).decode("ascii") if found else None
             if not line.endswith(b"\n"):
                 break  # (being written: asked again once it grew)
             rec = json_record(line) if line.strip() else None
@@ -1474,6 +1484,8 @@ def legacy_owner(path: str, most: int):
             if isinstance(owner, str) and owner:
                 return owner
     return None
+
+
 # Claude Code writes this once the Stop hooks ran, and only when there are any: a thread
 # holding one has hooks that may keep Claude working after its final answer.
 STOP_HOOK_SUMMARY = "system/stop_hook_summary"

@@ -627,3 +627,14 @@ def test_a_subagent_files_torn_last_line_is_mended_when_the_session_ends(tmp_pat
         assert agent.read_bytes() == whole[:-1 - len(last)] and len(rows) == 3
         assert kept == [(f"{SESSIONS['2.1.39']}/subagents/agent-a2139one.jsonl", cc_lhc.TORN_LINE, fragment)]
     assert all(texts)
+
+
+def test_a_2_0_agent_files_owner_is_read_from_at_most_a_megabyte_of_a_line(tmp_path):
+    """A first record of many megabytes (a huge prompt) is not read whole to tell whose the
+    file is: its sessionId, which Claude writes ahead of the message, is found in its start."""
+    path = tmp_path / "agent-x.jsonl"
+    head = '{"parentUuid": null, "sessionId": "s-early", "message": {"role": "user", "content": "'
+    path.write_text(head + "x" * (3 << 20) + '"}}\n')
+    assert cc_lhc.legacy_owner(str(path), 20) == "s-early"
+    path.write_text('{"message": {"role": "user", "content": "' + "x" * (3 << 20) + '"}, "sessionId": "s-late"}\n')
+    assert cc_lhc.legacy_owner(str(path), 20) is None
