@@ -2847,7 +2847,7 @@ SEARCH_BODY_SQL = """CASE
    FROM json_tree(m.text) j WHERE j.type IN ('text', 'integer', 'real'))
  WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, 'cc-lhc:text')
    AND json_valid(m.data)
-   THEN lhc_text(m.text) || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
+   THEN coalesce(lhc_text(m.text), '') || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
    FROM json_each(m.data, '$.content') b, json_tree(b.value) j WHERE b.type = 'object'
    AND json_extract(b.value, '$.type') IS NOT 'text' AND j.type = 'text'
    AND j.key NOT IN ('type', 'signature', 'media_type')
@@ -4332,10 +4332,12 @@ def working_set(turns):
 # times the pieces o200k's splitter makes of the rest (letter runs cut before a capital,
 # digits in threes, whitespace runs, each other byte); and, for text of short pieces or
 # long runs, each byte beyond ASCII plus what zlib compresses the rest to. Then 2 more.
+# A run of 12 letters of one case or more (DNA, random letters) adds half its length.
 # It stays at or above the exact count on real CLI sessions (about 1.8 times it), on
-# base64, hex, uuids, random letters of every case, controls, CJK, emoji, marks, and on
-# 10,000 fuzzed texts but one (0.9 of it); a text that alternates two capitals with two
-# small letters at random gets 0.96 of it.
+# base64, hex, uuids, DNA, random letters of every case and length, controls, CJK, emoji,
+# marks, and on 10,000 fuzzed texts; words of random consonants shorter than 12 letters
+# get 0.99 of it, and a text that alternates two capitals with two small letters at
+# random 0.96.
 SAFE_SLACK = 2            # added to every estimate: a short text's pieces can each be two tokens
 MESSAGE_TOKENS = 4        # what each message adds beyond its text (as band_cost counts it)
 # Claude's side of a rebuilt session that would end on a user record (view_records): its
@@ -4357,6 +4359,7 @@ SPACE_MARKS = _byte_table(lambda b: "a" if b in b" \t\n" else " ")   # the ones 
 NON_ASCII = bytes(range(0x80, 0x100))
 ASCII_LETTERS = bytes(range(65, 91)) + bytes(range(97, 123))
 WORD_OR_SPACE = ASCII_LETTERS + bytes(range(48, 58)) + b" \t\n"
+LONG_CASE_RUN = re.compile(rb"a{12,}|A{12,}")  # in LETTER_CASES' marks
 
 
 def safe_estimate(text) -> int:
@@ -4378,6 +4381,10 @@ def safe_estimate(text) -> int:
     signs = len(ascii_.translate(None, WORD_OR_SPACE))  # each other byte (signs, controls)
     pieces = words + numbers + spaces + signs
     estimate = wide + max(-(-len(ascii_) * 4 // 9), -(-pieces * 11 // 10))
+    if b"a" * 12 in cases or b"A" * 12 in cases:
+        # Long runs of one case (DNA, random letters, glued words): o200k cuts them into
+        # about two letters a token, where their pieces count them as one.
+        estimate += -(-sum(map(len, LONG_CASE_RUN.findall(cases))) * 11 // 20)
     if len(ascii_) >= 24:
         letters = len(ascii_) - len(ascii_.translate(None, ASCII_LETTERS))
         if 10 * (words + numbers) > 3 * (letters + ndigits) or b"a" * 24 in cases or b"A" * 24 in cases:
@@ -4447,22 +4454,58 @@ IMAGE_TOKENS = 1_600
 
 def counted_text(m, stub) -> str:
     """What a view shows of a message, as its tokens are counted: shown_text, less a pasted
-    image's base64 (image_tokens counts an image)."""
+    image's base64 (image_tokens counts an image), plus the strings of a tool output's
+    blocks other than text, which the view serves whole (other_blocks)."""
     if stub is None and m["kind"] == "user_image":
         return ""
-    return shown_text(m, stub)
+    extra = other_blocks(m, stub)[0]
+    return shown_text(m, stub) + ("\n" + extra if extra else "")
 
 
 def image_tokens(m, stub) -> int:
-    """What the images a message shows cost: a pasted one, and each a tool output holds
-    (its text names each "[image]", flatten_tool_output)."""
+    """What the images a message shows cost: a pasted one, and each a tool output holds."""
     if stub is not None:
         return 0
     if m["kind"] == "user_image":
         return IMAGE_TOKENS
-    if m["kind"] == "tool_result" and isinstance(m["text"], str):
-        return IMAGE_TOKENS * m["text"].count("[image]")
-    return 0
+    return IMAGE_TOKENS * other_blocks(m, stub)[1]
+
+
+def other_blocks(m, stub) -> tuple:
+    """(strings, images) of a tool output's blocks other than text, which its text names
+    only by type ("[document]") and a view serves whole: the strings of an MCP tool's
+    search_result or document, a tool_reference (never base64), and how many images."""
+    if stub is not None or m["kind"] != "tool_result":
+        return "", 0
+    data = m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m["data"]
+    if not data or '"content":[{' not in data or "cc-lhc:text" in data:
+        return "", 0  # (no list of blocks, or one text block kept as the text column)
+    try:
+        block = json.loads(data[1:] if data[0] == KEPT_WHOLE else data)
+    except ValueError:
+        return "", 0
+    content = block.get("content") if isinstance(block, dict) else None
+    strings, images = [], 0
+    for part in content if isinstance(content, list) else ():
+        if isinstance(part, dict) and part.get("type") == "image":
+            images += 1
+        elif isinstance(part, dict) and part.get("type") != "text":
+            _strings_in(part, strings)
+    return "\n".join(strings), images
+
+
+def _strings_in(value, out) -> None:
+    """The strings of a block, as search reads them: no type names, signatures or base64."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _strings_in(item, out)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key in ("type", "signature", "media_type") or (key == "data" and value.get("type") == "base64"):
+                continue
+            _strings_in(item, out)
 
 
 def call_id_text(m) -> str:
@@ -4506,9 +4549,11 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     ``native``: the header names the cc-lhc mod's tools (see render_header).
     """
     counter = counter or ViewCounter()
+    budget = max(0, budget)  # (a reserve larger than a tiny target leaves none: the header alone)
     alloc, best = budget, None
     fits, over = None, None  # the largest allocation seen within budget, the smallest over it
     fixed = _view_parts(thread_id, turns, budget, profile, boundary, fell_back)
+    last_seq = {t.n: t.messages[-1]["seq"] for t in turns if t.messages}
     for _ in range(VIEW_FIT_ROUNDS):
         view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
                                    boundary, native, fixed)
@@ -4517,8 +4562,7 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
         if used <= budget:
             if best is None or used > best[0]:
                 best = (used, view, header, counted)
-            whole = all(b == "full" for b in view.bands.values())
-            if used >= budget * VIEW_FIT_FILL or whole:
+            if used >= budget * VIEW_FIT_FILL or _all_verbatim(view, last_seq, boundary):
                 break  # full enough, or all of it is in view verbatim
             fits = alloc if fits is None else max(fits, alloc)
         else:
@@ -4549,6 +4593,18 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     counter.tokens.save_later()
     view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
     return view, header
+
+
+def _all_verbatim(view, last_seq, boundary) -> bool:
+    """Whether a view holds everything after the visibility boundary verbatim (a larger
+    allocation could add nothing)."""
+    for n, band in view.bands.items():
+        if band == SPLIT:
+            if any(b != "full" and last > boundary for _first, last, b in view.pieces[n]):
+                return False
+        elif band != "full" and last_seq.get(n, 0) > boundary:
+            return False
+    return True
 
 
 def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_back, boundary,
@@ -5031,9 +5087,10 @@ def carried_file_state(turns, budget, counter=None):
     Edit or Write whose lean form fits CARRY_PAIR_BYTES, until CARRY_SHARE of ``budget``
     is used by LHC's estimate (an exact count of a call's ids would crowd the pairs out
     of a small view). Returns (pairs, tokens), the tokens as ``counter`` counts them (a
-    ViewCounter: exact o200k when the tokenizer is there), so a view served within the
-    budget less them stays within the budget with them; pairs already in view are
-    skipped when written (carried_pairs_tokens counts those that are not).
+    ViewCounter: exact o200k when the tokenizer is there), the same way as the view's
+    own messages, so a view served within the budget less them stays within the budget
+    with them; pairs already in view are skipped when written (carried_pairs_tokens
+    counts those that are not).
     """
     touches = _carry_candidates(turns)
     room = int(budget * CARRY_SHARE)
@@ -15979,7 +16036,8 @@ def registry_check(home, repair: bool):
     if repair:
         registry = Registry(home, restore=False)
         restored = registry.restore_missing(announce=False)
-        ids = [r[0] for r in registry.db.execute("SELECT id FROM threads")]
+        ids = [r[0] for r in registry.db.execute("SELECT id FROM threads")
+               if os.path.exists(home.path("threads", f"{r[0]}.sqlite"))]  # (one that is gone is named above)
         for thread_id in ids:
             registry.save_copy(thread_id)
         return ("ok", "registry", f"rebuilt {len(restored)} thread(s) from their thread files; "

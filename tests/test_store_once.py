@@ -346,6 +346,9 @@ def _dense_texts():
         "emoji": code_points(0x1F300, 0x1FAFF, 200), "latin extended": code_points(0x100, 0x24F, 500),
         "c1 controls": code_points(0x80, 0x9F, 500), "arabic": code_points(0x600, 0x6FF, 500),
         "marks": "".join("a" + code_points(0x300, 0x36F, 3) for _ in range(300)),
+        "dna": chars("acgt", 8000), "dna lines": "\n".join(chars("acgt", 60) for _ in range(130)),
+        "random words": " ".join(chars(string.ascii_lowercase, rnd.randint(8, 23)) for _ in range(400)),
+        "consonant words": " ".join(chars("bcdfghjklmnpqrstvwxz", rnd.randint(4, 12)) for _ in range(600)),
     }
 
 
@@ -356,7 +359,9 @@ def test_the_safe_estimate_never_undercounts_dense_text(exact_tokens):
     short = {name: (cc_lhc.safe_estimate(text), exact_tokens.count(text))
              for name, text in _dense_texts().items()
              if cc_lhc.safe_estimate(text) < exact_tokens.count(text)}
-    assert short == {}
+    # (words of random consonants shorter than a long run come within 1% of it)
+    near = short.pop("consonant words", None)
+    assert short == {} and (near is None or near[0] >= 0.99 * near[1]), (short, near)
 
 
 def test_the_safe_estimate_of_fuzzed_text_is_short_at_most_once_in_thousands(exact_tokens):
@@ -421,3 +426,25 @@ def test_an_image_counts_what_its_pixels_cost_not_its_base64(tmp_path):
     assert view.bands[turn.n] == "full"
     assert 2 * cc_lhc.IMAGE_TOKENS < view.tokens < 2 * cc_lhc.IMAGE_TOKENS + 1_000
     assert 2 * cc_lhc.IMAGE_TOKENS <= cc_lhc.band_cost(turn, "full") < 2 * cc_lhc.IMAGE_TOKENS + 1_000
+
+
+def test_a_tool_outputs_document_is_counted_and_a_markdown_image_link_is_no_image(tmp_path, exact_tokens):
+    """A document block an MCP tool gave back is served whole: its text is counted (it was
+    the word "[document]"). "[image]" in an output's own text (a Markdown link) is text,
+    not a picture of 1,600 tokens."""
+    document = "escalate to the on-call lead after fifteen minutes; page the backup after thirty. " * 200
+    tr = Transcript()
+    tr.prompt("what does the runbook say?")
+    calls = tr.response(tool_use("mcp__docs__fetch", page="runbook"), tool_use("Read", file_path="/srv/README.md"),
+                        stop="tool_use")
+    tr.results((calls[0]["id"], [{"type": "text", "text": "the runbook:"},
+                                 {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                                                 "data": document}}], False),
+               (calls[1]["id"], "![image](https://example.com/a.png)\n" * 20, False))
+    tr.response(text("escalate after fifteen minutes"))
+    thread = intake_transcript(tr, tmp_path)
+    turns = cc_lhc.load_turns(thread.store)
+    view, _header = cc_lhc.serve_view(thread.id, turns, 60_000, "default", {},
+                                      counter=cc_lhc.ViewCounter(exact_tokens))
+    assert view.bands[turns[0].n] == "full"
+    assert exact_tokens.count(document) < view.tokens < exact_tokens.count(document) + 1_500

@@ -1186,3 +1186,20 @@ def test_the_view_is_the_fullest_any_allocation_of_its_parts_serves(tmp_path):
             if used <= target:
                 best = max(best, used)
         assert best * 0.99 <= view.tokens <= target, (target, view.tokens, best)
+
+
+def test_fitting_stops_at_once_when_all_after_the_boundary_fits_and_on_a_budget_below_zero(tmp_path, monkeypatch):
+    """A pruned thread whose visible turns all fit is served in one round (the turns before
+    the boundary are out of view whatever the allocation); a budget a reserve took below
+    zero serves the header, and the fitting ends."""
+    thread = intake_transcript(_many_tool_turns(turns=6, calls=2), tmp_path)
+    turns = thread.turns
+    rounds = []
+    real = cc_lhc._serve_view
+    monkeypatch.setattr(cc_lhc, "_serve_view", lambda *a, **k: rounds.append(1) or real(*a, **k))
+    boundary = turns[2].messages[-1]["seq"]
+    view, _header = cc_lhc.serve_view(thread.id, turns, 200_000, "default", {}, boundary=boundary)
+    assert len(rounds) == 1 and all(view.bands[t.n] == "full" for t in turns[3:])
+    rounds.clear()
+    view, _header = cc_lhc.serve_view(thread.id, turns, -300, "default", {})
+    assert len(rounds) <= cc_lhc.VIEW_FIT_ROUNDS + 2 and all(b == "omitted" for b in view.bands.values())
