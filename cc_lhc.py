@@ -4332,12 +4332,11 @@ def working_set(turns):
 # times the pieces o200k's splitter makes of the rest (letter runs cut before a capital,
 # digits in threes, whitespace runs, each other byte); and, for text of short pieces or
 # long runs, each byte beyond ASCII plus what zlib compresses the rest to. Then 2 more.
-# A run of 12 letters of one case or more (DNA, random letters) adds half its length.
+# A run of 12 letters of one case or more (DNA, random letters) adds about half its length.
 # It stays at or above the exact count on real CLI sessions (about 1.8 times it), on
 # base64, hex, uuids, DNA, random letters of every case and length, controls, CJK, emoji,
-# marks, and on 10,000 fuzzed texts; words of random consonants shorter than 12 letters
-# get 0.99 of it, and a text that alternates two capitals with two small letters at
-# random 0.96.
+# marks, words of random consonants, and on 10,000 fuzzed texts; a text that alternates
+# two capitals with two small letters at random gets 0.96 of it.
 SAFE_SLACK = 2            # added to every estimate: a short text's pieces can each be two tokens
 MESSAGE_TOKENS = 4        # what each message adds beyond its text (as band_cost counts it)
 # Claude's side of a rebuilt session that would end on a user record (view_records): its
@@ -4359,7 +4358,6 @@ SPACE_MARKS = _byte_table(lambda b: "a" if b in b" \t\n" else " ")   # the ones 
 NON_ASCII = bytes(range(0x80, 0x100))
 ASCII_LETTERS = bytes(range(65, 91)) + bytes(range(97, 123))
 WORD_OR_SPACE = ASCII_LETTERS + bytes(range(48, 58)) + b" \t\n"
-LONG_CASE_RUN = re.compile(rb"a{12,}|A{12,}")  # in LETTER_CASES' marks
 
 
 def safe_estimate(text) -> int:
@@ -4381,13 +4379,14 @@ def safe_estimate(text) -> int:
     signs = len(ascii_.translate(None, WORD_OR_SPACE))  # each other byte (signs, controls)
     pieces = words + numbers + spaces + signs
     estimate = wide + max(-(-len(ascii_) * 4 // 9), -(-pieces * 11 // 10))
-    if b"a" * 12 in cases or b"A" * 12 in cases:
-        # Long runs of one case (DNA, random letters, glued words): o200k cuts them into
-        # about two letters a token, where their pieces count them as one.
-        estimate += -(-sum(map(len, LONG_CASE_RUN.findall(cases))) * 11 // 20)
+    # Long runs of one case (DNA, random letters, glued words): o200k cuts them into about
+    # two letters a token, where their pieces count them as one. Each 12 letters of such a
+    # run is taken for 18 (a run of 12 to 23 holds 12 once), of which a token every two.
+    dozens = cases.count(b"a" * 12) + cases.count(b"A" * 12)
+    estimate += -(-dozens * 18 * 11 // 20)
     if len(ascii_) >= 24:
         letters = len(ascii_) - len(ascii_.translate(None, ASCII_LETTERS))
-        if 10 * (words + numbers) > 3 * (letters + ndigits) or b"a" * 24 in cases or b"A" * 24 in cases:
+        if 10 * (words + numbers) > 4 * (letters + ndigits) or b"a" * 24 in cases or b"A" * 24 in cases:
             # Short pieces or long runs: random text (base64, ids, hex), which o200k cuts
             # into more tokens than its pieces; what zlib makes of it bounds its entropy.
             import zlib
@@ -4416,6 +4415,10 @@ class ViewCounter:
 
     def text(self, text) -> int:
         return self.tokens.count_many([text])[0] if text else 0
+
+    def texts(self, texts) -> list:
+        """text() of each, counted in one batch."""
+        return self.tokens.count_many(list(texts)) if texts else []
 
     def prime(self, pairs, texts=()) -> None:
         """Count many (message, stub) pairs in one batch before message() asks for each,
@@ -5104,8 +5107,9 @@ def carried_file_state(turns, budget, counter=None):
                     pairs.append((call, result, stub))
                     used += cost
                 break
-    if counter is not None:
-        used = sum(counter.text(part) + MESSAGE_TOKENS for pair in pairs for part in _pair_parts(*pair))
+    if counter is not None:  # (one batch: counted one by one, each would need an encoder of its own)
+        parts = [part for pair in pairs for part in _pair_parts(*pair)]
+        used = sum(counter.texts(parts)) + MESSAGE_TOKENS * len(parts)
     return pairs, used
 
 
@@ -5113,8 +5117,8 @@ def carried_pairs_tokens(view, turns, carried, counter) -> int:
     """What the carried file-state pairs add to a view: those whose call it does not hold."""
     shown = {m["tool_use_id"] for t in turns for m, _stub in turn_items(view, t)[1]
              if m["kind"] == "tool_call"}
-    return sum(counter.text(part) + MESSAGE_TOKENS for pair in carried if pair[0]["tool_use_id"] not in shown
-               for part in _pair_parts(*pair))
+    parts = [part for pair in carried if pair[0]["tool_use_id"] not in shown for part in _pair_parts(*pair)]
+    return sum(counter.texts(parts)) + MESSAGE_TOKENS * len(parts)
 
 
 def records_bytes(records) -> bytes:
@@ -15600,6 +15604,9 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
                 known[(m["seq"], stub)] = (i, j, images)
         row["summary"] = slot(extractive_summary(t.messages))  # (a line of the header: no message)
         per_turn.append(row)
+    for pair in carried_file_state(served, target)[0]:  # (counted below with the rest, in one batch)
+        for part in _pair_parts(*pair):
+            slot(part)
     counts = TOKENS.count_many(texts)  # serve_view below saves them for the next run
     # (each message as a view counts it: its text, a call's id and name, its images, MESSAGE_TOKENS)
     totals = {band: sum(counts[i] + counts[j] + images + MESSAGE_TOKENS for row in per_turn
