@@ -545,6 +545,14 @@ class VocabIndex:
 
     def ranks_for(self, grams) -> dict:
         """token bytes -> rank for every rank texts with these 4-grams can hold."""
+        return self._pick(grams)
+
+    def number_ranks(self) -> dict:
+        """token bytes -> rank for every rank a number up to three digits can use (o200k
+        cuts digits in threes), and the ranks always kept."""
+        return self._pick(text_grams([" ".join(map(str, range(1000)))])[0])
+
+    def _pick(self, grams) -> dict:
         three, two = _gram_masks()  # (two: of a 3-gram)
         threes = set(map(three, grams))
         picked = []
@@ -914,8 +922,9 @@ class TokenCounter:
         self._ahead = None  # texts waiting for count_ahead's thread
         self.ahead_error = None  # count_ahead's last failure (it goes on; the session's end logs it)
         self._whole_wanted = False  # a process that counts for long builds the whole encoder
-        self._for_texts = []  # (encoder, the 4-grams it covers, their words' bytes) built for texts at hand
+        self._for_texts = []  # (encoder, the 4-grams it covers, their words' bytes, its tokens) built for texts at hand
         self._index = None  # VocabIndex, once loaded (False: it cannot be had)
+        self._numbers = None  # _number_ranks, once picked
 
     def usable(self) -> bool:
         """Whether counts are exact, settled without building the tokenizer."""
@@ -1030,25 +1039,46 @@ class TokenCounter:
             if found is None:
                 return self.encoding()
             grams, size = found
-            for encoder, covered, _size in self._for_texts:
+            for encoder, covered, _size, _tokens in self._for_texts:
                 if grams <= covered:
                     return encoder
             small = sum(map(len, texts)) <= SMALL_BATCH
+            picked = None
+            if small and self._for_texts and self._vocab_index():
+                # A short batch (a view's header again, with other label numbers) needs no
+                # encoder of its own when one built before holds every rank it can use.
+                picked = self._index.ranks_for(grams)
+                for encoder, _covered, _size, tokens in self._for_texts:
+                    if picked.keys() <= tokens:
+                        return encoder
             if (self._small_builds >= SMALL_BUILDS if small else
                     len(self._for_texts) - self._small_builds >= SUBSET_BUILDS
-                    or size + sum(n for _e, _g, n in self._for_texts) > SUBSET_WORDS_LIMIT):
+                    or size + sum(n for _e, _g, n, _t in self._for_texts) > SUBSET_WORDS_LIMIT):
                 return self.encoding()
-            if self._index is None:
-                self._index = load_vocab_index(self._parsed_ranks) or False
-                if self._index:  # (else the whole encoder is built from them next)
-                    self._ranks_data = self._parsed = None  # (read for the checksum, parsed for the index)
-            core = self._core() if self._index else None
+            core = self._core() if self._vocab_index() else None
             if core is None:  # (encoding() then builds the whole one, or says why it cannot)
                 return self.encoding()
-            encoder = core.CoreBPE(self._index.ranks_for(grams), O200K_SPECIAL, O200K_PATTERN)
+            ranks = picked if picked is not None else self._index.ranks_for(grams)
+            if small:  # (with every number's ranks: the next header differs in its numbers)
+                ranks = {**self._number_ranks(), **ranks}
+            encoder = core.CoreBPE(ranks, O200K_SPECIAL, O200K_PATTERN)
             self._small_builds += small
-            self._for_texts.append((encoder, grams, size))
+            self._for_texts.append((encoder, grams, size, ranks.keys()))
             return encoder
+
+    def _number_ranks(self) -> dict:
+        """VocabIndex.number_ranks, once a process."""
+        if self._numbers is None:
+            self._numbers = self._index.number_ranks()
+        return self._numbers
+
+    def _vocab_index(self) -> bool:
+        """Whether the vocabulary index is at hand (loaded now if it was not)."""
+        if self._index is None:
+            self._index = load_vocab_index(self._parsed_ranks) or False
+            if self._index:  # (else the whole encoder is built from them next)
+                self._ranks_data = self._parsed = None  # (read for the checksum, parsed for the index)
+        return bool(self._index)
 
     def count(self, text: str) -> int:
         """One text's tokens; without the tokenizer, bytes/4 (labelled approximate)."""

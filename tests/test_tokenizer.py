@@ -737,3 +737,19 @@ def test_the_index_keeps_its_tables_in_order_whatever_the_vocabulary():
         for rank, token in enumerate(tokens[256:], start=256):
             picked = index.ranks_for(cc_lhc.text_grams([token.decode()])[0])
             assert picked.get(token) == rank, (extra, token)
+
+
+def test_a_header_fitted_again_with_other_numbers_reuses_the_encoder_that_holds_its_ranks(o200k):
+    """Fitting a view counts its header once a round, each time with other label numbers:
+    an encoder built before that holds every rank the new one can use counts it (exactly),
+    so a fitting builds one encoder for its headers, not one a round."""
+    import cc_lhc
+    whole, _tokens, _index = o200k
+    counter = cc_lhc.TokenCounter()
+    assert counter.usable()
+    counter.count_many(["the parser reads each record; " * 400])
+    headers = [f"[cc-lhc] rebuilt from thread 3f2a9c1e. In view, verbatim: t{a}-t{a + 19}; lean: t{a - 9}-t{a - 1}. "
+               f"Out of view: m1-m{a * 7}." for a in range(10, 90, 10)]
+    counts = [counter.count_many([h])[0] for h in headers]
+    assert counts == [cc_lhc._token_count(whole, h) for h in headers]
+    assert counter._small_builds == 1
