@@ -4048,7 +4048,8 @@ def band_cost(turn: Turn, band: str, summary_text: str = "", messages=None, tool
         return estimate_tokens(summary_text) + 8
     total = 0
     for m, stub in visible_messages(turn, band, messages=messages, tools=tools):
-        total += estimate_tokens(counted_text(m, stub)) + image_tokens(m, stub) + 4
+        text, _ids, images = counted_parts(m, stub)
+        total += estimate_tokens(text) + images + 4
         if m["kind"] in ("tool_call", "tool_result"):
             total += CALL_ID_TOKENS
     return total
@@ -4454,29 +4455,26 @@ class ViewCounter:
         """Count many (message, stub) pairs in one batch before message() asks for each,
         and with them ``texts`` that text() will ask for (a view's header, its notes):
         counted apart, each short text would need an encoder of its own."""
-        todo, ids, images = {}, {}, {}
+        todo = {}
         for m, stub in pairs:
             if (m["seq"], stub) not in self._cache:
-                todo[(m["seq"], stub)] = counted_text(m, stub)
-                ids[(m["seq"], stub)] = call_id_text(m)
-                images[(m["seq"], stub)] = image_tokens(m, stub)
-        counts = self.tokens.count_many(list(todo.values()) + list(ids.values()) + [t for t in texts if t])
-        for key, n, n_id in zip(todo, counts, counts[len(todo):]):
-            self._cache[key] = n + n_id + images[key] + MESSAGE_TOKENS
+                todo[(m["seq"], stub)] = counted_parts(m, stub)
+        counts = self.tokens.count_many([text for text, _i, _n in todo.values()]
+                                        + [ids for _t, ids, _n in todo.values()] + [t for t in texts if t])
+        for (key, (_t, _i, images)), n, n_id in zip(todo.items(), counts, counts[len(todo):]):
+            self._cache[key] = n + n_id + images + MESSAGE_TOKENS
 
     def prefill(self, counted: dict) -> None:
-        """Counts made elsewhere, by (label, stub) as message() keys them (counted_text,
-        call_id_text and image_tokens together)."""
+        """Counts made elsewhere, by (label, stub) as message() keys them (counted_parts
+        together)."""
         for key, tokens in counted.items():
             self._cache.setdefault(key, tokens + MESSAGE_TOKENS)
 
     def message(self, m, stub) -> int:
         key = (m["seq"], stub)
-        got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = (self.text(counted_text(m, stub)) + self.text(call_id_text(m))
-                                      + image_tokens(m, stub) + MESSAGE_TOKENS)
-        return got
+        if key not in self._cache:
+            self.prime([(m, stub)])
+        return self._cache[key]
 
 
 CALL_ID_TOKENS = 20  # a tool call's id (toolu_ and 24 random letters), as o200k counts it on average
@@ -4485,30 +4483,24 @@ CALL_ID_TOKENS = 20  # a tool call's id (toolu_ and 24 random letters), as o200k
 IMAGE_TOKENS = 1_600
 
 
-def counted_text(m, stub) -> str:
-    """What a view shows of a message, as its tokens are counted: shown_text, less a pasted
-    image's base64 (image_tokens counts an image), plus the strings of a tool output's
-    blocks other than text, which the view serves whole (other_blocks)."""
-    if stub is None and m["kind"] == "user_image":
-        return ""
-    extra = other_blocks(m, stub)[0]
-    return shown_text(m, stub) + ("\n" + extra if extra else "")
-
-
-def image_tokens(m, stub) -> int:
-    """What the images a message shows cost: a pasted one, and each a tool output holds."""
+def counted_parts(m, stub) -> tuple:
+    """What a view's count takes of a message it shows: (its text, what its block holds
+    besides its text, its images' tokens). The text is shown_text, less a pasted image's
+    base64, plus the strings of a tool output's blocks other than text, which the view
+    serves whole (other_blocks); the rest is call_id_text; an image costs IMAGE_TOKENS."""
     if stub is not None:
-        return 0
+        return stub, call_id_text(m), 0
     if m["kind"] == "user_image":
-        return IMAGE_TOKENS
-    return IMAGE_TOKENS * other_blocks(m, stub)[1]
+        return "", "", IMAGE_TOKENS
+    extra, images = other_blocks(m)
+    return shown_text(m, None) + ("\n" + extra if extra else ""), call_id_text(m), IMAGE_TOKENS * images
 
 
-def other_blocks(m, stub) -> tuple:
+def other_blocks(m) -> tuple:
     """(strings, images) of a tool output's blocks other than text, which its text names
     only by type ("[document]") and a view serves whole: the strings of an MCP tool's
     search_result or document, a tool_reference (never base64), and how many images."""
-    if stub is not None or m["kind"] != "tool_result":
+    if m["kind"] != "tool_result":
         return "", 0
     data = m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m["data"]
     if not data or '"content":[{' not in data or "cc-lhc:text" in data:
@@ -5137,18 +5129,21 @@ def carried_file_state(turns, budget, counter=None):
                     pairs.append((call, result, stub))
                     used += cost
                 break
-    if counter is not None:  # (one batch: counted one by one, each would need an encoder of its own)
-        parts = [part for pair in pairs for part in _pair_parts(*pair)]
-        used = sum(counter.texts(parts)) + MESSAGE_TOKENS * len(parts)
-    return pairs, used
+    return pairs, used if counter is None else pairs_tokens(pairs, counter)
+
+
+def pairs_tokens(pairs, counter) -> int:
+    """File-state pairs as ``counter`` counts them, in one batch (one by one, each would
+    need an encoder of its own)."""
+    parts = [part for pair in pairs for part in _pair_parts(*pair)]
+    return sum(counter.texts(parts)) + MESSAGE_TOKENS * len(parts)
 
 
 def carried_pairs_tokens(view, turns, carried, counter) -> int:
     """What the carried file-state pairs add to a view: those whose call it does not hold."""
     shown = {m["tool_use_id"] for t in turns for m, _stub in turn_items(view, t)[1]
              if m["kind"] == "tool_call"}
-    parts = [part for pair in carried if pair[0]["tool_use_id"] not in shown for part in _pair_parts(*pair)]
-    return sum(counter.texts(parts)) + MESSAGE_TOKENS * len(parts)
+    return pairs_tokens([pair for pair in carried if pair[0]["tool_use_id"] not in shown], counter)
 
 
 def records_bytes(records) -> bytes:
@@ -15629,12 +15624,14 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         for band in ("full", "lean"):
             row[band] = []
             for m, stub in visible_messages(t, band):
-                i, j, images = slot(counted_text(m, stub)), slot(call_id_text(m)), image_tokens(m, stub)
+                text, ids, images = counted_parts(m, stub)
+                i, j = slot(text), slot(ids)
                 row[band].append((i, j, images))
                 known[(m["seq"], stub)] = (i, j, images)
         row["summary"] = slot(extractive_summary(t.messages))  # (a line of the header: no message)
         per_turn.append(row)
-    for pair in carried_file_state(served, target)[0]:  # (counted below with the rest, in one batch)
+    carried, _estimate = carried_file_state(served, target)
+    for pair in carried:  # (counted below with the rest, in one batch)
         for part in _pair_parts(*pair):
             slot(part)
     counts = TOKENS.count_many(texts)  # serve_view below saves them for the next run
@@ -15649,8 +15646,8 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
         counter.prefill({key: counts[i] + counts[j] + images for key, (i, j, images) in known.items()})
     # As a rebuild does: the file-state pairs are set aside first, and those the view does
     # not already hold are written into it (plan_rebuild).
-    carried, reserve = carried_file_state(served, target, counter)
-    view, header = serve_view(thread_id, served, target - reserve, profile, summaries, counter=counter)
+    view, header = serve_view(thread_id, served, target - pairs_tokens(carried, counter), profile, summaries,
+                              counter=counter)
     carried_tokens = carried_pairs_tokens(view, served, carried, counter)
     in_view = view.tokens + carried_tokens if captured else 0  # (an empty session: nothing to rebuild)
     # The same figures by the estimate used without the tokenizer, for comparison.
