@@ -984,9 +984,7 @@ class TokenCounter:
         """o200k_base's ranks (token bytes -> rank), from the vocabulary index (see
         load_vocab_index) or parsed from the rank file; None when that file changed under
         us (counts become estimates)."""
-        if self._index is None:
-            self._index = load_vocab_index(self._parsed_ranks) or False
-        return self._index.ranks() if self._index else self._parsed_ranks()
+        return self._index.ranks() if self._vocab_index() else self._parsed_ranks()
 
     def _parsed_ranks(self):
         """The rank file parsed (kept until an encoder is built from it), its hash checked
@@ -3204,21 +3202,19 @@ class Registry:
 
     # -- the copy each thread file carries ----------------------------------------------
 
-    def save_copy(self, thread_id: str, create: bool = False) -> None:
+    def save_copy(self, thread_id: str, create: bool = False) -> bool:
         """Write this thread's registry rows into its thread file (replacing the old copy).
 
         A failure is logged, not raised: the registry change itself is committed, and a
         stale copy only matters if the registry is later lost. A thread file that is gone
         is not made again here (``create`` only for a new thread): an empty record in its
-        place would hide that the record was lost (doctor names it).
+        place would hide that the record was lost (doctor names it). Returns whether the
+        copy was written.
         """
-        if not create and not os.path.exists(self.home.path("threads", f"{thread_id}.sqlite")):
-            self.home.log("thread_file_missing", thread=thread_id, action="registry copy not written")
-            return
         db = self.db
         thread = db.execute("SELECT cwd, created, origin FROM threads WHERE id = ?", (thread_id,)).fetchone()
         if thread is None:
-            return
+            return False
         aliases = db.execute("SELECT session_id, is_current, created FROM aliases WHERE thread_id = ?",
                              (thread_id,)).fetchall()
         rebuilds = db.execute("SELECT session_id, from_session, path, cwd, owner, status, created, "
@@ -3229,7 +3225,7 @@ class Registry:
         meta = {"cwd": cwd, "created": created, "origin": origin,
                 "project_slug": project_slug(cwd) if cwd else None, "registry_copied": utc_now_iso()}
         try:
-            store = ThreadStore(self.home, thread_id)
+            store = ThreadStore(self.home, thread_id) if create else ThreadStore.existing(self.home, thread_id)
             try:
                 with Tx(store.db) as tdb:
                     tdb.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
@@ -3241,8 +3237,10 @@ class Registry:
                     tdb.executemany("INSERT INTO registry_alarm VALUES (?, ?)", alarm)
             finally:
                 store.close()
+            return True
         except Exception as e:
             self.home.log("registry_copy_failed", thread=thread_id, error=repr(e))
+            return False
 
     def restore_missing(self, announce=True) -> list:
         """Bring back threads whose files exist but the registry lacks; returns their ids."""
@@ -15468,7 +15466,7 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
         raise usage_error(f"session {session_id} is already bound to thread {bound}")
     cwd = os.path.abspath(cwd or registry.thread_cwd(thread_id) or os.getcwd())
     policy = load_policy(cwd, {})
-    store = ThreadStore(home, thread_id)
+    store = ThreadStore.existing(home, thread_id)  # (a record that is gone is named, never made anew)
     try:
         written = rebuild(home, hostdb, store, thread_id, registry.current_session(thread_id),
                           policy, cwd, envelope_from=envelope_from, session_id=session_id,
@@ -15512,7 +15510,6 @@ def cmd_rollout(args) -> int:
         raise usage_error("no threads yet")
     registry, hostdb = Registry(home), HostDB(home)
     thread_id = registry.resolve_prefix(thread_arg)
-    ThreadStore.existing(home, thread_id).close()  # (a record that is gone is named, never made anew)
     # The thread's current session changes here, so nobody else may be driving it.
     lease = Lease(home, thread_id)
     lease.acquire()
@@ -16070,12 +16067,11 @@ def registry_check(home, repair: bool):
     if repair:
         registry = Registry(home, restore=False)
         restored = registry.restore_missing(announce=False)
-        ids = [r[0] for r in registry.db.execute("SELECT id FROM threads")
-               if os.path.exists(home.path("threads", f"{r[0]}.sqlite"))]  # (one that is gone is named above)
-        for thread_id in ids:
-            registry.save_copy(thread_id)
+        # (a thread whose file is gone gets no copy: doctor names it above)
+        copied = sum(registry.save_copy(thread_id)
+                     for (thread_id,) in registry.db.execute("SELECT id FROM threads").fetchall())
         return ("ok", "registry", f"rebuilt {len(restored)} thread(s) from their thread files; "
-                f"{len(ids)} thread file(s) carry a fresh copy of their entries")
+                f"{copied} thread file(s) carry a fresh copy of their entries")
     files = _thread_file_ids(home)
     known = _registry_thread_ids(home)
     missing = len(files - known)
