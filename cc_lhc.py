@@ -1602,6 +1602,15 @@ def _dump_once(block: dict, key: str, marker: str, text) -> str:
     return elided if elided.count(MARKER_PREFIX_JSON) == 1 else _whole(_dump(block))
 
 
+def _text_block_json(block: dict):
+    """A text block's JSON when it holds more than its text (citations, cache_control), its
+    text by marker; None for a plain one, which the text column holds whole."""
+    text = block.get("text")
+    if isinstance(text, str) and len(block) == 2:
+        return None  # {"type": "text", "text": ...}
+    return _dump_once(block, "text", PAYLOAD_AS_STRING, text) if isinstance(text, str) else _whole(_dump(block))
+
+
 def _result_json_once(block: dict, text: str) -> str:
     """A tool_result block's JSON, its output left out where the text column holds it whole."""
     content = block.get("content")
@@ -1890,6 +1899,11 @@ class RolloutParser:
             elif rtype == "system" and rec.get("subtype") == "local_command" and self.agent is None:
                 if _local_command_part(rec.get("content")) == "output":
                     self._command_done(rec)
+            elif rtype not in (None, "system", "attachment") and isinstance(rec.get("message"), dict):
+                # A kind of record this parser does not know (a newer Claude Code's) that
+                # holds a message: its words stay, as the line, not only as a count.
+                self._unplaced(line_no, offset, f"record {rec.get('uuid')} of type {rtype} holds a message "
+                                                "this parser does not know how to place")
             self._count(label, size)
 
     def _replayed(self, rec, rtype, size) -> bool:
@@ -1949,16 +1963,15 @@ class RolloutParser:
         uid = rec["uuid"]
         agent = rec.get("agentId") or s.sidechains.get(rec.get("parentUuid"))
         _require_text(agent)
-        if agent is None:
-            agent = f"sidechain-{uid}"
+        first = agent is None or (rec.get("agentId") and agent not in s.sidechains)
+        if first:  # the agent's first record: its prompt links it to its call
+            agent = agent or f"sidechain-{uid}"
+            s.sidechains[agent] = agent  # (an agent id names itself, so it is announced once)
             content = (rec.get("message") or {}).get("content")
             if isinstance(content, list):  # (the prompt as text blocks)
                 content = "".join(b.get("text") or "" for b in content if isinstance(b, dict) and b.get("type") == "text")
-            prompt = content if isinstance(content, str) and content else None
+            prompt = content if rtype == "user" and isinstance(content, str) and content else None
             self.out.agents.append(AgentRow(agent, self.session, "sidechain", None, prompt))
-        elif rec.get("agentId") and agent not in s.sidechains:
-            s.sidechains[agent] = agent  # an agent id names itself, so it is announced once
-            self.out.agents.append(AgentRow(agent, self.session, "sidechain", None, None))
         s.sidechains[uid] = agent
         self.agent, self.usage_session = agent, f"{self.session}/{agent}"
         self.agent_turn = s.open_turn if s.open_turn is not None else max(0, s.next_turn - 1)
@@ -2090,6 +2103,11 @@ class RolloutParser:
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
         if not isinstance(blocks, list):
             blocks = [{"type": "unknown", "value": blocks}]
+        if not blocks:
+            # Nothing said (no message, no content, or none in it): no turn of its own, and
+            # the line is kept as it is, so whatever else it holds is not lost unsaid.
+            self._unplaced(line_no, offset, f"user record {rec.get('uuid')} holds no content")
+            return
         has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
         local = None if has_result or self.agent is not None else _local_command_part(content)
         written_out = local is None and after_output and rec.get("isMeta") and self.s.open_turn is None
@@ -2134,7 +2152,7 @@ class RolloutParser:
                     self._close_segment(seq, "soft_size")
             elif btype == "text":
                 kind = "user_meta" if rec.get("isMeta") else "user_text"
-                self._message("user", kind, block.get("text", ""), None, rec, i, line_no)
+                self._message("user", kind, block.get("text", ""), _text_block_json(block), rec, i, line_no)
             else:
                 self._message("user", f"user_{btype}", None, _dump(block), rec, i, line_no)
         if local == "output" or written_out:
@@ -2286,7 +2304,8 @@ class RolloutParser:
             btype = block.get("type")
             if btype == "text":
                 kind = "api_error" if rec.get("isApiErrorMessage") else "assistant_text"
-                last = self._message("assistant", kind, block.get("text", ""), None, rec, i, line_no,
+                last = self._message("assistant", kind, block.get("text", ""), _text_block_json(block), rec, i,
+                                     line_no,
                                      response_id=response_id, model=model)
             elif btype == "thinking":
                 thought = block.get("thinking", "")
@@ -3541,8 +3560,12 @@ class ThreadStore:
         state = ParseState()
         state.next_seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
         state.next_turn = (db.execute("SELECT max(n) FROM turns").fetchone()[0] or 0) + 1
-        state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
-                                                      (source_key,))}
+        # Its own records, and those of every other file of the same agent: a swap that
+        # carries a workflow copies the run's agent files into the new session's folder.
+        suffix = f"/agent-{agent_id}.jsonl"
+        state.known_uuids = {r[0] for r in db.execute(
+            "SELECT uuid FROM chain WHERE session = ? OR session IN (SELECT session_id FROM sources "
+            "WHERE substr(session_id, -length(?2)) = ?2)", (source_key, suffix))}
         state.agent_calls[agent_id] = dict(db.execute(
             "SELECT c.tool_use_id, c.seq FROM messages c WHERE c.agent = ? AND c.kind = 'tool_call' "
             "AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.agent = c.agent AND r.kind = 'tool_result' "
@@ -3733,6 +3756,19 @@ class ThreadStore:
             "AND c.seq < coalesce((SELECT min(a.seq) FROM messages a WHERE a.agent = agents.agent_id), "
             "c.seq + 1) ORDER BY c.seq DESC LIMIT 1) WHERE tool_use_id IS NULL AND prompt IS NOT NULL")
 
+    def workflow_call(self, run, started=None):
+        """The Workflow call whose acknowledgement names ``run`` (see WORKFLOW_RUN): the newest
+        one before ``started`` (an agent file's first timestamp; a resumed run is named again
+        by the call that resumed it), else the first; None when none does."""
+        named = [(tid, created) for tid, text, created in self.db.execute(
+            "SELECT r.tool_use_id, r.text, r.created FROM messages c JOIN messages r ON r.tool_use_id = "
+            "c.tool_use_id AND r.kind = 'tool_result' AND r.agent IS NULL WHERE c.kind = 'tool_call' "
+            "AND c.agent IS NULL AND c.tool_name = 'Workflow' ORDER BY r.seq")
+            if run in workflow_runs(stored_text(text))]
+        before = [tid for tid, created in named
+                  if isinstance(started, str) and isinstance(created, str) and created <= started]
+        return before[-1] if before else named[0][0] if named else None
+
     def agents(self) -> dict:
         """agent_id -> {kind, tool_use_id, call (the seq of that call), source}."""
         rows = self.db.execute(
@@ -3821,8 +3857,9 @@ class ThreadStore:
         return {"turns": turns, "messages": messages, "captured_bytes": captured,
                 "degraded": degraded, "last_activity": last}
 
-    def messages(self, first_turn=None, last_turn=None, agents=False):
-        """Messages in label order; subagents' records only when asked for (export)."""
+    def messages(self, first_turn=None, last_turn=None, agents=False, by_turn=False):
+        """Messages in label order (``by_turn``: turn by turn, each in label order);
+        subagents' records only when asked for (export)."""
         sql = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages"
         args, where = [], [] if agents else ["agent IS NULL"]
         if first_turn is not None:
@@ -3833,7 +3870,7 @@ class ThreadStore:
             args.append(last_turn)
         if where:
             sql += " WHERE " + " AND ".join(where)
-        for row in self.db.execute(sql + " ORDER BY seq", args):
+        for row in self.db.execute(sql + (" ORDER BY turn, seq" if by_turn else " ORDER BY seq"), args):
             yield message_row(row)
 
 
@@ -7971,8 +8008,12 @@ class Capture:
         src = self._check_span(f, span, key, src, size)
         if size == src["offset"]:
             return 0
+        call = self._agent_call(path)
+        if call is None and kind == "workflow":  # (its .meta.json names no call: the run's folder does)
+            parts = key.split("/")
+            call = store.workflow_call(parts[parts.index("workflows") + 1], self._agent_start(f))
         with Tx(store.db):
-            store._note_agents([(agent_id, key, kind, self._agent_call(path), None)], utc_now_iso())
+            store._note_agents([(agent_id, key, kind, call, None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
                                agent=agent_id, agent_turn=store.agent_turn(agent_id, lambda: self._agent_start(f)))
         parser.read_saved = self._saved_reader()
@@ -8290,10 +8331,12 @@ def _stop_hooks_running(store, session_id) -> bool:
     """Whether the newest turn ended on Claude's final answer with the thread's Stop hooks
     yet to report (ParseState.turn_end_due): a hook may still send Claude back to work,
     and a swap now would end it with the hook's demand unheard. The thread runs Stop hooks
-    when this launch's settings name one (STOP_HOOKS_KEY) or it ever wrote their report."""
+    when this launch's settings name one (STOP_HOOKS_KEY) or a session of it (not a subagent's
+    file, whose SubagentStop hooks write the same report) ever wrote their report."""
     due = store.db.execute("SELECT value FROM meta WHERE key = ?", (TURN_END_KEY + (session_id or ""),)).fetchone()
     return due == ("1",) and (_meta(store, STOP_HOOKS_KEY) == "1" or store.db.execute(
-        "SELECT 1 FROM telemetry WHERE type = ? AND count > 0 LIMIT 1", (STOP_HOOK_SUMMARY,)).fetchone() is not None)
+        "SELECT 1 FROM telemetry WHERE type = ? AND count > 0 AND instr(session, '/') = 0 LIMIT 1",
+        (STOP_HOOK_SUMMARY,)).fetchone() is not None)
 
 
 def unsettled_reason(store, idle=False) -> str:
@@ -8338,6 +8381,11 @@ WORKFLOW_SCRIPT = re.compile(r"^Script file: (\S+)$", re.M)
 # the first "wf_" anywhere (a description or a config path can hold one).
 WORKFLOW_RUN = re.compile(r"^Run ID: (wf_[A-Za-z0-9_-]+)$|/subagents/workflows/(wf_[A-Za-z0-9_-]+)$",
                           re.M)  # e.g. wf_9169026d-0ab
+
+
+def workflow_runs(ack) -> set:
+    """The workflow runs a Workflow call's acknowledgement names (WORKFLOW_RUN)."""
+    return {m.group(1) or m.group(2) for m in WORKFLOW_RUN.finditer(ack or "")}
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
 TASK_EVENT = re.compile(r"<event>(.*?)</event>", re.S)
 TASK_ID = re.compile(r"<task-id>([^<]*)</task-id>")
@@ -14783,6 +14831,8 @@ def export_record(m: dict, agents=None) -> dict:
         out.update({k: data[k] for k in ("path", "bytes", "raw_base64") if k in data})
     elif m["text"] is not None:
         out["text"] = m["text"]
+        if data is not None:  # (a text block that held more than its text: citations, say)
+            out["block"] = data
     else:
         out["block"] = data
     if m["tool_use_id"]:
@@ -14806,12 +14856,17 @@ def code_fence(text) -> str:
 MARKDOWN_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def render_markdown_message(m: dict) -> str:
-    return MARKDOWN_CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", _markdown_message(m))
+def render_markdown_message(m: dict, agents=None) -> str:
+    return MARKDOWN_CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", _markdown_message(m, agents))
 
 
-def _markdown_message(m: dict) -> str:
-    label = f"m{m['seq']}" + (f" · subagent {m['agent']}" if m.get("agent") else "")
+def _markdown_message(m: dict, agents=None) -> str:
+    """One message in the Markdown export; a subagent's names its agent and, when known
+    (``agents``: ThreadStore.agents()), the call that started it."""
+    label = f"m{m['seq']}"
+    if m.get("agent"):
+        call = (agents or {}).get(m["agent"], {}).get("call")
+        label += f" · subagent {m['agent']}" + (f", started by m{call}" if call else "")
     if m["kind"] == "tool_call":
         fence = code_fence(m["text"])
         return f"**{label} · tool call {m['tool_name']}** (`{m['tool_use_id']}`)\n\n{fence}json\n{m['text']}\n{fence}\n"
@@ -14902,11 +14957,13 @@ def cmd_export(args) -> int:
         else:
             out.write(f"# Thread {thread_id}\n")
             turn = None
-            for m in store.messages(first, last, agents=True):
+            # (turn by turn: a subagent file is read after its session's, so its records
+            # come later in label order than the turns after the one that started them)
+            for m in store.messages(first, last, agents=True, by_turn=True):
                 if m["turn"] != turn:
                     turn = m["turn"]
                     out.write(f"\n## t{turn}\n\n")
-                out.write(render_markdown_message(m) + "\n")
+                out.write(render_markdown_message(m, agents) + "\n")
     finally:
         store.close()
     return EXIT_OK

@@ -486,6 +486,21 @@ def test_a_workflow_running_at_the_swap_resumes_in_the_replacement_from_its_carr
         two_free.set()
     type_line(t, "/exit")
     assert t.wait_exit() == 0
+    # The run's agents are linked to the Workflow call that started them (2.1.328 names the
+    # run in the call's acknowledgement only), and the copies the swap carried into the new
+    # session's folder add no record a second time.
+    import sqlite3
+    (thread,) = (Path(rc.env["CC_LHC_HOME"]) / "threads").glob("*.sqlite")
+    db = sqlite3.connect(thread)
+    try:
+        linked = db.execute("SELECT a.agent_id, c.tool_name FROM agents a LEFT JOIN messages c ON "
+                            "c.tool_use_id = a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL "
+                            "WHERE a.kind = 'workflow'").fetchall()
+        assert len(linked) >= 2 and all(tool == "Workflow" for _a, tool in linked), linked
+        assert not db.execute("SELECT source_uuid, block FROM messages WHERE agent IS NOT NULL "
+                              "GROUP BY source_uuid, block HAVING count(*) > 1").fetchall()
+    finally:
+        db.close()
 
 
 def test_an_open_item_a_swap_cannot_carry_skips_the_seam_with_a_receipt_saying_why(

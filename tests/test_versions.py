@@ -638,3 +638,176 @@ def test_a_2_0_agent_files_owner_is_read_from_at_most_a_megabyte_of_a_line(tmp_p
     assert cc_lhc.legacy_owner(str(path), 20) == "s-early"
     path.write_text('{"message": {"role": "user", "content": "' + "x" * (3 << 20) + '"}, "sessionId": "s-late"}\n')
     assert cc_lhc.legacy_owner(str(path), 20) is None
+
+
+# -- shapes of 2.1.328's workflows, and records with nothing or more to say -------------------
+
+def _record(session, n, rtype, parent=None, agent=None, **more):
+    rec = {"parentUuid": parent, "isSidechain": agent is not None, "sessionId": session, "version": "2.1.328",
+           "type": rtype, "uuid": f"00000000-0000-4000-8000-{n:012d}",
+           "timestamp": f"2026-12-01T10:{n // 60:02d}:{n % 60:02d}.000Z", **more}
+    if agent:
+        rec["agentId"] = agent
+    return rec
+
+
+def _write(path: Path, recs) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def _workflow_session(root: Path, session: str, run: str, first: int = 1):
+    """A session whose Workflow call launched ``run`` in the background, as 2.1.328 writes it:
+    the acknowledgement names the run (the agents' .meta.json names no call, and no progress
+    record names them); one agent of the run has finished."""
+    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    n = first
+    ack = (f"Workflow launched in background. Task ID: w{n}\nSummary: two steps\n"
+           f"Transcript dir: {root}/{session}/subagents/workflows/{run}\nRun ID: {run}\n")
+    main = [_record(session, n, "user", message={"role": "user", "content": "run the workflow"}),
+            _record(session, n + 1, "assistant", u(n), message={
+                "id": f"msg_{n}", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+                "content": [{"type": "tool_use", "id": f"toolu_wf{n}", "name": "Workflow",
+                             "input": {"script": "await agent('STEP')"}}]}),
+            _record(session, n + 2, "user", u(n + 1), toolUseResult={"runId": run}, message={
+                "role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_wf{n}", "content": ack}]}),
+            _record(session, n + 3, "assistant", u(n + 2), message={
+                "id": f"msg_{n + 3}", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                "content": [{"type": "text", "text": "started"}]})]
+    folder = root / session / "subagents" / "workflows" / run
+    agent = f"a{n:016d}"
+    _write(folder / f"agent-{agent}.jsonl", [
+        _record(session, n + 10, "user", agent=agent, message={"role": "user", "content": "STEP please"}),
+        _record(session, n + 11, "assistant", u(n + 10), agent=agent, message={
+            "id": f"msg_{n + 11}", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": f"STEP-DONE-NEEDLE-{n}"}]})])
+    (folder / f"agent-{agent}.meta.json").write_text(json.dumps({"agentType": "workflow-subagent",
+                                                                 "inWorkflowRun": True}))
+    (folder / "journal.jsonl").write_text(json.dumps({"type": "result", "agentId": agent}) + "\n")
+    return _write(root / f"{session}.jsonl", main), f"toolu_wf{n}", agent
+
+
+def test_a_2_1_328_workflows_agents_are_linked_through_the_run_its_call_names(tmp_path):
+    session = "21328000-0000-4000-8000-0000000000a1"
+    path, call, agent = _workflow_session(tmp_path / "projects", session, "wf_6de95f72-ce6")
+    t = intake(path, session)
+    assert t.store.agents()[agent]["tool_use_id"] == call
+    assert {r[0] for r in agent_rows(t, agent)} and all(
+        n == 1 for (n,) in t.store.db.execute("SELECT turn FROM messages WHERE agent = ?", (agent,)))
+
+
+def test_a_workflow_run_copied_into_the_next_session_is_not_stored_twice(tmp_path):
+    """A swap carries a running workflow by copying its run folder, agent files and all,
+    into the new session's folder: the copies' records are the ones already captured."""
+    root, run = tmp_path / "projects", "wf_0a0b0c0d-123"
+    first, second = "21328000-0000-4000-8000-0000000000b1", "21328000-0000-4000-8000-0000000000b2"
+    path, call, agent = _workflow_session(root, first, run)
+    t = intake(path, first)
+    later = _write(root / f"{second}.jsonl", [_record(second, 90, "user", message={"role": "user", "content": "go on"})])
+    shutil.copytree(root / first / "subagents", root / second / "subagents")
+    cap = cc_lhc.Capture(t.home, t.id, second, str(later))
+    cap.catch_up()
+    cap.stop()
+    rows = agent_rows(t, agent)
+    assert [r[2] for r in rows] == ["STEP please", "STEP-DONE-NEEDLE-1"]  # once each
+    assert telemetry(t)["duplicate_record"] == 2
+
+
+def test_a_sidechain_with_an_agent_id_in_the_main_file_is_linked_by_its_prompt(tmp_path):
+    session = "21328000-0000-4000-8000-0000000000c1"
+    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    path = _write(tmp_path / f"{session}.jsonl", [
+        _record(session, 1, "user", message={"role": "user", "content": "look around"}),
+        _record(session, 2, "assistant", u(1), message={
+            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+            "content": [{"type": "tool_use", "id": "toolu_t", "name": "Task",
+                         "input": {"prompt": "Look at foo", "description": "d"}}]}),
+        _record(session, 3, "user", agent="aside", message={"role": "user", "content": "Look at foo"}),
+        _record(session, 4, "assistant", u(3), agent="aside", message={
+            "id": "msg_4", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "foo is fine"}]}),
+        _record(session, 5, "user", u(2), message={"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_t", "content": "foo is fine"}]})])
+    t = intake(path, session)
+    assert t.store.agents()["aside"]["tool_use_id"] == "toolu_t"
+
+
+def test_a_user_record_with_nothing_in_it_is_kept_as_its_line_and_opens_no_turn(tmp_path):
+    """No message, no content, content null: nothing to place in the conversation. The line
+    is kept as written and named (never only dropped), and no empty turn appears."""
+    session = "21328000-0000-4000-8000-0000000000d1"
+    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    said = lambda n, parent, text, role="user": _record(  # noqa: E731
+        session, n, role, parent, message={"role": role, "content": text} if role == "user" else {
+            "id": f"msg_{n}", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": text}]})
+    path = _write(tmp_path / f"{session}.jsonl", [
+        said(1, None, "first"), said(2, u(1), "one", "assistant"),
+        _record(session, 3, "user", u(2)),
+        _record(session, 4, "user", u(3), message={"role": "user"}),
+        _record(session, 5, "user", u(4), message={"role": "user", "content": None}),
+        said(6, u(5), "second"), said(7, u(6), "two", "assistant")])
+    t = intake(path, session)
+    assert [n for n, _s, _r in turns(t)] == [1, 2]
+    assert [m["text"] for m in t.store.messages()] == ["first", "one", "second", "two"]
+    kept = t.store.db.execute("SELECT line, reason FROM raw_lines ORDER BY line").fetchall()
+    assert kept == [(3, "unplaced_record"), (4, "unplaced_record"), (5, "unplaced_record")]
+
+
+def test_a_text_blocks_other_fields_are_kept_and_exported(tmp_path, monkeypatch, capsysbinary):
+    session = "21328000-0000-4000-8000-0000000000e1"
+    cited = {"type": "text", "text": "as the page says", "citations": [
+        {"type": "char_location", "cited_text": "abc", "document_index": 0}]}
+    marked = {"type": "text", "text": "x" * 300, "cache_control": {"type": "ephemeral"}}
+    path = _write(tmp_path / f"{session}.jsonl", [
+        _record(session, 1, "user", message={"role": "user", "content": [marked]}),
+        _record(session, 2, "assistant", "00000000-0000-4000-8000-000000000001", message={
+            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "end_turn", "content": [cited]})])
+    t = intake(path, session)
+    monkeypatch.setenv("CC_LHC_HOME", str(t.home.root))
+    assert cc_lhc.main(["export", t.id, "--format", "json"]) == 0
+    exported = json.loads(capsysbinary.readouterr().out)
+    assert [m.get("block") for m in exported] == [marked, cited]
+    assert [m["text"] for m in exported] == [marked["text"], cited["text"]]
+
+
+def test_a_record_of_an_unknown_type_holding_a_message_is_kept_as_its_line(tmp_path):
+    session = "21328000-0000-4000-8000-0000000000f1"
+    path = _write(tmp_path / f"{session}.jsonl", [
+        _record(session, 1, "user", message={"role": "user", "content": "hi"}),
+        _record(session, 2, "assistant_note", "00000000-0000-4000-8000-000000000001",
+                message={"role": "assistant", "content": [{"type": "text", "text": "NOTE-NEEDLE"}]})])
+    t = intake(path, session)
+    (raw,) = [r for (r,) in t.store.db.execute("SELECT raw FROM raw_lines WHERE reason = 'unplaced_record'")]
+    assert b"NOTE-NEEDLE" in raw
+    assert telemetry(t)["assistant_note"] == 1
+
+
+def test_a_subagents_stop_hook_report_does_not_hold_the_sessions_seam(tmp_path):
+    """SubagentStop hooks write system/stop_hook_summary into the agent's own file: that says
+    nothing about Stop hooks of the session, whose finished turn is a settled seam."""
+    session = "21328000-0000-4000-8000-0000000000a9"
+    path, _call, agent = _workflow_session(tmp_path / "projects", session, "wf_11112222-333")
+    agent_file = next((tmp_path / "projects" / session).glob("subagents/workflows/*/agent-*.jsonl"))
+    with agent_file.open("a") as f:
+        f.write(json.dumps(_record(session, 40, "system", "00000000-0000-4000-8000-000000000012", agent=agent,
+                                   subtype="stop_hook_summary", hookCount=1)) + "\n")
+    t = intake(path, session)
+    assert telemetry(t)["system/stop_hook_summary"] == 1
+    assert cc_lhc.unsettled_reason(t.store) == ""
+
+
+def test_the_markdown_export_names_each_turn_once_and_each_agents_call(tmp_path, monkeypatch, capsysbinary):
+    """Agent files are read after their session's, so their records come later in label
+    order than the turns that follow the call: the Markdown export still shows each turn
+    under one heading, the agent's records in the turn of the call that started them."""
+    t = captured("2.1.39", tmp_path)
+    monkeypatch.setenv("CC_LHC_HOME", str(t.home.root))
+    assert cc_lhc.main(["export", t.id, "--format", "markdown"]) == 0
+    out = capsysbinary.readouterr().out.decode()
+    headings = re.findall(r"^## (t\d+)$", out, re.M)
+    assert len(headings) == len(set(headings)) == len(turns(t))
+    calls = {a: f"m{i['call']}" for a, i in t.store.agents().items()}
+    for agent, call in calls.items():
+        assert f"subagent {agent}, started by {call} " in out
