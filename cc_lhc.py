@@ -4393,16 +4393,18 @@ def working_set(turns):
 # Counts made without the tokenizer must not fall short of o200k_base (safe_estimate).
 # Measured on real CLI content, code and tool output average 3.5-4.2 bytes a token,
 # `ls -la` listings 2.3, uuids and hashes 1.6-2.0; base64 and random ids 1.4, a byte of a
-# character beyond ASCII (a rare ideograph, an emoji) can be a token of its own. The
-# estimate is the largest of: the bytes / 2.25; each byte beyond ASCII a token plus 1.1
-# times the pieces o200k's splitter makes of the rest (letter runs cut before a capital,
-# digits in threes, whitespace runs, each other byte); and, for text of short pieces or
-# long runs, each byte beyond ASCII plus what zlib compresses the rest to. Then 2 more.
-# A run of 12 letters of one case or more (DNA, random letters) adds about half its length.
-# It stays at or above the exact count on real CLI sessions (about 1.8 times it), on
-# base64, hex, uuids, DNA, random letters of every case and length, controls, CJK, emoji,
-# marks, words of random consonants, and on 10,000 fuzzed texts; a text that alternates
-# two capitals with two small letters at random gets 0.96 of it.
+# character beyond ASCII (a rare ideograph, an emoji) can be a token of its own, and random
+# names (a capital and two small letters, CamelCase, snake_case) 1.5. The estimate is the
+# largest of: the bytes / 2.25; each byte beyond ASCII a token plus 1.1 times the pieces
+# o200k's splitter makes of the rest (letter runs cut before a capital, digits in threes,
+# whitespace runs and the indent after a newline, each other byte), the letters counted
+# as random ones (RANDOM_LETTER_TOKENS each) as far as their vowels fall short of prose's;
+# and, for text of short pieces or long runs, each byte beyond ASCII plus what zlib
+# compresses the rest to. Then 2 more. A run of 12 letters of one case or more (DNA,
+# random letters) adds about half its length. It stays at or above the exact count on real
+# CLI sessions (about 1.9 times it), on 70 kinds of hard text (base64, hex, uuids, DNA,
+# random letters of every case and length, random identifiers, paths and word lists,
+# tab-indented code, controls, CJK, emoji, marks) and on 10,000 fuzzed texts.
 SAFE_SLACK = 2            # added to every estimate: a short text's pieces can each be two tokens
 MESSAGE_TOKENS = 4        # what each message adds beyond its text (as band_cost counts it)
 # Claude's side of a rebuilt session that would end on a user record (view_records): its
@@ -4424,6 +4426,9 @@ SPACE_MARKS = _byte_table(lambda b: "a" if b in b" \t\n" else " ")   # the ones 
 NON_ASCII = bytes(range(0x80, 0x100))
 ASCII_LETTERS = bytes(range(65, 91)) + bytes(range(97, 123))
 WORD_OR_SPACE = ASCII_LETTERS + bytes(range(48, 58)) + b" \t\n"
+VOWELS = b"aeiouAEIOU"
+RANDOM_LETTER_TOKENS = 0.8   # tokens a letter of random letters can take (1.5 to 3 letters a token)
+RANDOM_LETTERS_SHORT = 128   # fewer letters than this: taken for random whatever their vowels
 
 
 def safe_estimate(text) -> int:
@@ -4441,9 +4446,21 @@ def safe_estimate(text) -> int:
     digits = b" " + data.translate(DIGIT_MARKS)
     ndigits = digits.count(b"a")
     numbers = digits.count(b" a") + ndigits // 3  # digits come in threes
-    spaces = (b" " + data.translate(SPACE_MARKS)).count(b" a")
+    # an indented line: its newline, its indent and its first word are three pieces
+    spaces = (b" " + data.translate(SPACE_MARKS)).count(b" a") + data.count(b"\n\t") + data.count(b"\n ")
     signs = len(ascii_.translate(None, WORD_OR_SPACE))  # each other byte (signs, controls)
-    pieces = words + numbers + spaces + signs
+    letters = len(ascii_) - len(ascii_.translate(None, ASCII_LETTERS))
+    # Letters that are no words (random ids, names like "xkcdPqz"): o200k cuts them into
+    # pieces of one to three letters. Such text has few vowels (a fifth of random letters,
+    # two fifths of English or code), so as the vowels fall short of that, the letters are
+    # taken for up to RANDOM_LETTER_TOKENS a letter; a short text, whose vowels say little,
+    # is taken for random outright.
+    if letters:
+        vowels = len(ascii_) - len(ascii_.translate(None, VOWELS))
+        random_share = 1.0 if letters < RANDOM_LETTERS_SHORT else min(1.0, max(0.0, (0.4 - vowels / letters) / 0.2))
+        pieces = max(words, int(random_share * RANDOM_LETTER_TOKENS * letters)) + numbers + spaces + signs
+    else:
+        pieces = numbers + spaces + signs
     estimate = wide + max(-(-len(ascii_) * 4 // 9), -(-pieces * 11 // 10))
     # Long runs of one case (DNA, random letters, glued words): o200k cuts them into about
     # two letters a token, where their pieces count them as one. Each 12 letters of such a
@@ -4451,7 +4468,6 @@ def safe_estimate(text) -> int:
     dozens = cases.count(b"a" * 12) + cases.count(b"A" * 12)
     estimate += -(-dozens * 18 * 11 // 20)
     if len(ascii_) >= 24:
-        letters = len(ascii_) - len(ascii_.translate(None, ASCII_LETTERS))
         if 10 * (words + numbers) > 4 * (letters + ndigits) or b"a" * 24 in cases or b"A" * 24 in cases:
             # Short pieces or long runs: random text (base64, ids, hex), which o200k cuts
             # into more tokens than its pieces; what zlib makes of it bounds its entropy.

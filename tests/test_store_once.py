@@ -349,6 +349,22 @@ def _dense_texts():
         "dna": chars("acgt", 8000), "dna lines": "\n".join(chars("acgt", 60) for _ in range(130)),
         "random words": " ".join(chars(string.ascii_lowercase, rnd.randint(8, 23)) for _ in range(400)),
         "consonant words": " ".join(chars("bcdfghjklmnpqrstvwxz", rnd.randint(4, 12)) for _ in range(600)),
+        # random names in the shapes identifiers take (a capital, then small letters; glued
+        # CamelCase; snake_case; paths; short words one per line; tab-indented short words):
+        # o200k cuts them one to three letters a token, where prose and code take a word a token
+        **{f"{name} ({n} bytes)": make(n) for n in (24, 60, 400, 6000) for name, make in {
+            "Abb": lambda n: "".join(chars(string.ascii_uppercase, 1) + chars(string.ascii_lowercase, 2)
+                                     for _ in range(n // 3)),
+            "AAAbb": lambda n: "".join(chars(string.ascii_uppercase, 3) + chars(string.ascii_lowercase, 2)
+                                       for _ in range(n // 5)),
+            "camel": lambda n: "".join(chars(string.ascii_uppercase, 1) + chars(string.ascii_lowercase, rnd.randint(2, 7))
+                                       for _ in range(n // 5)),
+            "snake": lambda n: "_".join(chars(string.ascii_lowercase, rnd.randint(3, 9)) for _ in range(n // 6)),
+            "paths": lambda n: "/".join(chars(string.ascii_lowercase + "_-.", rnd.randint(2, 12)) for _ in range(n // 8)),
+            "word lines": lambda n: "\n".join(chars(string.ascii_lowercase, rnd.randint(2, 9)) for _ in range(n // 6)),
+            "tab lines": lambda n: "".join("\t" * rnd.randint(1, 6) + chars(string.ascii_lowercase, rnd.randint(1, 4))
+                                           + "\n" for _ in range(n // 6)),
+            "lower digits": lambda n: chars(string.ascii_lowercase + string.digits, n)}.items()},
     }
 
 
