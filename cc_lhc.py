@@ -4617,35 +4617,67 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     ``counter`` counts them (exact o200k tokens when the tokenizer is there).
 
     The bands are allocated by the quick estimate, then what the view holds is counted
-    and the allocation redone with its budget scaled by how far the count fell from
-    ``budget``, and once one allocation fits and another does not, halfway between them,
-    a few times; the fullest view within budget is served. ``view.tokens``
-    is its count (``view.counting`` says how it was counted). Messages up to
-    ``boundary`` (the thread's visibility boundary, moved by Smart Prune) are out of view;
-    ``native``: the header names the cc-lhc mod's tools (see render_header).
+    and the allocation redone (see _fit_view); the fullest view within budget is served.
+    Parts come whole, so a view can fall short of its budget by most of a part: one that
+    fills less than VIEW_REFINE_FILL of it is fitted again with parts a quarter the size,
+    and the fuller of the two is served. ``view.tokens`` is its count (``view.counting``
+    says how it was counted).
+    Messages up to ``boundary`` (the thread's visibility boundary, moved by Smart Prune)
+    are out of view; ``native``: the header names the cc-lhc mod's tools (see render_header).
     """
     counter = counter or ViewCounter()
     budget = max(0, budget)  # (a reserve larger than a tiny target leaves none: the header alone)
+    last_seq = {t.n: t.messages[-1]["seq"] for t in turns if t.messages}
+    args = (thread_id, turns, profile, summaries, favoured, fell_back, boundary, native)
+    fixed = _view_parts(thread_id, turns, budget, profile, boundary, fell_back)
+    used, view, header, counted = best = _fit_view(args, budget, fixed, counter, last_seq)
+    if used < budget * VIEW_REFINE_FILL and not _all_verbatim(view, last_seq, boundary):
+        finer = _fit_view(args, budget, _view_parts(thread_id, turns, budget, profile, boundary, fell_back,
+                                                    VIEW_REFINE_PARTS, fixed), counter, last_seq)
+        if finer[0] > used:
+            best = finer
+    used, view, header, counted = best
+    view.tokens = used
+    view.counting = "exact o200k_base" if counter.exact else "safe estimate"
+    counter.tokens.save_later()
+    view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
+    return view, header
+
+
+VIEW_REFINE_FILL = 0.9      # a view counted below this share of its budget is fitted again with finer parts
+VIEW_REFINE_PARTS = 4       # ... cut at a quarter of the segment size
+
+
+def _counted_view(args, alloc, fixed, counter) -> tuple:
+    """(count, view, header, counted parts) of one allocation."""
+    thread_id, turns, profile, summaries, favoured, fell_back, boundary, native = args
+    view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
+                               boundary, native, fixed)
+    counted = view_tokens(view, header, turns, counter)
+    return counted["total"], view, header, counted
+
+
+def _fit_view(args, budget, fixed, counter, last_seq) -> tuple:
+    """The fullest view within ``budget`` of the parts in ``fixed`` (see _view_parts), as
+    (count, view, header, counted parts): the allocation is scaled by how far the count fell
+    from the budget, and once one allocation fits and another does not, halfway between
+    them, up to VIEW_FIT_ROUNDS times (the count is a step function of the allocation,
+    so scaling by it overshoots)."""
+    boundary = args[6]
     alloc, best = budget, None
     fits, over = None, None  # the largest allocation seen within budget, the smallest over it
-    fixed = _view_parts(thread_id, turns, budget, profile, boundary, fell_back)
-    last_seq = {t.n: t.messages[-1]["seq"] for t in turns if t.messages}
     for _ in range(VIEW_FIT_ROUNDS):
-        view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary, native, fixed)
-        counted = view_tokens(view, header, turns, counter)
-        used = counted["total"]
+        found = _counted_view(args, alloc, fixed, counter)
+        used, view = found[0], found[1]
         if used <= budget:
             if best is None or used > best[0]:
-                best = (used, view, header, counted)
+                best = found
             if used >= budget * VIEW_FIT_FILL or _all_verbatim(view, last_seq, boundary):
                 break  # full enough, or all of it is in view verbatim
             fits = alloc if fits is None else max(fits, alloc)
         else:
             over = alloc if over is None else min(over, alloc)
         if fits is not None and over is not None:
-            # Between an allocation that fits and one that does not: halve the gap (the
-            # count is a step function of the allocation, so scaling by it overshoots).
             if over - fits <= max(2, fits // 64):
                 break
             alloc = (fits + over) // 2
@@ -4657,18 +4689,11 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
                 break
     while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
         alloc = int(alloc * budget / max(used, 1) * 0.9)
-        view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                                   boundary, native, fixed)
-        counted = view_tokens(view, header, turns, counter)
-        used = counted["total"]
+        found = _counted_view(args, alloc, fixed, counter)
+        used = found[0]
         if used <= budget or alloc == 0:
-            best = (used, view, header, counted)
-    used, view, header, counted = best
-    view.tokens = used
-    view.counting = "exact o200k_base" if counter.exact else "safe estimate"
-    counter.tokens.save_later()
-    view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
-    return view, header
+            best = found
+    return best
 
 
 def _all_verbatim(view, last_seq, boundary) -> bool:
@@ -4702,15 +4727,17 @@ def _serve_view(thread_id, turns, budget, profile, summaries, favoured, fell_bac
     return view, render_header(view, files, fell_back, native)
 
 
-def _view_parts(thread_id, turns, budget, profile, boundary, fell_back) -> dict:
+def _view_parts(thread_id, turns, budget, profile, boundary, fell_back, finer=1, shared=None) -> dict:
     """What every allocation of one view shares: the working set, the turns cut into parts
-    (at the segment size of the view's own budget, whatever the allocation tried: with
-    the same parts, a larger allocation never serves less), those before the boundary,
-    the header's reserve, and each part's cost in each band (filled as they are asked)."""
-    soft = segment_tokens(budget, profile)
+    (at the segment size of the view's own budget, or a ``finer`` part of it, whatever the
+    allocation tried: with the same parts, a larger allocation never serves less), those
+    before the boundary, the header's reserve, and each part's cost in each band (filled
+    as they are asked; with ``shared``, another cut's, whose working set and costs of the
+    same parts are taken over)."""
+    soft = max(1, segment_tokens(budget, profile) // finer)
     by_turn = {t.n: turn_parts(t, soft) for t in turns}
-    files = working_set(turns)
-    return {"files": files, "by_turn": by_turn, "memo": {},
+    files = shared["files"] if shared else working_set(turns)
+    return {"files": files, "by_turn": by_turn, "memo": shared["memo"] if shared else {},
             "hidden": apply_boundary(turns, by_turn, boundary, soft),
             "reserve": _header_reserve(thread_id, turns, by_turn, profile, files, fell_back)}
 

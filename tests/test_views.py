@@ -1203,3 +1203,21 @@ def test_fitting_stops_at_once_when_all_after_the_boundary_fits_and_on_a_budget_
     rounds.clear()
     view, _header = cc_lhc.serve_view(thread.id, turns, -300, "default", {})
     assert len(rounds) <= cc_lhc.VIEW_FIT_ROUNDS + 2 and all(b == "omitted" for b in view.bands.values())
+
+
+def test_a_long_turns_view_fills_its_target_and_grows_with_it(tmp_path):
+    """Parts come whole, and a long turn's parts are a quarter of the full share each: with
+    those alone a view could fall a part short of its target (71% of 100k on a real 1 MiB
+    session), and a larger target could serve less. A view that fills less than nine
+    tenths is fitted again with parts a quarter the size."""
+    thread = intake_transcript(long_turn_transcript(60, 12_000), tmp_path)
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    served, counter = [], cc_lhc.ViewCounter(cc_lhc.TokenCounter())  # (exact, whatever came before)
+    assert counter.exact
+    for target in range(50_000, 200_001, 15_000):  # (a step is one call and its 12 KB output, 3.9k)
+        view, _header = cc_lhc.serve_view(thread.id, turns, target, "default", summaries, counter=counter)
+        assert target * 0.88 <= view.tokens <= target, (target, view.tokens)
+        assert view.tokens >= max(served, default=0) * 0.98, (target, view.tokens, served)
+        served.append(view.tokens)
+
