@@ -8793,6 +8793,10 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
         # The thread's boundary moves to this one only once the session is accepted.
         note_built_boundary(store, new_sid, plan.boundary)
     if not pending:
+        if plan.view.empty and store.db.execute("SELECT 1 FROM turns LIMIT 1").fetchone():
+            raise usage_error(f"a view of thread {thread_id} within the target of {policy.effective_target:,} "
+                              f"tokens holds no turn (its header alone is {plan.view.tokens:,}); give a larger "
+                              "target (lowerBoundTokens)")
         if plan.view.empty:
             raise usage_error(f"thread {thread_id} has nothing to put in a view yet")
         if os.path.exists(plan.path):

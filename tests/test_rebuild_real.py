@@ -272,7 +272,8 @@ def test_rollout_write_refusals(real_claude):
     (rc.cwd / ".cc-lhc.json").write_text(json.dumps(
         {"lowerBoundTokens": 1, "upperBoundTokens": 1_000_000, "minRunwayTokens": 1000}))
     proc = rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", str(uuid.uuid4()))
-    assert proc.returncode == 2 and "nothing to put in a view" in proc.stderr
+    assert proc.returncode == 2 and "within the target of 1 tokens holds no turn" in proc.stderr
+    assert "give a larger target" in proc.stderr
     # not a uuid; no such thread
     assert rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", "nope").returncode == 2
     proc = rc.run_lhc("rollout", "write", "--thread-id", "zzzz", "--session-id", str(uuid.uuid4()))
