@@ -2826,6 +2826,7 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
         db = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
         db.create_function("lhc_text", 1, stored_text, deterministic=True)
         db.create_function("lhc_no_nul", 1, _no_nul, deterministic=True)
+        db.create_function("lhc_values", 1, _call_values, deterministic=True)
         try:
             db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
@@ -2890,9 +2891,8 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
 # type, add their strings; and a block kept only as JSON gives its strings but not its
 # base64 payloads.
 SEARCH_BODY_SQL = """CASE
- WHEN m.kind = 'tool_call' AND json_valid(m.text) THEN (SELECT group_concat(j.value, char(10))
-   FROM json_tree(m.text) j WHERE j.type IN ('text', 'integer', 'real'))
- WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, 'cc-lhc:text')
+ WHEN m.kind = 'tool_call' THEN coalesce(lhc_values(m.text), lhc_text(m.text))
+ WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, '"\\u0000cc-lhc:text"')
    AND json_valid(m.data)
    THEN coalesce(lhc_text(m.text), '') || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
    FROM json_each(m.data, '$.content') b, json_tree(b.value) j WHERE b.type = 'object'
@@ -2901,8 +2901,31 @@ SEARCH_BODY_SQL = """CASE
    AND NOT (j.key = 'data' AND json_extract(b.value, j.path || '.type') = 'base64')), '')
  WHEN m.text IS NOT NULL THEN lhc_text(m.text)
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
-   WHERE j.type = 'text' AND j.key NOT IN ('data', 'signature'))
+   WHERE j.type = 'text' AND j.key IS NOT 'signature'
+   AND NOT (j.key = 'data' AND json_extract(m.data, j.path || '.type') = 'base64'))
  END"""
+
+
+def _call_values(text):
+    """lhc_values() in SQL: a tool call's JSON input as search reads it, its string values
+    and its numbers as written (1e21, 3.141592653589793, a 20-digit id: SQLite's JSON reader
+    would spell them its own way), one a line, never its keys; None when it is no JSON."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = json.loads(text, parse_int=str, parse_float=str, parse_constant=str)
+    except (ValueError, RecursionError):
+        return None
+    out, todo = [], [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            todo.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            todo.extend(reversed(item))
+    return "\n".join(out) if out else None
 
 # What the substring index is given: FTS5 reads a text only up to its first NUL (a
 # `find -print0` output, say), so a NUL goes in as a space; a query holds none, and the
@@ -3120,6 +3143,7 @@ DROP TABLE raw_lines;
 ALTER TABLE raw_lines_by_offset RENAME TO raw_lines
 """),
     ("011_values_and_result_blocks", _migrate_values_and_result_blocks),
+    ("012_numbers_as_written", _migrate_values_and_result_blocks),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -4553,8 +4577,8 @@ def other_blocks(m) -> tuple:
     search_result or document, a tool_reference (never base64), and how many images."""
     if m["kind"] != "tool_result":
         return "", 0
-    data = m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m["data"]
-    if not data or '"content":[{' not in data or "cc-lhc:text" in data:
+    data = m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m.get("data")
+    if not data or '"content":[{' not in data or MARKER_JSON[PAYLOAD_AS_STRING] in data:
         return "", 0  # (no list of blocks, or one text block kept as the text column)
     try:
         block = json.loads(data[1:] if data[0] == KEPT_WHOLE else data)
@@ -14920,7 +14944,12 @@ def _markdown_message(m: dict, agents=None) -> str:
     if m["kind"] == "tool_result":
         err = " · error" if m["is_error"] else ""
         fence = code_fence(m["text"])
-        return f"**{label} · tool result{err}** (`{m['tool_use_id']}`)\n\n{fence}\n{m['text']}\n{fence}\n"
+        out = f"**{label} · tool result{err}** (`{m['tool_use_id']}`)\n\n{fence}\n{m['text']}\n{fence}\n"
+        extra, _images = other_blocks(m)  # (an MCP tool's search_result or document: its text names only the type)
+        if extra:
+            fence = code_fence(extra)
+            out += f"\nthe strings of its other blocks:\n\n{fence}\n{extra}\n{fence}\n"
+        return out
     if m["kind"] == SAVED_OUTPUT:
         fence = code_fence(m["text"])
         return (f"**{label} · the whole tool output Claude saved to a file** (`{m['tool_use_id']}`)\n\n"
@@ -15459,7 +15488,7 @@ def cmd_search(args) -> int:
     odd = next((a for a in args if re.fullmatch(r"--[A-Za-z][\w-]*(=.*)?", a)), None)
     if odd is not None:
         raise usage_error(f"search: unknown option {odd} (to search for text that starts with --, "
-                          f"put -- before it: cc-lhc search -- {odd})")
+                          f"put -- before it, after any options: cc-lhc search [--limit N] [--thread T] -- {odd})")
     text = " ".join(args + text_args)
     if not text:
         raise usage_error(SEARCH_USAGE)
@@ -15552,7 +15581,8 @@ def _search_for_people(text, limit, thread, every) -> int:
     hits = found[:limit]
     status = EXIT_ERROR if skipped else EXIT_OK
     if not hits:
-        print(f"no messages match {shown_query(text)}")
+        if skipped < len(thread_ids):  # (nothing searched: the skip notices said all there is)
+            print(f"no messages match {shown_query(text)}")
         return status
     for hit in hits:
         print(hit.line(with_thread=True))

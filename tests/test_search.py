@@ -838,3 +838,54 @@ def test_labels_are_ascii_digits(two_folders, capsysbinary, label):
         cc_lhc.parse_labels([label], label[0])
     capsysbinary.readouterr()
     assert cc_lhc.main(["export", threads["a1"].id, "--from", label]) == cc_lhc.EXIT_USAGE
+
+
+def test_a_calls_numbers_are_found_as_written(tmp_path, monkeypatch, capsysbinary):
+    """SQLite's JSON reader spells numbers its own way (3.14159265358979, 1.0e+21,
+    1.23456789012346e+19): search reads them as the transcript and the export write them."""
+    tr = Transcript()
+    tr.prompt("compute")
+    (call,) = tr.response(tool_use("mcp__calc__run", pi=3.141592653589793, big=12345678901234567890,
+                                   huge=1e21, flag=True), stop="tool_use")
+    tr.results((call["id"], "ok", False))
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    for needle in ("3.141592653589793", "12345678901234567890", "1e+21"):
+        status, out, _ = search(capsysbinary, needle)
+        assert status == 0 and hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+        assert needle in out
+
+
+def test_other_blocks_are_found_beside_a_text_block_that_names_the_marker(tmp_path, monkeypatch, capsysbinary):
+    """A tool output's text that happens to hold cc-lhc's own marker word is no marker: the
+    strings of its other blocks are still searched, and the Markdown export shows them."""
+    tr = Transcript()
+    tr.prompt("look it up")
+    (call,) = tr.response(tool_use("mcp__docs__search", query="pager"), stop="tool_use")
+    tr.results((call["id"], [
+        {"type": "text", "text": "notes on cc-lhc:text markers"},
+        {"type": "search_result", "source": "https://docs.example/b", "title": "PAIR-TITLE-B",
+         "content": [{"type": "text", "text": "PAIR-BODY-B"}]}], False))
+    tr.prompt([{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "DOC-PROMPT-TEXT"}},
+               {"type": "text", "text": "read that"}])
+    tr.response(text("read"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    for needle in ("PAIR-TITLE-B", "PAIR-BODY-B", "DOC-PROMPT-TEXT"):
+        status, out, _ = search(capsysbinary, needle)
+        assert status == 0 and hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV, raising=False)
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["export", thread.id, "--format", "markdown"]) == 0
+    assert "PAIR-BODY-B" in capsysbinary.readouterr().out.decode()
+
+
+def test_a_thread_that_cannot_be_read_is_named_and_nothing_said_to_match(two_folders, monkeypatch, capsysbinary):
+    folders, threads = two_folders
+    home = cc_lhc.StateHome()
+    threads["a1"].store.close()
+    path = Path(home.path("threads", f"{threads['a1'].id}.sqlite"))
+    path.write_bytes(path.read_bytes()[:1000])  # torn
+    status, out, err = search(capsysbinary, "--thread", threads["a1"].id[:8], "alpha word")
+    assert status == 1 and "skipped" in err and "no messages match" not in out
