@@ -756,3 +756,18 @@ def test_a_state_folder_this_user_cannot_use_is_refused_not_read_as_empty(iso_en
     said = capsys.readouterr().out
     assert "[fail] state home" in said and "fix: chown" in said
     assert cc_lhc.main(["--lhc-version"]) == 0  # help and version need no state folder
+
+
+def test_the_checkouts_launcher_runs_cc_lhc_from_any_folder_with_cached_bytecode(tmp_path):
+    """bin/cc-lhc (the README's alias) imports cc_lhc.py, so Python compiles it once and
+    keeps the bytecode, and the folder it runs in cannot shadow a standard module."""
+    import subprocess
+    launcher = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", "cc-lhc")
+    (tmp_path / "json.py").write_text("raise SystemExit('the folder shadowed json')\n")
+    cache = tmp_path / "pycache"
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(cache)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    proc = subprocess.run([sys.executable, launcher, "--lhc-help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "cc-lhc" in proc.stdout, proc.stderr
+    assert list(cache.rglob("cc_lhc.*.pyc"))  # compiled once, kept
