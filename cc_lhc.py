@@ -15392,16 +15392,18 @@ def _exact_hits(store, text: str, limit: int):
         args = (text,)
 
     def found(inner, args):
-        hits = []
-        for own in (0, 1):
-            if len(hits) >= limit:
+        # One pass, newest first: it stops once `limit` hits are not cc-lhc's own (which
+        # come after every other); a string few messages hold is read through once, not
+        # once for each kind of hit.
+        hits = ([], [])
+        for seq, turn, kind, tool, created, agent, body, own in store.db.execute(
+                f"SELECT *, {OWN_RETRIEVAL_SQL} FROM ({inner}) WHERE instr(body, ?) > 0", args):
+            if len(hits[own]) < limit:
+                hits[own].append(SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact",
+                                           match_context(body, text), agent=agent, own=own))
+            if len(hits[0]) >= limit:
                 break
-            rows = store.db.execute(f"SELECT * FROM ({inner}) WHERE instr(body, ?) > 0 AND "
-                                    f"({OWN_RETRIEVAL_SQL}) = ? LIMIT ?", args + (own, limit - len(hits)))
-            hits += [SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact",
-                               match_context(body, text), agent=agent, own=own)
-                     for seq, turn, kind, tool, created, agent, body in rows]
-        return hits
+        return (hits[0] + hits[1])[:limit]
     hits = found(inner, args)
     if scanned:  # each part holds its best `limit` in this order, so the merge holds the whole's
         hits += found(f"SELECT {cols} FROM messages m WHERE m.seq IN ({','.join('?' * len(scanned))}) "
