@@ -15300,13 +15300,21 @@ def exact_query(text: str):
     return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
+# Characters that change how the rest of a line reads without showing themselves: the
+# bidirectional overrides, embeddings, isolates and marks (a hit's line could show text in
+# another order than the message holds it), a zero-width space and a byte-order mark.
+INVISIBLE_FORMAT = frozenset("\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                             "\u2066\u2067\u2068\u2069\ufeff")
+
+
 def escape_controls(text: str) -> str:
-    """Text on one line: control characters (newlines, tabs, ESC, ...) written as escapes."""
+    """Text on one line: control characters (newlines, tabs, ESC, ...) and invisible format
+    characters (INVISIBLE_FORMAT) written as escapes."""
     out = []
     for ch in text:
         if ch in "\n\t\r":
             out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
-        elif ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029":
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" or ch in INVISIBLE_FORMAT:
             out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
@@ -15969,6 +15977,10 @@ def cmd_measure(args) -> int:
         if r["messages"] and not r["view_within_target"]:
             notes.append(f"session {r['session']}: the smart compact view ({r['smart_compact_tokens']:,} tokens) "
                          f"is over the target ({target:,})")
+        if r.get("estimate"):  # (what the same session comes to where the tokenizer is missing)
+            notes.append(f"session {r['session']}: the safe estimate used without the tokenizer counts it "
+                         f"{r['estimate']['tokens']:,} tokens and this view {r['estimate']['smart_compact_tokens']:,} "
+                         "(a view fitted by it holds less)")
     if len(rows) > 1 and report["median_lean_cut_pct"] is not None:
         # (as the table writes them: the change to the size, so a 72.9% cut reads -72.9%)
         notes.append(f"median: lean {_change(report['median_lean_cut_pct'])}, smart compact "

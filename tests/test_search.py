@@ -889,3 +889,11 @@ def test_a_thread_that_cannot_be_read_is_named_and_nothing_said_to_match(two_fol
     path.write_bytes(path.read_bytes()[:1000])  # torn
     status, out, err = search(capsysbinary, "--thread", threads["a1"].id[:8], "alpha word")
     assert status == 1 and "skipped" in err and "no messages match" not in out
+
+
+def test_a_hit_line_shows_bidirectional_overrides_and_invisible_marks_as_escapes():
+    """A right-to-left override in a message would make its hit line read in another order
+    than the message holds; a zero-width space or a byte-order mark would hide."""
+    assert cc_lhc.escape_controls("ok\u202eevil\u202c \u200bx\ufeff \u2066y\u2069") == \
+        "ok\\u202eevil\\u202c \\u200bx\\ufeff \\u2066y\\u2069"
+    assert cc_lhc.escape_controls("👨\u200d👩 \u05e9\u05dc\u05d5\u05dd") == "👨\u200d👩 \u05e9\u05dc\u05d5\u05dd"  # joined emoji, Hebrew

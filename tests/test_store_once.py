@@ -462,3 +462,15 @@ def test_a_tool_outputs_document_is_counted_and_a_markdown_image_link_is_no_imag
                                       counter=cc_lhc.ViewCounter(exact_tokens))
     assert view.bands[turns[0].n] == "full"
     assert exact_tokens.count(document) < view.tokens < exact_tokens.count(document) + 1_500
+
+
+def test_measure_says_both_counts_under_its_table(exact_tokens, capsys):
+    """With the tokenizer, measure's table is in exact tokens; the line under it gives the
+    session and the same view by the safe estimate, as --json does."""
+    sample = Path(__file__).parent / "fixtures" / "samples" / "02_tool_roundtrip_thinking.jsonl"
+    assert cc_lhc.main(["measure", str(sample), "--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["sessions"][0]["estimate"]
+    assert cc_lhc.main(["measure", str(sample)]) == 0
+    out = capsys.readouterr().out
+    assert (f"the safe estimate used without the tokenizer counts it {estimate['tokens']:,} tokens and this "
+            f"view {estimate['smart_compact_tokens']:,}") in out
