@@ -48,6 +48,15 @@ def search(capsysbinary, *argv):
     return status, out.out.decode(), out.err.decode()
 
 
+def assert_found_first_exactly(capsysbinary, needles) -> None:
+    """Each needle's search (in the granted session) answers with an exact hit first, whose
+    line shows it as the thread holds it."""
+    for needle in needles:
+        status, out, _ = search(capsysbinary, needle)
+        assert status == 0 and hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+        assert needle in out
+
+
 @pytest.fixture
 def hard(tmp_path):
     """A thread whose tool inputs, outputs and thinking hold strings full of FTS syntax."""
@@ -755,9 +764,7 @@ def test_strings_in_a_tool_outputs_other_blocks_and_a_calls_numbers_are_found(tm
     (a Read's offset) are part of its input. An image's base64 is not searched."""
     thread = _blocks_thread(tmp_path)
     grant(thread, monkeypatch)
-    for needle in STRINGS_IN_BLOCKS:
-        status, out, _ = search(capsysbinary, needle)
-        assert status == 0 and hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+    assert_found_first_exactly(capsysbinary, STRINGS_IN_BLOCKS)
     status, out, _ = search(capsysbinary, "iVBORw0KGgoAAAANSUhEUg")
     assert not [h for h in hits_of(out) if h["how"] == "exact"]
 
@@ -851,10 +858,7 @@ def test_a_calls_numbers_are_found_as_written(tmp_path, monkeypatch, capsysbinar
     tr.response(text("done"))
     thread = intake_transcript(tr, tmp_path)
     grant(thread, monkeypatch)
-    for needle in ("3.141592653589793", "12345678901234567890", "1e+21"):
-        status, out, _ = search(capsysbinary, needle)
-        assert status == 0 and hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
-        assert needle in out
+    assert_found_first_exactly(capsysbinary, ("3.141592653589793", "12345678901234567890", "1e+21"))
 
 
 def test_other_blocks_are_found_beside_a_text_block_that_names_the_marker(tmp_path, monkeypatch, capsysbinary):
@@ -872,9 +876,7 @@ def test_other_blocks_are_found_beside_a_text_block_that_names_the_marker(tmp_pa
     tr.response(text("read"))
     thread = intake_transcript(tr, tmp_path)
     grant(thread, monkeypatch)
-    for needle in ("PAIR-TITLE-B", "PAIR-BODY-B", "DOC-PROMPT-TEXT"):
-        status, out, _ = search(capsysbinary, needle)
-        assert status == 0 and hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+    assert_found_first_exactly(capsysbinary, ("PAIR-TITLE-B", "PAIR-BODY-B", "DOC-PROMPT-TEXT"))
     monkeypatch.delenv(cc_lhc.RUNTIME_ENV, raising=False)
     capsysbinary.readouterr()
     assert cc_lhc.main(["export", thread.id, "--format", "markdown"]) == 0
