@@ -15196,11 +15196,18 @@ def _retrieval_store(home):
 
 
 def _record_impression(store, session, command, labels, turns, size):
-    with Tx(store.db):
-        store.db.execute("INSERT INTO impressions (session, command, labels, turns, bytes, created) "
-                         "VALUES (?, ?, ?, ?, ?, ?)",
-                         (session, command, ",".join(labels), ",".join(str(t) for t in sorted(turns)),
-                          size, utc_now_iso()))
+    """Note what a retrieval showed (the next view favours those turns), after its answer
+    was printed: a thread another process holds locked for long gets no note, said in the
+    log, rather than a retrieval that waits and then fails."""
+    def note():
+        with Tx(store.db):
+            store.db.execute("INSERT INTO impressions (session, command, labels, turns, bytes, created) "
+                             "VALUES (?, ?, ?, ?, ?, ?)",
+                             (session, command, ",".join(labels), ",".join(str(t) for t in sorted(turns)),
+                              size, utc_now_iso()))
+    if not written_briefly(store.db, note):
+        StateHome().log("impression_not_recorded", thread=store.thread_id, command=command,
+                        reason="the thread was locked by another process")
 
 
 def _retrieve(args, letter: str, command: str, render) -> int:
@@ -15381,10 +15388,11 @@ OWN_RETRIEVAL_SQL = ("coalesce(CASE WHEN kind = 'tool_result' THEN substr(body, 
                      "OR instr(body, 'cc-lhc get-messages') > 0 ELSE 0 END, 0)")
 
 
-def _exact_hits(store, text: str, limit: int):
+def _exact_hits(store, text: str, limit: int, behind=False):
     """Messages holding text exactly, newest first (cc-lhc's own retrievals last): through
     the substring index when there is one and text is 3 characters or more, else by a scan;
-    either stops once it has `limit`."""
+    either stops once it has `limit`. ``behind``: the index does not cover the newest
+    messages yet, which are scanned."""
     query = exact_query(text)
     cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, {SEARCH_BODY_SQL} AS body"
     scanned = []
@@ -15413,11 +15421,15 @@ def _exact_hits(store, text: str, limit: int):
                 break
         return (hits[0] + hits[1])[:limit]
     hits = found(inner, args)
-    if scanned:  # each part holds its best `limit` in this order, so the merge holds the whole's
+    # Each part holds its best `limit` in this order, so the merge holds the whole's.
+    if scanned:
         hits += found(f"SELECT {cols} FROM messages m WHERE m.seq IN ({','.join('?' * len(scanned))}) "
                       "ORDER BY m.seq DESC LIMIT -1", (*scanned, text))
-        hits = sorted(hits, key=lambda h: (h.own, -h.seq))[:limit]
-    return hits
+    if behind and query is not None and store.has_exact_index():
+        upto = store.db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone()
+        hits += found(f"SELECT {cols} FROM messages m WHERE m.seq > ? ORDER BY m.seq DESC LIMIT -1",
+                      (int(upto[0]) if upto else 0, text))
+    return sorted(hits, key=lambda h: (h.own, -h.seq))[:limit]
 
 
 def _word_hits(store, text: str, limit: int):
@@ -15469,11 +15481,39 @@ def word_context(body: str, text: str) -> str:
         pattern.sub(lambda m: f"\u00bb{m.group(0)}\u00ab", before + found.group(0) + after)))
 
 
+# How long a search waits for the thread's write lock to bring its indexes up to date
+# (the session's own capture holds it for a batch at a time; a long index build, seconds)
+# before it searches without them what they do not cover yet.
+SEARCH_LOCK_WAIT_MS = 2_000
+
+
 def search_thread(store, text: str, limit: int):
     """Messages holding text exactly, newest first; only when none does, the messages that
     hold its words, best ranked first (the text was vague: words that never stand so)."""
-    store.index_search()
-    return _exact_hits(store, text, limit) or _word_hits(store, text, limit)
+    return (_exact_hits(store, text, limit, behind=not _indexed_for_search(store))
+            or _word_hits(store, text, limit))
+
+
+def _indexed_for_search(store) -> bool:
+    """Bring the search indexes up to the record unless another process holds the thread's
+    write lock for longer than SEARCH_LOCK_WAIT_MS; whether they are up to date."""
+    return written_briefly(store.db, store.index_search)
+
+
+def written_briefly(db, work) -> bool:
+    """work() with the connection waiting SEARCH_LOCK_WAIT_MS, not 30 s, for another
+    process's write lock; False when it did not get it (what work() had committed stays)."""
+    import sqlite3
+    db.execute(f"PRAGMA busy_timeout = {SEARCH_LOCK_WAIT_MS}")
+    try:
+        work()
+        return True
+    except sqlite3.OperationalError as e:
+        if "locked" not in str(e) and "busy" not in str(e):
+            raise
+        return False
+    finally:
+        db.execute("PRAGMA busy_timeout = 30000")
 
 
 SEARCH_LIMIT_MAX = 200

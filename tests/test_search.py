@@ -899,3 +899,33 @@ def test_a_hit_line_shows_bidirectional_overrides_and_invisible_marks_as_escapes
     assert cc_lhc.escape_controls("ok\u202eevil\u202c \u200bx\ufeff \u2066y\u2069") == \
         "ok\\u202eevil\\u202c \\u200bx\\ufeff \\u2066y\\u2069"
     assert cc_lhc.escape_controls("👨\u200d👩 \u05e9\u05dc\u05d5\u05dd") == "👨\u200d👩 \u05e9\u05dc\u05d5\u05dd"  # joined emoji, Hebrew
+
+
+def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_lacks(tmp_path, monkeypatch, capsysbinary):
+    """Another process holding the thread's write lock (a long index build) kept a search
+    waiting 30 s for it and then failing; it now waits SEARCH_LOCK_WAIT_MS and reads the
+    messages the index does not cover yet by a scan."""
+    import sqlite3
+    import time
+    tr = Transcript()
+    tr.prompt("first question")
+    tr.response(text("first answer"))
+    path = tmp_path / f"{tr.session_id}.jsonl"
+    thread = intake(tr.write(path), tr.session_id)
+    tr.prompt("LATE-NEEDLE in a later prompt")
+    tr.response(text("later answer"))
+    tr.write(path)
+    cap = cc_lhc.Capture(thread.home, thread.id, tr.session_id, str(path))
+    cap.catch_up(index=False)  # stored, not yet indexed
+    cap.store.close()
+    holder = sqlite3.connect(thread.store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        monkeypatch.setattr(cc_lhc, "SEARCH_LOCK_WAIT_MS", 200)
+        grant(thread, monkeypatch)
+        started = time.monotonic()
+        assert_found_first_exactly(capsysbinary, ["LATE-NEEDLE"])
+        assert time.monotonic() - started < 10
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
