@@ -8006,12 +8006,12 @@ class Capture:
         session's own file, in the projects folder every session of that folder shares,
         so a file is this session's only when its records name the session (legacy_owner).
         What a file said is kept; one that named no session yet is asked again once it
-        grew. The folder is looked at no more than once a second (and at the last
-        catch-up, once stopping)."""
+        grew. While the live thread polls, the folder is looked at no more than once a
+        second (and at the last catch-up, once stopping); a catch-up of its own looks each time."""
         import time
         now = time.monotonic()
-        stopping = self._stop is not None and self._stop.is_set()
-        if self._legacy_looked is not None and now - self._legacy_looked < self.RELOCATE_EVERY and not stopping:
+        polling = self._stop is not None and not self._stop.is_set()
+        if self._legacy_looked is not None and now - self._legacy_looked < self.RELOCATE_EVERY and polling:
             return [entry for entry in self._legacy_agents.values() if entry]
         self._legacy_looked = now
         folder = os.path.dirname(self.path)

@@ -811,3 +811,23 @@ def test_the_markdown_export_names_each_turn_once_and_each_agents_call(tmp_path,
     calls = {a: f"m{i['call']}" for a, i in t.store.agents().items()}
     for agent, call in calls.items():
         assert f"subagent {agent}, started by {call} " in out
+
+
+def test_a_catch_up_of_its_own_sees_a_2_0_agent_file_that_just_appeared(tmp_path):
+    """Only a live capture's polls look at the shared folder once a second: a catch-up that
+    is no poll (measure, a one-shot's last read) finds an agent file written a moment ago."""
+    path = fixture_copy("2.0.76", tmp_path)
+    (agent_file,) = path.parent.glob("agent-*.jsonl")
+    aside = agent_file.read_bytes()
+    agent_file.unlink()
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(SESSIONS["2.0.76"], "/home/u/proj", "test")
+    cap = cc_lhc.Capture(home, thread_id, SESSIONS["2.0.76"], str(path))
+    cap.catch_up()
+    held = "SELECT count(*) FROM messages WHERE agent IS NOT NULL"
+    assert cap.store.db.execute(held).fetchone() == (0,)
+    agent_file.write_bytes(aside)
+    cap.catch_up()
+    assert cap.store.db.execute(held).fetchone()[0] > 0
+    cap.stop()
