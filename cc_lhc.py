@@ -2103,7 +2103,7 @@ class RolloutParser:
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
         if not isinstance(blocks, list):
             blocks = [{"type": "unknown", "value": blocks}]
-        if not blocks:
+        if not blocks or content == "":
             # Nothing said (no message, no content, or none in it): no turn of its own, and
             # the line is kept as it is, so whatever else it holds is not lost unsaid.
             self._unplaced(line_no, offset, f"user record {rec.get('uuid')} holds no content")
@@ -2891,7 +2891,7 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
 # type, add their strings; and a block kept only as JSON gives its strings but not its
 # base64 payloads.
 SEARCH_BODY_SQL = """CASE
- WHEN m.kind = 'tool_call' THEN coalesce(lhc_values(m.text), lhc_text(m.text))
+ WHEN m.kind = 'tool_call' THEN lhc_values(m.text)
  WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, '"\\u0000cc-lhc:text"')
    AND json_valid(m.data)
    THEN coalesce(lhc_text(m.text), '') || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
@@ -2902,20 +2902,21 @@ SEARCH_BODY_SQL = """CASE
  WHEN m.text IS NOT NULL THEN lhc_text(m.text)
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
    WHERE j.type = 'text' AND j.key IS NOT 'signature'
-   AND NOT (j.key = 'data' AND json_extract(m.data, j.path || '.type') = 'base64'))
+   AND NOT (j.key = 'data' AND json_extract(m.data, j.path || '.type') IN ('base64', 'redacted_thinking')))
  END"""
 
 
 def _call_values(text):
     """lhc_values() in SQL: a tool call's JSON input as search reads it, its string values
-    and its numbers as written (1e21, 3.141592653589793, a 20-digit id: SQLite's JSON reader
-    would spell them its own way), one a line, never its keys; None when it is no JSON."""
+    and its numbers as the record holds them (3.141592653589793, 1e+21, a 20-digit id:
+    SQLite's JSON reader would spell them its own way), one a line, never its keys; a text that is no JSON as it
+    is; None for an input with no values."""
     if not isinstance(text, str):
-        return None
+        return text
     try:
         value = json.loads(text, parse_int=str, parse_float=str, parse_constant=str)
     except (ValueError, RecursionError):
-        return None
+        return text
     out, todo = [], [value]
     while todo:
         item = todo.pop()
@@ -3779,6 +3780,11 @@ class ThreadStore:
             # (the newest such call before the agent's first record: a prompt used twice)
             "AND c.seq < coalesce((SELECT min(a.seq) FROM messages a WHERE a.agent = agents.agent_id), "
             "c.seq + 1) ORDER BY c.seq DESC LIMIT 1) WHERE tool_use_id IS NULL AND prompt IS NOT NULL")
+
+    def agent_call(self, agent_id):
+        """The call an agent is linked to (its tool_use_id), or None."""
+        row = self.db.execute("SELECT tool_use_id FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
+        return row[0] if row else None
 
     def workflow_call(self, run, started=None):
         """The Workflow call whose acknowledgement names ``run`` (see WORKFLOW_RUN): the newest
@@ -8076,8 +8082,8 @@ class Capture:
         if size == src["offset"]:
             return 0
         call = self._agent_call(path)
-        if call is None and kind == "workflow":  # (its .meta.json names no call: the run's folder does)
-            parts = key.split("/")
+        if call is None and kind == "workflow" and store.agent_call(agent_id) is None:
+            parts = key.split("/")  # (its .meta.json names no call: the run's folder does)
             call = store.workflow_call(parts[parts.index("workflows") + 1], self._agent_start(f))
         with Tx(store.db):
             store._note_agents([(agent_id, key, kind, call, None)], utc_now_iso())
@@ -8450,9 +8456,9 @@ WORKFLOW_RUN = re.compile(r"^Run ID: (wf_[A-Za-z0-9_-]+)$|/subagents/workflows/(
                           re.M)  # e.g. wf_9169026d-0ab
 
 
-def workflow_runs(ack) -> set:
-    """The workflow runs a Workflow call's acknowledgement names (WORKFLOW_RUN)."""
-    return {m.group(1) or m.group(2) for m in WORKFLOW_RUN.finditer(ack or "")}
+def workflow_runs(ack) -> list:
+    """The workflow runs a Workflow call's acknowledgement names (WORKFLOW_RUN), in order."""
+    return [m.group(1) or m.group(2) for m in WORKFLOW_RUN.finditer(ack or "")]
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
 TASK_EVENT = re.compile(r"<event>(.*?)</event>", re.S)
 TASK_ID = re.compile(r"<task-id>([^<]*)</task-id>")
@@ -8550,8 +8556,8 @@ def _launched(name, args, ack):
     else:
         kind, task_id = name.lower(), ""
     out = OUTPUT_FILE.search(ack)
-    run = WORKFLOW_RUN.search(ack) if kind == "workflow" else None
-    run = (run.group(1) or run.group(2)) if run else ""
+    runs = workflow_runs(ack) if kind == "workflow" else []
+    run = runs[0] if runs else ""
     script = WORKFLOW_SCRIPT.search(ack) if kind == "workflow" else None
     return dict(kind=kind, task_id=task_id, output_file=out.group(1) if out else "",
                 run_id=run, script=script.group(1) if script else "")
@@ -8817,7 +8823,7 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
         # The thread's boundary moves to this one only once the session is accepted.
         note_built_boundary(store, new_sid, plan.boundary)
     if not pending:
-        if plan.view.empty and store.db.execute("SELECT 1 FROM turns LIMIT 1").fetchone():
+        if plan.view.empty and plan.view.bands:  # (turns it could have held, all left out)
             raise usage_error(f"a view of thread {thread_id} within the target of {policy.effective_target:,} "
                               f"tokens holds no turn (its header alone is {plan.view.tokens:,}); give a larger "
                               "target (lowerBoundTokens)")
@@ -8890,9 +8896,12 @@ def handle_floor(store, session_id) -> int:
     return max(row[0] or 0, int(_meta(store, f"handles_after:{session_id}", 0)))
 
 
-# A user text message that came from a queued_command attachment (the only user text
-# with data): Claude holds it as an attachment, under no handle the hook is given.
-QUEUED_PROMPT_SQL = "(kind = 'user_text' AND data IS NOT NULL)"
+# A user text message that came from a queued_command attachment, or a prompt Claude took
+# in mid-turn that only its enqueue record wrote down (their data is that attachment or
+# record; a text block's own data is the block, of type text): Claude holds it as an
+# attachment, under no handle the hook is given.
+QUEUED_PROMPT_SQL = ("(kind = 'user_text' AND data IS NOT NULL AND substr(data, 1, 1) != char(0) AND "
+                     "json_valid(data) AND json_extract(data, '$.type') IN ('queued_command', 'queue-operation'))")
 HELD_AS_WORDS = -1  # live_handles' count for such a message: the view gives it back as text
 
 
@@ -15307,22 +15316,25 @@ def exact_query(text: str):
     return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-# Characters that change how the rest of a line reads without showing themselves: the
-# bidirectional overrides, embeddings, isolates and marks (a hit's line could show text in
-# another order than the message holds it), a zero-width space and a byte-order mark.
-INVISIBLE_FORMAT = frozenset("\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
-                             "\u2066\u2067\u2068\u2069\ufeff")
+# Joiners: format characters that are part of how a script or an emoji is written.
+JOINERS = "\u200c\u200d"
 
 
 def escape_controls(text: str) -> str:
-    """Text on one line: control characters (newlines, tabs, ESC, ...) and invisible format
-    characters (INVISIBLE_FORMAT) written as escapes."""
+    """Text on one line: control characters (newlines, tabs, ESC, ...) and the format
+    characters that change how the rest of a line reads without showing themselves (Unicode's
+    Cf: bidirectional overrides, embeddings, isolates and marks, under which a hit's line
+    could show text in another order than its message holds it; zero-width spaces, a soft
+    hyphen, a byte-order mark, tag characters; not the joiners) written as escapes."""
+    import unicodedata
     out = []
     for ch in text:
         if ch in "\n\t\r":
             out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
-        elif ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" or ch in INVISIBLE_FORMAT:
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
+        elif (ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029"
+              or (ord(ch) >= 0xAD and ch not in JOINERS and unicodedata.category(ch) == "Cf")):
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
+                       else f"\\U{ord(ch):08x}")
         else:
             out.append(ch)
     return "".join(out)

@@ -760,7 +760,8 @@ def test_a_state_folder_this_user_cannot_use_is_refused_not_read_as_empty(iso_en
 
 def test_the_checkouts_launcher_runs_cc_lhc_from_any_folder_with_cached_bytecode(tmp_path):
     """bin/cc-lhc (the README's alias) imports cc_lhc.py, so Python compiles it once and
-    keeps the bytecode, and the folder it runs in cannot shadow a standard module."""
+    keeps the bytecode (and, like any script run by path, never reads modules from the
+    folder it runs in)."""
     import subprocess
     launcher = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", "cc-lhc")
     (tmp_path / "json.py").write_text("raise SystemExit('the folder shadowed json')\n")

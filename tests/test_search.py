@@ -899,6 +899,7 @@ def test_a_hit_line_shows_bidirectional_overrides_and_invisible_marks_as_escapes
     assert cc_lhc.escape_controls("ok\u202eevil\u202c \u200bx\ufeff \u2066y\u2069") == \
         "ok\\u202eevil\\u202c \\u200bx\\ufeff \\u2066y\\u2069"
     assert cc_lhc.escape_controls("👨\u200d👩 \u05e9\u05dc\u05d5\u05dd") == "👨\u200d👩 \u05e9\u05dc\u05d5\u05dd"  # joined emoji, Hebrew
+    assert cc_lhc.escape_controls("soft\u00adhyphen \u2060 tag\U000e0041") == "soft\\xadhyphen \\u2060 tag\\U000e0041"
 
 
 def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_lacks(tmp_path, monkeypatch, capsysbinary):
@@ -929,3 +930,18 @@ def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_l
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def test_a_calls_values_never_its_keys_and_no_redacted_thinking(tmp_path, monkeypatch, capsysbinary):
+    """A call's keys are never searched, even one with no values; a redacted thinking
+    block's encrypted data is not text anyone can look for."""
+    assert cc_lhc._call_values('{"a": {}, "b": null, "c": true}') is None
+    assert cc_lhc._call_values('{"file_path": "/x", "n": 1.50}') == "/x\n1.50"
+    assert cc_lhc._call_values("not json {") == "not json {"
+    tr = Transcript()
+    tr.prompt("redact")
+    tr.response({"type": "redacted_thinking", "data": "ENCRYPTED-BLOB-QQQ=="}, text("answer"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    status, out, _ = search(capsysbinary, "ENCRYPTED-BLOB-QQQ")
+    assert not [h for h in hits_of(out) if h["how"] == "exact"], out

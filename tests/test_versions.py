@@ -747,12 +747,13 @@ def test_a_user_record_with_nothing_in_it_is_kept_as_its_line_and_opens_no_turn(
         _record(session, 3, "user", u(2)),
         _record(session, 4, "user", u(3), message={"role": "user"}),
         _record(session, 5, "user", u(4), message={"role": "user", "content": None}),
-        said(6, u(5), "second"), said(7, u(6), "two", "assistant")])
+        _record(session, 6, "user", u(5), message={"role": "user", "content": ""}),
+        said(7, u(6), "second"), said(8, u(7), "two", "assistant")])
     t = intake(path, session)
     assert [n for n, _s, _r in turns(t)] == [1, 2]
     assert [m["text"] for m in t.store.messages()] == ["first", "one", "second", "two"]
     kept = t.store.db.execute("SELECT line, reason FROM raw_lines ORDER BY line").fetchall()
-    assert kept == [(3, "unplaced_record"), (4, "unplaced_record"), (5, "unplaced_record")]
+    assert kept == [(n, "unplaced_record") for n in (3, 4, 5, 6)]
 
 
 def test_a_text_blocks_other_fields_are_kept_and_exported(tmp_path, monkeypatch, capsysbinary):
@@ -770,6 +771,9 @@ def test_a_text_blocks_other_fields_are_kept_and_exported(tmp_path, monkeypatch,
     exported = json.loads(capsysbinary.readouterr().out)
     assert [m.get("block") for m in exported] == [marked, cited]
     assert [m["text"] for m in exported] == [marked["text"], cited["text"]]
+    # a prompt's own block is no prompt queued mid-turn (whose data is its attachment):
+    # the in-process view still serves it by its handle
+    assert t.store.db.execute(f"SELECT count(*) FROM messages WHERE {cc_lhc.QUEUED_PROMPT_SQL}").fetchone() == (0,)
 
 
 def test_a_record_of_an_unknown_type_holding_a_message_is_kept_as_its_line(tmp_path):

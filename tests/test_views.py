@@ -1214,7 +1214,8 @@ def test_a_long_turns_view_fills_its_target_and_grows_with_it(tmp_path):
     turns = thread.turns
     summaries = cc_lhc.thread_summaries(thread.store, turns)
     served, counter = [], cc_lhc.ViewCounter(cc_lhc.TokenCounter())  # (exact, whatever came before)
-    assert counter.exact
+    if not counter.exact:
+        pytest.skip(f"exact counts are not to be had here: {counter.tokens.reason}")
     for target in range(50_000, 200_001, 15_000):  # (a step is one call and its 12 KB output, 3.9k)
         view, _header = cc_lhc.serve_view(thread.id, turns, target, "default", summaries, counter=counter)
         assert target * 0.88 <= view.tokens <= target, (target, view.tokens)
