@@ -4658,51 +4658,51 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     counter = counter or ViewCounter()
     budget = max(0, budget)  # (a reserve larger than a tiny target leaves none: the header alone)
     last_seq = {t.n: t.messages[-1]["seq"] for t in turns if t.messages}
-    args = (thread_id, turns, profile, summaries, favoured, fell_back, boundary, native)
+    ask = ViewAsk(thread_id, turns, profile, summaries, favoured, fell_back, boundary, native)
     fixed = _view_parts(thread_id, turns, budget, profile, boundary, fell_back)
-    used, view, header, counted = best = _fit_view(args, budget, fixed, counter, last_seq)
-    if used < budget * VIEW_REFINE_FILL and not _all_verbatim(view, last_seq, boundary):
-        finer = _fit_view(args, budget, _view_parts(thread_id, turns, budget, profile, boundary, fell_back,
-                                                    VIEW_REFINE_PARTS, fixed), counter, last_seq)
-        if finer[0] > used:
+    best = _fit_view(ask, budget, fixed, counter, last_seq)
+    if best.tokens < budget * VIEW_REFINE_FILL and not _all_verbatim(best.view, last_seq, boundary):
+        finer = _fit_view(ask, budget, _view_parts(thread_id, turns, budget, profile, boundary, fell_back,
+                                                   VIEW_REFINE_PARTS, fixed), counter, last_seq)
+        if finer.tokens > best.tokens:
             best = finer
-    used, view, header, counted = best
-    view.tokens = used
+    view, counted = best.view, best.counted
+    view.tokens = best.tokens
     view.counting = "exact o200k_base" if counter.exact else "safe estimate"
     counter.tokens.save_later()
     view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
-    return view, header
+    return view, best.header
 
 
 VIEW_REFINE_FILL = 0.9      # a view counted below this share of its budget is fitted again with finer parts
 VIEW_REFINE_PARTS = 4       # ... cut at a quarter of the segment size
+# What serve_view was asked for, the same in every allocation it tries.
+ViewAsk = collections.namedtuple("ViewAsk", "thread_id turns profile summaries favoured fell_back boundary native")
+# One allocation's view, counted: its total, the view, its header, and view_tokens' parts.
+CountedView = collections.namedtuple("CountedView", "tokens view header counted")
 
 
-def _counted_view(args, alloc, fixed, counter) -> tuple:
-    """(count, view, header, counted parts) of one allocation."""
-    thread_id, turns, profile, summaries, favoured, fell_back, boundary, native = args
-    view, header = _serve_view(thread_id, turns, alloc, profile, summaries, favoured, fell_back,
-                               boundary, native, fixed)
-    counted = view_tokens(view, header, turns, counter)
-    return counted["total"], view, header, counted
+def _counted_view(ask: ViewAsk, alloc, fixed, counter) -> CountedView:
+    view, header = _serve_view(ask.thread_id, ask.turns, alloc, ask.profile, ask.summaries, ask.favoured,
+                               ask.fell_back, ask.boundary, ask.native, fixed)
+    counted = view_tokens(view, header, ask.turns, counter)
+    return CountedView(counted["total"], view, header, counted)
 
 
-def _fit_view(args, budget, fixed, counter, last_seq) -> tuple:
-    """The fullest view within ``budget`` of the parts in ``fixed`` (see _view_parts), as
-    (count, view, header, counted parts): the allocation is scaled by how far the count fell
-    from the budget, and once one allocation fits and another does not, halfway between
-    them, up to VIEW_FIT_ROUNDS times (the count is a step function of the allocation,
-    so scaling by it overshoots)."""
-    boundary = args[6]
+def _fit_view(ask: ViewAsk, budget, fixed, counter, last_seq) -> CountedView:
+    """The fullest view within ``budget`` of the parts in ``fixed`` (see _view_parts): the
+    allocation is scaled by how far the count fell from the budget, and once one allocation
+    fits and another does not, halfway between them, up to VIEW_FIT_ROUNDS times (the count
+    is a step function of the allocation, so scaling by it overshoots)."""
     alloc, best = budget, None
     fits, over = None, None  # the largest allocation seen within budget, the smallest over it
     for _ in range(VIEW_FIT_ROUNDS):
-        found = _counted_view(args, alloc, fixed, counter)
-        used, view = found[0], found[1]
+        found = _counted_view(ask, alloc, fixed, counter)
+        used = found.tokens
         if used <= budget:
-            if best is None or used > best[0]:
+            if best is None or used > best.tokens:
                 best = found
-            if used >= budget * VIEW_FIT_FILL or _all_verbatim(view, last_seq, boundary):
+            if used >= budget * VIEW_FIT_FILL or _all_verbatim(found.view, last_seq, ask.boundary):
                 break  # full enough, or all of it is in view verbatim
             fits = alloc if fits is None else max(fits, alloc)
         else:
@@ -4719,8 +4719,8 @@ def _fit_view(args, budget, fixed, counter, last_seq) -> tuple:
                 break
     while best is None:  # still over: shrink until it fits (an empty allocation serves the header)
         alloc = int(alloc * budget / max(used, 1) * 0.9)
-        found = _counted_view(args, alloc, fixed, counter)
-        used = found[0]
+        found = _counted_view(ask, alloc, fixed, counter)
+        used = found.tokens
         if used <= budget or alloc == 0:
             best = found
     return best
