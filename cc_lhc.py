@@ -16029,10 +16029,15 @@ def cmd_measure(args) -> int:
         if r["messages"] and not r["view_within_target"]:
             notes.append(f"session {r['session']}: the smart compact view ({r['smart_compact_tokens']:,} tokens) "
                          f"is over the target ({target:,})")
-        if r.get("estimate"):  # (what the same session comes to where the tokenizer is missing)
+        if r.get("estimate") and len(rows) == 1:  # (what it comes to where the tokenizer is missing)
             notes.append(f"session {r['session']}: the safe estimate used without the tokenizer counts it "
                          f"{r['estimate']['tokens']:,} tokens and this view {r['estimate']['smart_compact_tokens']:,} "
                          "(a view fitted by it holds less)")
+    estimated = [r for r in rows if r.get("estimate")]
+    if len(estimated) > 1:
+        exact, safe = sum(r["tokens"] for r in estimated), sum(r["estimate"]["tokens"] for r in estimated)
+        notes.append(f"the safe estimate used without the tokenizer counts these sessions {safe:,} tokens "
+                     f"against {exact:,} (per session: --json)")
     if len(rows) > 1 and report["median_lean_cut_pct"] is not None:
         # (as the table writes them: the change to the size, so a 72.9% cut reads -72.9%)
         notes.append(f"median: lean {_change(report['median_lean_cut_pct'])}, smart compact "

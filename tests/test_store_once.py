@@ -474,3 +474,10 @@ def test_measure_says_both_counts_under_its_table(exact_tokens, capsys):
     out = capsys.readouterr().out
     assert (f"the safe estimate used without the tokenizer counts it {estimate['tokens']:,} tokens and this "
             f"view {estimate['smart_compact_tokens']:,}") in out
+    folder = Path(__file__).parent / "fixtures" / "samples"  # (several sessions: one line for them all)
+    assert cc_lhc.main(["measure", str(folder), "--json"]) in (0, 1)
+    sessions = json.loads(capsys.readouterr().out)["sessions"]
+    cc_lhc.main(["measure", str(folder)])
+    out = capsys.readouterr().out
+    assert out.count("the safe estimate used without the tokenizer counts") == 1
+    assert f"counts these sessions {sum(r['estimate']['tokens'] for r in sessions):,} tokens" in out
