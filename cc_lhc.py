@@ -8900,8 +8900,10 @@ def handle_floor(store, session_id) -> int:
 # in mid-turn that only its enqueue record wrote down (their data is that attachment or
 # record; a text block's own data is the block, of type text): Claude holds it as an
 # attachment, under no handle the hook is given.
-QUEUED_PROMPT_SQL = ("(kind = 'user_text' AND data IS NOT NULL AND substr(data, 1, 1) != char(0) AND "
-                     "json_valid(data) AND json_extract(data, '$.type') IN ('queued_command', 'queue-operation'))")
+# (CASE, not AND: SQLite may evaluate every operand of an AND, and json_extract raises on
+# data that is no JSON, such as a block kept whole behind a NUL)
+QUEUED_PROMPT_SQL = ("(kind = 'user_text' AND data IS NOT NULL AND CASE WHEN json_valid(data) "
+                     "THEN json_extract(data, '$.type') END IN ('queued_command', 'queue-operation'))")
 HELD_AS_WORDS = -1  # live_handles' count for such a message: the view gives it back as text
 
 
@@ -15316,8 +15318,11 @@ def exact_query(text: str):
     return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-# Joiners: format characters that are part of how a script or an emoji is written.
-JOINERS = "\u200c\u200d"
+# Format characters that are part of how a script or an emoji is written, shown as they
+# are: the joiners, and the visible marks that Arabic, Syriac and Kaithi numbers begin
+# with; tag characters only in an emoji flag's sequence (England's: a black flag, then tags).
+SHOWN_FORMAT = re.compile("[\u200c\u200d\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\U000110bd\U000110cd]")
+FLAG_TAGS = re.compile("\U0001f3f4[\U000e0020-\U000e007f]+")
 
 
 def escape_controls(text: str) -> str:
@@ -15325,14 +15330,17 @@ def escape_controls(text: str) -> str:
     characters that change how the rest of a line reads without showing themselves (Unicode's
     Cf: bidirectional overrides, embeddings, isolates and marks, under which a hit's line
     could show text in another order than its message holds it; zero-width spaces, a soft
-    hyphen, a byte-order mark, tag characters; not the joiners) written as escapes."""
+    hyphen, a byte-order mark; not SHOWN_FORMAT) written as escapes."""
     import unicodedata
     out = []
-    for ch in text:
-        if ch in "\n\t\r":
+    flags = {at for m in FLAG_TAGS.finditer(text) for at in range(m.start() + 1, m.end())}
+    for at, ch in enumerate(text):
+        if at in flags:
+            out.append(ch)
+        elif ch in "\n\t\r":
             out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
         elif (ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029"
-              or (ord(ch) >= 0xAD and ch not in JOINERS and unicodedata.category(ch) == "Cf")):
+              or (ord(ch) >= 0xAD and unicodedata.category(ch) == "Cf" and not SHOWN_FORMAT.match(ch))):
             out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
                        else f"\\U{ord(ch):08x}")
         else:
@@ -15407,6 +15415,9 @@ def _exact_hits(store, text: str, limit: int, behind=False):
     messages yet, which are scanned."""
     query = exact_query(text)
     cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, {SEARCH_BODY_SQL} AS body"
+    # (read before the index is: a chunk the index takes in meanwhile is then both matched
+    # and scanned, and its hits are counted once, never neither)
+    upto = store.db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() if behind else None
     scanned = []
     if query is not None and store.has_exact_index():
         # (LIMIT -1 keeps the query below from folding this one into it: body is then
@@ -15438,10 +15449,10 @@ def _exact_hits(store, text: str, limit: int, behind=False):
         hits += found(f"SELECT {cols} FROM messages m WHERE m.seq IN ({','.join('?' * len(scanned))}) "
                       "ORDER BY m.seq DESC LIMIT -1", (*scanned, text))
     if behind and query is not None and store.has_exact_index():
-        upto = store.db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone()
         hits += found(f"SELECT {cols} FROM messages m WHERE m.seq > ? ORDER BY m.seq DESC LIMIT -1",
                       (int(upto[0]) if upto else 0, text))
-    return sorted(hits, key=lambda h: (h.own, -h.seq))[:limit]
+    once = {h.seq: h for h in hits}
+    return sorted(once.values(), key=lambda h: (h.own, -h.seq))[:limit]
 
 
 def _word_hits(store, text: str, limit: int):
@@ -15513,9 +15524,11 @@ def _indexed_for_search(store) -> bool:
 
 
 def written_briefly(db, work) -> bool:
-    """work() with the connection waiting SEARCH_LOCK_WAIT_MS, not 30 s, for another
-    process's write lock; False when it did not get it (what work() had committed stays)."""
+    """work() with the connection waiting SEARCH_LOCK_WAIT_MS, not its own timeout, for
+    another process's write lock; False when it did not get it (what work() had committed
+    stays)."""
     import sqlite3
+    (usual,) = db.execute("PRAGMA busy_timeout").fetchone()
     db.execute(f"PRAGMA busy_timeout = {SEARCH_LOCK_WAIT_MS}")
     try:
         work()
@@ -15523,9 +15536,11 @@ def written_briefly(db, work) -> bool:
     except sqlite3.OperationalError as e:
         if "locked" not in str(e) and "busy" not in str(e):
             raise
+        if db.in_transaction:  # (a COMMIT that could not get the lock leaves its transaction open)
+            db.execute("ROLLBACK")
         return False
     finally:
-        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute(f"PRAGMA busy_timeout = {int(usual)}")
 
 
 SEARCH_LIMIT_MAX = 200

@@ -900,6 +900,8 @@ def test_a_hit_line_shows_bidirectional_overrides_and_invisible_marks_as_escapes
         "ok\\u202eevil\\u202c \\u200bx\\ufeff \\u2066y\\u2069"
     assert cc_lhc.escape_controls("👨\u200d👩 \u05e9\u05dc\u05d5\u05dd") == "👨\u200d👩 \u05e9\u05dc\u05d5\u05dd"  # joined emoji, Hebrew
     assert cc_lhc.escape_controls("soft\u00adhyphen \u2060 tag\U000e0041") == "soft\\xadhyphen \\u2060 tag\\U000e0041"
+    england = "\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f"
+    assert cc_lhc.escape_controls(f"{england} \u0601\u0662") == f"{england} \u0601\u0662"  # a flag, an Arabic year mark
 
 
 def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_lacks(tmp_path, monkeypatch, capsysbinary):
@@ -945,3 +947,40 @@ def test_a_calls_values_never_its_keys_and_no_redacted_thinking(tmp_path, monkey
     grant(thread, monkeypatch)
     status, out, _ = search(capsysbinary, "ENCRYPTED-BLOB-QQQ")
     assert not [h for h in hits_of(out) if h["how"] == "exact"], out
+
+
+def test_a_search_behind_its_index_misses_nothing_the_index_takes_in_meanwhile(tmp_path, monkeypatch):
+    """The process holding the lock commits an index chunk between the index's query and the
+    scan of what it did not cover: those messages are found once, not lost between the two."""
+    import sqlite3
+    tr = Transcript()
+    tr.prompt("first question OLD-NEEDLE")
+    tr.response(text("first answer"))
+    path = tmp_path / f"{tr.session_id}.jsonl"
+    thread = intake(tr.write(path), tr.session_id)
+    tr.prompt("LATE-NEEDLE in a later prompt")
+    tr.response(text("later answer"))
+    tr.write(path)
+    cap = cc_lhc.Capture(thread.home, thread.id, tr.session_id, str(path))
+    cap.catch_up(index=False)
+    cap.store.close()
+    store = thread.store
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's index build holds the lock
+    monkeypatch.setattr(cc_lhc, "SEARCH_LOCK_WAIT_MS", 200)
+    real, calls = store.has_exact_index, []
+
+    def has_exact_index():
+        calls.append(1)
+        if len(calls) == 2:  # after the index's query: the other process commits its chunk
+            holder.execute("ROLLBACK")
+            other = cc_lhc.ThreadStore(thread.home, thread.id)
+            other.index_search()
+            other.close()
+        return real()
+    monkeypatch.setattr(store, "has_exact_index", has_exact_index)
+    try:
+        hits = cc_lhc.search_thread(store, "-NEEDLE", 10)
+    finally:
+        holder.close()
+    assert len(calls) >= 2 and sorted(h.seq for h in hits) == [1, 3], [(h.seq, h.how) for h in hits]

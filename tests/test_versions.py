@@ -835,3 +835,19 @@ def test_a_catch_up_of_its_own_sees_a_2_0_agent_file_that_just_appeared(tmp_path
     cap.catch_up()
     assert cap.store.db.execute(held).fetchone()[0] > 0
     cap.stop()
+
+
+def test_a_prompt_block_kept_whole_behind_its_nul_is_served_by_its_handle(tmp_path):
+    """A text block with other fields whose text looks like cc-lhc's marker is stored whole,
+    behind a NUL (no JSON): telling queued prompts apart never reads it as JSON."""
+    session = "21328000-0000-4000-8000-0000000000e2"
+    odd = {"type": "text", "text": "\u0000cc-lhc:text here", "cache_control": {"type": "ephemeral"}}
+    path = _write(tmp_path / f"{session}.jsonl", [
+        _record(session, 1, "user", message={"role": "user", "content": [odd]}),
+        _record(session, 2, "assistant", "00000000-0000-4000-8000-000000000001", message={
+            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "ok"}]})])
+    t = intake(path, session)
+    assert t.store.db.execute("SELECT substr(CAST(data AS BLOB), 1, 1) FROM messages WHERE seq = 1").fetchone() == (b"\x00",)
+    handles = cc_lhc.live_handles(t.store, session)
+    assert handles and cc_lhc.HELD_AS_WORDS not in handles.values()
