@@ -904,14 +904,11 @@ def test_a_hit_line_shows_bidirectional_overrides_and_invisible_marks_as_escapes
     assert cc_lhc.escape_controls(f"{england} \u0601\u0662") == f"{england} \u0601\u0662"  # a flag, an Arabic year mark
 
 
-def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_lacks(tmp_path, monkeypatch, capsysbinary):
-    """Another process holding the thread's write lock (a long index build) kept a search
-    waiting 30 s for it and then failing; it now waits SEARCH_LOCK_WAIT_MS and reads the
-    messages the index does not cover yet by a scan."""
-    import sqlite3
-    import time
+def _with_a_prompt_not_yet_indexed(tmp_path):
+    """A thread of two turns: the first (OLD-NEEDLE) indexed, the second (LATE-NEEDLE)
+    stored and not yet in the search indexes."""
     tr = Transcript()
-    tr.prompt("first question")
+    tr.prompt("first question OLD-NEEDLE")
     tr.response(text("first answer"))
     path = tmp_path / f"{tr.session_id}.jsonl"
     thread = intake(tr.write(path), tr.session_id)
@@ -919,8 +916,18 @@ def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_l
     tr.response(text("later answer"))
     tr.write(path)
     cap = cc_lhc.Capture(thread.home, thread.id, tr.session_id, str(path))
-    cap.catch_up(index=False)  # stored, not yet indexed
+    cap.catch_up(index=False)
     cap.store.close()
+    return thread
+
+
+def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_lacks(tmp_path, monkeypatch, capsysbinary):
+    """Another process holding the thread's write lock (a long index build) kept a search
+    waiting 30 s for it and then failing; it now waits SEARCH_LOCK_WAIT_MS and reads the
+    messages the index does not cover yet by a scan."""
+    import sqlite3
+    import time
+    thread = _with_a_prompt_not_yet_indexed(tmp_path)
     holder = sqlite3.connect(thread.store.path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -953,17 +960,7 @@ def test_a_search_behind_its_index_misses_nothing_the_index_takes_in_meanwhile(t
     """The process holding the lock commits an index chunk between the index's query and the
     scan of what it did not cover: those messages are found once, not lost between the two."""
     import sqlite3
-    tr = Transcript()
-    tr.prompt("first question OLD-NEEDLE")
-    tr.response(text("first answer"))
-    path = tmp_path / f"{tr.session_id}.jsonl"
-    thread = intake(tr.write(path), tr.session_id)
-    tr.prompt("LATE-NEEDLE in a later prompt")
-    tr.response(text("later answer"))
-    tr.write(path)
-    cap = cc_lhc.Capture(thread.home, thread.id, tr.session_id, str(path))
-    cap.catch_up(index=False)
-    cap.store.close()
+    thread = _with_a_prompt_not_yet_indexed(tmp_path)
     store = thread.store
     holder = sqlite3.connect(store.path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process's index build holds the lock
