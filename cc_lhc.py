@@ -922,7 +922,8 @@ class TokenCounter:
         self._ahead = None  # texts waiting for count_ahead's thread
         self.ahead_error = None  # count_ahead's last failure (it goes on; the session's end logs it)
         self._whole_wanted = False  # a process that counts for long builds the whole encoder
-        self._for_texts = []  # (encoder, the 4-grams it covers, their words' bytes, its tokens) built for texts at hand
+        # (encoder, the 4-grams it covers, their words' bytes, its tokens) built for texts at hand
+        self._for_texts = []
         self._index = None  # VocabIndex, once loaded (False: it cannot be had)
         self._numbers = None  # _number_ranks, once picked
 
@@ -2909,8 +2910,8 @@ SEARCH_BODY_SQL = """CASE
 def _call_values(text):
     """lhc_values() in SQL: a tool call's JSON input as search reads it, its string values
     and its numbers as the record holds them (3.141592653589793, 1e+21, a 20-digit id:
-    SQLite's JSON reader would spell them its own way), one a line, never its keys; a text that is no JSON as it
-    is; None for an input with no values."""
+    SQLite's JSON reader would spell them its own way), one a line, never its keys; a text
+    that is no JSON as it is; None for an input with no values."""
     if not isinstance(text, str):
         return text
     try:
@@ -3781,7 +3782,7 @@ class ThreadStore:
             "AND c.seq < coalesce((SELECT min(a.seq) FROM messages a WHERE a.agent = agents.agent_id), "
             "c.seq + 1) ORDER BY c.seq DESC LIMIT 1) WHERE tool_use_id IS NULL AND prompt IS NOT NULL")
 
-    def agent_call(self, agent_id):
+    def linked_call(self, agent_id):
         """The call an agent is linked to (its tool_use_id), or None."""
         row = self.db.execute("SELECT tool_use_id FROM agents WHERE agent_id = ?", (agent_id,)).fetchone()
         return row[0] if row else None
@@ -4487,7 +4488,8 @@ def safe_estimate(text) -> int:
     # is taken for random outright.
     if letters:
         vowels = len(ascii_) - len(ascii_.translate(None, VOWELS))
-        random_share = 1.0 if letters < RANDOM_LETTERS_SHORT else min(1.0, max(0.0, (0.4 - vowels / letters) / 0.2))
+        random_share = (1.0 if letters < RANDOM_LETTERS_SHORT
+                        else min(1.0, max(0.0, (0.4 - vowels / letters) / 0.2)))
         pieces = max(words, int(random_share * RANDOM_LETTER_TOKENS * letters)) + numbers + spaces + signs
     else:
         pieces = numbers + spaces + signs
@@ -8013,7 +8015,8 @@ class Capture:
         so a file is this session's only when its records name the session (legacy_owner).
         What a file said is kept; one that named no session yet is asked again once it
         grew. While the live thread polls, the folder is looked at no more than once a
-        second (and at the last catch-up, once stopping); a catch-up of its own looks each time."""
+        second (and at the last catch-up, once stopping); a catch-up of its own looks each
+        time."""
         import time
         now = time.monotonic()
         polling = self._stop is not None and not self._stop.is_set()
@@ -8082,7 +8085,7 @@ class Capture:
         if size == src["offset"]:
             return 0
         call = self._agent_call(path)
-        if call is None and kind == "workflow" and store.agent_call(agent_id) is None:
+        if call is None and kind == "workflow" and store.linked_call(agent_id) is None:
             parts = key.split("/")  # (its .meta.json names no call: the run's folder does)
             call = store.workflow_call(parts[parts.index("workflows") + 1], self._agent_start(f))
         with Tx(store.db):
@@ -8459,6 +8462,8 @@ WORKFLOW_RUN = re.compile(r"^Run ID: (wf_[A-Za-z0-9_-]+)$|/subagents/workflows/(
 def workflow_runs(ack) -> list:
     """The workflow runs a Workflow call's acknowledgement names (WORKFLOW_RUN), in order."""
     return [m.group(1) or m.group(2) for m in WORKFLOW_RUN.finditer(ack or "")]
+
+
 TASK_STOP_TOOLS = ("TaskStop", "KillShell", "KillBash")
 TASK_EVENT = re.compile(r"<event>(.*?)</event>", re.S)
 TASK_ID = re.compile(r"<task-id>([^<]*)</task-id>")
@@ -15513,14 +15518,8 @@ SEARCH_LOCK_WAIT_MS = 2_000
 def search_thread(store, text: str, limit: int):
     """Messages holding text exactly, newest first; only when none does, the messages that
     hold its words, best ranked first (the text was vague: words that never stand so)."""
-    return (_exact_hits(store, text, limit, behind=not _indexed_for_search(store))
-            or _word_hits(store, text, limit))
-
-
-def _indexed_for_search(store) -> bool:
-    """Bring the search indexes up to the record unless another process holds the thread's
-    write lock for longer than SEARCH_LOCK_WAIT_MS; whether they are up to date."""
-    return written_briefly(store.db, store.index_search)
+    indexed = written_briefly(store.db, store.index_search)  # (False: another process holds the lock)
+    return _exact_hits(store, text, limit, behind=not indexed) or _word_hits(store, text, limit)
 
 
 def written_briefly(db, work) -> bool:
@@ -16045,8 +16044,9 @@ def cmd_measure(args) -> int:
             notes.append(f"session {r['session']}: the smart compact view ({r['smart_compact_tokens']:,} tokens) "
                          f"is over the target ({target:,})")
         if r.get("estimate") and len(rows) == 1:  # (what it comes to where the tokenizer is missing)
+            est = r["estimate"]
             notes.append(f"session {r['session']}: the safe estimate used without the tokenizer counts it "
-                         f"{r['estimate']['tokens']:,} tokens and this view {r['estimate']['smart_compact_tokens']:,} "
+                         f"{est['tokens']:,} tokens and this view {est['smart_compact_tokens']:,} "
                          "(a view fitted by it holds less)")
     estimated = [r for r in rows if r.get("estimate")]
     if len(estimated) > 1:

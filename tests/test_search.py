@@ -936,6 +936,9 @@ def test_a_search_that_cannot_take_the_threads_write_lock_scans_what_the_index_l
         started = time.monotonic()
         assert_found_first_exactly(capsysbinary, ["LATE-NEEDLE"])
         assert time.monotonic() - started < 10
+        # the retrieval's note of what it showed could not be written: said in the log
+        log = Path(thread.home.path("wrapper.log")).read_text()
+        assert '"event": "impression_not_recorded"' in log
     finally:
         holder.execute("ROLLBACK")
         holder.close()
