@@ -1568,12 +1568,89 @@ def flatten_tool_output(content) -> str:
             elif isinstance(block, dict):
                 parts.append(f"[{block.get('type', 'block')}]")
         return "\n".join(parts)
-    return "" if content is None else json.dumps(content, ensure_ascii=False)
+    if content is None:
+        return ""
+    text = _dump_spaced(content)
+    return with_js_floats(content, text, _dump_spaced) if _REPR_ONLY_FLOAT in text else text
+
+
+_dump_spaced = json.JSONEncoder(ensure_ascii=False).encode  # (json.dumps's own separators)
 
 
 # One encoder for every block the parser writes: json.dumps with these options would
 # build a new one per call, a fifth of what dumping a small block costs.
-_dump = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_dump_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _dump(value) -> str:
+    """A block as the parser keeps it: compact JSON, its numbers spelled as Claude Code
+    wrote them (see js_float_text)."""
+    text = _dump_json(value)
+    return with_js_floats(value, text, _dump_json) if _REPR_ONLY_FLOAT in text else text
+
+
+# A float whose repr JavaScript writes otherwise has an exponent of -5 to -9 in repr, which
+# writes it with a leading zero (its exponents from 16 to 20, which JavaScript writes as
+# whole numbers, are left out: JavaScript never writes a float there, and Python reads its
+# digits as an int).
+_REPR_ONLY_FLOAT = "e-0"
+
+
+def js_float_text(value: float) -> str:
+    """A float as Claude Code's JSON.stringify writes it (JavaScript's Number toString): the
+    same shortest digits as Python's repr, placed as JavaScript places them. Only below
+    1e-4 do the two differ: 0.00001234 and 1.2345e-7, which repr writes 1.234e-05 and
+    1.2345e-07 (and above 1e16, which JavaScript writes in full up to 1e21)."""
+    text = repr(value)
+    mantissa, exponent_sign, exponent = text.partition("e")
+    if not exponent_sign:
+        return text  # (fixed-point, as JavaScript writes it too; inf and nan are never stored)
+    sign, mantissa = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
+    power, digits = int(exponent), mantissa.replace(".", "")
+    if -7 < power < 0:
+        return f"{sign}0.{'0' * (-power - 1)}{digits}"
+    if 0 <= power < 21:
+        return sign + digits + "0" * (power + 1 - len(digits))
+    return f"{sign}{mantissa}e{'+' if power > 0 else '-'}{abs(power)}"
+
+
+def json_as_written(value, **options) -> str:
+    """json.dumps(value, **options) with its floats spelled as Claude Code wrote them (what
+    the export writes of a message's JSON)."""
+    encode = json.JSONEncoder(**options).encode
+    text = encode(value)
+    return with_js_floats(value, text, encode) if _REPR_ONLY_FLOAT in text else text
+
+
+def with_js_floats(value, text, encode):
+    """``text`` (encode(value)) with each float spelled by js_float_text where repr spells
+    it otherwise: such floats are encoded as unique strings and those swapped for the
+    numbers. ``text`` itself when it holds none (or nests too deep to be walked)."""
+    nonce, numbers = os.urandom(8).hex(), {}
+
+    def swap(item):
+        if isinstance(item, float):
+            js = js_float_text(item)
+            if js == repr(item):
+                return item
+            stand_in = f"\x00{nonce}:{len(numbers)}"
+            numbers[_dump_json(stand_in)] = js
+            return stand_in
+        if isinstance(item, dict):
+            return {k: swap(v) for k, v in item.items()}
+        if isinstance(item, list):
+            return [swap(v) for v in item]
+        return item
+    try:
+        swapped = swap(value)
+    except RecursionError:
+        return text
+    if not numbers or any(stand_in in text for stand_in in numbers):
+        return text
+    out = encode(swapped)
+    for stand_in, js in numbers.items():
+        out = out.replace(stand_in, js, 1)
+    return out
 
 
 # Each payload is stored once. A block whose text the message's text column already holds
@@ -2907,6 +2984,12 @@ SEARCH_BODY_SQL = """CASE
  END"""
 
 
+def _float_as_written(text: str) -> str:
+    """A stored float as Claude Code wrote it (a thread captured before the parser kept
+    JavaScript's spelling holds 1.234e-05 for 0.00001234)."""
+    return js_float_text(float(text)) if _REPR_ONLY_FLOAT in text else text
+
+
 def _call_values(text):
     """lhc_values() in SQL: a tool call's JSON input as search reads it, its string values
     and its numbers as the record holds them (3.141592653589793, 1e+21, a 20-digit id:
@@ -2915,7 +2998,7 @@ def _call_values(text):
     if not isinstance(text, str):
         return text
     try:
-        value = json.loads(text, parse_int=str, parse_float=str, parse_constant=str)
+        value = json.loads(text, parse_int=str, parse_float=_float_as_written, parse_constant=str)
     except (ValueError, RecursionError):
         return text
     out, todo = [], [value]
@@ -10297,7 +10380,7 @@ def _markdown_block(block) -> str:
         return "> (thinking) " + (block.get("thinking") or "").replace("\n", "\n> ")
     if kind == "tool_use":
         return (f"**tool call {block.get('name')}** (`{block.get('id')}`)\n\n```json\n"
-                + json.dumps(block.get("input"), indent=2, ensure_ascii=False) + "\n```")
+                + json_as_written(block.get("input"), indent=2, ensure_ascii=False) + "\n```")
     if kind == "tool_result":
         content = block.get("content")
         if isinstance(content, list):
@@ -15043,7 +15126,7 @@ def cmd_export(args) -> int:
             out.write("[")
             sep = "\n"
             for m in store.messages(first, last, agents=True):
-                out.write(sep + json.dumps(export_record(m, agents), ensure_ascii=False))
+                out.write(sep + json_as_written(export_record(m, agents), ensure_ascii=False))
                 sep = ",\n"
             out.write("\n]\n")
         else:

@@ -861,6 +861,71 @@ def test_a_calls_numbers_are_found_as_written(tmp_path, monkeypatch, capsysbinar
     assert_found_first_exactly(capsysbinary, ("3.141592653589793", "12345678901234567890", "1e+21"))
 
 
+# Floats as Claude Code's JSON.stringify writes them, where Python's repr writes them otherwise.
+JS_FLOATS = {"small": ("0.00001234", 1.234e-05), "tiny": ("1.2345e-7", 1.2345e-07),
+             "edge": ("0.000001", 1e-06), "neg": ("-0.000056789", -5.6789e-05), "nine": ("5e-9", 5e-09)}
+
+
+def test_a_calls_small_floats_keep_the_spelling_claude_code_wrote(tmp_path, monkeypatch, capsysbinary):
+    """Claude Code writes 0.00001234 and 1.2345e-7 where Python's repr writes 1.234e-05 and
+    1.2345e-07: the thread keeps the transcript's spelling, so search finds what the
+    transcript shows and the export gives it back as it was."""
+    tr = Transcript()
+    tr.prompt("fit it")
+    (call,) = tr.response(tool_use("mcp__fit__run", **{k: v for k, (_js, v) in JS_FLOATS.items()},
+                                   note="e-05 stays as it is in a string"), stop="tool_use")
+    tr.results((call["id"], "ok", False))
+    tr.response(text("done"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    raw = path.read_text()
+    for key, (js, value) in JS_FLOATS.items():
+        raw = raw.replace(f'"{key}": {value!r}', f'"{key}": {js}').replace(f'"{key}":{value!r}', f'"{key}":{js}')
+        assert f'"{key}": {js}' in raw or f'"{key}":{js}' in raw, key
+    path.write_text(raw)
+    thread = intake(path, tr.session_id, tr.cwd)
+    grant(thread, monkeypatch)
+    assert_found_first_exactly(capsysbinary, [js for js, _v in JS_FLOATS.values()])
+    status, out, _ = search(capsysbinary, "1.234e-05")
+    assert "no messages match" in out
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV, raising=False)
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["export", thread.id, "--format", "json"]) == 0
+    (exported,) = [m for m in json.loads(capsysbinary.readouterr().out.decode()) if m["kind"] == "tool_call"]
+    line = next(line for line in raw.splitlines() if "mcp__fit__run" in line)
+    assert exported["input"] == json.loads(line)["message"]["content"][0]["input"]
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["export", thread.id, "--format", "json"]) == 0
+    printed = capsysbinary.readouterr().out.decode()
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["export", thread.id, "--format", "markdown"]) == 0
+    markdown = capsysbinary.readouterr().out.decode()
+    for key, (js, value) in JS_FLOATS.items():
+        assert f'"{key}": {js},' in printed and repr(value) not in printed
+        assert re.search(f'"{key}": ?{re.escape(js)},', markdown) and repr(value) not in markdown
+    assert exported["input"]["note"] == "e-05 stays as it is in a string"
+
+
+def test_floats_are_spelled_as_javascript_spells_them():
+    """js_float_text against JavaScript itself (node, which Claude Code runs on) over
+    100,000 floats of every size, and a few by hand where it is not there."""
+    import shutil
+    cases = [("0.00001234", 1.234e-05), ("1.2345e-7", 1.2345e-07), ("1e-7", 1e-07), ("0.000001", 1e-06),
+             ("0.0001", 1e-4), ("1e-10", 1e-10), ("5e-324", 5e-324), ("1e+21", 1e21), ("1.5e+300", 1.5e300),
+             ("0.1", 0.1), ("-0.00001", -1e-05), ("10000000000000000", 1e16), ("123456789012345680000", 1.2345678901234568e20)]
+    node = shutil.which("node")
+    if node:
+        script = ("const o=[];for(let i=0;i<100000;i++){const e=Math.floor(Math.random()*80)-50;"
+                  "const d=Math.floor(Math.random()*17)+1;const v=Number((Math.random()*10).toPrecision(d))*10**e;"
+                  "if(!Number.isInteger(v))o.push(JSON.stringify(v));}console.log(JSON.stringify(o))")
+        written = json.loads(subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout)
+        cases += [(js, float(js)) for js in written]
+    for js, value in cases:
+        assert cc_lhc.js_float_text(value) == js, (js, value)
+        if abs(value) < 1e16 or abs(value) >= 1e21:  # (JavaScript writes whole numbers between as ints)
+            assert cc_lhc._dump({"v": [value]}) == f'{{"v":[{js}]}}'
+    assert cc_lhc._dump({"s": "1.5e-05", "n": 1.5e-05}) == '{"s":"1.5e-05","n":0.000015}'
+
+
 def test_other_blocks_are_found_beside_a_text_block_that_names_the_marker(tmp_path, monkeypatch, capsysbinary):
     """A tool output's text that happens to hold cc-lhc's own marker word is no marker: the
     strings of its other blocks are still searched, and the Markdown export shows them."""
