@@ -1855,9 +1855,12 @@ class RolloutParser:
                 # (stored as null, as Claude Code sends it on; the line's bytes are kept)
                 rec, not_finite = finite_or_null(json.loads(raw)), True
         except ValueError as e:
-            if raw.strip():
-                self._malformed(raw, line_no, offset, f"not valid JSON: {e}")
-            return
+            rec = None if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)) else _with_long_ints_null(raw)
+            if rec is None:
+                if raw.strip():
+                    self._malformed(raw, line_no, offset, f"not valid JSON: {e}")
+                return
+            not_finite = True
         except RecursionError:
             # JSON sets no depth limit (a tool input can nest deep); Python's reader has
             # one. Such a line cannot become messages: it is kept as bytes and named, never
@@ -1901,6 +1904,8 @@ class RolloutParser:
     def _record(self, rec, size, line_no, offset):
         rtype = rec.get("type")
         uid = rec.get("uuid")
+        if isinstance(uid, str) and not uid.strip():
+            uid = None  # ("" names no record: every other such line would pass for its copy)
         if uid is None or rtype in BOOKKEEPING_TYPES:
             if rtype == "queue-operation" and self.agent is None:
                 self._queue_operation(rec, line_no)
@@ -2456,6 +2461,24 @@ def _finite_float(text: str) -> float:
 
 def _no_constant(name: str):
     raise NotFiniteNumber(name)
+
+
+def _int_or_null(text: str):
+    """parse_int that reads an integer longer than Python reads (4,300 digits) as null."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _with_long_ints_null(raw: bytes):
+    """A valid line holding an integer longer than Python reads, each such number (and any
+    inf or nan) null: Claude Code itself reads one as Infinity and sends it on as null. None
+    when the line is no such line (its error stands)."""
+    try:
+        return finite_or_null(json.loads(raw, parse_int=_int_or_null))
+    except (ValueError, RecursionError):
+        return None
 
 
 def finite_or_null(value):

@@ -220,7 +220,7 @@ def odd_transcript(tmp_path: Path, odd_line) -> tuple[Path, bytes]:
     t.user("before the odd line")
     line = odd_line(t.parent)
     t.raw(line)
-    t.parent = json.loads(line.decode("utf-8", "surrogatepass"))["uuid"]
+    t.parent = json.loads(line.decode("utf-8", "surrogatepass"), parse_int=lambda s: None)["uuid"]
     t.user("after the odd line")
     t.assistant(text("answer after it"))
     return t.write(tmp_path / "t.jsonl"), line
@@ -260,8 +260,23 @@ def not_finite(parent, call=False) -> bytes:
     return json.dumps(rec).encode().replace(b'"BIG"', b"1e400").replace(b'"NAN"', b"NaN")
 
 
+def too_long_int(parent, call=False) -> bytes:
+    """A reply whose usage (and with ``call`` a tool input) holds an integer of more digits
+    than Python reads (4,300): valid JSON, which JavaScript reads as Infinity and sends on
+    as null."""
+    content = [{"type": "text", "text": "a reply with a long integer"}]
+    if call:
+        content.append({"type": "tool_use", "id": "toolu_long", "name": "Calc", "input": {"n": "LONG", "ok": 7}})
+    rec = {"parentUuid": parent, "isSidechain": False, "type": "assistant", "uuid": "long-1",
+           "timestamp": "2026-11-30T10:00:01.000Z",
+           "message": {"id": "msg_long", "role": "assistant", "model": "claude-opus-5-5", "content": content,
+                       "stop_reason": "end_turn", "usage": {"input_tokens": "LONG", "output_tokens": 5}}}
+    return json.dumps(rec).encode().replace(b'"LONG"', b"9" * 5000)
+
+
 @pytest.mark.parametrize("odd_line, reason, odd_text", [
     (huge_usage, "number_out_of_range", "a reply with odd usage"),
+    (too_long_int, "number_out_of_range", "a reply with a long integer"),
     (raw_surrogate, "text_repaired", "cut \ufffd here"),
     (not_finite, "number_out_of_range", "a reply with odd numbers"),
 ])
@@ -293,6 +308,18 @@ def test_a_number_no_float_holds_is_stored_as_null_and_the_line_kept(tmp_path):
     store.close()
     assert json.loads(text, parse_constant=pytest.fail) == call["input"] and b"1e400" in line
     assert "Infinity" not in data and "NaN" not in data
+
+
+def test_an_integer_longer_than_python_reads_is_null_and_its_record_kept(tmp_path):
+    home, thread = registered_thread()
+    path, line = odd_transcript(tmp_path, lambda parent: too_long_int(parent, call=True))
+    capture_once(home, thread, path)
+    [call] = [m for m in export(thread) if m["kind"] == "tool_call"]
+    assert call["input"] == {"n": None, "ok": 7}
+    store = cc_lhc.ThreadStore(home, thread)
+    assert store.db.execute("SELECT reason, raw FROM raw_lines").fetchall() == [("number_out_of_range", line)]
+    assert store.db.execute("SELECT count(*) FROM problems").fetchone() == (0,)
+    store.close()
 
 
 def test_an_out_of_range_usage_figure_is_stored_as_unknown(tmp_path):

@@ -500,6 +500,24 @@ def test_a_conversational_record_without_uuid_or_type_is_kept_and_named(tmp_path
     assert [m["text"] for m in c.messages()] == ["one", "two"]
 
 
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_a_blank_uuid_names_no_record(tmp_path, capture, blank):
+    """A uuid of "" (or spaces) is no uuid: records that share one are each kept as their
+    line and named, never taken for copies of the first (which lost every later one)."""
+    t = Transcript()
+    t.user("one")
+    t.assistant(text("two"))
+    for words in ("BLANK-PROMPT-1", "BLANK-PROMPT-2"):
+        rec = t.user(words)
+        t.lines[-1] = json.dumps({**rec, "uuid": blank}).encode()
+    c = capture(t.write(tmp_path / "t.jsonl"))
+    kept = [json.loads(raw)["message"]["content"] for (raw,) in c.store.db.execute(
+        "SELECT raw FROM raw_lines WHERE reason = 'unplaced_record' ORDER BY line")]
+    assert kept == ["BLANK-PROMPT-1", "BLANK-PROMPT-2"]
+    assert [m["text"] for m in c.messages()] == ["one", "two"]
+    assert [kind for _line, kind, _d in c.problems()].count("unplaced_record") == 2
+
+
 def test_blank_line_is_not_a_problem():
     t = Transcript()
     t.user("one")
