@@ -6738,10 +6738,9 @@ class Lease:
             os.close(fd)
             holder = ""
             try:
-                with open(self.info_path) as f:
-                    owner = json.load(f).get("owner", {})
+                owner = json.loads(read_small_file(self.info_path, DESCRIPTOR_FILE_LIMIT)).get("owner", {})
                 holder = f" by cc-lhc pid {owner.get('pid')}"
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 pass
             self.held_by = holder
             raise usage_error(f"thread {self.thread_id[:8]} is already in use{holder}; "
@@ -6933,8 +6932,7 @@ def _sweep_runtime_folder(home) -> int:
             continue  # a dot-file is a descriptor still being written (write_atomic)
         path = os.path.join(runtime, name)
         try:
-            with open(path, "rb") as f:
-                body = json.loads(f.read(1 << 16))
+            body = json.loads(read_small_file(path, DESCRIPTOR_FILE_LIMIT))
         except (OSError, ValueError, RecursionError):
             body = None
         if isinstance(body, dict) and identity_alive(body.get("owner")):
@@ -8227,10 +8225,9 @@ class Capture:
     @staticmethod
     def _agent_call(path):
         """The call that started an agent, from the agent-<id>.meta.json beside its file."""
-        try:
-            with open(path[:-len(".jsonl")] + ".meta.json", encoding="utf-8") as f:
-                meta = json.load(f)
-        except (OSError, ValueError):
+        try:  # (a FIFO or a device in its place is no file: never waited on or read without end)
+            meta = json.loads(read_small_file(path[:-len(".jsonl")] + ".meta.json", DESCRIPTOR_FILE_LIMIT))
+        except (OSError, ValueError, RecursionError):
             return None
         call = meta.get("toolUseId") if isinstance(meta, dict) else None
         return call if isinstance(call, str) else None
@@ -16346,10 +16343,9 @@ def cmd_doctor(args) -> int:
         for name in os.listdir(folder):
             if name.endswith(".json"):
                 try:
-                    with open(os.path.join(folder, name)) as f:
-                        held = json.load(f)
+                    held = json.loads(read_small_file(os.path.join(folder, name), DESCRIPTOR_FILE_LIMIT))
                     owner = held.get("owner") if isinstance(held, dict) else None
-                except (OSError, ValueError):
+                except (OSError, ValueError, RecursionError):
                     owner = None
                 stale += 0 if identity_alive(owner) else 1
     check("ok" if not stale else "warn", "leases", f"{stale} left by processes that are gone"

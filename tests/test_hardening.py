@@ -289,6 +289,35 @@ def test_measure_of_a_subagents_folder_says_to_measure_its_session(fake_claude, 
 
 @pytest.mark.skipif(os.name != "posix" or (os.geteuid() == 0 and not shutil.which("setpriv")),
                     reason="root enters any folder, unless setpriv takes that power away")
+@pytest.mark.parametrize("unfit", ["fifo", "dev-zero"])
+def test_a_subagents_meta_file_that_is_no_file_neither_hangs_nor_fills_memory(fake_claude, tmp_path, unfit):
+    """The .meta.json beside a subagent's file names the call that started it; a FIFO there
+    (whose open waits for a writer) or a link to /dev/zero (which never ends) is no such
+    file: the agent is linked by its prompt instead, and the session is measured."""
+    session = "21390000-0000-4000-8000-000000000003"
+    folder = tmp_path / "projects" / "p"
+    shutil.copytree(REPO / "tests" / "fixtures" / "versions" / "2.1.39", folder)
+    meta = folder / session / "subagents" / "agent-a2139one.meta.json"
+    os.mkfifo(meta) if unfit == "fifo" else meta.symlink_to("/dev/zero")
+    proc = lhc(fake_claude, "measure", str(folder / f"{session}.jsonl"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["sessions"][0]["subagents"] >= 2
+
+
+def test_stale_descriptor_and_lease_files_that_are_fifos_hang_neither_a_launch_nor_doctor(fake_claude, iso_env):
+    """A FIFO named like a descriptor in runtime/ (swept at every launch) or like a lease's
+    note in owners/ (which doctor reads) is never opened to wait for a writer."""
+    home = Path(fake_claude.env["CC_LHC_HOME"])
+    for folder in ("runtime", "owners"):
+        (home / folder).mkdir(parents=True, exist_ok=True)
+        os.mkfifo(home / folder / "stale.json")
+    proc = lhc(fake_claude, "-p", "hello")
+    assert proc.returncode == 0, proc.stderr
+    assert not (home / "runtime" / "stale.json").exists()  # (no live owner named in it: swept)
+    proc = lhc(fake_claude, "doctor")
+    assert "leases" in proc.stdout and "Traceback" not in proc.stderr
+
+
 def test_measure_of_a_file_in_a_folder_it_cannot_enter_says_so(fake_claude, tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
