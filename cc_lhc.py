@@ -2928,6 +2928,7 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
         db.create_function("lhc_text", 1, stored_text, deterministic=True)
         db.create_function("lhc_no_nul", 1, _no_nul, deterministic=True)
         db.create_function("lhc_values", 1, _call_values, deterministic=True)
+        db.create_function("lhc_block_values", 1, _block_values, deterministic=True)
         try:
             db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
@@ -2992,7 +2993,7 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
 # type, add their strings; and a block kept only as JSON gives its strings but not its
 # base64 payloads.
 SEARCH_BODY_SQL = """CASE
- WHEN m.kind = 'tool_call' THEN lhc_values(m.text)
+ WHEN m.kind = 'tool_call' THEN coalesce(lhc_values(m.text) || char(10), '') || coalesce(m.tool_name, '')
  WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, '"\\u0000cc-lhc:text"')
    AND json_valid(m.data)
    THEN coalesce(lhc_text(m.text), '') || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
@@ -3000,11 +3001,25 @@ SEARCH_BODY_SQL = """CASE
    AND json_extract(b.value, '$.type') IS NOT 'text' AND j.type = 'text'
    AND j.key NOT IN ('type', 'signature', 'media_type')
    AND NOT (j.key = 'data' AND json_extract(b.value, j.path || '.type') = 'base64')), '')
+ WHEN m.data IS NOT NULL AND m.kind IN ('assistant_text', 'user_text', 'user_meta', 'api_error')
+   THEN lhc_text(m.text) || coalesce(char(10) || lhc_block_values(m.data), '')
  WHEN m.text IS NOT NULL THEN lhc_text(m.text)
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
    WHERE j.type = 'text' AND j.key IS NOT 'signature'
    AND NOT (j.key = 'data' AND json_extract(m.data, j.path || '.type') IN ('base64', 'redacted_thinking')))
  END"""
+
+
+def _block_values(data):
+    """lhc_block_values() in SQL: the strings and numbers of a text block's other fields (an
+    answer's citations: the text cited, its url and title), as lhc_values reads a call's;
+    the stand-in for the text itself (which the text column holds) left out."""
+    if not isinstance(data, str):
+        return None
+    values = _call_values(data[len(KEPT_WHOLE):] if data.startswith(KEPT_WHOLE) else data)
+    if values is None:
+        return None
+    return "\n".join(v for v in values.split("\n") if v not in (PAYLOAD_AS_STRING, PAYLOAD_AS_JSON)) or None
 
 
 def _float_as_written(text: str) -> str:
@@ -3252,6 +3267,8 @@ ALTER TABLE raw_lines_by_offset RENAME TO raw_lines
 """),
     ("011_values_and_result_blocks", _migrate_values_and_result_blocks),
     ("012_numbers_as_written", _migrate_values_and_result_blocks),
+    # (a call's tool name, a text block's citations, floats as Claude Code spelled them)
+    ("013_names_and_citations", _migrate_values_and_result_blocks),
 ]
 
 REGISTRY_MIGRATIONS = [
@@ -15506,14 +15523,25 @@ class SearchHit:
         return f"{head}m{self.seq} (t{self.turn}, {what}, {when}, {self.how}): {self.context}"
 
 
-# A message that is cc-lhc's own retrieval, in a query's columns (kind, tool_name, body): a
-# call of get-turns, get-messages or search (as a Bash command or the mod's tool) and what
-# one answered (its envelope). Claude searching for a string twice finds its first search
-# as well: such hits come after every other one, so they never push the original out.
+# A message that is cc-lhc's own retrieval, in a query's columns (kind, tool_name, body,
+# call_id): a call of get-turns, get-messages or search (as a Bash command or the mod's
+# tool) and what one answered (its envelope, or whatever the call's output became when the
+# command piped it through grep or tail). Claude searching for a string twice finds its
+# first search as well: such hits come after every other one, so they never push the
+# original out.
+def _retrieval_call_sql(tool_name: str, values: str) -> str:
+    return (f"({tool_name} IN ('lhc_get_turns', 'lhc_get_messages', 'lhc_search') OR "
+            + " OR ".join(f"instr({values}, 'cc-lhc {verb}') > 0" for verb in ("search", "get-turns", "get-messages"))
+            + ")")
+
+
 OWN_RETRIEVAL_SQL = ("coalesce(CASE WHEN kind = 'tool_result' THEN substr(body, 1, 15) = '<cc-lhc-recall ' "
-                     "WHEN kind = 'tool_call' THEN tool_name IN ('lhc_get_turns', 'lhc_get_messages', "
-                     "'lhc_search') OR instr(body, 'cc-lhc search') > 0 OR instr(body, 'cc-lhc get-turns') > 0 "
-                     "OR instr(body, 'cc-lhc get-messages') > 0 ELSE 0 END, 0)")
+                     "OR EXISTS (SELECT 1 FROM messages c WHERE c.tool_use_id = call_id AND c.kind = 'tool_call' "
+                     f"AND {_retrieval_call_sql('c.tool_name', 'c.text')}) "
+                     f"WHEN kind = 'tool_call' THEN {_retrieval_call_sql('tool_name', 'body')} ELSE 0 END, 0)")
+# What a search reads of a message (m), the columns above among them.
+HIT_COLUMNS_SQL = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, m.tool_use_id AS call_id, " \
+                  f"{SEARCH_BODY_SQL} AS body"
 
 
 def _exact_hits(store, text: str, limit: int, behind=False):
@@ -15522,7 +15550,7 @@ def _exact_hits(store, text: str, limit: int, behind=False):
     either stops once it has `limit`. ``behind``: the index does not cover the newest
     messages yet, which are scanned."""
     query = exact_query(text)
-    cols = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, {SEARCH_BODY_SQL} AS body"
+    cols = HIT_COLUMNS_SQL
     # (read before the index is: a chunk the index takes in meanwhile is then both matched
     # and scanned, and its hits are counted once, never neither)
     upto = store.db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() if behind else None
@@ -15543,7 +15571,7 @@ def _exact_hits(store, text: str, limit: int, behind=False):
         # come after every other); a string few messages hold is read through once, not
         # once for each kind of hit.
         hits = ([], [])
-        for seq, turn, kind, tool, created, agent, body, own in store.db.execute(
+        for seq, turn, kind, tool, created, agent, _call, body, own in store.db.execute(
                 f"SELECT *, {OWN_RETRIEVAL_SQL} FROM ({inner}) WHERE instr(body, ?) > 0", args):
             if len(hits[own]) < limit:
                 hits[own].append(SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact",
@@ -15580,13 +15608,13 @@ def _word_hits(store, text: str, limit: int):
         # The line of context is cut here, not by FTS5's snippet(): on one message of a few
         # hundred KB holding the words many times that took seconds to minutes.
         found = {row[0]: row for row in db.execute(
-            f"SELECT *, {OWN_RETRIEVAL_SQL} FROM (SELECT m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, "
-            f"{SEARCH_BODY_SQL} AS body FROM messages m WHERE m.seq IN ({','.join('?' * len(seqs))}) LIMIT -1)",
+            f"SELECT *, {OWN_RETRIEVAL_SQL} FROM (SELECT {HIT_COLUMNS_SQL} "
+            f"FROM messages m WHERE m.seq IN ({','.join('?' * len(seqs))}) LIMIT -1)",
             seqs)} if seqs else {}
         for seq, rank in ranked:
             if seq not in found:
                 continue
-            _s, turn, kind, tool, created, agent, body, own = found[seq]
+            _s, turn, kind, tool, created, agent, _call, body, own = found[seq]
             (own_hits if own else hits).append(SearchHit(store.thread_id, seq, turn, kind, tool, created, "words",
                                                          word_context(body or "", text), rank, agent, own))
         if len(ranked) < page:

@@ -194,6 +194,50 @@ def test_claudes_own_searches_come_after_what_they_found(tmp_path, monkeypatch, 
     assert own == sorted(own, reverse=True)  # newest first among them too
 
 
+def test_a_retrieval_piped_through_a_filter_still_comes_after_the_original(tmp_path, monkeypatch, capsysbinary):
+    """Claude often cuts a retrieval's answer down (`cc-lhc get-messages m3 | grep ...`):
+    the output then holds no envelope, yet it is the answer of a retrieval call, and comes
+    after the original like any other."""
+    tr = Transcript()
+    tr.prompt("run the tests")
+    calls = tr.response(tool_use("Bash", command="pytest -q"), stop="tool_use")
+    tr.results((calls[0]["id"], "FAILED test_x.py::test_y - AssertionError: PIPED_NEEDLE_4711 != 3", False))
+    tr.response(text("it failed"))
+    for command in ("cc-lhc get-messages m3 | grep -n PIPED", "cc-lhc get-turns t1 | tail -n 5",
+                    "cc-lhc get-messages m3 2>&1 | grep -B1 -A1 Assertion"):
+        tr.prompt("look again")
+        calls = tr.response(tool_use("Bash", command=command), stop="tool_use")
+        tr.results((calls[0]["id"], "3:FAILED test_x.py::test_y - AssertionError: PIPED_NEEDLE_4711 != 3", False))
+        tr.response(text("seen"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    (original,) = [m for m in thread.messages().values() if m["kind"] == "tool_result"
+                   and m["text"].startswith("FAILED")]
+    status, out, _ = search(capsysbinary, "--limit", "3", "PIPED_NEEDLE_4711")
+    assert [h["seq"] for h in hits_of(out)][0] == str(original["seq"]), out
+    status, out, _ = search(capsysbinary, "--limit", "20", "PIPED_NEEDLE_4711")
+    assert len(hits_of(out)) == 4 and hits_of(out)[0]["seq"] == str(original["seq"])
+
+
+def test_a_calls_tool_name_and_an_answers_citations_are_found(tmp_path, monkeypatch, capsysbinary):
+    """Each hit line names a call's tool, so the name is searched too; an answer's citations
+    (the text cited, its url and title) are kept with it and searched with its text. The
+    stand-in the store keeps for the block's text is never a hit."""
+    tr = Transcript()
+    tr.prompt("what does the page say")
+    (call,) = tr.response(tool_use("mcp__calc__run_once", expr="1+1"), stop="tool_use")
+    tr.results((call["id"], "2", False))
+    tr.response({"type": "text", "text": "as the page says", "citations": [
+        {"type": "web_search_result_location", "cited_text": "CITED-TEXT-9913 of the page",
+         "url": "https://docs.example/cite-9913", "title": "CITE-TITLE-9913", "encrypted_index": "Eo8B"}]})
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    assert_found_first_exactly(capsysbinary, ("mcp__calc__run_once", "CITED-TEXT-9913", "docs.example/cite-9913",
+                                              "CITE-TITLE-9913"))
+    status, out, _ = search(capsysbinary, "cc-lhc:text")
+    assert "no messages match" in out
+
+
 def test_a_large_output_with_little_repetition_is_scanned_not_indexed(tmp_path, monkeypatch, capsysbinary):
     """base64 costs the trigram index seconds a megabyte (with the write lock held): such
     an output is left out of it and scanned, found exactly as any other, in label order
