@@ -3039,16 +3039,25 @@ def _call_values(text):
         value = json.loads(text, parse_int=str, parse_float=_float_as_written, parse_constant=str)
     except (ValueError, RecursionError):
         return text
-    out, todo = [], [value]
+    out = list(json_strings(value))
+    return "\n".join(out) if out else None
+
+
+def json_strings(value, keys=False):
+    """Every string a JSON value holds (with ``keys``, its keys too), in the order it holds
+    them, without recursion (a value can nest deeper than Python recurses)."""
+    todo = [value]
     while todo:
         item = todo.pop()
         if isinstance(item, str):
-            out.append(item)
+            yield item
         elif isinstance(item, dict):
-            todo.extend(reversed(list(item.values())))
+            for k, v in reversed(list(item.items())):
+                todo.append(v)
+                if keys:
+                    todo.append(k)
         elif isinstance(item, list):
             todo.extend(reversed(item))
-    return "\n".join(out) if out else None
 
 # What the substring index is given: FTS5 reads a text only up to its first NUL (a
 # `find -print0` output, say), so a NUL goes in as a space; a query holds none, and the
@@ -15653,6 +15662,45 @@ def search_thread(store, text: str, limit: int):
     return _exact_hits(store, text, limit, behind=not indexed) or _word_hits(store, text, limit)
 
 
+class RawLineHit(collections.namedtuple("RawLineHit", "thread_id session line reason created context")):
+    """A transcript line the thread keeps as written (no message: see raw_line_record) that
+    holds the searched text."""
+
+    def line_text(self, with_thread=False) -> str:
+        when = f"{self.created[:16].replace('T', ' ')} UTC" if self.created else "time unknown"
+        head = f"{self.thread_id[:8]} " if with_thread else ""
+        return f"{head}line {self.line} of session {self.session[:8]} ({self.reason}, {when}): {self.context}"
+
+
+RAW_HITS_NOTE = ("A line kept as written is no message (a damaged record, or one the thread could not place): "
+                 "cc-lhc export {thread} --format raw-lines shows it whole.")
+
+
+def raw_line_hits(store, text: str, limit: int) -> list:
+    """The lines the thread keeps as written that hold text in one of their strings (or,
+    for one that is no JSON, in its bytes), newest first. They are few: each is read whole.
+    A line holds a string as JSON writes it, so each way JSON can escape text is looked for."""
+    spellings = {text.encode("utf-8", "surrogatepass"), _dump_json(text)[1:-1].encode("utf-8", "surrogatepass"),
+                 json.dumps(text)[1:-1].encode()}
+    hits = []
+    for session, line, reason, raw, created in store.db.execute(
+            "SELECT session, line, reason, raw, created FROM raw_lines WHERE "
+            + " OR ".join(["instr(raw, ?) > 0"] * len(spellings)) + " ORDER BY created DESC, offset DESC",
+            [bytes(b) for b in spellings]):
+        raw = bytes(raw or b"")
+        try:
+            value = json.loads(raw, parse_int=str, parse_float=str, parse_constant=str)
+        except (ValueError, RecursionError):
+            value = None
+        found = [v for v in json_strings(value, keys=True) if text in v] if value is not None else (
+            [raw.decode("utf-8", "replace")] if text in raw.decode("utf-8", "replace") else [])
+        if found:
+            hits.append(RawLineHit(store.thread_id, session, line, reason, created, match_context(found[0], text)))
+            if len(hits) >= limit:
+                break
+    return hits
+
+
 def written_briefly(db, work) -> bool:
     """work() with the connection waiting SEARCH_LOCK_WAIT_MS, not its own timeout, for
     another process's write lock; False when it did not get it (what work() had committed
@@ -15734,6 +15782,9 @@ def _search_in_session(desc, store, text, limit, start):
             lines.append(more_hits_line(limit))
         lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN"
                      + (" (a subagent's record: get-messages only)." if any(h.agent for h in hits) else "."))
+    raw = raw_line_hits(store, text, limit)
+    if raw:
+        lines += [h.line_text() for h in raw] + [RAW_HITS_NOTE.format(thread=store.thread_id[:8])]
     request = ((f"--limit {limit} " if limit != 20 else "") + ("-- " if text.startswith("-") else "")
                + shlex.quote(text))  # after `--`, text that looks like an option stays text
     size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start))
@@ -15765,7 +15816,7 @@ def _search_for_people(text, limit, thread, every) -> int:
         if not thread_ids:
             print("no threads yet" if every else f"no thread was captured in {here}; search every thread with --all")
             return EXIT_OK
-    exact, words, skipped = [], [], 0
+    exact, words, raw, skipped = [], [], [], 0
     for thread_id in thread_ids:
         try:
             store = ThreadStore.existing(home, thread_id)
@@ -15776,6 +15827,7 @@ def _search_for_people(text, limit, thread, every) -> int:
         try:
             for hit in search_thread(store, text, limit + 1):
                 (exact if hit.how == "exact" else words).append(hit)
+            raw += raw_line_hits(store, text, limit)
         except sqlite3_errors() as e:
             say(f"thread {thread_id[:8]} skipped: {store.path} cannot be searched ({e})")
             skipped += 1
@@ -15787,15 +15839,20 @@ def _search_for_people(text, limit, thread, every) -> int:
     found = exact or words  # words only for a text no thread holds exactly
     hits = found[:limit]
     status = EXIT_ERROR if skipped else EXIT_OK
+    raw.sort(key=lambda h: h.created or "", reverse=True)
     if not hits:
         if skipped < len(thread_ids):  # (nothing searched: the skip notices said all there is)
             print(f"no messages match {shown_query(text)}")
-        return status
-    for hit in hits:
-        print(hit.line(with_thread=True))
-    if len(found) > limit:
-        print(more_hits_line(limit))
-    print("Show a hit's turns with: cc-lhc export <thread> --from tN --to tN --format markdown")
+    else:
+        for hit in hits:
+            print(hit.line(with_thread=True))
+        if len(found) > limit:
+            print(more_hits_line(limit))
+        print("Show a hit's turns with: cc-lhc export <thread> --from tN --to tN --format markdown")
+    for hit in raw[:limit]:
+        print(hit.line_text(with_thread=True))
+    if raw:
+        print(RAW_HITS_NOTE.format(thread="<thread>"))
     return status
 
 

@@ -238,6 +238,31 @@ def test_a_calls_tool_name_and_an_answers_citations_are_found(tmp_path, monkeypa
     assert "no messages match" in out
 
 
+def test_lines_kept_as_written_are_searched_too(tmp_path, monkeypatch, capsysbinary):
+    """A record the thread keeps only as its line (one without a uuid, a damaged one) holds
+    words nothing else does: search names its line, in a session and for people, in
+    whichever way JSON spelled the text (an escaped newline, a quote)."""
+    tr = Transcript()
+    tr.prompt("one")
+    tr.response(text("two"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    odd = {"type": "assistant", "sessionId": tr.session_id, "message": {"role": "assistant", "content": [
+        {"type": "text", "text": 'RAW-NEEDLE-5521 said "quoted"\nnext line'}]}}
+    with path.open("a") as f:
+        f.write(json.dumps(odd) + "\n" + '{"type": "user", "torn RAW-TORN-7731' + "\n")
+    thread = intake(path, tr.session_id, tr.cwd)
+    grant(thread, monkeypatch)
+    for needle in ("RAW-NEEDLE-5521", 'said "quoted"\nnext', "RAW-TORN-7731"):
+        status, out, _ = search(capsysbinary, needle)
+        assert status == 0 and "no messages match" in out and "kept as written" in out, (needle, out)
+        assert re.search(r"line [34] of session", out), out
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV)
+    status, out, _ = search(capsysbinary, "--thread", thread.id, "RAW-NEEDLE-5521")
+    assert status == 0 and f"{thread.id[:8]} line 3 of session" in out and "--format raw-lines" in out
+    status, out, _ = search(capsysbinary, "--thread", thread.id, "nowhere-at-all-0000")
+    assert "kept as written" not in out
+
+
 def test_a_large_output_with_little_repetition_is_scanned_not_indexed(tmp_path, monkeypatch, capsysbinary):
     """base64 costs the trigram index seconds a megabyte (with the write lock held): such
     an output is left out of it and scanned, found exactly as any other, in label order
