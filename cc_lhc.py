@@ -15659,7 +15659,18 @@ def search_thread(store, text: str, limit: int):
     """Messages holding text exactly, newest first; only when none does, the messages that
     hold its words, best ranked first (the text was vague: words that never stand so)."""
     indexed = written_briefly(store.db, store.index_search)  # (False: another process holds the lock)
-    return _exact_hits(store, text, limit, behind=not indexed) or _word_hits(store, text, limit)
+    hits = _exact_hits(store, text, limit, behind=not indexed)
+    if not hits and not text.isascii():
+        # Pasted text of another Unicode normal form than the thread's (an accented letter as
+        # one character, or as a letter and a mark, as macOS writes file names) finds it
+        # too; its words are read composed (decomposed, they are cut at each mark).
+        import unicodedata
+        for form in ("NFC", "NFD"):
+            other = unicodedata.normalize(form, text)
+            if other != text and (hits := _exact_hits(store, other, limit, behind=not indexed)):
+                break
+        text = unicodedata.normalize("NFC", text)
+    return hits or _word_hits(store, text, limit)
 
 
 class RawLineHit(collections.namedtuple("RawLineHit", "thread_id session line reason created context")):

@@ -263,6 +263,27 @@ def test_lines_kept_as_written_are_searched_too(tmp_path, monkeypatch, capsysbin
     assert "kept as written" not in out
 
 
+def test_text_pasted_in_another_unicode_normal_form_is_found(tmp_path, monkeypatch, capsysbinary):
+    """An accented letter is one character or a letter and a mark (macOS writes file names
+    so): what is typed or pasted in one form finds the thread's text in the other, exactly
+    when it is held so, by its words otherwise."""
+    import unicodedata
+    composed, decomposed = "caf\u00e9_cr\u00e8me_\u03a942", unicodedata.normalize("NFD", "na\u00efve_zo\u00eb_77")
+    tr = Transcript()
+    tr.prompt(f"open {composed}")
+    tr.response(text(f"the file {decomposed} is there"))
+    tr.prompt("and the r\u00e9sum\u00e9 of it")
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    for query in (unicodedata.normalize("NFD", composed), unicodedata.normalize("NFC", decomposed)):
+        assert query not in (composed, decomposed)
+        status, out, _ = search(capsysbinary, query)
+        assert hits_of(out) and hits_of(out)[0]["how"] == "exact", (query, out)
+    status, out, _ = search(capsysbinary, unicodedata.normalize("NFD", "r\u00e9sum\u00e9 of"))
+    assert hits_of(out) and hits_of(out)[0]["how"] in ("exact", "words"), out
+
+
 def test_a_large_output_with_little_repetition_is_scanned_not_indexed(tmp_path, monkeypatch, capsysbinary):
     """base64 costs the trigram index seconds a megabyte (with the write lock held): such
     an output is left out of it and scanned, found exactly as any other, in label order
