@@ -167,9 +167,13 @@ LABEL_NUMBER_MAX = (1 << 63) - 1
 def label_number(digits: str, label: str) -> int:
     """The number of a tN/mN label; a usage error when no thread could hold it."""
     if len(digits) > len(str(LABEL_NUMBER_MAX)) or int(digits) > LABEL_NUMBER_MAX:
-        shown = label if len(label) <= 24 else f"{label[:12]}... ({len(label)} characters)"
-        raise usage_error(f"{shown!r} is out of range: label numbers stop at {LABEL_NUMBER_MAX:,}")
+        raise usage_error(f"{shown_label(label)} is out of range: label numbers stop at {LABEL_NUMBER_MAX:,}")
     return int(digits)
+
+
+def shown_label(text: str) -> str:
+    """A label as an error names it: quoted, and cut when it is long (a pasted output)."""
+    return repr(text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)")
 
 
 class UnfitFile(OSError):
@@ -15220,14 +15224,14 @@ def parse_labels(args, letter: str):
         for piece in a.replace(",", " ").split():
             m = LABEL_RANGE_RE.match(piece.strip())
             if not m or m.group(1) != letter:
-                raise usage_error(f"{piece!r} is not a {'turn' if letter == 't' else 'message'} "
+                raise usage_error(f"{shown_label(piece)} is not a {'turn' if letter == 't' else 'message'} "
                                   f"label like {letter}12 or {letter}12-{letter}15")
             a_n = label_number(m.group(2), piece)
             b_n = label_number(m.group(3) or m.group(2), piece)
             if b_n < a_n:
-                raise usage_error(f"{piece!r} is not a usable range (the first label comes first)")
+                raise usage_error(f"{shown_label(piece)} is not a usable range (the first label comes first)")
             if b_n - a_n > MESSAGE_RANGE_SPAN:
-                raise usage_error(f"{piece!r} is not a usable range: ask for at most "
+                raise usage_error(f"{shown_label(piece)} is not a usable range: ask for at most "
                                   f"{MESSAGE_RANGE_SPAN:,} labels past its first at a time")
             named += b_n - a_n + 1
             if named > LABELS_MAX:

@@ -352,6 +352,15 @@ def test_a_label_past_64_bits_is_a_usage_error_with_nothing_printed(command, lab
     assert impressions(thread) == []
 
 
+@pytest.mark.parametrize("command, label", [("get-turns", "x" * 100_000), ("get-messages", "m1-m" + "q" * 50_000),
+                                            ("get-messages", "m9-m" + "1" * 9)])
+def test_a_long_argument_that_is_no_label_is_not_echoed_back_whole(command, label, thread, monkeypatch,
+                                                                    capsysbinary):
+    grant(thread, monkeypatch)
+    status, out, err = run_main(capsysbinary, command, label)
+    assert status == cc_lhc.EXIT_USAGE and out == b"" and len(err) < 300, err[:300]
+
+
 def test_the_largest_label_sqlite_holds_is_still_a_label(thread, monkeypatch, capsysbinary):
     grant(thread, monkeypatch)
     top = (1 << 63) - 1
