@@ -2228,7 +2228,8 @@ class RolloutParser:
                 else:
                     self.out.problems.append(Problem(
                         self.session, line_no, offset, "tool_result_without_call",
-                        f"tool result for {tid} has no tool call in this thread"))
+                        f"tool result for {tid} answers no open tool call in this thread (none was made, "
+                        "or it was answered before)"))
                 output = flatten_tool_output(block.get("content"))
                 seq = self._message("user", "tool_result", output,
                                     _result_json_once(block, output), rec, i, line_no, tool_use_id=tid,
@@ -16192,7 +16193,8 @@ def cmd_measure(args) -> int:
         if not row["messages"] and (row["integrity_problems"] or not holds_transcript_records(path)):
             # (lines, but none a transcript record: the wrong file more likely than a session)
             unread.append((path, "none of its lines is a Claude Code transcript record"
-                                 + (f"; {row['integrity_problems']} cannot be read" if row["integrity_problems"]
+                                 + (f"; {row['integrity_problems']} could not be read or placed in a conversation"
+                                    if row["integrity_problems"]
                                     else "")))
             rows.pop()
         elif not row["messages"] and row["subagent_messages"]:
