@@ -3590,6 +3590,13 @@ THREAD_PAGE_SIZE = 2048
 WAL_CHECKPOINT_PAGES = 1000
 
 
+# The call that started agent ``a`` (its {column}): the main conversation's, else one a
+# subagent made (a subagent can start one of its own), never a copy in the agent's own file
+# (a fork holds its parent's call).
+STARTING_CALL_SQL = ("SELECT c.{column} FROM messages c WHERE c.tool_use_id = a.tool_use_id AND c.kind = 'tool_call' "
+                     "AND c.agent IS NOT a.agent_id ORDER BY c.agent IS NOT NULL, c.seq LIMIT 1")
+
+
 class ThreadStore:
     """threads/<id>.sqlite: one thread's append-only canonical record.
 
@@ -3741,10 +3748,9 @@ class ThreadStore:
         (``started()``, its timestamp, asked only then), else the first turn; with no turn
         yet, 0."""
         db = self.db
-        row = db.execute("SELECT c.turn FROM agents a JOIN messages c ON c.tool_use_id = "
-                         "a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL "
-                         "WHERE a.agent_id = ?", (agent_id,)).fetchone()
-        if row:
+        row = db.execute(f"SELECT ({STARTING_CALL_SQL.format(column='turn')}) FROM agents a WHERE a.agent_id = ?",
+                         (agent_id,)).fetchone()
+        if row and row[0] is not None:
             return row[0]
         started = started() if started is not None else None
         if isinstance(started, str):
@@ -3940,8 +3946,8 @@ class ThreadStore:
     def agents(self) -> dict:
         """agent_id -> {kind, tool_use_id, call (the seq of that call), source}."""
         rows = self.db.execute(
-            "SELECT a.agent_id, a.kind, a.tool_use_id, a.source, (SELECT c.seq FROM messages c WHERE "
-            "c.tool_use_id = a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NULL) FROM agents a")
+            f"SELECT a.agent_id, a.kind, a.tool_use_id, a.source, ({STARTING_CALL_SQL.format(column='seq')}) "
+            "FROM agents a")
         return {r[0]: {"kind": r[1], "tool_use_id": r[2], "source": r[3], "call": r[4]} for r in rows}
 
     def keep_raw_line(self, session_id, line, offset, reason, raw) -> None:

@@ -688,6 +688,57 @@ def _workflow_session(root: Path, session: str, run: str, first: int = 1):
     return _write(root / f"{session}.jsonl", main), f"toolu_wf{n}", agent
 
 
+def test_a_subagent_started_by_a_subagent_is_linked_to_that_agents_call(tmp_path, monkeypatch, capsysbinary):
+    """A subagent may start one of its own (2.1.328: its .meta.json names the call, made in
+    the first agent's file): the second is linked to that call, in that call's turn, and
+    the Markdown export says which message started it."""
+    session = "21328000-0000-4000-8000-0000000000b7"
+    root = tmp_path / "projects"
+    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    outer, inner = "a1111222233334444", "a5555666677778888"
+    path = _write(root / f"{session}.jsonl", [
+        _record(session, 1, "user", message={"role": "user", "content": "delegate it"}),
+        _record(session, 2, "assistant", u(1), message={
+            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+            "content": [{"type": "tool_use", "id": "toolu_outer", "name": "Agent",
+                         "input": {"prompt": "OUTER TASK", "description": "outer"}}]}),
+        _record(session, 3, "user", u(2), message={"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_outer", "content": "outer done"}]}),
+        _record(session, 4, "assistant", u(3), message={
+            "id": "msg_4", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "all done"}]})])
+    agents = root / session / "subagents"
+    _write(agents / f"agent-{outer}.jsonl", [
+        _record(session, 10, "user", agent=outer, message={"role": "user", "content": "OUTER TASK"}),
+        _record(session, 11, "assistant", u(10), agent=outer, message={
+            "id": "msg_11", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+            "content": [{"type": "tool_use", "id": "toolu_inner", "name": "Agent",
+                         "input": {"prompt": "INNER TASK", "description": "inner"}}]}),
+        _record(session, 12, "user", u(11), agent=outer, message={"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_inner", "content": "inner done"}]}),
+        _record(session, 13, "assistant", u(12), agent=outer, message={
+            "id": "msg_13", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "outer done"}]})])
+    _write(agents / f"agent-{inner}.jsonl", [
+        _record(session, 20, "user", agent=inner, message={"role": "user", "content": "INNER TASK"}),
+        _record(session, 21, "assistant", u(20), agent=inner, message={
+            "id": "msg_21", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "INNER-NEEDLE done"}]})])
+    for agent, call, parent in ((outer, "toolu_outer", None), (inner, "toolu_inner", outer)):
+        (agents / f"agent-{agent}.meta.json").write_text(json.dumps(
+            {"agentType": "general-purpose", "toolUseId": call, **({"parentAgentId": parent} if parent else {})}))
+    t = intake(path, session)
+    found = t.store.agents()
+    (inner_call,) = [seq for (seq,) in t.store.db.execute(
+        "SELECT seq FROM messages WHERE kind = 'tool_call' AND tool_use_id = 'toolu_inner'")]
+    assert found[inner]["tool_use_id"] == "toolu_inner" and found[inner]["call"] == inner_call
+    assert {n for (n,) in t.store.db.execute("SELECT turn FROM messages WHERE agent = ?", (inner,))} == {1}
+    monkeypatch.setenv("CC_LHC_HOME", str(t.home.root))
+    capsysbinary.readouterr()
+    assert cc_lhc.main(["export", t.id, "--format", "markdown"]) == 0
+    assert f"subagent {inner}, started by m{inner_call}" in capsysbinary.readouterr().out.decode()
+
+
 def test_a_2_1_328_workflows_agents_are_linked_through_the_run_its_call_names(tmp_path):
     session = "21328000-0000-4000-8000-0000000000a1"
     path, call, agent = _workflow_session(tmp_path / "projects", session, "wf_6de95f72-ce6")
