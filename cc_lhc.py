@@ -167,12 +167,12 @@ LABEL_NUMBER_MAX = (1 << 63) - 1
 def label_number(digits: str, label: str) -> int:
     """The number of a tN/mN label; a usage error when no thread could hold it."""
     if len(digits) > len(str(LABEL_NUMBER_MAX)) or int(digits) > LABEL_NUMBER_MAX:
-        raise usage_error(f"{shown_label(label)} is out of range: label numbers stop at {LABEL_NUMBER_MAX:,}")
+        raise usage_error(f"{shown_arg(label)} is out of range: label numbers stop at {LABEL_NUMBER_MAX:,}")
     return int(digits)
 
 
-def shown_label(text: str) -> str:
-    """A label as an error names it: quoted, and cut when it is long (a pasted output)."""
+def shown_arg(text: str) -> str:
+    """An argument as an error names it: quoted, and cut when it is long (a pasted output)."""
     return repr(text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)")
 
 
@@ -3006,7 +3006,7 @@ SEARCH_BODY_SQL = """CASE
    AND json_extract(b.value, '$.type') IS NOT 'text' AND j.type = 'text'
    AND j.key NOT IN ('type', 'signature', 'media_type')
    AND NOT (j.key = 'data' AND json_extract(b.value, j.path || '.type') = 'base64')), '')
- WHEN m.data IS NOT NULL AND m.kind IN ('assistant_text', 'user_text', 'user_meta', 'api_error')
+ WHEN m.text IS NOT NULL AND m.data IS NOT NULL AND m.kind IN ('assistant_text', 'user_text', 'user_meta', 'api_error')
    THEN lhc_text(m.text) || coalesce(char(10) || lhc_block_values(m.data), '')
  WHEN m.text IS NOT NULL THEN lhc_text(m.text)
  WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
@@ -3021,16 +3021,26 @@ def _block_values(data):
     the stand-in for the text itself (which the text column holds) left out."""
     if not isinstance(data, str):
         return None
-    values = _call_values(data[len(KEPT_WHOLE):] if data.startswith(KEPT_WHOLE) else data)
-    if values is None:
+    try:
+        block = json.loads(data[len(KEPT_WHOLE):] if data.startswith(KEPT_WHOLE) else data,
+                           parse_int=str, parse_float=_float_as_written, parse_constant=str)
+    except (ValueError, RecursionError):
         return None
-    return "\n".join(v for v in values.split("\n") if v not in (PAYLOAD_AS_STRING, PAYLOAD_AS_JSON)) or None
+    if not isinstance(block, dict):
+        return None
+    rest = {k: v for k, v in block.items() if k not in ("type", "text")}  # (the text column holds the text)
+    out = list(json_strings(rest, skip=OPAQUE_BLOCK_KEYS))
+    return "\n".join(out) if out else None
+
+
+# What a block's fields name rather than say: its kind, and data only the API reads back.
+OPAQUE_BLOCK_KEYS = frozenset(("type", "encrypted_index", "encrypted_content", "signature"))
 
 
 def _float_as_written(text: str) -> str:
-    """A stored float as Claude Code wrote it (a thread captured before the parser kept
-    JavaScript's spelling holds 1.234e-05 for 0.00001234)."""
-    return js_float_text(float(text)) if _REPR_ONLY_FLOAT in text else text
+    """A stored float as Claude Code wrote it: a thread captured before the parser kept
+    JavaScript's spelling holds 1.234e-05 for 0.00001234 (and shows it so), so both are read."""
+    return f"{js_float_text(float(text))}\n{text}" if _REPR_ONLY_FLOAT in text else text
 
 
 def _call_values(text):
@@ -3048,19 +3058,16 @@ def _call_values(text):
     return "\n".join(out) if out else None
 
 
-def json_strings(value, keys=False):
-    """Every string a JSON value holds (with ``keys``, its keys too), in the order it holds
-    them, without recursion (a value can nest deeper than Python recurses)."""
+def json_strings(value, skip=frozenset()):
+    """Every string a JSON value holds but its keys (and the values of keys in ``skip``), in
+    the order it holds them, without recursion (a value can nest deeper than Python recurses)."""
     todo = [value]
     while todo:
         item = todo.pop()
         if isinstance(item, str):
             yield item
         elif isinstance(item, dict):
-            for k, v in reversed(list(item.items())):
-                todo.append(v)
-                if keys:
-                    todo.append(k)
+            todo.extend(v for k, v in reversed(list(item.items())) if k not in skip)
         elif isinstance(item, list):
             todo.extend(reversed(item))
 
@@ -14611,7 +14618,7 @@ def scan_claude_args(args):
             if value is None:
                 raise usage_error("--session-id needs a session id (a UUID)")
             if not is_uuid(value):
-                raise usage_error(f"--session-id {value!r} is not a UUID")
+                raise usage_error(f"--session-id {shown_arg(value)} is not a UUID")
             found["session_id"] = value
         elif name == "--fork-session":
             found["fork_args"].append((i, consumed))
@@ -14942,7 +14949,7 @@ def _take_option(args, name, default=None, cast=str):
     try:
         return cast(value)
     except ValueError:
-        raise usage_error(f"{name}: {value!r} is not valid")
+        raise usage_error(f"{name}: {shown_arg(value)} is not valid")
 
 
 def whole_number(text: str) -> int:
@@ -14975,13 +14982,13 @@ def _take_flag(args, name) -> bool:
 
 def _no_more(args, command):
     if args:
-        raise usage_error(f"{command}: unexpected argument {args[0]!r}")
+        raise usage_error(f"{command}: unexpected argument {shown_arg(args[0])}")
 
 
 def _turn_number(text: str) -> int:
     m = re.fullmatch(r"t?([0-9]+)", text.strip())
     if not m:
-        raise usage_error(f"{text!r} is not a turn label like t12")
+        raise usage_error(f"{shown_arg(text)} is not a turn label like t12")
     return label_number(m.group(1), text.strip())
 
 
@@ -15231,14 +15238,14 @@ def parse_labels(args, letter: str):
         for piece in a.replace(",", " ").split():
             m = LABEL_RANGE_RE.match(piece.strip())
             if not m or m.group(1) != letter:
-                raise usage_error(f"{shown_label(piece)} is not a {'turn' if letter == 't' else 'message'} "
+                raise usage_error(f"{shown_arg(piece)} is not a {'turn' if letter == 't' else 'message'} "
                                   f"label like {letter}12 or {letter}12-{letter}15")
             a_n = label_number(m.group(2), piece)
             b_n = label_number(m.group(3) or m.group(2), piece)
             if b_n < a_n:
-                raise usage_error(f"{shown_label(piece)} is not a usable range (the first label comes first)")
+                raise usage_error(f"{shown_arg(piece)} is not a usable range (the first label comes first)")
             if b_n - a_n > MESSAGE_RANGE_SPAN:
-                raise usage_error(f"{shown_label(piece)} is not a usable range: ask for at most "
+                raise usage_error(f"{shown_arg(piece)} is not a usable range: ask for at most "
                                   f"{MESSAGE_RANGE_SPAN:,} labels past its first at a time")
             named += b_n - a_n + 1
             if named > LABELS_MAX:
@@ -15685,39 +15692,45 @@ def search_thread(store, text: str, limit: int):
 
 
 class RawLineHit(collections.namedtuple("RawLineHit", "thread_id session line reason created context")):
-    """A transcript line the thread keeps as written (no message: see raw_line_record) that
-    holds the searched text."""
+    """A transcript line the thread keeps as written and holds as no message (see
+    raw_line_record) that holds the searched text."""
 
     def line_text(self, with_thread=False) -> str:
-        when = f"{self.created[:16].replace('T', ' ')} UTC" if self.created else "time unknown"
+        when = f"captured {self.created[:16].replace('T', ' ')} UTC" if self.created else "time unknown"
         head = f"{self.thread_id[:8]} " if with_thread else ""
         return f"{head}line {self.line} of session {self.session[:8]} ({self.reason}, {when}): {self.context}"
 
 
 RAW_HITS_NOTE = ("A line kept as written is no message (a damaged record, or one the thread could not place): "
                  "cc-lhc export {thread} --format raw-lines shows it whole.")
+# Lines kept as written whose records are messages all the same (a number stored as null,
+# half an emoji mended): search finds those as the messages.
+RAW_LINES_OF_MESSAGES = ("number_out_of_range", "text_repaired")
 
 
 def raw_line_hits(store, text: str, limit: int) -> list:
-    """The lines the thread keeps as written that hold text in one of their strings (or,
-    for one that is no JSON, in its bytes), newest first. They are few: each is read whole.
-    A line holds a string as JSON writes it, so each way JSON can escape text is looked for."""
-    spellings = {text.encode("utf-8", "surrogatepass"), _dump_json(text)[1:-1].encode("utf-8", "surrogatepass"),
-                 json.dumps(text)[1:-1].encode()}
+    """The lines the thread keeps as written, and holds as no message, that hold text in one
+    of their strings (for a line that is no JSON, in any way JSON spells it), newest captured
+    first. They are few: each is read whole."""
+    spellings = list(dict.fromkeys((text, _dump_json(text)[1:-1], json.dumps(text)[1:-1])))
     hits = []
     for session, line, reason, raw, created in store.db.execute(
-            "SELECT session, line, reason, raw, created FROM raw_lines WHERE "
-            + " OR ".join(["instr(raw, ?) > 0"] * len(spellings)) + " ORDER BY created DESC, offset DESC",
-            [bytes(b) for b in spellings]):
+            "SELECT session, line, reason, raw, created FROM raw_lines WHERE reason NOT IN "
+            f"({','.join('?' * len(RAW_LINES_OF_MESSAGES))}) AND ("
+            + " OR ".join(["instr(raw, ?) > 0"] * len(spellings)) + ") ORDER BY created DESC, session, line",
+            (*RAW_LINES_OF_MESSAGES, *[t.encode("utf-8", "surrogatepass") for t in spellings])):
         raw = bytes(raw or b"")
         try:
             value = json.loads(raw, parse_int=str, parse_float=str, parse_constant=str)
         except (ValueError, RecursionError):
             value = None
-        found = [v for v in json_strings(value, keys=True) if text in v] if value is not None else (
-            [raw.decode("utf-8", "replace")] if text in raw.decode("utf-8", "replace") else [])
+        if value is not None:
+            found = [(core_text(v), text) for v in json_strings(value) if text in v][:1]
+        else:  # (a torn or damaged line: its bytes, the text as JSON would have written it)
+            whole = raw.decode("utf-8", "replace")
+            found = [(whole, t) for t in spellings if t in whole][:1]
         if found:
-            hits.append(RawLineHit(store.thread_id, session, line, reason, created, match_context(found[0], text)))
+            hits.append(RawLineHit(store.thread_id, session, line, reason, created, match_context(*found[0])))
             if len(hits) >= limit:
                 break
     return hits
@@ -15922,7 +15935,7 @@ def cmd_rollout(args) -> int:
     if not thread_arg or not session_id:
         raise usage_error("rollout write needs --thread-id and --session-id")
     if not is_uuid(session_id):
-        raise usage_error(f"--session-id {session_id!r} is not a UUID")
+        raise usage_error(f"--session-id {shown_arg(session_id)} is not a UUID")
     if envelope_from is not None:
         check_envelope_source(envelope_from)
     home = StateHome()

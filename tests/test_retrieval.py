@@ -361,6 +361,14 @@ def test_a_long_argument_that_is_no_label_is_not_echoed_back_whole(command, labe
     assert status == cc_lhc.EXIT_USAGE and out == b"" and len(err) < 300, err[:300]
 
 
+@pytest.mark.parametrize("argv", [["search", "--limit", "9" * 5000, "x"], ["export", "abc", "--from=" + "x" * 5000],
+                                  ["rollout", "write", "--thread-id", "a", "--session-id", "u" * 5000],
+                                  ["measure", "a.jsonl", "b" * 5000]])
+def test_a_long_option_value_or_argument_is_not_echoed_back_whole(argv, capsysbinary):
+    status, out, err = run_main(capsysbinary, *argv)
+    assert status == cc_lhc.EXIT_USAGE and len(err) < 300, err[:300]
+
+
 def test_the_largest_label_sqlite_holds_is_still_a_label(thread, monkeypatch, capsysbinary):
     grant(thread, monkeypatch)
     top = (1 << 63) - 1

@@ -234,8 +234,9 @@ def test_a_calls_tool_name_and_an_answers_citations_are_found(tmp_path, monkeypa
     grant(thread, monkeypatch)
     assert_found_first_exactly(capsysbinary, ("mcp__calc__run_once", "CITED-TEXT-9913", "docs.example/cite-9913",
                                               "CITE-TITLE-9913"))
-    status, out, _ = search(capsysbinary, "cc-lhc:text")
-    assert "no messages match" in out
+    for absent in ("cc-lhc:text", "web_search_result_location", "Eo8B"):  # (a stand-in, a kind, opaque data)
+        status, out, _ = search(capsysbinary, absent)
+        assert "no messages match" in out, (absent, out)
 
 
 def test_lines_kept_as_written_are_searched_too(tmp_path, monkeypatch, capsysbinary):
@@ -259,8 +260,52 @@ def test_lines_kept_as_written_are_searched_too(tmp_path, monkeypatch, capsysbin
     monkeypatch.delenv(cc_lhc.RUNTIME_ENV)
     status, out, _ = search(capsysbinary, "--thread", thread.id, "RAW-NEEDLE-5521")
     assert status == 0 and f"{thread.id[:8]} line 3 of session" in out and "--format raw-lines" in out
-    status, out, _ = search(capsysbinary, "--thread", thread.id, "nowhere-at-all-0000")
-    assert "kept as written" not in out
+    for absent in ("nowhere-at-all-0000", "parentUuid", "sessionId"):  # (a line's keys are no text of it)
+        status, out, _ = search(capsysbinary, "--thread", thread.id, absent)
+        assert "kept as written" not in out, (absent, out)
+
+
+def test_a_kept_line_that_is_no_json_or_half_an_emoji_is_searched_as_written(tmp_path, monkeypatch, capsysbinary):
+    """A torn line holds its text as JSON spelled it (a quote escaped, a newline as \\n);
+    a line holding half an emoji (whose record is a message, mended) is found as that
+    message, not twice, and never breaks the answer."""
+    tr = Transcript()
+    tr.prompt("one")
+    tr.response(text("two"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    mended = {"type": "user", "uuid": "half-1", "parentUuid": None, "sessionId": tr.session_id,
+              "timestamp": "2026-12-01T10:00:00.000Z", "message": {"role": "user", "content": "HALF-EMOJI-3317 X"}}
+    with path.open("ab") as f:
+        f.write(b'{"type": "user", "torn TORN said \\"quoted\\"\\nnext' + b"\n")
+        f.write(json.dumps(mended).replace("X", "\\ud83d").encode() + b"\n")
+    thread = intake(path, tr.session_id, tr.cwd)
+    assert {r for (r,) in thread.store.db.execute("SELECT reason FROM raw_lines")} == {"malformed_line", "text_repaired"}
+    grant(thread, monkeypatch)
+    for needle in ('said "quoted"', 'quoted"\nnext'):
+        status, out, _ = search(capsysbinary, needle)
+        assert status == 0 and "line 3 of session" in out, (needle, out)
+    status, out, _ = search(capsysbinary, "HALF-EMOJI-3317")
+    assert status == 0 and hits_of(out) and "kept as written" not in out
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV)
+    status, out, _ = search(capsysbinary, "--thread", thread.id, "HALF-EMOJI-3317")
+    assert status == 0 and hits_of(out) and "kept as written" not in out
+
+
+def test_a_text_block_without_text_is_searched_by_its_other_fields(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    tr.prompt("what does it say")
+    tr.response({"type": "text", "text": None, "citations": [{"type": "char_location",
+                                                              "cited_text": "NULLTEXT-CITED-4242"}]})
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    assert_found_first_exactly(capsysbinary, ("NULLTEXT-CITED-4242",))
+
+
+def test_a_threads_older_float_spelling_is_found_as_well():
+    """A thread captured before floats kept JavaScript's spelling holds 1.234e-05 (and shows
+    it so): search reads both spellings of it."""
+    values = cc_lhc._call_values('{"lr":1.234e-05,"n":0.5,"s":"1e-05 as text"}')
+    assert values.split("\n") == ["0.00001234", "1.234e-05", "0.5", "1e-05 as text"]
 
 
 def test_text_pasted_in_another_unicode_normal_form_is_found(tmp_path, monkeypatch, capsysbinary):
