@@ -1437,6 +1437,11 @@ LOCAL_COMMAND_CAVEAT = "<local-command-caveat>"
 LOCAL_COMMAND_NAME = "<command-name>"
 LOCAL_COMMAND_OUTPUT = ("<local-command-stdout>", "<local-command-stderr>")
 COMMAND_TURN = "command"
+# 2.1.328 writes a record for the model to read with the next prompt (isMeta, turnCompanion:
+# which tools ran before a background agent's summary) just before that prompt, which is
+# often a <task-notification>: with no turn open, it opens one the prompt then joins, so
+# the two are one turn, as they are one request.
+COMPANION_TURN = "companion"
 LOCAL_OUTPUT_KEY = "local_output:"  # + session id: ParseState.local_output, in the thread's meta
 TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the same way
 CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
@@ -1789,6 +1794,7 @@ class ParseOutput:
         self.raw_lines = []      # RawLine: lines kept verbatim
         self.state = {}           # PERSISTED_STATE field -> its value at the batch's end, if it changed
         self.branches = []        # (parent uuid, line) of prompts chained to an older record
+        self.turn_kinds = []      # (turn n, kind): a turn a companion record opened, now its prompt's
 
 
 # An in-process Smart Compact (the cc-lhc mod's session.compact hook, section 12) has
@@ -2215,7 +2221,15 @@ class RolloutParser:
                 self.out.branches.append((rec.get("parentUuid"), line_no))
             if self.agent is None:
                 self._absorbed_prompts()  # (words the running turn took in belong to it)
-            self._open_turn(origin or "prompt", self.s.next_seq, created)
+            if (self.agent is None and self.s.open_turn is not None and self.s.open_kind == COMPANION_TURN
+                    and not self.s.answering):
+                self.s.open_kind = origin or "prompt"  # (the prompt joins the turn its companion opened)
+                self.out.turn_kinds.append((self.s.open_turn, self.s.open_kind))
+            else:
+                self._open_turn(origin or "prompt", self.s.next_seq, created)
+        elif (self.agent is None and rec.get("isMeta") and rec.get("turnCompanion") is True
+              and self.s.open_turn is None):
+            self._open_turn(COMPANION_TURN, self.s.next_seq, created)
         for i, block in enumerate(blocks):
             if not isinstance(block, dict):
                 block = {"type": "unknown", "value": block}
@@ -3803,6 +3817,7 @@ class ThreadStore:
         with Tx(db):
             insert_rows(db, "INSERT INTO turns (n, kind, first_seq, source_session, started)", 5,
                         out.turns_opened)
+            db.executemany("UPDATE turns SET kind = ? WHERE n = ?", [(kind, n) for n, kind in out.turn_kinds])
             insert_rows(db, f"INSERT INTO messages ({', '.join(MESSAGE_COLUMNS)})", len(MESSAGE_COLUMNS), rows)
             self._write_closes(out)
             insert_rows(db, "INSERT OR REPLACE INTO usage", 9, [(rid,) + row for rid, row in out.usage.items()])

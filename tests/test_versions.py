@@ -739,6 +739,42 @@ def test_a_subagent_started_by_a_subagent_is_linked_to_that_agents_call(tmp_path
     assert f"subagent {inner}, started by m{inner_call}" in capsysbinary.readouterr().out.decode()
 
 
+@pytest.mark.parametrize("restart_between", [False, True])
+def test_a_companion_record_and_the_notification_after_it_are_one_turn(tmp_path, restart_between):
+    """2.1.328 writes what ran before a background agent's summary as a record for the model
+    (isMeta, turnCompanion) just before the <task-notification> that goes with it in one
+    request: the two are one turn, of the notification's kind, also when capture stops
+    between them."""
+    session = "21328000-0000-4000-8000-0000000000c3"
+    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    recs = [
+        _record(session, 1, "user", message={"role": "user", "content": "start it in the background"}),
+        _record(session, 2, "assistant", u(1), message={
+            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "started"}]}),
+        _record(session, 3, "user", u(2), isMeta=True, turnCompanion=True, message={
+            "role": "user", "content": "<system-reminder>\n<tools-used-before-summary>Bash</tools-used-before-summary>"
+                                       "\n</system-reminder>"}),
+        _record(session, 4, "user", u(3), origin={"kind": "task-notification"}, message={
+            "role": "user", "content": "<task-notification>\n<task-id>b1</task-id>\n<status>completed</status>"
+                                       "\n</task-notification>"}),
+        _record(session, 5, "assistant", u(4), message={
+            "id": "msg_5", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "it finished"}]})]
+    path = _write(tmp_path / "projects" / f"{session}.jsonl", recs[:3] if restart_between else recs)
+    t = intake(path, session)
+    if restart_between:
+        _write(path, recs)
+        cap = cc_lhc.Capture(t.home, t.id, session, str(path))
+        cap.catch_up()
+        cap.stop()
+    rows = t.store.db.execute("SELECT n, kind FROM turns ORDER BY n").fetchall()
+    assert rows == [(1, "prompt"), (2, "task-notification")]
+    assert [(turn, kind) for turn, kind in t.store.db.execute(
+        "SELECT turn, kind FROM messages WHERE turn = 2 ORDER BY seq")] == [
+        (2, "user_meta"), (2, "user_text"), (2, "assistant_text")]
+
+
 def test_a_2_1_328_workflows_agents_are_linked_through_the_run_its_call_names(tmp_path):
     session = "21328000-0000-4000-8000-0000000000a1"
     path, call, agent = _workflow_session(tmp_path / "projects", session, "wf_6de95f72-ce6")
