@@ -651,6 +651,18 @@ def _record(session, n, rtype, parent=None, agent=None, **more):
     return rec
 
 
+def _uuid(n: int) -> str:
+    """The uuid _record gives its record n."""
+    return f"00000000-0000-4000-8000-{n:012d}"
+
+
+def _call(session, n, parent, call_id, name, agent=None, **tool_input):
+    """An assistant record n that calls tool ``name`` (id ``call_id``) and stops for it."""
+    return _record(session, n, "assistant", parent, agent=agent, message={
+        "id": f"msg_{n}", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+        "content": [{"type": "tool_use", "id": call_id, "name": name, "input": tool_input}]})
+
+
 def _write(path: Path, recs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -661,7 +673,7 @@ def _workflow_session(root: Path, session: str, run: str, first: int = 1):
     """A session whose Workflow call launched ``run`` in the background, as 2.1.328 writes it:
     the acknowledgement names the run (the agents' .meta.json names no call, and no progress
     record names them); one agent of the run has finished."""
-    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    u = _uuid
     n = first
     ack = (f"Workflow launched in background. Task ID: w{n}\nSummary: two steps\n"
            f"Transcript dir: {root}/{session}/subagents/workflows/{run}\nRun ID: {run}\n")
@@ -694,14 +706,11 @@ def test_a_subagent_started_by_a_subagent_is_linked_to_that_agents_call(tmp_path
     the Markdown export says which message started it."""
     session = "21328000-0000-4000-8000-0000000000b7"
     root = tmp_path / "projects"
-    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    u = _uuid
     outer, inner = "a1111222233334444", "a5555666677778888"
     path = _write(root / f"{session}.jsonl", [
         _record(session, 1, "user", message={"role": "user", "content": "delegate it"}),
-        _record(session, 2, "assistant", u(1), message={
-            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "tool_use",
-            "content": [{"type": "tool_use", "id": "toolu_outer", "name": "Agent",
-                         "input": {"prompt": "OUTER TASK", "description": "outer"}}]}),
+        _call(session, 2, u(1), "toolu_outer", "Agent", prompt="OUTER TASK", description="outer"),
         _record(session, 3, "user", u(2), message={"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_outer", "content": "outer done"}]}),
         _record(session, 4, "assistant", u(3), message={
@@ -710,10 +719,7 @@ def test_a_subagent_started_by_a_subagent_is_linked_to_that_agents_call(tmp_path
     agents = root / session / "subagents"
     _write(agents / f"agent-{outer}.jsonl", [
         _record(session, 10, "user", agent=outer, message={"role": "user", "content": "OUTER TASK"}),
-        _record(session, 11, "assistant", u(10), agent=outer, message={
-            "id": "msg_11", "role": "assistant", "model": "m", "stop_reason": "tool_use",
-            "content": [{"type": "tool_use", "id": "toolu_inner", "name": "Agent",
-                         "input": {"prompt": "INNER TASK", "description": "inner"}}]}),
+        _call(session, 11, u(10), "toolu_inner", "Agent", agent=outer, prompt="INNER TASK", description="inner"),
         _record(session, 12, "user", u(11), agent=outer, message={"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_inner", "content": "inner done"}]}),
         _record(session, 13, "assistant", u(12), agent=outer, message={
@@ -746,7 +752,7 @@ def test_a_companion_record_and_the_notification_after_it_are_one_turn(tmp_path,
     request: the two are one turn, of the notification's kind, also when capture stops
     between them."""
     session = "21328000-0000-4000-8000-0000000000c3"
-    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    u = _uuid
     recs = [
         _record(session, 1, "user", message={"role": "user", "content": "start it in the background"}),
         _record(session, 2, "assistant", u(1), message={
@@ -803,13 +809,10 @@ def test_a_workflow_run_copied_into_the_next_session_is_not_stored_twice(tmp_pat
 
 def test_a_sidechain_with_an_agent_id_in_the_main_file_is_linked_by_its_prompt(tmp_path):
     session = "21328000-0000-4000-8000-0000000000c1"
-    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    u = _uuid
     path = _write(tmp_path / f"{session}.jsonl", [
         _record(session, 1, "user", message={"role": "user", "content": "look around"}),
-        _record(session, 2, "assistant", u(1), message={
-            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "tool_use",
-            "content": [{"type": "tool_use", "id": "toolu_t", "name": "Task",
-                         "input": {"prompt": "Look at foo", "description": "d"}}]}),
+        _call(session, 2, u(1), "toolu_t", "Task", prompt="Look at foo", description="d"),
         _record(session, 3, "user", agent="aside", message={"role": "user", "content": "Look at foo"}),
         _record(session, 4, "assistant", u(3), agent="aside", message={
             "id": "msg_4", "role": "assistant", "model": "m", "stop_reason": "end_turn",
@@ -824,7 +827,7 @@ def test_a_user_record_with_nothing_in_it_is_kept_as_its_line_and_opens_no_turn(
     """No message, no content, content null: nothing to place in the conversation. The line
     is kept as written and named (never only dropped), and no empty turn appears."""
     session = "21328000-0000-4000-8000-0000000000d1"
-    u = lambda n: f"00000000-0000-4000-8000-{n:012d}"  # noqa: E731
+    u = _uuid
     said = lambda n, parent, text, role="user": _record(  # noqa: E731
         session, n, role, parent, message={"role": role, "content": text} if role == "user" else {
             "id": f"msg_{n}", "role": "assistant", "model": "m", "stop_reason": "end_turn",
