@@ -15286,8 +15286,33 @@ def render_message_body(m: dict) -> str:
         head += f" ({m['tool_use_id']})"
     if m["is_error"]:
         head += " \u00b7 error"
-    content = m["text"] if m["text"] is not None else (m["data"] or "")
+    content = _output_blocks_text(m) if m["kind"] == "tool_result" else None
+    if content is None:
+        content = m["text"] if m["text"] is not None else (m["data"] or "")
     return f"{head}\n{content}\n"
+
+
+def _output_blocks_text(m):
+    """A tool output of blocks other than one text (an MCP tool's search_result or document,
+    an image, several texts) as retrieval shows it: each text block's text, each other
+    block whole as JSON, in order (the text column holds only placeholders for them);
+    None for an output that is one text, which the text column holds exactly."""
+    data = m._stored_data if isinstance(m, StoredMessage) else m.get("data")
+    if not data or '"content":[' not in data or (data.count('"type":') == 2 and '"type":"text"' in data):
+        return None  # (a string, or one text block: the result's own type and the block's)
+    try:
+        block = json.loads(data[len(KEPT_WHOLE):] if data.startswith(KEPT_WHOLE) else data)
+    except (ValueError, RecursionError):
+        return None
+    content = block.get("content") if isinstance(block, dict) else None
+    if not isinstance(content, list):
+        return None
+    plain = [isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+             and set(b) <= {"type", "text"} for b in content]
+    if len(content) == 1 and plain[0]:
+        return None
+    return "\n".join(b["text"] if is_text else json_as_written(b, ensure_ascii=False, separators=(",", ":"))
+                     for b, is_text in zip(content, plain))
 
 
 def _char_start(body: bytes, i: int) -> int:
@@ -15321,7 +15346,7 @@ def _request_text(letter: str, numbers) -> str:
                     for a, b in label_ranges(numbers))
 
 
-def emit_retrieval(command: str, thread_id: str, request: str, body: str, start: int) -> int:
+def emit_retrieval(command: str, thread_id: str, request: str, body: str, start: int, frozen: str = "") -> int:
     """Write one retrieval envelope within the stdout ceiling; returns bytes written.
 
     When the body does not fit, the piece shown is followed by one added newline and a
@@ -15342,7 +15367,7 @@ def emit_retrieval(command: str, thread_id: str, request: str, body: str, start:
 
     def receipt(shown, next_from):
         return (f"\n[cut: {shown} of {len(data)} bytes shown so far. The rest: "
-                f"cc-lhc {command} --from {next_from} {request}]\n").encode()
+                f"cc-lhc {command} --from {next_from} {frozen}{request}]\n").encode()
 
     piece, next_from = slice_body(data, start, RETRIEVAL_CEILING - len(opening) - len(closing) - 1)
     if next_from is not None:  # it does not fit whole: room for the receipt too
@@ -15395,12 +15420,18 @@ def _retrieve(args, letter: str, command: str, render) -> int:
     is checked before the store is opened, and the impression recorded after the output.
     """
     start = _take_number(args, "--from", 0, 0)
+    through = _take_option(args, "--through", None, lambda value: parse_labels([value], "m")[0])
     numbers = parse_labels(args, letter)
     desc, store = _retrieval_store(StateHome())
     try:
-        parts, turns = render(store, numbers)
+        if through is None:
+            # A turn still open grows while it is read: Claude's own retrieval calls join it.
+            # The answer is made of the messages there are now, and a continuation names the
+            # newest (--through), so its pieces join into this answer, not a longer one.
+            through = store.db.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0]
+        parts, turns = render(store, numbers, through)
         size = emit_retrieval(command, store.thread_id, _request_text(letter, numbers), "".join(parts),
-                              max(0, start))
+                              max(0, start), frozen=f"--through m{through} ")
         _record_impression(store, desc["session_id"], command, [f"{letter}{n}" for n in numbers],
                            turns, size)
     finally:
@@ -15408,23 +15439,28 @@ def _retrieve(args, letter: str, command: str, render) -> int:
     return EXIT_OK
 
 
-def _render_turns(store, numbers):
+def _render_turns(store, numbers, through):
+    """Turns as they stood when message m``through`` was the newest: a turn that closed after
+    it (or had not begun) reads as it did then, open (or missing)."""
     parts = []
     for n in numbers:
-        row = store.db.execute("SELECT kind, status FROM turns WHERE n = ?", (n,)).fetchone()
-        if row is None:
+        row = store.db.execute("SELECT kind, status, last_seq, first_seq FROM turns WHERE n = ?", (n,)).fetchone()
+        if row is None or (row[3] is not None and row[3] > through):
             parts.append(f"=== t{n}: no such turn in this thread ===\n")
             continue
-        parts.append(f"=== t{n} ({row[0]}, {row[1]}) ===\n")
-        parts.extend(render_message_body(m) for m in store.messages(n, n))
+        kind, status, last_seq, _first = row
+        if status != "open" and (last_seq is None or last_seq > through):
+            status = "open"
+        parts.append(f"=== t{n} ({kind}, {status}) ===\n")
+        parts.extend(render_message_body(m) for m in store.messages(n, n) if m["seq"] <= through)
     return parts, numbers
 
 
-def _render_messages(store, numbers):
+def _render_messages(store, numbers, through):
     parts, turns = [], set()
     cols = ", ".join(MESSAGE_COLUMNS)
     for n in numbers:
-        row = store.db.execute(f"SELECT {cols} FROM messages WHERE seq = ?", (n,)).fetchone()
+        row = store.db.execute(f"SELECT {cols} FROM messages WHERE seq = ? AND seq <= ?", (n, through)).fetchone()
         if row is None:
             parts.append(f"--- m{n}: no such message in this thread\n")
             continue

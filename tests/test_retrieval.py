@@ -17,7 +17,7 @@ import pytest
 
 import cc_lhc
 from conftest import CC_LHC, REPO
-from test_views import Transcript, grant, intake_transcript, retrieve, text, tool_use
+from test_views import Transcript, grant, intake, intake_transcript, retrieve, text, tool_use
 
 CEILING = cc_lhc.RETRIEVAL_CEILING
 HUGE = "\n".join(f"{i:06d} the quick brown fox jumps over the lazy dog \u00e9\u20ac" for i in range(6000))
@@ -210,6 +210,68 @@ def test_huge_output_stays_under_the_ceiling_and_continues_exactly(thread, monke
     # get-turns of the whole turn too
     body, _ = retrieve(capsysbinary, "get-turns", f"t{big['turn']}")
     assert HUGE.encode() in body
+
+
+def test_reading_the_open_turn_page_by_page_gives_it_as_it_was_at_the_first_page(tmp_path, monkeypatch,
+                                                                                  capsysbinary):
+    """Claude's own retrieval calls join the turn that is open while it reads it page by
+    page: the continuation names the newest message of the first answer (--through), so
+    the pieces join into that answer and end, and the turn reads as open throughout."""
+    tr = Transcript()
+    tr.prompt("start")
+    tr.response(text("ok"))
+    tr.prompt("read the log")
+    (c,) = tr.response(tool_use("Bash", command="cat big.log"), stop="tool_use")
+    tr.results((c["id"], HUGE, False))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    thread = intake(path, tr.session_id, tr.cwd)
+    grant(thread, monkeypatch)
+    first = thread.store.db.execute("SELECT n FROM turns WHERE status = 'open'").fetchone()[0]
+    expected = f"=== t{first} (prompt, open) ===\n".encode() + b"".join(
+        cc_lhc.render_message_body(m).encode() for m in thread.store.messages(first, first))
+    pages = [0]
+
+    def claude_reads_on():  # (its retrieval call and answer are written into the open turn)
+        pages[0] += 1
+        (call,) = tr.response(tool_use("Bash", command=f"cc-lhc get-turns t{first}"), stop="tool_use")
+        tr.results((call["id"], "x" * 30_000, False))
+        if pages[0] == 3:
+            tr.response(text("read it all"))  # (the turn closes meanwhile)
+        tr.write(path)
+        cap = cc_lhc.Capture(thread.home, thread.id, tr.session_id, str(path))
+        cap.catch_up()
+        cap.stop()
+    body, calls = retrieve(capsysbinary, "get-turns", f"t{first}", between=claude_reads_on, limit_calls=50)
+    assert body == expected and calls == pages[0] + 1
+    body, _ = retrieve(capsysbinary, "get-turns", f"t{first}")  # (read again, it holds the calls too)
+    assert body.startswith(f"=== t{first} (prompt, closed) ===".encode()) and body.count(b"cc-lhc get-turns") >= 3
+
+
+def test_an_output_of_other_blocks_reads_back_whole(tmp_path, monkeypatch, capsysbinary):
+    """A tool output holding an MCP search_result, an image or several texts: retrieval gives
+    each text block's text and every other block whole as JSON (the text column only names
+    them), so what search points at can be read."""
+    blocks = [{"type": "text", "text": "first part"},
+              {"type": "search_result", "source": "https://docs.example/p", "title": "PAGE",
+               "content": [{"type": "text", "text": "SEARCH-RESULT-BODY"}], "citations": {"enabled": True}},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+              {"type": "text", "text": "last part", "cache_control": {"type": "ephemeral"}}]
+    tr = Transcript()
+    tr.prompt("look it up")
+    (c,) = tr.response(tool_use("mcp__docs__search", query="p"), stop="tool_use")
+    tr.results((c["id"], blocks, False))
+    (c2,) = tr.response(tool_use("Bash", command="echo one"), stop="tool_use")
+    tr.results((c2["id"], [{"type": "text", "text": "just one text"}], False))
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    results = [m for m in thread.store.messages() if m["kind"] == "tool_result"]
+    body, _ = retrieve(capsysbinary, "get-messages", f"m{results[0]['seq']}")
+    shown = body.decode().split("\n", 1)[1]
+    assert shown == "first part\n" + "\n".join(json.dumps(b, separators=(",", ":")) for b in blocks[1:3]) + "\n" + \
+        json.dumps(blocks[3], separators=(",", ":")) + "\n"
+    body, _ = retrieve(capsysbinary, "get-messages", f"m{results[1]['seq']}")
+    assert body.decode().split("\n", 1)[1] == "just one text\n"
 
 
 @pytest.mark.parametrize("char", ["\u00e9", "\u20ac", "\U0001f600", "a\u0301\U0001f680\u6771"])

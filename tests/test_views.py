@@ -221,18 +221,19 @@ def grant(thread: Thread, monkeypatch) -> dict:
     return desc
 
 
-def retrieve(capsysbinary, command, *labels, limit_calls=1000):
-    """Run get-turns / get-messages in process, following --from receipts to the end.
+def retrieve(capsysbinary, command, *labels, limit_calls=1000, between=None):
+    """Run get-turns / get-messages in process, following --from receipts to the end, each
+    run as its receipt words it (``between()`` runs before each continuation).
 
     Returns (body, calls): the exact body bytes the pieces join into."""
+    import shlex
     fn = {"get-turns": cc_lhc.cmd_get_turns, "get-messages": cc_lhc.cmd_get_messages,
           "search": cc_lhc.cmd_search}[command]
-    body, start, calls = b"", 0, 0
+    body, calls, args = b"", 0, list(labels)
     capsysbinary.readouterr()
     while True:
         calls += 1
         assert calls <= limit_calls, "continuation never ends"
-        args = (["--from", str(start)] if start else []) + list(labels)
         assert fn(args) == 0
         out = capsysbinary.readouterr().out
         assert len(out) <= cc_lhc.RETRIEVAL_CEILING
@@ -246,7 +247,9 @@ def retrieve(capsysbinary, command, *labels, limit_calls=1000):
         body += rest[:cut.start()]
         assert int(cut.group(1)) == len(body)
         assert cut.group(3).decode() == command
-        start = int(cut.group(4))
+        args = ["--from", cut.group(4).decode(), *shlex.split(cut.group(5).decode())]
+        if between is not None:
+            between()
 
 
 def expected_turn_body(thread: Thread, n: int) -> bytes:
