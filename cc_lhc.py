@@ -15408,7 +15408,7 @@ def _record_impression(store, session, command, labels, turns, size):
                              "VALUES (?, ?, ?, ?, ?, ?)",
                              (session, command, ",".join(labels), ",".join(str(t) for t in sorted(turns)),
                               size, utc_now_iso()))
-    if not written_briefly(store.db, note):
+    if not written_briefly(store.db, note, IMPRESSION_LOCK_WAIT_MS):
         StateHome().log("impression_not_recorded", thread=store.thread_id, command=command,
                         reason="the thread was locked by another process")
 
@@ -15722,6 +15722,7 @@ def word_context(body: str, text: str) -> str:
 # (the session's own capture holds it for a batch at a time; a long index build, seconds)
 # before it searches without them what they do not cover yet.
 SEARCH_LOCK_WAIT_MS = 2_000
+IMPRESSION_LOCK_WAIT_MS = 100  # a retrieval's note of what it showed: a hint, worth no page's wait
 
 
 def search_thread(store, text: str, limit: int):
@@ -15787,13 +15788,13 @@ def raw_line_hits(store, text: str, limit: int) -> list:
     return hits
 
 
-def written_briefly(db, work) -> bool:
-    """work() with the connection waiting SEARCH_LOCK_WAIT_MS, not its own timeout, for
-    another process's write lock; False when it did not get it (what work() had committed
-    stays)."""
+def written_briefly(db, work, wait_ms=None) -> bool:
+    """work() with the connection waiting ``wait_ms`` (SEARCH_LOCK_WAIT_MS unless given), not
+    its own timeout, for another process's write lock; False when it did not get it (what
+    work() had committed stays)."""
     import sqlite3
     (usual,) = db.execute("PRAGMA busy_timeout").fetchone()
-    db.execute(f"PRAGMA busy_timeout = {SEARCH_LOCK_WAIT_MS}")
+    db.execute(f"PRAGMA busy_timeout = {int(SEARCH_LOCK_WAIT_MS if wait_ms is None else wait_ms)}")
     try:
         work()
         return True

@@ -247,6 +247,25 @@ def test_reading_the_open_turn_page_by_page_gives_it_as_it_was_at_the_first_page
     assert body.startswith(f"=== t{first} (prompt, closed) ===".encode()) and body.count(b"cc-lhc get-turns") >= 3
 
 
+def test_a_retrieval_of_a_locked_thread_answers_without_waiting_for_its_note(thread, monkeypatch, capsysbinary):
+    """The note of what a retrieval showed is a hint for later views: while another process
+    holds the thread locked (a long index build), the answer does not wait seconds for it."""
+    import sqlite3
+    import time
+    grant(thread, monkeypatch)
+    holder = sqlite3.connect(thread.store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        status, out, _ = run_main(capsysbinary, "get-turns", "t1")
+        assert status == 0 and b"hello there" in out
+        assert time.monotonic() - started < 1.0  # (the search's own wait is 2 s)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert impressions(thread) == []
+
+
 def test_an_output_of_other_blocks_reads_back_whole(tmp_path, monkeypatch, capsysbinary):
     """A tool output holding an MCP search_result, an image or several texts: retrieval gives
     each text block's text and every other block whole as JSON (the text column only names
