@@ -7100,17 +7100,19 @@ MOD_FILES = {
 
 const PAGE = { type: "integer", minimum: 0,
   description: "Continue a result cut at the 24,000-byte page limit: the token offset its last line names." }
+const THROUGH = { type: "string",
+  description: "With from: the message label its last line names after --through (such as m57), so the rest continues the same answer." }
 const TOOLS = [
   { name: "lhc_get_turns", mcp: false,
     description: "Read whole turns of this cc-lhc thread back exactly as recorded (labels like t12, or ranges like t5-t7). Use it instead of guessing what an earlier turn said.",
     inputSchema: { type: "object", required: ["turns"], properties: {
       turns: { type: "array", minItems: 1, items: { type: "string" }, description: "Turn labels or ranges: [\"t12\", \"t14-t16\"]" },
-      from: PAGE } } },
+      from: PAGE, through: THROUGH } } },
   { name: "lhc_get_messages", mcp: false,
     description: "Read single messages of this cc-lhc thread back exactly as recorded (labels like m57, or ranges like m40-m60), such as a tool output the view shows as a stub.",
     inputSchema: { type: "object", required: ["messages"], properties: {
       messages: { type: "array", minItems: 1, items: { type: "string" }, description: "Message labels or ranges: [\"m57\", \"m40-m60\"]" },
-      from: PAGE } } },
+      from: PAGE, through: THROUGH } } },
   { name: "lhc_search", mcp: false,
     description: "Search this cc-lhc thread for an exact string (a command, an error line) or some words; answers the labels of matching messages to read back.",
     inputSchema: { type: "object", required: ["text"], properties: {
@@ -7120,7 +7122,8 @@ const TOOLS = [
 ]
 
 function argvFor(e) {
-  const from = Number.isInteger(e.from) ? ["--from", String(e.from)] : []
+  const from = [...(Number.isInteger(e.from) ? ["--from", String(e.from)] : []),
+    ...(typeof e.through === "string" && e.tool !== "lhc_search" ? ["--through", e.through] : [])]
   if (e.tool === "lhc_get_turns") return ["cc-lhc", "get-turns", ...(e.turns || []).map(String), ...from]
   if (e.tool === "lhc_get_messages") return ["cc-lhc", "get-messages", ...(e.messages || []).map(String), ...from]
   const limit = Number.isInteger(e.limit) ? ["--limit", String(e.limit)] : []

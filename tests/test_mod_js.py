@@ -73,3 +73,51 @@ def test_a_view_naming_a_message_claude_does_not_hold_is_declined(tmp_path):
     assert got["out"] == {"skip": "cc-lhc: message gone is not in this conversation"}
     assert got["written"] == [["/rt/bin-d/mod-view.json",
                                {"key": "k1", "declined": "message gone is not in this conversation"}]]
+
+
+RUN_DRIVER = r"""
+import { register } from "./register.mjs"
+const ran = []
+const $ = { process: { run: async (argv) => { ran.push(argv); return { exitCode: 0, stdout: "ok" } } } }
+const hooks = {}
+register((name, filter, fn) => { hooks[name + ":" + ((filter && filter.tool) || "")] = fn || filter }, {})
+for (const e of JSON.parse(process.argv[2])) await hooks["tool.run:" + e.tool]($, e, async () => ({}))
+console.log(JSON.stringify(ran))
+"""
+
+
+def test_the_native_tools_continue_an_answer_as_its_last_line_says(tmp_path):
+    """A cut answer ends with the command that reads on (--from N --through mN): the mod's
+    tools take both, so the rest continues the same answer (search takes --from alone)."""
+    (tmp_path / "register.mjs").write_text(cc_lhc.MOD_FILES["hooks/register.js"])
+    (tmp_path / "run.mjs").write_text(RUN_DRIVER)
+    calls = [{"tool": "lhc_get_turns", "turns": ["t2"], "from": 6000, "through": "m57"},
+             {"tool": "lhc_get_messages", "messages": ["m3-m9"], "from": 12, "through": "m80"},
+             {"tool": "lhc_get_turns", "turns": ["t1"]},
+             {"tool": "lhc_search", "text": "x", "from": 5, "through": "m9"}]
+    p = subprocess.run(["node", "run.mjs", json.dumps(calls)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == [["cc-lhc", "get-turns", "t2", "--from", "6000", "--through", "m57"],
+                                    ["cc-lhc", "get-messages", "m3-m9", "--from", "12", "--through", "m80"],
+                                    ["cc-lhc", "get-turns", "t1"],
+                                    ["cc-lhc", "search", "--from", "5", "--", "x"]]
+    tools = {t["name"]: t for t in mod_tools()}
+    assert "through" in tools["lhc_get_turns"]["inputSchema"]["properties"]
+
+
+def mod_tools() -> list:
+    """The mod's tool list as JSON, read by Node from the file it ships in."""
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "register.mjs"), "w") as f:
+            f.write(cc_lhc.MOD_FILES["hooks/register.js"])
+        with open(os.path.join(d, "list.mjs"), "w") as f:
+            f.write('import { register } from "./register.mjs"\nconst hooks = {}\n'
+                    'register((name, filter, fn) => { hooks[name] = fn || filter }, {})\n'
+                    'const out = await hooks["tool.list"]({}, {}, async () => ({ value: [] }))\n'
+                    'console.log(JSON.stringify(out.value))\n')
+        p = subprocess.run(["node", "list.mjs"], cwd=d, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
