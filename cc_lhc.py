@@ -1573,7 +1573,7 @@ def flatten_tool_output(content) -> str:
         parts = []
         for block in content:
             if isinstance(block, dict) and block.get("type") == "text":
-                parts.append(block.get("text", ""))
+                parts.append(block["text"] if isinstance(block.get("text"), str) else "")
             elif isinstance(block, dict):
                 parts.append(f"[{block.get('type', 'block')}]")
         return "\n".join(parts)
@@ -2203,7 +2203,8 @@ class RolloutParser:
             return
         has_result = any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
         local = None if has_result or self.agent is not None else _local_command_part(content)
-        written_out = local is None and after_output and rec.get("isMeta") and self.s.open_turn is None
+        written_out = (local is None and after_output and rec.get("isMeta") and self.s.open_turn is None
+                       and not rec.get("turnCompanion"))
         stopped = (self.agent is None and not has_result and not rec.get("isMeta")
                    and _interrupt_marker(blocks))
         if self.s.queued and self.agent is None and not has_result:
@@ -3614,8 +3615,10 @@ WAL_CHECKPOINT_PAGES = 1000
 # The call that started agent ``a`` (its {column}): the main conversation's, else one a
 # subagent made (a subagent can start one of its own), never a copy in the agent's own file
 # (a fork holds its parent's call).
-STARTING_CALL_SQL = ("SELECT c.{column} FROM messages c WHERE c.tool_use_id = a.tool_use_id AND c.kind = 'tool_call' "
-                     "AND c.agent IS NOT a.agent_id ORDER BY c.agent IS NOT NULL, c.seq LIMIT 1")
+STARTING_CALL_SQL = ("SELECT coalesce((SELECT c.{column} FROM messages c WHERE c.tool_use_id = a.tool_use_id "
+                     "AND c.kind = 'tool_call' AND c.agent IS NULL), (SELECT c.{column} FROM messages c WHERE "
+                     "c.tool_use_id = a.tool_use_id AND c.kind = 'tool_call' AND c.agent IS NOT a.agent_id "
+                     "ORDER BY c.seq LIMIT 1))")
 
 
 class ThreadStore:
@@ -3724,7 +3727,7 @@ class ThreadStore:
                          "ORDER BY n DESC LIMIT 1").fetchone()
         if row:
             state.open_turn, state.open_kind, state.turn_first = row[0], row[1], row[2]
-            if row[1] == COMMAND_TURN:
+            if row[1] in (COMMAND_TURN, COMPANION_TURN):
                 state.answering = db.execute("SELECT 1 FROM messages WHERE turn = ? AND agent IS NULL AND "
                                              "role = 'assistant' LIMIT 1", (row[0],)).fetchone() is not None
             seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ? AND agent IS NULL",
@@ -15310,12 +15313,11 @@ def _output_blocks_text(m):
     content = block.get("content") if isinstance(block, dict) else None
     if not isinstance(content, list):
         return None
-    plain = [isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-             and set(b) <= {"type", "text"} for b in content]
-    if len(content) == 1 and plain[0]:
-        return None
+    texts = [isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in content]
+    if len(content) == 1 and texts[0]:
+        return None  # (one text, its fields for the API aside (cache_control): the text column)
     return "\n".join(b["text"] if is_text else json_as_written(b, ensure_ascii=False, separators=(",", ":"))
-                     for b, is_text in zip(content, plain))
+                     for b, is_text in zip(content, texts))
 
 
 def _char_start(body: bytes, i: int) -> int:
@@ -15423,7 +15425,7 @@ def _retrieve(args, letter: str, command: str, render) -> int:
     is checked before the store is opened, and the impression recorded after the output.
     """
     start = _take_number(args, "--from", 0, 0)
-    through = _take_option(args, "--through", None, lambda value: parse_labels([value], "m")[0])
+    through = _take_option(args, "--through", None, _through_label)
     numbers = parse_labels(args, letter)
     desc, store = _retrieval_store(StateHome())
     try:
@@ -15471,6 +15473,14 @@ def _render_messages(store, numbers, through):
         turns.add(m["turn"])
         parts.append(render_message_body(m))
     return parts, turns
+
+
+def _through_label(value: str) -> int:
+    """--through's message label (one, such as m57: the newest message a continued answer holds)."""
+    m = re.fullmatch(r"m([0-9]+)", value)
+    if not m or not 0 < int(m.group(1)) <= LABEL_NUMBER_MAX:
+        raise ValueError(value)
+    return int(m.group(1))
 
 
 def cmd_get_turns(args) -> int:
@@ -16582,8 +16592,8 @@ def registry_check(home, repair: bool):
 COMMAND_USAGE = {
     "threads": "usage: cc-lhc threads [--json]",
     "export": "usage: cc-lhc export <thread-id-or-prefix> [--format json|markdown|raw-lines] [--from tN] [--to tN]",
-    "get-turns": "usage: cc-lhc get-turns [--from N] <tN>... (inside a session cc-lhc started)",
-    "get-messages": "usage: cc-lhc get-messages [--from N] <mN>... (inside a session cc-lhc started)",
+    "get-turns": "usage: cc-lhc get-turns [--from N [--through mN]] <tN>... (inside a session cc-lhc started)",
+    "get-messages": "usage: cc-lhc get-messages [--from N [--through mN]] <mN>... (inside a session cc-lhc started)",
     "search": SEARCH_USAGE,
     "rollout": "usage: cc-lhc rollout write --thread-id ID --session-id UUID [--cwd DIR] [--projects-root DIR] "
                "[--envelope-from ROLLOUT]",

@@ -781,6 +781,56 @@ def test_a_companion_record_and_the_notification_after_it_are_one_turn(tmp_path,
         (2, "user_meta"), (2, "user_text"), (2, "assistant_text")]
 
 
+def _companion_session(tmp_path, shape, restart_at=None):
+    """Turns of a 2.1.328 session holding a companion record in ``shape`` (a list of record
+    kinds), read in one go or restarted before record ``restart_at``."""
+    session = f"21328000-0000-4000-8001-{restart_at or 0:012d}"  # (one thread each: a restart at each line)
+    made = {
+        "prompt": lambda n: _record(session, n, "user", _uuid(n - 1) if n > 1 else None,
+                                    message={"role": "user", "content": f"prompt {n}"}),
+        "answer": lambda n: _record(session, n, "assistant", _uuid(n - 1), message={
+            "id": f"msg_{n}", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": f"answer {n}"}]}),
+        "call": lambda n: _call(session, n, _uuid(n - 1), f"toolu_{n}", "Bash", command="ls"),
+        "companion": lambda n: _record(session, n, "user", _uuid(n - 1), isMeta=True, turnCompanion=True, message={
+            "role": "user", "content": "<system-reminder>\n<tools-used-before-summary>Bash"
+                                       "</tools-used-before-summary>\n</system-reminder>"}),
+        "notification": lambda n: _record(session, n, "user", _uuid(n - 1), origin={"kind": "task-notification"},
+                                          message={"role": "user", "content": "<task-notification>\n"
+                                                   "<status>completed</status>\n</task-notification>"}),
+        "caveat": lambda n: _record(session, n, "user", _uuid(n - 1), isMeta=True, message={
+            "role": "user", "content": "<local-command-caveat>Caveat: ...</local-command-caveat>"}),
+        "command": lambda n: _record(session, n, "user", _uuid(n - 1), message={
+            "role": "user", "content": "<command-name>/context</command-name>\n<command-message>context"
+                                       "</command-message>\n<command-args></command-args>"}),
+        "output": lambda n: _record(session, n, "user", _uuid(n - 1), message={
+            "role": "user", "content": "<local-command-stdout>Context usage 10%</local-command-stdout>"}),
+    }
+    recs = [made[kind](n) for n, kind in enumerate(shape, start=1)]
+    path = _write(tmp_path / "projects" / f"{session}.jsonl", recs[:restart_at - 1] if restart_at else recs)
+    t = intake(path, session)
+    if restart_at:
+        _write(path, recs)
+        cap = cc_lhc.Capture(t.home, t.id, session, str(path))
+        cap.catch_up()
+        cap.stop()
+    return t.store.db.execute("SELECT n, kind FROM turns ORDER BY n").fetchall()
+
+
+@pytest.mark.parametrize("shape, turns", [
+    # answered without a prompt: the companion's turn is the model's work, and the prompt after
+    # it a turn of its own, whether capture stopped before it or not
+    (["prompt", "answer", "companion", "call", "prompt", "answer"], [(1, "prompt"), (2, "companion"), (3, "prompt")]),
+    # after a command's output (/context run while an agent works): still the notification's turn
+    (["prompt", "answer", "caveat", "command", "output", "companion", "notification", "answer"],
+     [(1, "prompt"), (2, "command"), (3, "task-notification")]),
+])
+def test_a_companion_record_joins_only_a_prompt_that_follows_it_unanswered(tmp_path, shape, turns):
+    assert _companion_session(tmp_path, shape) == turns
+    for restart in range(2, len(shape) + 1):
+        assert _companion_session(tmp_path / str(restart), shape, restart) == turns, restart
+
+
 def test_a_2_1_328_workflows_agents_are_linked_through_the_run_its_call_names(tmp_path):
     session = "21328000-0000-4000-8000-0000000000a1"
     path, call, agent = _workflow_session(tmp_path / "projects", session, "wf_6de95f72-ce6")
