@@ -15139,7 +15139,11 @@ def _markdown_message(m: dict, agents=None) -> str:
         return (f"**{label} · the whole tool output Claude saved to a file** (`{m['tool_use_id']}`)\n\n"
                 f"{fence}\n{m['text']}\n{fence}\n")
     if m["kind"] == "thinking":
-        return f"**{label} · thinking**\n\n> " + (m["text"] or "").replace("\n", "\n> ") + "\n"
+        thought = m["text"] or ""
+        if EXPORT_HEADING_LINE.search(thought):  # (in a quote, such a line is still a heading or a label)
+            fence = code_fence(thought)
+            return f"**{label} · thinking**\n\n{fence}\n{thought}\n{fence}\n"
+        return f"**{label} · thinking**\n\n> " + thought.replace("\n", "\n> ") + "\n"
     body = m["text"] if m["text"] is not None else f"`{m['data']}`"
     if _breaks_markdown(body):
         fence = code_fence(body)
@@ -15199,14 +15203,15 @@ def cmd_export(args) -> int:
         if first is not None or last is not None:
             low, high = store.db.execute("SELECT min(n), max(n) FROM turns").fetchone()
             if low is None or (first or low) > high or (last if last is not None else high) < low:
-                holds = f"it holds t{low}\u2013t{high}" if low is not None else "it holds no turn yet"
+                holds = ("it holds no turn yet" if low is None else f"it holds only t{low}" if low == high
+                         else f"it holds t{low}\u2013t{high}")
                 asked = " ".join(f"{flag} t{n}" for flag, n in (("--from", first), ("--to", last)) if n is not None)
                 raise usage_error(f"thread {thread_id[:8]} has no turn in {asked}: {holds}")
         agents = store.agents()
         if fmt == "raw-lines":
             for row in store.db.execute("SELECT session, line, offset, reason, raw, created FROM raw_lines "
                                         "ORDER BY created, session, offset"):
-                out.write(json.dumps(raw_line_record(*row), ensure_ascii=False) + "\n")
+                out.write(one_line_json(raw_line_record(*row)) + "\n")
         elif fmt == "json":
             out.write("[")
             sep = "\n"
@@ -15227,6 +15232,15 @@ def cmd_export(args) -> int:
     finally:
         store.close()
     return EXIT_OK
+
+
+def one_line_json(value) -> str:
+    """JSON on one line for any reader: the characters some take for a line break (U+2028,
+    U+2029, U+0085, which JSON may hold as they are) written as escapes."""
+    return json.dumps(value, ensure_ascii=False).translate(LINE_BREAK_ESCAPES)
+
+
+LINE_BREAK_ESCAPES = {0x2028: "\\u2028", 0x2029: "\\u2029", 0x85: "\\u0085"}
 
 
 def raw_line_record(session, line, offset, reason, raw, created) -> dict:
@@ -16243,6 +16257,18 @@ def cmd_measure(args) -> int:
         # (a name that is not UTF-8 cannot be recorded as a source: named, the rest measured)
         unread += [(path, "its name is not UTF-8 text") for path in files if SURROGATE.search(path)]
         files = [path for path in files if not SURROGATE.search(path)]
+        # A link to a session the folder holds as well is that session once, not a second one;
+        # a link that leads nowhere is named.
+        seen, unique = set(), []
+        for path in files:
+            real = os.path.realpath(path)
+            if real not in seen:
+                seen.add(real)
+                unique.append(path)
+        files = unique
+        unread += [(os.path.join(d, f), "it is a link to nothing") for d, _s, names in os.walk(where)
+                   for f in names if f.endswith(".jsonl") and os.path.islink(os.path.join(d, f))
+                   and not os.path.exists(os.path.join(d, f))]
         if not files and not unread:
             if any(f.startswith("agent-") and f.endswith(".jsonl") for _d, _s, names in os.walk(where)
                    for f in names):

@@ -318,6 +318,18 @@ def test_stale_descriptor_and_lease_files_that_are_fifos_hang_neither_a_launch_n
     assert "leases" in proc.stdout and "Traceback" not in proc.stderr
 
 
+def test_measure_of_a_folder_counts_a_linked_session_once_and_names_a_link_to_nothing(fake_claude, tmp_path):
+    folder = tmp_path / "sessions"
+    folder.mkdir()
+    shutil.copy(REPO / "tests" / "fixtures" / "versions" / "2.1.39" / "21390000-0000-4000-8000-000000000003.jsonl",
+                folder / "a.jsonl")
+    (folder / "link.jsonl").symlink_to(folder / "a.jsonl")
+    (folder / "dangling.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    proc = lhc(fake_claude, "measure", str(folder), "--json")
+    assert proc.returncode == 1 and "dangling.jsonl" in proc.stderr and "link to nothing" in proc.stderr
+    assert len(json.loads(proc.stdout)["sessions"]) == 1
+
+
 def test_measure_of_a_file_in_a_folder_it_cannot_enter_says_so(fake_claude, tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()

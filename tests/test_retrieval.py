@@ -651,6 +651,28 @@ def test_a_message_whose_markdown_would_run_on_is_fenced_in_the_export(text, fen
         assert body == f"{fence}\n{text}\n{fence}"
 
 
+@pytest.mark.parametrize("thought, fenced", [("## t99\nfake turn heading", True),
+                                             ("**m99 \u00b7 user \u00b7 user_text**", True),
+                                             ("# Thread 00000000\nmore", True),
+                                             ("plain ## thoughts, and a ```fence", False)])
+def test_a_thinking_message_never_passes_for_the_exports_own_headings(thought, fenced):
+    """Thinking is written as a quote, where a line like the export's headings would still
+    read as one: such a thinking is fenced instead."""
+    m = {"seq": 1, "kind": "thinking", "role": "assistant", "text": thought, "agent": None, "data": None}
+    body = cc_lhc.render_markdown_message(m).split("\n\n", 1)[1].rstrip("\n")
+    fence = cc_lhc.code_fence(thought)
+    assert (body == f"{fence}\n{thought}\n{fence}") == fenced
+    assert fenced or body == "> " + thought.replace("\n", "\n> ")
+
+
+def test_raw_lines_are_one_line_each_for_every_reader():
+    """U+2028, U+2029 and U+0085 are line breaks to some readers (Python's splitlines):
+    the raw-lines export writes them as escapes, so each kept line is one line everywhere."""
+    record = cc_lhc.raw_line_record("s", 1, 0, "malformed_line", "a\u2028b\u2029c\x85d".encode(), "t")
+    line = cc_lhc.one_line_json(record)
+    assert len(line.splitlines()) == 1 and json.loads(line) == record
+
+
 def test_export_of_turns_the_thread_does_not_hold_says_which_it_holds(thread, capsysbinary):
     top = thread.store.db.execute("SELECT max(n) FROM turns").fetchone()[0]
     for argv in (["--from", f"t{top + 5}"], ["--from", f"t{top + 1}", "--to", f"t{top + 9}"]):
@@ -659,6 +681,15 @@ def test_export_of_turns_the_thread_does_not_hold_says_which_it_holds(thread, ca
         assert f"it holds t1\u2013t{top}" in err, err
     status, out, err = run_main(capsysbinary, "export", thread.id, "--from", f"t{top}", "--to", f"t{top + 9}")
     assert status == 0 and json.loads(out) and {m["turn"] for m in json.loads(out)} == {f"t{top}"}
+
+
+def test_export_of_a_one_turn_thread_says_it_holds_only_that_turn(tmp_path, capsysbinary):
+    tr = Transcript()
+    tr.prompt("only")
+    tr.response(text("one"))
+    single = intake_transcript(tr, tmp_path)
+    status, out, err = run_main(capsysbinary, "export", single.id, "--from", "t4")
+    assert status == cc_lhc.EXIT_USAGE and "it holds only t1" in err, err
 
 
 def test_export_refuses_a_range_that_ends_before_it_starts(thread, capsysbinary):
