@@ -16248,10 +16248,10 @@ def cmd_measure(args) -> int:
     where = args[0]
     unread = []  # (path, why): named on stderr, and the exit status says the report is not whole
     if os.path.isdir(where):
-        files = sorted(os.path.join(d, f) for d, _s, names in
-                       os.walk(where, onerror=lambda e: unread.append((e.filename, e.strerror)))
-                       for f in names
-                       if f.endswith(".jsonl") and os.path.isfile(os.path.join(d, f))  # no FIFOs or devices
+        found = [(d, f) for d, _s, names in os.walk(where, onerror=lambda e: unread.append((e.filename, e.strerror)))
+                 for f in names if f.endswith(".jsonl")]
+        files = sorted(os.path.join(d, f) for d, f in found
+                       if os.path.isfile(os.path.join(d, f))  # no FIFOs or devices
                        and "subagents" not in os.path.relpath(d, where).split(os.sep)
                        and not f.startswith("agent-"))  # a 2.0 subagent file: measured with its session
         # (a name that is not UTF-8 cannot be recorded as a source: named, the rest measured)
@@ -16266,9 +16266,8 @@ def cmd_measure(args) -> int:
                 seen.add(real)
                 unique.append(path)
         files = unique
-        unread += [(os.path.join(d, f), "it is a link to nothing") for d, _s, names in os.walk(where)
-                   for f in names if f.endswith(".jsonl") and os.path.islink(os.path.join(d, f))
-                   and not os.path.exists(os.path.join(d, f))]
+        unread += [(os.path.join(d, f), "it is a link to nothing") for d, f in found
+                   if os.path.islink(os.path.join(d, f)) and not os.path.exists(os.path.join(d, f))]
         if not files and not unread:
             if any(f.startswith("agent-") and f.endswith(".jsonl") for _d, _s, names in os.walk(where)
                    for f in names):

@@ -663,6 +663,18 @@ def _call(session, n, parent, call_id, name, agent=None, **tool_input):
         "content": [{"type": "tool_use", "id": call_id, "name": name, "input": tool_input}]})
 
 
+def _intake_in_two(path: Path, session, recs, first=None):
+    """The records into a new thread: all at once, or the ``first`` of them, then (a capture
+    of its own, as after a restart) the rest."""
+    t = intake(_write(path, recs[:first] if first else recs), session)
+    if first:
+        _write(path, recs)
+        cap = cc_lhc.Capture(t.home, t.id, session, str(path))
+        cap.catch_up()
+        cap.stop()
+    return t
+
+
 def _write(path: Path, recs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -767,13 +779,7 @@ def test_a_companion_record_and_the_notification_after_it_are_one_turn(tmp_path,
         _record(session, 5, "assistant", u(4), message={
             "id": "msg_5", "role": "assistant", "model": "m", "stop_reason": "end_turn",
             "content": [{"type": "text", "text": "it finished"}]})]
-    path = _write(tmp_path / "projects" / f"{session}.jsonl", recs[:3] if restart_between else recs)
-    t = intake(path, session)
-    if restart_between:
-        _write(path, recs)
-        cap = cc_lhc.Capture(t.home, t.id, session, str(path))
-        cap.catch_up()
-        cap.stop()
+    t = _intake_in_two(tmp_path / "projects" / f"{session}.jsonl", session, recs, 3 if restart_between else None)
     rows = t.store.db.execute("SELECT n, kind FROM turns ORDER BY n").fetchall()
     assert rows == [(1, "prompt"), (2, "task-notification")]
     assert [(turn, kind) for turn, kind in t.store.db.execute(
@@ -807,13 +813,8 @@ def _companion_session(tmp_path, shape, restart_at=None):
             "role": "user", "content": "<local-command-stdout>Context usage 10%</local-command-stdout>"}),
     }
     recs = [made[kind](n) for n, kind in enumerate(shape, start=1)]
-    path = _write(tmp_path / "projects" / f"{session}.jsonl", recs[:restart_at - 1] if restart_at else recs)
-    t = intake(path, session)
-    if restart_at:
-        _write(path, recs)
-        cap = cc_lhc.Capture(t.home, t.id, session, str(path))
-        cap.catch_up()
-        cap.stop()
+    t = _intake_in_two(tmp_path / "projects" / f"{session}.jsonl", session, recs,
+                       restart_at - 1 if restart_at else None)
     return t.store.db.execute("SELECT n, kind FROM turns ORDER BY n").fetchall()
 
 
