@@ -1577,13 +1577,7 @@ def flatten_tool_output(content) -> str:
             elif isinstance(block, dict):
                 parts.append(f"[{block.get('type', 'block')}]")
         return "\n".join(parts)
-    if content is None:
-        return ""
-    text = _dump_spaced(content)
-    return with_js_floats(content, text, _dump_spaced) if _REPR_ONLY_FLOAT in text else text
-
-
-_dump_spaced = json.JSONEncoder(ensure_ascii=False).encode  # (json.dumps's own separators)
+    return "" if content is None else json_as_written(content, ensure_ascii=False)
 
 
 # One encoder for every block the parser writes: json.dumps with these options would
@@ -1594,8 +1588,7 @@ _dump_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 def _dump(value) -> str:
     """A block as the parser keeps it: compact JSON, its numbers spelled as Claude Code
     wrote them (see js_float_text)."""
-    text = _dump_json(value)
-    return with_js_floats(value, text, _dump_json) if _REPR_ONLY_FLOAT in text else text
+    return _written(_dump_json, value)
 
 
 # A float whose repr JavaScript writes otherwise has an exponent of -5 to -9 in repr, which
@@ -1626,7 +1619,12 @@ def js_float_text(value: float) -> str:
 def json_as_written(value, **options) -> str:
     """json.dumps(value, **options) with its floats spelled as Claude Code wrote them (what
     the export writes of a message's JSON)."""
-    encode = json.JSONEncoder(**options).encode
+    return _written(json.JSONEncoder(**options).encode, value)
+
+
+def _written(encode, value) -> str:
+    """encode(value), its floats spelled by js_float_text: one C call and a look for repr's
+    own spelling, unless it is there."""
     text = encode(value)
     return with_js_floats(value, text, encode) if _REPR_ONLY_FLOAT in text else text
 
@@ -3048,8 +3046,10 @@ def _block_values(data):
     return "\n".join(out) if out else None
 
 
-# What a block's fields name rather than say: its kind, and data only the API reads back.
-OPAQUE_BLOCK_KEYS = frozenset(("type", "encrypted_index", "encrypted_content", "signature"))
+# A block's fields that name what it is rather than say anything (its kind, a media type,
+# a signature only the API reads back), and with them a citation's data only the API reads.
+NAMING_KEYS = frozenset(("type", "signature", "media_type"))
+OPAQUE_BLOCK_KEYS = NAMING_KEYS | {"encrypted_index", "encrypted_content"}
 
 
 def _float_as_written(text: str) -> str:
@@ -3073,16 +3073,18 @@ def _call_values(text):
     return "\n".join(out) if out else None
 
 
-def json_strings(value, skip=frozenset()):
-    """Every string a JSON value holds but its keys (and the values of keys in ``skip``), in
-    the order it holds them, without recursion (a value can nest deeper than Python recurses)."""
+def json_strings(value, skip=frozenset(), base64=True):
+    """Every string a JSON value holds but its keys (and the values of keys in ``skip``; with
+    ``base64`` False, the data of a base64 source too), in the order it holds them, without
+    recursion (a value can nest deeper than Python recurses)."""
     todo = [value]
     while todo:
         item = todo.pop()
         if isinstance(item, str):
             yield item
         elif isinstance(item, dict):
-            todo.extend(v for k, v in reversed(list(item.items())) if k not in skip)
+            binary = not base64 and item.get("type") == "base64"
+            todo.extend(v for k, v in reversed(list(item.items())) if k not in skip and not (binary and k == "data"))
         elif isinstance(item, list):
             todo.extend(reversed(item))
 
@@ -4751,37 +4753,30 @@ def other_blocks(m) -> tuple:
     """(strings, images) of a tool output's blocks other than text, which its text names
     only by type ("[document]") and a view serves whole: the strings of an MCP tool's
     search_result or document, a tool_reference (never base64), and how many images."""
-    if m["kind"] != "tool_result":
-        return "", 0
-    data = m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m.get("data")
-    if not data or '"content":[{' not in data or MARKER_JSON[PAYLOAD_AS_STRING] in data:
-        return "", 0  # (no list of blocks, or one text block kept as the text column)
-    try:
-        block = json.loads(data[1:] if data[0] == KEPT_WHOLE else data)
-    except ValueError:
-        return "", 0
-    content = block.get("content") if isinstance(block, dict) else None
     strings, images = [], 0
-    for part in content if isinstance(content, list) else ():
+    for part in result_blocks(m) or ():
         if isinstance(part, dict) and part.get("type") == "image":
             images += 1
         elif isinstance(part, dict) and part.get("type") != "text":
-            _strings_in(part, strings)
+            strings += json_strings(part, skip=NAMING_KEYS, base64=False)
     return "\n".join(strings), images
 
 
-def _strings_in(value, out) -> None:
-    """The strings of a block, as search reads them: no type names, signatures or base64."""
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, list):
-        for item in value:
-            _strings_in(item, out)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if key in ("type", "signature", "media_type") or (key == "data" and value.get("type") == "base64"):
-                continue
-            _strings_in(item, out)
+def result_blocks(m):
+    """A tool output's list of blocks as the record holds it; None for one that is a string or
+    one text block (kept as the text column, its place in the block JSON a stand-in)."""
+    if m["kind"] != "tool_result":
+        return None
+    data = m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m.get("data")
+    whole = bool(data) and data.startswith(KEPT_WHOLE)
+    if not data or '"content":[' not in data or (not whole and MARKER_JSON[PAYLOAD_AS_STRING] in data):
+        return None
+    try:
+        block = json.loads(data[len(KEPT_WHOLE):] if whole else data)
+    except (ValueError, RecursionError):
+        return None
+    content = block.get("content") if isinstance(block, dict) else None
+    return content if isinstance(content, list) else None
 
 
 def call_id_text(m) -> str:
@@ -15306,7 +15301,7 @@ def render_message_body(m: dict) -> str:
         head += f" ({m['tool_use_id']})"
     if m["is_error"]:
         head += " \u00b7 error"
-    content = _output_blocks_text(m) if m["kind"] == "tool_result" else None
+    content = _output_blocks_text(m)
     if content is None:
         content = m["text"] if m["text"] is not None else (m["data"] or "")
     return f"{head}\n{content}\n"
@@ -15317,15 +15312,8 @@ def _output_blocks_text(m):
     an image, several texts) as retrieval shows it: each text block's text, each other
     block whole as JSON, in order (the text column holds only placeholders for them);
     None for an output that is one text, which the text column holds exactly."""
-    data = m._stored_data if isinstance(m, StoredMessage) else m.get("data")
-    if not data or '"content":[' not in data or (data.count('"type":') == 2 and '"type":"text"' in data):
-        return None  # (a string, or one text block: the result's own type and the block's)
-    try:
-        block = json.loads(data[len(KEPT_WHOLE):] if data.startswith(KEPT_WHOLE) else data)
-    except (ValueError, RecursionError):
-        return None
-    content = block.get("content") if isinstance(block, dict) else None
-    if not isinstance(content, list):
+    content = result_blocks(m)
+    if content is None:
         return None
     texts = [isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in content]
     if len(content) == 1 and texts[0]:
