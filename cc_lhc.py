@@ -1941,7 +1941,7 @@ class RolloutParser:
         else:
             main = self.agent is None
             tip = self.s.chain_tip
-            self._off_tip = main and parent is not None and tip is not None and parent != tip
+            self._off_tip = main and tip is not None and parent != tip  # (None: back to the start)
             self._dispatch(rec, rtype, size, line_no, offset)
             self._off_tip = False
             if main:
@@ -7887,30 +7887,33 @@ class Capture:
         Claude's branch when they hold a prompt of their own (a rewind). Anything else (a
         record chained past a progress record, say) leaves the thread as it is."""
         import mmap
-        try:
-            with open_regular(self.path) as f:
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            return
-        store = self.store
-        begin = store.source(self.session_id)["start_offset"] or 0  # where its line numbers start
-        try:
-            value, at = b'"' + parent.encode("utf-8", "replace") + b'"', len(data)
-            while True:  # the record whose own uuid it is (its children name it as parentUuid)
-                at = data.rfind(value, 0, at)
-                if at < 0 or OWN_UUID_KEY.search(data[max(0, at - 16):at]):
-                    break
-            if at < begin:
-                if at >= 0:  # back into the turns cc-lhc replayed into this session: said, not handled
-                    self.home.log("rewound_into_rebuild", thread=self.thread_id, session=self.session_id,
-                                  line=line)
+        begin = self.store.source(self.session_id)["start_offset"] or 0  # where its line numbers start
+        if parent is None:  # a prompt with no parent: back to before the file's first record
+            at = 0 if begin else None  # (in a rebuilt session: into the turns cc-lhc replayed)
+        else:
+            try:
+                with open_regular(self.path) as f:
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
                 return
-        finally:
-            data.close()
+            try:
+                value, at = b'"' + parent.encode("utf-8", "replace") + b'"', len(data)
+                while True:  # the record whose own uuid it is (its children name it as parentUuid)
+                    at = data.rfind(value, 0, at)
+                    if at < 0 or OWN_UUID_KEY.search(data[max(0, at - 16):at]):
+                        break
+            finally:
+                data.close()
+        if at is not None and at < begin:
+            if at >= 0:  # back into the turns cc-lhc replayed into this session: said, not handled
+                self.home.log("rewound_into_rebuild", thread=self.thread_id, session=self.session_id,
+                              line=line)
+            return
         try:
-            parent_line = line_at(self.path, begin, at)
+            parent_line = 0 if at is None else line_at(self.path, begin, at)
         except OSError:
             return
+        store = self.store
         first, last, prompts = store.db.execute(
             "SELECT min(seq), max(seq), sum(kind = 'user_text') FROM messages WHERE source_session = ? "
             "AND agent IS NULL AND line > ? AND line < ?", (self.session_id, parent_line, line)).fetchone()

@@ -1460,6 +1460,36 @@ def test_a_rewind_leaves_the_turns_it_went_back_over_out_of_every_view(tmp_path)
     cap.stop()
 
 
+def test_a_rewind_to_the_first_prompt_leaves_every_turn_before_it_out_of_every_view(tmp_path):
+    """Rewinding to the session's first prompt writes the next prompt with no parent at all
+    (parentUuid null): everything before it in the file is off Claude's branch, as Claude's
+    own resume leaves it out. A prompt that was never answered (Esc) goes with it."""
+    sid = "sess-rewind-start"
+    t = Transcript(sid)
+    t.user("OLD-BRANCH first prompt")
+    t.assistant(text("OLD-BRANCH first answer"))
+    t.user("OLD-BRANCH second prompt")
+    t.assistant(text("OLD-BRANCH second answer"))
+    t.user("OLD-BRANCH never answered")
+    t.parent = None                                              # the person rewinds to the start
+    t.user("NEW-BRANCH prompt")
+    t.assistant(text("NEW-BRANCH answer"))
+    path = t.write(tmp_path / f"{sid}.jsonl")
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "fresh")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    cap.stop()
+    store = cc_lhc.ThreadStore(home, thread)
+    shown = [m["text"] or "" for turn in cc_lhc.load_turns(store) for m in turn.messages]
+    assert shown == ["NEW-BRANCH prompt", "NEW-BRANCH answer"]
+    assert cc_lhc.off_branch(store) == [(1, 5)]
+    store.close()
+    status, out = run_main_export(thread)
+    assert len(json.loads(out)) == 7  # every message is still in the thread
+
+
 def run_main_export(thread):
     import contextlib
     import io

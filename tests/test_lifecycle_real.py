@@ -349,10 +349,12 @@ def test_a_turn_stopped_with_esc_is_over_and_its_seam_settled(real_claude, tmux)
     assert note["turn"] == call["turn"]              # the note ends the turn it stopped
 
 
-def test_a_rewound_conversation_is_rebuilt_without_the_turns_it_went_back_over(real_claude, tmux):
+@pytest.mark.parametrize("back", [1, 2], ids=["to-the-second-prompt", "to-the-first-prompt"])
+def test_a_rewound_conversation_is_rebuilt_without_the_turns_it_went_back_over(real_claude, tmux, back):
     """Esc Esc, an earlier prompt, "Restore conversation": Claude goes on from before that
     prompt and its file keeps the abandoned turns. The thread keeps them too, and a session
-    written from the thread's view leaves them out, as Claude's own resume would."""
+    written from the thread's view leaves them out, as Claude's own resume would. Back to
+    the first prompt, Claude writes the next one with no parent at all."""
     from realcli import wait_until
     rc = real_claude
     rc.api.script(["answer one", "answer two OLD-BRANCH", "answer three NEW-BRANCH"])
@@ -365,7 +367,8 @@ def test_a_rewound_conversation_is_rebuilt_without_the_turns_it_went_back_over(r
     t.send_keys("Escape")
     t.send_keys("Escape")
     t.wait_for("Restore the code and/or conversation")
-    t.send_keys("Up")
+    for _ in range(back):
+        t.send_keys("Up")
     t.send_keys("Enter")
     t.wait_for("Restore conversation")
     t.send_keys("Enter")
@@ -383,12 +386,13 @@ def test_a_rewound_conversation_is_rebuilt_without_the_turns_it_went_back_over(r
     store = cc_lhc.ThreadStore(home, thread_id)
     off = {m["text"] for m in export if any(a <= int(m["label"][1:]) <= b for a, b in cc_lhc.off_branch(store))}
     store.close()
-    assert off == {"prompt two", "answer two OLD-BRANCH"}
+    abandoned = {"prompt two", "answer two OLD-BRANCH"} | ({"prompt one", "answer one"} if back == 2 else set())
+    assert off == abandoned
     new = str(uuid.uuid4())
     w = rc.run([sys.executable, CC_LHC, "rollout", "write", "--thread-id", thread_id, "--session-id", new])
     assert w.returncode == 0, w.stderr
     rebuilt = (rc.project_dir / f"{new}.jsonl").read_text()
-    assert "NEW-BRANCH" in rebuilt and "OLD-BRANCH" not in rebuilt and "prompt two" not in rebuilt
+    assert "NEW-BRANCH" in rebuilt and not any(json.dumps(x)[1:-1] in rebuilt for x in abandoned)
 
 
 def test_a_session_whose_transcript_claude_deleted_resumes_from_the_thread(real_claude):
