@@ -1855,15 +1855,22 @@ class RolloutParser:
 
     def feed(self, raw: bytes, line_no: int, offset: int) -> None:
         """One complete line (without its newline)."""
-        not_finite = False
+        not_finite, text = False, raw
         try:
             try:
-                rec = transcript_json(raw)
+                try:
+                    rec = transcript_json(raw)
+                except UnicodeDecodeError:
+                    # Bytes that are not UTF-8 (an editor or a tool wrote them): Claude Code
+                    # reads each as U+FFFD and sends the message on, so it is read so here
+                    # (text_repaired, below), and the line's bytes are kept as they are.
+                    text = raw.decode("utf-8", "replace").encode("utf-8")
+                    rec = transcript_json(text)
             except NotFiniteNumber:
                 # (stored as null, as Claude Code sends it on; the line's bytes are kept)
-                rec, not_finite = finite_or_null(json.loads(raw)), True
+                rec, not_finite = finite_or_null(json.loads(text)), True
         except ValueError as e:
-            rec = None if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)) else _with_long_ints_null(raw)
+            rec = None if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)) else _with_long_ints_null(text)
             if rec is None:
                 if raw.strip():
                     self._malformed(raw, line_no, offset, f"not valid JSON: {e}")
@@ -1879,12 +1886,14 @@ class RolloutParser:
             self._malformed(raw, line_no, offset, "a line that is not a JSON object")
             return
         self._odd = ["number_out_of_range"] if not_finite else []
+        if text is not raw:
+            self._odd.append("text_repaired")
         if ESCAPED_SURROGATE.search(raw) or (b"\xed" in raw and SURROGATE_IN_LINE.search(raw)):
             # Half of a surrogate pair (a string cut mid-emoji), escaped or as raw bytes
             # ED A0..BF (Python's reader lets those through), is valid JSON but not
             # storable text; it becomes U+FFFD, and the line is kept verbatim.
             rec, repaired = _without_lone_surrogates(rec)
-            if repaired:
+            if repaired and text is raw:
                 self._odd.append("text_repaired")
         try:
             self._record(rec, len(raw), line_no, offset)

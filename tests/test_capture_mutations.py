@@ -66,6 +66,14 @@ def message_rows(rec: dict) -> int:
     return 1 if isinstance(content, str) or content else 0
 
 
+def read_line(line: bytes):
+    """A line as Claude Code reads it: bytes that are not UTF-8 each read as U+FFFD."""
+    try:
+        return json.loads(line)
+    except UnicodeDecodeError:
+        return json.loads(line.decode("utf-8", "replace"))
+
+
 def file_records(lines: list[bytes]) -> dict[str, int]:
     """uuid -> export rows, for every record of the file a JSON reader can read.
 
@@ -75,9 +83,9 @@ def file_records(lines: list[bytes]) -> dict[str, int]:
     found: dict[str, int] = {}
     for line in lines:
         try:
-            rec = json.loads(line)
+            rec = read_line(line)
         except (ValueError, RecursionError):
-            continue  # not a record: invalid bytes, cut off, or deeper than any reader goes
+            continue  # not a record: cut off, or deeper than any reader goes
         if isinstance(rec, dict) and isinstance(rec.get("uuid"), str):
             found.setdefault(rec["uuid"], message_rows(rec))
     return found
@@ -86,7 +94,7 @@ def file_records(lines: list[bytes]) -> dict[str, int]:
 def leaf(lines: list[bytes]):
     for line in reversed(lines):
         try:
-            rec = json.loads(line)
+            rec = read_line(line)
         except (ValueError, RecursionError):
             continue
         if isinstance(rec, dict) and isinstance(rec.get("uuid"), str):

@@ -946,6 +946,30 @@ def test_half_a_surrogate_pair_is_repaired_not_a_stalled_capture(tmp_path, captu
     assert c.telemetry().get("text_repaired") == 1
 
 
+def test_bytes_that_are_not_utf8_read_as_claude_reads_them_and_the_line_is_kept(tmp_path, capture):
+    """A line holding bytes that are not UTF-8 (a file an editor wrote in Latin-1, pasted
+    back) is read by Claude Code with each such byte as U+FFFD, and the message goes on to
+    the model. It does here too (so its call keeps its result in every view), and the line's
+    own bytes are kept as written."""
+    t = Transcript()
+    t.user("show me the file")
+    t.assistant({"type": "tool_use", "id": "toolu_l1", "name": "Bash", "input": {"command": "cat l1.txt"}},
+                stop="tool_use")
+    t.tool_result(("toolu_l1", "caf@@ LATIN-NEEDLE"))
+    t.assistant(text("It says cafe."))
+    data = t.data().replace(b"caf@@", b"caf\xe9\xff")
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    c = capture(path)
+    kinds = [(m["kind"], m["text"]) for m in c.messages()]
+    assert kinds[2] == ("tool_result", "caf\ufffd\ufffd LATIN-NEEDLE")
+    assert c.problems() == [] and c.telemetry().get("text_repaired") == 1
+    [(reason, raw)] = c.store.db.execute("SELECT reason, raw FROM raw_lines").fetchall()
+    assert reason == "text_repaired" and b"caf\xe9\xff LATIN-NEEDLE" in bytes(raw)
+    shown = [m["kind"] for turn in cc_lhc.load_turns(c.store) for m in turn.messages]
+    assert shown == ["user_text", "tool_call", "tool_result", "assistant_text"]
+
+
 # Lines json.loads reads in its own ways: a BOM, UTF-16, surrogates escaped and as bytes,
 # invalid UTF-8, trailing whitespace or data, NaN, control characters, not an object.
 ODD_LINES = [b'{"a":1}', b'{"a":1} \t\r', b'{"a":1} x', b'{"a":', b'{', b'{}', b'[1]', b' {"a":1}',
