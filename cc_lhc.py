@@ -7624,6 +7624,29 @@ def rollout_path(session_id: str, cwd: str) -> str:
     return os.path.join(claude_config_dir(), "projects", project_slug(cwd), f"{session_id}.jsonl")
 
 
+def claude_reads(path: str) -> bool:
+    """Whether ``path`` lies in a folder of the projects folder this Claude reads sessions
+    from (a session written anywhere else, `rollout write --projects-root`, is one Claude
+    cannot find)."""
+    projects = os.path.realpath(os.path.join(claude_config_dir(), "projects"))
+    return os.path.dirname(os.path.dirname(os.path.realpath(path))) == projects
+
+
+def session_transcripts(session_id: str, roots) -> list:
+    """Every transcript named for this session in a folder of these projects folders."""
+    found = []
+    for root in dict.fromkeys(roots):
+        try:
+            entries = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for entry in entries:
+            candidate = os.path.join(root, entry, f"{session_id}.jsonl")
+            if os.path.lexists(candidate):
+                found.append(candidate)
+    return found
+
+
 def transcript_elsewhere(path: str):
     """A session transcript of the same name in another folder of the same projects
     folder (session ids are unique), when ``path`` names one that does not exist; else None."""
@@ -11712,13 +11735,20 @@ def smart_compact_before_launch(spec, home, policy, capture):
         return capture, None
     # Claude Code deletes old sessions' transcripts (cleanupPeriodDays, 30 days unless set):
     # the thread still holds the conversation, so Claude resumes it written again from there.
-    gone = (not os.path.lexists(capture.path) and transcript_elsewhere(capture.path) is None
-            and capture.store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()
-            is not None)
+    held = capture.store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()
+    gone = held is not None and not os.path.lexists(capture.path) and transcript_elsewhere(capture.path) is None
+    astray = held is not None and os.path.lexists(capture.path) and not claude_reads(capture.path)
     if gone:
         say(f"the transcript of session {spec.session_id} is gone (Claude Code removes old "
             f"sessions); writing the conversation again from thread {capture.thread_id[:8]}")
         home.log("transcript_gone", thread=capture.thread_id, session=spec.session_id, path=capture.path)
+    elif astray:
+        # (`rollout write --projects-root` put it there, or CLAUDE_CONFIG_DIR changed since)
+        say(f"session {spec.session_id} is in {os.path.dirname(capture.path)}, where Claude Code "
+            f"does not look for sessions; writing the conversation again from thread "
+            f"{capture.thread_id[:8]}")
+        home.log("transcript_astray", thread=capture.thread_id, session=spec.session_id, path=capture.path)
+        gone = True
     compacted = not gone and compacted_in_process(home, spec.session_id)
     unresumable = gone or compacted  # as it is, Claude cannot go on with it: written again
     if compacted:
@@ -15976,8 +16006,17 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
     bound = registry.thread_for_session(session_id)
     if bound is not None:
         raise usage_error(f"session {session_id} is already bound to thread {bound}")
+    if projects_root is not None and not os.path.isdir(projects_root):
+        raise usage_error(f"--projects-root {shown_arg(projects_root)} is not a folder")
+    # Claude finds a session by its id in any folder of its projects folder: an id that
+    # names a transcript there already is another conversation, never written over or hidden.
+    claude_projects = os.path.join(claude_config_dir(), "projects")
+    taken = session_transcripts(session_id, [claude_projects] + ([projects_root] if projects_root else []))
+    if taken:
+        raise usage_error(f"session {session_id} already exists: {taken[0]}")
     cwd = os.path.abspath(cwd or registry.thread_cwd(thread_id) or os.getcwd())
     policy = load_policy(cwd, {})
+    announce_policy(policy, home)  # (the view is cut to the built-in's bounds: said, as a launch says it)
     store = ThreadStore.existing(home, thread_id)  # (a record that is gone is named, never made anew)
     try:
         written = rebuild(home, hostdb, store, thread_id, registry.current_session(thread_id),

@@ -265,6 +265,18 @@ def test_rollout_write_refusals(real_claude):
     assert proc.returncode == 2 and "already exists" in proc.stderr
     assert target.read_text() == "someone else's file\n"
     assert cc_lhc.Registry(home).thread_for_session(new_sid) is None
+    # ... in another folder's sessions: Claude finds a session by its id in any of them
+    elsewhere_sid = str(uuid.uuid4())
+    other_folder = rc.project_dir.parent / "-some-other-project"
+    other_folder.mkdir()
+    (other_folder / f"{elsewhere_sid}.jsonl").write_text("another folder's conversation\n")
+    proc = rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", elsewhere_sid)
+    assert proc.returncode == 2 and f"already exists: {other_folder}" in proc.stderr
+    assert cc_lhc.Registry(home).thread_for_session(elsewhere_sid) is None
+    # a projects root that is no folder (a typo) is refused, never made
+    proc = rc.run_lhc("rollout", "write", "--thread-id", prefix, "--session-id", str(uuid.uuid4()),
+                      "--projects-root", str(rc.cwd / "no-such-root"))
+    assert proc.returncode == 2 and "is not a folder" in proc.stderr and not (rc.cwd / "no-such-root").exists()
     # an empty view: a thread with nothing captured, and a budget too small for any turn
     empty = cc_lhc.Registry(home).create_thread(str(uuid.uuid4()), str(rc.cwd), "test")
     proc = rc.run_lhc("rollout", "write", "--thread-id", empty, "--session-id", str(uuid.uuid4()))
@@ -281,6 +293,30 @@ def test_rollout_write_refusals(real_claude):
     # nothing was written by any refusal
     assert sorted(p.name for p in rc.project_dir.glob("*.jsonl")) == \
         sorted([f"{old_sid}.jsonl", f"{new_sid}.jsonl"])
+
+
+def test_a_session_written_where_claude_does_not_look_is_written_again_on_resume(real_claude, tmp_path):
+    """`rollout write --projects-root` can put the thread's current session in a folder this
+    Claude never reads sessions from; the next resume writes the conversation again from
+    the thread into Claude's own folder instead of handing Claude a session it cannot find."""
+    rc = real_claude
+    rc.api.script(["Noted: the code word is ASTRAY-7731."])
+    lhc(rc, "-p", "remember the code word ASTRAY-7731")
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread_id = the_thread(home)
+    root, new_sid = tmp_path / "elsewhere", str(uuid.uuid4())
+    root.mkdir()
+    (rc.cwd / ".cc-lhc.json").write_text('{"bogusField": 1}')
+    proc = rc.run_lhc("rollout", "write", "--thread-id", thread_id, "--session-id", new_sid,
+                      "--projects-root", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert cc_lhc.MSG_CONFIG_FALLBACK in proc.stderr and "bogusField" in proc.stderr  # (said, as a launch says it)
+    rc.api.script(["The code word was ASTRAY-7731."])
+    proc = rc.run_lhc("-p", "-c", "what was the code word?")
+    assert proc.returncode == 0, proc.stderr
+    assert "where Claude Code does not look for sessions" in proc.stderr
+    assert "ASTRAY-7731" in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    assert cc_lhc.Registry(home).current_session(thread_id) not in (new_sid, None)
 
 
 # -- (2) the model retrieves through Bash ---------------------------------------------------
