@@ -11444,9 +11444,16 @@ def attach_thread(spec, home, policy):
     sweep_unfinished_forks(home, registry, hostdb)
     if spec.continue_:
         target = continue_target(spec, registry, hostdb)
-        if target is None:
+        if target is None and (spec.fork or not spec.found.get("print_mode")):
             return None  # nothing to continue here: Claude says so itself
-        _resume_session(spec, target)
+        if target is None:
+            # With nothing to continue, `claude -p -c` starts a new conversation: this
+            # launch does too, as a fresh one cc-lhc captures (the session id its own).
+            spec.continue_, spec.session_id, spec.assigned_session = False, new_session_id(), True
+            spec.child_argv = ([spec.child_argv[0], "--session-id", spec.session_id]
+                               + with_resume(spec.claude_args, spec.found, spec.session_id)[2:])
+        else:
+            _resume_session(spec, target)
     elif spec.resume_picker:
         _resume_session(spec, pick_thread_session(spec, registry, hostdb))
     origin = "fresh"

@@ -467,11 +467,16 @@ def test_user_session_selectors_pass_unchanged(fake_claude, args):
     assert only_launch(fake_claude)["argv"] == args
 
 
-def test_continue_gets_no_session_id(fake_claude):
+def test_a_one_shot_continue_with_nothing_to_continue_starts_a_captured_session(fake_claude, iso_env):
+    """`claude -p -c` where the folder has no session starts a new conversation; under
+    cc-lhc that one is managed: named by cc-lhc, captured, a thread of its own."""
     p = lhc(fake_claude, "-c", "-p", "hi")
     assert p.returncode == 0, err(p)
     argv = only_launch(fake_claude)["argv"]
-    assert "--session-id" not in argv and "-c" in argv
+    assert "-c" not in argv and "--continue" not in argv and argv[argv.index("-p") + 1] == "hi"
+    sid = argv[argv.index("--session-id") + 1]
+    [launch] = log_events(iso_env, "launch")
+    assert launch["session"] == sid and launch["thread"]  # (managed: a thread, capture)
 
 
 @pytest.mark.parametrize("args", [

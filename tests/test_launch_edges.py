@@ -261,3 +261,22 @@ def test_a_rebuilt_worktree_session_goes_on_in_the_worktree(real_claude):
     states = [r for r in records if r.get("type") == "worktree-state"]
     assert states and all(s["sessionId"] == new and s["worktreeSession"]["sessionId"] == new for s in states)
     assert states[0]["worktreeSession"]["worktreePath"] == worktree
+
+
+def test_a_one_shot_continue_in_a_folder_with_no_session_is_captured(real_claude):
+    """`claude -p -c` with nothing to continue starts a new conversation (an interactive
+    `-c` says there is none instead); cc-lhc captures that conversation, so the next
+    `-c` goes on with it as a thread, with retrieval and Smart Compact."""
+    rc = real_claude
+    rc.api.script(["Noted: PINEAPPLE."])
+    p = lhc(rc, "-p", "-c", "remember the word PINEAPPLE", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    sid = json.loads(p.stdout)["session_id"]
+    [thread] = threads(rc)
+    assert thread["current_session"] == sid and thread["messages"] == 2
+    rc.api.script(["It was PINEAPPLE."])
+    p = lhc(rc, "-p", "--continue", "what was the word?", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["session_id"] == sid and "PINEAPPLE" in json.dumps(
+        rc.api.message_requests[-1]["body"]["messages"][0])
+    assert [t["messages"] for t in threads(rc)] == [4]
