@@ -11455,7 +11455,10 @@ def attach_thread(spec, home, policy):
         else:
             _resume_session(spec, target)
     elif spec.resume_picker:
-        _resume_session(spec, pick_thread_session(spec, registry, hostdb))
+        term = spec.found.get("resume")
+        named = (session_named(term, spec.cwd, registry.thread_for_session)
+                 if isinstance(term, str) and term.strip() else None)
+        _resume_session(spec, named or pick_thread_session(spec, registry, hostdb))
     origin = "fresh"
     lease = None
     if spec.fork and spec.resume:
@@ -11854,6 +11857,54 @@ def continue_target(spec, registry, hostdb):
     return os.path.basename(max(candidates, key=os.path.getmtime))[:-6]
 
 
+# The records in which Claude Code names a session (`--name`, /rename; or a title it made):
+# `claude --resume <name>` resumes the one session of this folder whose name is that.
+SESSION_NAME_TYPES = {b'"custom-title"': "customTitle", b'"ai-title"': "aiTitle"}
+
+
+def session_named(name: str, cwd: str, thread_of=lambda session: None):
+    """The session of this folder's projects folder named ``name`` as Claude Code reads
+    names (its newest custom title, else its newest made title; case and surrounding
+    spaces aside), when exactly one is, or all that are belong to one thread (whose
+    current session a resume lands on anyway); else None."""
+    import mmap
+    want = name.strip().lower()
+    folder = os.path.join(claude_config_dir(), "projects", project_slug(cwd))
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".jsonl") and is_uuid(n[:-6]))
+    except OSError:
+        return None
+    matches = []
+    for entry in names:
+        titles = {}
+        try:
+            with open_regular(os.path.join(folder, entry)) as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    continue
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            continue
+        with data:
+            for marker, key in SESSION_NAME_TYPES.items():
+                at = data.find(marker)
+                while at >= 0:  # (a marker inside some text is no such record: its line says so)
+                    start = data.rfind(b"\n", 0, at) + 1
+                    end = data.find(b"\n", at)
+                    end = len(data) if end < 0 else end
+                    try:
+                        rec = json.loads(data[start:end])
+                    except (ValueError, RecursionError):
+                        rec = None
+                    if (isinstance(rec, dict) and rec.get("type") == marker[1:-1].decode()
+                            and isinstance(rec.get(key), str)):
+                        titles[key] = rec[key]
+                    at = data.find(marker, end)
+        title = titles.get("customTitle") or titles.get("aiTitle")
+        if title is not None and title.strip().lower() == want:
+            matches.append(entry[:-6])
+    return matches[0] if len({thread_of(m) or m for m in matches}) == 1 else None
+
+
 def ask_terminal(question: str):
     """Ask the user at their terminal (even when stdin/stdout are redirected); None if there is none."""
     if os.name != "posix":
@@ -11861,7 +11912,10 @@ def ask_terminal(question: str):
             return None
         sys.stderr.write(question)
         sys.stderr.flush()
-        return sys.stdin.readline().strip()
+        line = sys.stdin.readline()
+        if not line:
+            raise usage_error("nothing chosen (end of input)")
+        return line.strip()
     try:
         fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
     except OSError:
@@ -11872,6 +11926,9 @@ def ask_terminal(question: str):
         while not line.endswith(b"\n"):
             chunk = tty.read(1)
             if not chunk:
+                if not line:
+                    tty.write(b"\n")
+                    raise usage_error("nothing chosen (end of input)")
                 break
             line += chunk
     return line.decode("utf-8", "replace").strip()
@@ -11898,7 +11955,8 @@ def pick_thread_session(spec, registry, hostdb):
         if term and term.lower() not in prompt.lower() and not thread_id.startswith(term):
             continue
         when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
-        listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  {prompt[:60]}"))
+        listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  "
+                                f"{escape_controls(prompt[:60])}"))
     if not listed:
         raise usage_error(f"no thread in this folder matches {term!r}")
     answer = ask_terminal("Threads in this folder (newest first):\n"

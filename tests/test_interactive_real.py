@@ -41,6 +41,42 @@ def test_bare_resume_offers_this_folders_threads(real_claude, tmux):
     assert request["session_id"] == first != second
 
 
+def test_the_picker_shows_prompts_inert_and_end_of_input_chooses_nothing(real_claude, tmux):
+    """A prompt holding terminal controls (a pasted log) is listed with them escaped, never
+    written to the terminal; ctrl-d at the question launches nothing and exits 2."""
+    oneshot(real_claude, "look \x1b[2J\x1b]0;pwned\x07 here", "noted")
+    n_before = len(real_claude.api.message_requests)
+    t = tmux(f"{sys.executable} {CC_LHC} -p 'reply briefly' --resume; echo EXIT=$?", cols=120, rows=30,
+             env=real_claude.env, cwd=real_claude.cwd)
+    screen = t.wait_for("Resume which?")
+    assert "look \\x1b[2J\\x1b]0;pwned\\x07 here" in screen
+    t.send_keys("C-d")
+    screen = t.wait_for("EXIT=")
+    assert "EXIT=2" in screen and "nothing chosen" in screen
+    assert len(real_claude.api.message_requests) == n_before  # Claude was never started
+
+
+def test_resume_by_session_name_as_claude_reads_it(real_claude):
+    """`claude --resume <name>` resumes the session named so (`--name`, /rename): so does cc-lhc,
+    landing on that session's thread, whatever case the name is typed in."""
+    rc = real_claude
+    rc.api.script(["noted: the failing test is test_parse_dates"])
+    p = rc.run([sys.executable, CC_LHC, "-p", "--name", "build-fix", "the failing test is test_parse_dates",
+                "--output-format", "json"])
+    assert p.returncode == 0, p.stderr
+    named = json.loads(p.stdout)["session_id"]
+    oneshot(rc, "another topic entirely", "noted, another")
+    rc.api.script(["it was test_parse_dates"])
+    p = rc.run([sys.executable, CC_LHC, "-p", "--resume", " Build-Fix ", "which test was failing?",
+                "--output-format", "json"])
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["session_id"] == named
+    assert "test_parse_dates" in json.dumps(rc.api.message_requests[-1]["body"]["messages"][0])
+    # a name no session has is no session: the picker's search, which finds nothing here
+    p = rc.run([sys.executable, CC_LHC, "-p", "--resume", "no-such-name", "hi"])
+    assert p.returncode == 2 and "matches 'no-such-name'" in p.stderr
+
+
 def test_interactive_session_is_summarised_in_the_background(real_claude, tmux):
     env = dict(real_claude.env, CC_LHC_SUMMARIES="on")
 
