@@ -3578,9 +3578,10 @@ class Registry:
             raise usage_error("name a thread (an id prefix; see cc-lhc threads)")
         rows = [r[0] for r in self.db.execute("SELECT id FROM threads WHERE substr(id, 1, ?) = ? "
                                               "ORDER BY id", (len(prefix), prefix.lower())).fetchall()]
-        if not rows and is_uuid(prefix):
-            by_session = self.thread_for_session(prefix.lower())
-            rows = [by_session] if by_session else []
+        if not rows and is_uuid(prefix):  # (a session id as Claude was given it, in either case)
+            rows = [r[0] for r in self.db.execute(
+                "SELECT DISTINCT thread_id FROM aliases WHERE alias = ? COLLATE NOCASE ORDER BY thread_id",
+                (session_alias(prefix),))]
         if not rows:
             raise usage_error(f"no thread matches {prefix!r} (see cc-lhc threads)")
         if len(rows) > 1:

@@ -280,3 +280,20 @@ def test_a_one_shot_continue_in_a_folder_with_no_session_is_captured(real_claude
     assert json.loads(p.stdout)["session_id"] == sid and "PINEAPPLE" in json.dumps(
         rc.api.message_requests[-1]["body"]["messages"][0])
     assert [t["messages"] for t in threads(rc)] == [4]
+
+
+def test_a_session_id_given_in_capitals_names_its_thread_in_either_case(real_claude):
+    """Claude takes `--session-id` in capitals and keeps it so; the thread's commands find
+    the thread by that id however it is typed."""
+    rc = real_claude
+    sid = "AAAAAAAA-BBBB-4CCC-8DDD-EEEEEEEEEEEE"
+    rc.api.script(["noted, in capitals"])
+    p = lhc(rc, "-p", "--session-id", sid, "a session named in capitals")
+    assert p.returncode == 0, p.stderr
+    [thread] = threads(rc)
+    for given in (sid, sid.lower()):
+        p = lhc(rc, "export", given, "--format", "json")
+        assert p.returncode == 0, p.stderr
+        assert [m["text"] for m in json.loads(p.stdout)] == ["a session named in capitals", "noted, in capitals"]
+        p = lhc(rc, "search", "capitals", "--thread", given)
+        assert p.returncode == 0 and thread["id"][:8] in p.stdout, p.stderr
