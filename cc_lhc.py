@@ -16752,7 +16752,9 @@ COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_t
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] == "__watchdog" and len(argv) == 3:
+        if argv and argv[0] == "__watchdog" and len(argv) == 3:  # (cc-lhc's own: two pids)
+            if not (argv[1].isdigit() and argv[2].isdigit()):
+                raise usage_error("__watchdog is cc-lhc's own: it takes two process ids")
             return run_watchdog(int(argv[1]), int(argv[2]))
         if argv and argv[0] == "__carry-guard" and len(argv) == 3:
             return run_carry_guard(argv[1], argv[2])

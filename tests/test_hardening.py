@@ -194,6 +194,11 @@ def test_a_command_option_value_that_looks_like_an_option_is_refused(fake_claude
     assert_refused(p, fake_claude, option, "looks like an option")
 
 
+@pytest.mark.parametrize("argv", [["__watchdog", "1", "x"], ["__watchdog", "-1", "2"]])
+def test_an_internal_command_given_nonsense_is_refused_without_a_traceback(fake_claude, argv):
+    assert_refused(lhc(fake_claude, *argv), fake_claude, "two process ids")
+
+
 def test_the_equals_form_still_carries_a_dash_value(iso_env):
     flags, rest = cc_lhc.parse_launch(["--lhc-min-runway=-1", "-p", "x"])
     assert flags == {"--lhc-min-runway": "-1"} and rest == ["-p", "x"]
