@@ -11760,7 +11760,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
             f"{capture.thread_id[:8]}")
         home.log("transcript_astray", thread=capture.thread_id, session=spec.session_id, path=capture.path)
         gone = True
-    compacted = not gone and compacted_in_process(home, spec.session_id)
+    compacted = not gone and compacted_in_process(home, spec.session_id, capture.store)
     unresumable = gone or compacted  # as it is, Claude cannot go on with it: written again
     if compacted:
         # Claude reads a session back by its records' message ids, and the newest records the
@@ -11817,12 +11817,16 @@ def smart_compact_before_launch(spec, home, policy, capture):
     return fresh, pending
 
 
-def compacted_in_process(home, session_id) -> bool:
-    """Whether the cc-lhc mod compacted this session inside Claude (an accepted in-process
-    rebuild of it is on record)."""
+def compacted_in_process(home, session_id, store=None) -> bool:
+    """Whether the cc-lhc mod compacted this session inside Claude: an accepted in-process
+    rebuild of it is on record, or its transcript holds a view cc-lhc served (Claude wrote
+    it, and cc-lhc was killed before Claude's next request accepted it)."""
     row = Registry(home).db.execute(
         "SELECT 1 FROM rebuilds WHERE from_session = ? AND status = 'accepted' AND session_id LIKE ? LIMIT 1",
         (session_id, session_id + "#%")).fetchone()
+    if row is None and store is not None:
+        row = store.db.execute("SELECT 1 FROM telemetry WHERE session = ? AND type = ? AND count > 0",
+                               (session_id, VIEW_OPENED)).fetchone()
     return row is not None
 
 

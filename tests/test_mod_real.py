@@ -357,6 +357,10 @@ def test_in_process_kill_matrix(real_claude, tmux, point):
     again = rc.run_lhc("--resume", sid, "-p", "next")
     assert again.returncode == 0, again.stderr
     assert "answered on the compacted conversation" in again.stdout
+    # Claude holds each message once: a view it already wrote is never resumed as it is
+    # (Claude would read the newest records it kept twice)
+    sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    assert sent.count("SIG-FIRST") <= 1 and sent.count("SIG-SECOND") == 1, sent[:3000]
     assert "Traceback" not in again.stderr
     assert "in-process Smart Compact" in again.stderr
     statuses = [s for (s,) in _rows(rc, "SELECT status FROM rebuilds WHERE session_id LIKE ?", sid + "#%")]
