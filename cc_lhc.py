@@ -6969,7 +6969,17 @@ def claude_session_of(pid: int):
     except (OSError, ValueError, LhcError):
         return None
     sid = body.get("sessionId") if isinstance(body, dict) else None
-    return sid if isinstance(sid, str) and is_uuid(sid) and body.get("pid") in (pid, None) else None
+    if not (isinstance(sid, str) and is_uuid(sid) and body.get("pid") in (pid, None)):
+        return None
+    # A Claude killed outright leaves its file behind, and a later process (this one, before
+    # it writes its own) can have the same pid: the file names the start of the process it
+    # was written by (on Linux /proc's start time, as process_start_time reads it).
+    start = body.get("procStart")
+    if isinstance(start, str) and start.isdigit() and os.path.isdir("/proc/self"):
+        now = process_start_time(pid)
+        if now is not None and str(now) != start:
+            return None
+    return sid
 
 
 def remove_stale_descriptors(home, hostdb) -> int:

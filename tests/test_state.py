@@ -190,3 +190,22 @@ def test_a_log_another_writer_moved_aside_meanwhile_is_not_moved_again(tmp_path)
     finally:
         os.close(fd)
     assert path.read_bytes() == b"new\n" and Path(str(path) + ".1").read_bytes() == b"x" * 1000
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="/proc start times")
+def test_a_claude_pid_file_left_by_an_earlier_process_of_the_same_pid_is_not_believed(iso_env):
+    """Claude keeps sessions/<pid>.json while it runs and leaves it behind when killed; a
+    later process can get the same pid. The file names its writer's start time (procStart),
+    so one written by another process is no word on which session this one is on."""
+    pid, sid = os.getpid(), "11111111-2222-4333-8444-555555555555"
+    folder = iso_env.config / "sessions"
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = str(cc_lhc.process_start_time(pid))
+
+    def says(**body):
+        (folder / f"{pid}.json").write_text(json.dumps({"pid": pid, "sessionId": sid, **body}))
+        return cc_lhc.claude_session_of(pid)
+    assert says(procStart=mine) == sid
+    assert says() == sid                                  # (older versions wrote no start)
+    assert says(procStart=str(int(mine) - 1)) is None     # another process of this pid wrote it
+    assert says(procStart="Mon Dec  7 03:00:00 2026") == sid  # (macOS's `ps` start: not compared)
