@@ -67,6 +67,9 @@ MSG_CONFIG_FALLBACK = (
 )
 
 # --no-session-persistence leaves no transcript: the launch runs, but outside cc-lhc's care.
+MSG_PIPED_INPUT = ("input is a pipe, not a terminal: Claude takes it as the prompt and runs as a plain "
+                   "child, without cc-lhc's control panel; Smart Compact, when due, runs before the "
+                   "next launch")
 MSG_UNGOVERNED = ("--no-session-persistence: Claude keeps no transcript, so cc-lhc cannot capture "
                   "or Smart Compact this session; it runs unmanaged, with Claude's own "
                   "compaction left on")
@@ -14665,6 +14668,7 @@ class LaunchSpec:
         self.new_thread = None        # (thread, session, transcript, bytes cc-lhc wrote into it or
                                       # None) when this launch made the thread
         self.governed = True          # False when Claude keeps no transcript to capture
+        self.piped_input = False      # an interactive Claude whose input is a pipe (a plain child)
 
 
 # Claude's one-letter options that take no value. Its parser (commander) reads a run of
@@ -15017,8 +15021,12 @@ def build_launch(argv) -> LaunchSpec:
     spec.claude_args = claude_args
     found = scan_claude_args(claude_args)
     # Claude itself answers and exits when its output is no terminal (`cc-lhc "x" > out`,
-    # a pipe, a CI job), -p or not; in a PTY it would wait for keys nobody types.
-    spec.print_mode = found["print_mode"] or not _is_terminal(sys.stdout)
+    # a pipe, a CI job), -p or not; in a PTY it would wait for keys nobody types. When its
+    # input is no terminal (`echo x | cc-lhc`) it takes the piped words as the prompt and
+    # reads the keyboard from the terminal itself: a PTY between would hand it the words as
+    # typed, never sent, and the keyboard to nobody. Both run Claude as a plain child.
+    spec.piped_input = not found["print_mode"] and _is_terminal(sys.stdout) and not _is_terminal(sys.stdin)
+    spec.print_mode = found["print_mode"] or not _is_terminal(sys.stdout) or spec.piped_input
     spec.autocompact = found["autocompact"]
     spec.positionals = found["positionals"]
     first = found["positionals"][0] if found["positionals"] else None
@@ -15050,6 +15058,8 @@ def cmd_launch(argv) -> int:
         return run_oneshot(spec, home)
     policy = load_policy(spec.cwd, policy_flag_values(spec.flags))
     announce_policy(policy, home)
+    if spec.piped_input:
+        say(MSG_PIPED_INPUT)
     capture = attach_thread(spec, home, policy)
     home.log("launch", version=VERSION, mode="oneshot" if spec.print_mode else "interactive",
              session=spec.session_id, resume=spec.resume, cwd=spec.cwd,

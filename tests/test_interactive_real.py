@@ -646,3 +646,24 @@ def test_a_draft_erased_word_by_word_does_not_hold_smart_compact_back(real_claud
     wait_for_log(rc, "handoff_switched", timeout=30)
     assert not log_events(rc, "handoff_waits_for_person")
     exit_cleanly(t)
+
+
+def test_a_prompt_piped_into_an_interactive_launch_is_answered_and_the_keyboard_still_works(real_claude, tmux):
+    """`echo words | cc-lhc` in a terminal: Claude takes the piped words as its prompt and
+    goes on reading the keyboard, as plain `claude` does there; the session is captured."""
+    rc = real_claude
+    rc.api.script(["answered the piped prompt", "answered from the keyboard"])
+    t = tmux(f"echo 'the piped prompt' | {sys.executable} {CC_LHC}; echo EXIT=$?", cols=100, rows=30,
+             env=rc.env, cwd=rc.cwd)
+    t.wait_for("answered the piped prompt", timeout=30)
+    t.wait_for(PROMPT)
+    type_line(t, "typed at the keyboard")
+    t.wait_for("answered from the keyboard", timeout=30)
+    type_line(t, "/exit")
+    screen = t.wait_for("EXIT=", timeout=30)
+    assert "EXIT=0" in screen, screen
+    (thread,) = json.loads(rc.run([sys.executable, CC_LHC, "threads", "--json"]).stdout)
+    record = json.loads(rc.run([sys.executable, CC_LHC, "export", thread["id"]]).stdout)
+    texts = [m["text"] for m in record if m["kind"] in ("user_text", "assistant_text")]
+    assert texts == ["the piped prompt\n", "answered the piped prompt", "typed at the keyboard",
+                     "answered from the keyboard"]
