@@ -1889,8 +1889,10 @@ class RolloutParser:
             self._malformed(raw, line_no, offset, "a line that is not a JSON object")
             return
         self._odd = ["number_out_of_range"] if not_finite else []
-        if text is not raw:
+        if text is not raw:  # (a damaged file, most likely: said, and the thread marked degraded)
             self._odd.append("text_repaired")
+            self.out.problems.append(Problem(self.session, line_no, offset, "invalid_utf8",
+                                             "bytes that are not UTF-8, read as U+FFFD as Claude Code reads them"))
         if ESCAPED_SURROGATE.search(raw) or (b"\xed" in raw and SURROGATE_IN_LINE.search(raw)):
             # Half of a surrogate pair (a string cut mid-emoji), escaped or as raw bytes
             # ED A0..BF (Python's reader lets those through), is valid JSON but not
@@ -4462,7 +4464,10 @@ def _allocate(parts, budget, profile, summaries, memo=None):
     An older part may get a better band than a newer one of another turn (a big turn
     that fell to lean does not push the small turns before it down with it); inside one
     turn the bands only get worse going back, so what a turn leaves out is its oldest
-    messages. Returns ({(n, first seq): band}, used tokens per band, part summaries).
+    messages. A part that takes the best band it could have in an empty view (one
+    exchange larger than the whole full share: eight big files read at once) holds the
+    parts before it to nothing: the work that led up to it stays verbatim as far as
+    there is room. Returns ({(n, first seq): band}, used tokens per band, part summaries).
     ``memo`` keeps each part's cost in each band (and its summary) for the next allocation
     over the same turns: a part is the same run of messages whatever the budget.
     """
@@ -4472,10 +4477,10 @@ def _allocate(parts, budget, profile, summaries, memo=None):
     for band in BANDS:
         total += int(budget * shares[band])
         caps.append(total)
-    used = [0] * len(BANDS)
+    used, empty = [0] * len(BANDS), [0] * len(BANDS)
     placed, floor, texts, tools = {}, {}, {}, {}
     for part in reversed(parts):
-        band = "omitted"
+        band, alone = "omitted", None  # (alone: the best band its cost fits in an empty view)
         if part.n not in tools:
             tools[part.n] = _tool_context(part.turn)
         for k in range(floor.get(part.n, 0), len(BANDS)):
@@ -4489,6 +4494,8 @@ def _allocate(parts, budget, profile, summaries, memo=None):
             text, source, cost = memo[key]
             if cost is None:
                 break  # no summary to stand in for it
+            if alone is None and _fits(empty, caps, k, cost):
+                alone = k
             if _fits(used, caps, k, cost):
                 used[k] += cost
                 band = name
@@ -4496,7 +4503,8 @@ def _allocate(parts, budget, profile, summaries, memo=None):
                     texts[(part.n, part.first)] = (text, source, cost)
                 break
         placed[(part.n, part.first)] = band
-        floor[part.n] = RANK[band]
+        if alone is not None and RANK[band] > alone:  # (it fell for what newer parts took)
+            floor[part.n] = RANK[band]
     return placed, dict(zip(BANDS, used)), texts
 
 

@@ -420,8 +420,9 @@ def measured_files(tmp_path):
     folder.mkdir()
     a = folder / f"session-{MARK}-a.jsonl"
     stats = generate(str(a), size_mb=0.25, seed=41, thinking=True, cwd=f"/home/u/{MARK}")
+    last = [r["uuid"] for r in map(json.loads, a.read_text().splitlines()) if r.get("uuid")][-1]
     with open(a, "a", encoding="utf-8") as f:  # a distinctive prompt and tool output in it
-        rec = {"parentUuid": None, "isSidechain": False, "type": "user", "uuid": str(uuid.uuid4()),
+        rec = {"parentUuid": last, "isSidechain": False, "type": "user", "uuid": str(uuid.uuid4()),
                "timestamp": "2027-01-01T00:00:00.000Z", "sessionId": stats["session_id"],
                "message": {"role": "user", "content": f"please say {MARK} out loud"}}
         f.write(json.dumps(rec) + "\n")

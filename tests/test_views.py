@@ -1208,6 +1208,32 @@ def test_fitting_stops_at_once_when_all_after_the_boundary_fits_and_on_a_budget_
     assert len(rounds) <= cc_lhc.VIEW_FIT_ROUNDS + 2 and all(b == "omitted" for b in view.bands.values())
 
 
+def test_a_newest_exchange_too_big_for_verbatim_leaves_the_work_before_it_verbatim(tmp_path):
+    """One response that calls eight tools at once, whose outputs together are more than
+    the whole full share, cannot be verbatim in any view; the thirty calls before it can,
+    and stay so (before, that one exchange held every older part of its turn to lean)."""
+    tr = Transcript(cwd="/home/u/proj", model="claude-m")
+    tr.envelope()
+    tr.prompt("find the failure")
+    for i in range(30):
+        (call,) = tr.response(text(f"step {i}"), tool_use("Bash", command=f"./s {i}"), stop="tool_use")[1:]
+        tr.results((call["id"], bash_output(i, 6_000), False))
+    sent = tr.response(*[tool_use("Bash", command=f"cat log_{k}") for k in range(8)], stop="tool_use")
+    for b in sent:
+        tr.results((b["id"], bash_output(100, 28_000), False))
+    tr.response(text("the failure is in log_3"))
+    thread = intake_transcript(tr, tmp_path)
+    turns, view, header, records, tokens = served(thread, 50_000)
+    assert_resumable(records, "claude-m")
+    results = tool_results_in(records)
+    calls = {b["id"]: b["input"]["command"] for r in records if r["type"] == "assistant"
+             for b in blocks_of(r) if b.get("type") == "tool_use"}
+    verbatim = [calls[i] for i, out in results.items() if "processed batch" in (out if isinstance(out, str) else "")]
+    assert "./s 29" in verbatim and "./s 20" in verbatim  # the work just before the big exchange
+    assert not any(c.startswith("cat log_") for c in verbatim)  # (which no view holds verbatim)
+    assert view.tokens > 25_000, view.tokens  # (before: 2-3k of a 50k target)
+
+
 def test_a_long_turns_view_fills_its_target_and_grows_with_it(tmp_path):
     """Parts come whole, and a long turn's parts are a quarter of the full share each: with
     those alone a view could fall a part short of its target (71% of 100k on a real 1 MiB
