@@ -5056,6 +5056,42 @@ def prune_view(thread_id, turns, boundary, budget, profile, fell_back=False, nat
     return view, render_header(view, files, fell_back, native), cut
 
 
+def fitted_prune_view(thread_id, turns, boundary, budget, profile, fell_back, native, counter):
+    """prune_view within ``budget`` as ``counter`` counts it (exact o200k tokens when the
+    tokenizer is there; prune_view itself sizes parts by the quick estimate, which ordinary
+    log output runs a quarter over): the budget it is given is scaled down by how far the
+    count went over, then halfway between one that fits and one that does not, up to
+    VIEW_FIT_ROUNDS times. The newest part stays whatever it costs."""
+    alloc = budget = max(0, budget)
+    best, fits, over = None, None, None
+    for _ in range(VIEW_FIT_ROUNDS):
+        found = prune_view(thread_id, turns, boundary, alloc, profile, fell_back, native)
+        counted = view_tokens(found[0], found[1], turns, counter)
+        if counted["total"] <= budget or best is None:
+            if best is None or best[1]["total"] > budget or counted["total"] > best[1]["total"]:
+                best = (found, counted)
+        if counted["total"] <= budget:
+            if alloc == budget or counted["total"] >= budget * VIEW_FIT_FILL:
+                break  # as much as the budget itself gives, or full enough
+            fits = alloc
+        else:
+            over = alloc
+        if alloc == 0:
+            break
+        if fits is not None and over is not None:
+            if over - fits <= max(2, fits // 64):
+                break
+            alloc = (fits + over) // 2
+        else:
+            alloc = max(0, min(alloc - 1, alloc * budget // counted["total"]))
+    (view, header, cut), counted = best
+    view.tokens = counted["total"]
+    view.counting = "exact o200k_base" if counter.exact else "safe estimate"
+    view.costs = {"full": counted["full"], "lean": 0, "summary": 0}
+    counter.tokens.save_later()
+    return view, header, cut
+
+
 BAND_WORDS = (("full", "verbatim"),
               ("lean", "lean (tool outputs replaced by stubs; thinking left out)"),
               ("summary", "summarised below"))
@@ -5596,8 +5632,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
                                   thread_summaries(store, turns), recent_impression_turns(store),
                                   policy.fell_back, boundary=boundary, counter=counter, native=native)
     else:
-        view, header, new_boundary = prune_view(thread_id, turns, boundary, budget - reserve,
-                                                policy["profile"], policy.fell_back, native)
+        view, header, new_boundary = fitted_prune_view(thread_id, turns, boundary, budget - reserve,
+                                                       policy["profile"], policy.fell_back, native, counter)
         if new_boundary <= boundary:
             raise PruneUnchanged(f"nothing to prune: the view already fits {prune_target:,} tokens"
                                  + (f" after m{boundary}" if boundary else ""))

@@ -177,6 +177,25 @@ def test_plan_rebuild_prunes_and_refuses_when_nothing_would_change(thread, tmp_p
                             prune_target=1_000_000, **kw)
 
 
+def test_a_pruned_view_fits_its_target_by_exact_count(tmp_path):
+    """Log output runs about 3.3 bytes an o200k token, not the estimate's 4: a prune sized by
+    the estimate alone served a view a quarter over its target. It is counted and fitted."""
+    from test_views import intake_transcript, long_turn_transcript
+    thread = intake_transcript(long_turn_transcript(40, 24_000, before=1), tmp_path)
+    counter = cc_lhc.ViewCounter(cc_lhc.TokenCounter())
+    if not counter.exact:
+        pytest.skip(f"exact counts are not to be had here: {counter.tokens.reason}")
+    for target in (50_000, 80_000, 150_000):
+        plan = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, _policy(), str(uuid.uuid4()), "/w",
+                                   prune_target=target, projects_root=str(tmp_path / "p"), now=NOW)
+        assert plan.view.counting == "exact o200k_base"
+        assert target * 0.7 <= plan.view.tokens <= target, (target, plan.view.tokens)  # (parts come whole: 15k each)
+        turns = cc_lhc.load_turns(thread.store)
+        header = json.loads(plan.data.decode().splitlines()[0])["message"]["content"]
+        again = cc_lhc.view_tokens(plan.view, header, turns, counter)["total"]
+        assert again <= target, (target, again)
+
+
 def test_an_unchanged_prune_records_no_pending_rebuild(thread, tmp_path):
     home = thread.home
     with pytest.raises(cc_lhc.PruneUnchanged):
