@@ -4454,7 +4454,7 @@ def _part_summary(part: Part, summaries):
     an extractive one of just these messages for a part of a long turn."""
     if part.whole:
         return summaries.get(part.n, ("", ""))
-    return extractive_summary(part.messages), "extractive"
+    return extractive_summary(part.messages, part=True), "extractive"
 
 
 def _allocate(parts, budget, profile, summaries, memo=None):
@@ -5868,12 +5868,13 @@ def _tool_names(messages) -> dict:
             for m in messages if m.get("kind") == "tool_call"}
 
 
-def extractive_summary(messages) -> str:
+def extractive_summary(messages, part=False) -> str:
     """A deterministic stand-in summary of one turn, built from its messages alone.
 
     It names the prompt, the tools called with their key argument, failed tool results
     and the start of the final reply, each with its mN label. Same messages, same bytes;
-    never longer than EXTRACTIVE_MAX_CHARS.
+    never longer than EXTRACTIVE_MAX_CHARS. For a ``part`` of a long turn, its last text
+    is only what was said there (the turn's answer, if any, is in another part).
     """
     messages = list(messages)
     names = _tool_names(messages)
@@ -5907,9 +5908,9 @@ def extractive_summary(messages) -> str:
         lines.append(_clip(f"Errors ({len(errors)}): " + "; ".join(noted), EXTRACTIVE_ERRORS_CHARS))
     reply = first(("assistant_text",), reversed(messages))
     if reply:
-        lines.append(f"Answered (m{reply['seq']}): "
+        lines.append(f"{'Said last' if part else 'Answered'} (m{reply['seq']}): "
                      + _clip(_one_line(reply["text"]), EXTRACTIVE_REPLY_CHARS))
-    else:
+    elif not part:
         lines.append("Answered: no text reply in this turn")
     return _clip("\n".join(lines), EXTRACTIVE_MAX_CHARS)
 

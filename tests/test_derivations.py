@@ -122,6 +122,17 @@ def test_extractive_summary_of_a_turn_without_text():
     assert "Tools (1): Task m4" in text and "no text reply" in text
 
 
+def test_a_part_of_a_long_turn_is_not_summarised_as_the_whole_turn():
+    """A long turn is cut into parts; a summarised part is not the turn, so it never says
+    the turn had no reply (its answer is in a later part), and its last words are what
+    was said there, not the turn's answer."""
+    calls = [msg(4, 2, "tool_call", "{}", tool_use_id="a", tool_name="Bash")]
+    text = cc_lhc.extractive_summary(calls, part=True)
+    assert "Tools (1): Bash m4" in text and "Answered" not in text and "no text reply" not in text
+    text = cc_lhc.extractive_summary(calls + [msg(6, 2, "assistant_text", "step 2 done")], part=True)
+    assert "Said last (m6): step 2 done" in text and "Answered" not in text
+
+
 def test_summariser_input_is_labelled_and_capped():
     rendered = cc_lhc.render_turn_for_summary(sample_turn())
     assert "[m1 user]\nPlease fix" in rendered
