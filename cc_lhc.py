@@ -8706,6 +8706,11 @@ BACKGROUND_TOOLS = ("Bash", "Agent", "Task", "Monitor", "Workflow", "ScheduleWak
 # What Claude Code 2.1.328 writes in the tool result that says background work started
 # (tests/fixtures/background/). The ids close the item again: a notification names them.
 SHELL_LAUNCHED = re.compile(r"running in background with ID: (\w+)")
+# A foreground Bash call Claude Code moved to the background itself (its timeout ran out,
+# ctrl-b, or a message arrived while it ran): its result starts with one of these.
+SHELL_MOVED = re.compile(r"Command (?:was manually backgrounded by user with ID: (\w+)"
+                         r"|(?:was|did not complete within its \d+s timeout and was) moved to the "
+                         r"background \(ID: (\w+)\))")
 OUTPUT_FILE = re.compile(r"(?:written to|output_file):? (\S+?\.output)\b")
 AGENT_LAUNCHED = re.compile(r"agentId: (\w+)")
 MONITOR_LAUNCHED = re.compile(r"Monitor started \(task (\w+)")
@@ -8797,10 +8802,11 @@ class BackgroundItem:
 def _launched(name, args, ack):
     """The item a launch acknowledgement opens, or None when the call started nothing."""
     if name == "Bash":
-        m = SHELL_LAUNCHED.search(ack)
-        if not args.get("run_in_background") or not m:
+        m = SHELL_LAUNCHED.search(ack) if args.get("run_in_background") else None
+        moved = None if m else SHELL_MOVED.match(ack.lstrip())
+        if not (m or moved):
             return None
-        kind, task_id = "shell", m.group(1)
+        kind, task_id = "shell", m.group(1) if m else moved.group(1) or moved.group(2)
     elif name in ("Agent", "Task"):
         m = AGENT_LAUNCHED.search(ack)
         if args.get("run_in_background") is False or ("Async agent launched" not in ack and not m):

@@ -107,6 +107,30 @@ def test_a_background_shell_job_outlives_the_swap_and_its_result_reaches_the_rep
     assert not running(f"echo {marker}")
 
 
+def test_a_command_claude_moved_to_the_background_at_its_timeout_outlives_the_swap(real_claude, tmux):
+    """A Bash call that outlasts its timeout is moved to the background by Claude itself
+    (no run_in_background): it is open work like any other job, carried across the swap,
+    and its result reaches the replacement."""
+    rc = real_claude
+    marker, release = "MOVED-DONE-3c1", rc.cwd / "release-3c1"
+    rc.api.script([tool_use_reply("Bash", {"command": f"{until_released(release)}echo {marker}",
+                                           "description": "a long build", "timeout": 3000}),
+                   text_reply("it runs on", usage=OVER_USAGE)])
+    over_until_swapped(rc)
+    t = launch(rc, tmux, "build it", "--allowedTools", "Bash")
+    t.wait_for("it runs on", timeout=STARTUP)
+    _wait_for_log(rc, "handoff_switched")
+    (carried,) = log_events(rc, "background_carried")
+    assert carried["items"] and carried["items"][0].startswith("Bash m")
+    assert running(f"echo {marker}"), "the moved job died with the old Claude"
+    release.touch()
+    wait_until(lambda: [r for r in requests_holding(rc, "has finished") if marker in json.dumps(r)],
+               "the result reaching the replacement")
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert not running(f"echo {marker}")
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "and-a-job"])
 def test_a_swap_reads_the_thread_s_large_tool_outputs_as_the_text_they_are(real_claude, tmux, background):
     """A tool output of 2 KB or more is kept compressed in the thread; the check for open

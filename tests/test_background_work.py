@@ -8,6 +8,8 @@ import re
 import types
 from pathlib import Path
 
+import pytest
+
 import cc_lhc
 from test_capture_parse import Transcript, text, tool_use
 
@@ -125,6 +127,35 @@ def test_foreground_work_and_failed_launches_are_not_open(tmp_path):
     t.assistant(tool_use("toolu_bad", "sleep 9"), stop="tool_use")
     t.tool_result(("toolu_bad", "could not start", True))
     t.assistant(text("failed"))
+    assert open_items(tmp_path, t) == []
+
+
+@pytest.mark.parametrize("ack", [
+    "Command was manually backgrounded by user with ID: b5. Output is being written to: /t/tasks/b5.output.",
+    "Command did not complete within its 3s timeout and was moved to the background (ID: b5). Output is "
+    "being written to: /t/tasks/b5.output.",
+    "Command was moved to the background (ID: b5) after running for 120s. Output is being written to: "
+    "/t/tasks/b5.output.",
+    "Command was moved to the background (ID: b5) so that a message that arrived while it was running can "
+    "reach you; it was not interrupted. Output is being written to: /t/tasks/b5.output.",
+])
+def test_a_foreground_command_claude_moved_to_the_background_is_open_work(tmp_path, ack):
+    """Claude Code moves a running Bash call to the background itself (its timeout ran out,
+    the person pressed ctrl-b, a message arrived): that job runs on like one started in the
+    background, and a swap must carry it, not let it die with the old Claude."""
+    t = Transcript()
+    launch(t, "toolu_moved", "Bash", ack, command="make test", timeout=3000)
+    items = open_items(tmp_path / "a", t)
+    assert [(i.kind, i.task_id, i.output_file) for i in items] == [("shell", "b5", "/t/tasks/b5.output")]
+    t.user(notification("toolu_moved", "completed", task="b5"))
+    t.assistant(text("it finished"))
+    assert open_items(tmp_path / "b", t) == []
+
+
+def test_output_that_reads_like_an_acknowledgement_opens_nothing(tmp_path):
+    t = Transcript()
+    launch(t, "toolu_fg", "Bash", "log: Command running in background with ID: b9. (an old log line)",
+           command="cat old.log")
     assert open_items(tmp_path, t) == []
 
 
