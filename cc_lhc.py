@@ -13622,8 +13622,8 @@ class BackgroundCarry:
                 lines.append(self._manifest_line(item, "", "", store) if item.kind == "workflow"
                              else f"background agent {name} was interrupted by an earlier swap; resume "
                                   f"it with SendMessage({name})")
-                if item.kind == "workflow" and item.run_id:
-                    self.recarry.append(item)
+                if item.run_id if item.kind == "workflow" else item.task_id:
+                    self.recarry.append(item)  # (its journal, or the agent's transcript, follows once more)
         return lines
 
     def _manifest_line(self, item, old_session, old_path, store) -> str:
@@ -13689,8 +13689,11 @@ class BackgroundCarry:
                 said.append(f"workflow {item.run_id or item.label} (resume offered)")
             elif item.kind == "agent":
                 line = self._agent_report(item, old_session, old_path)
+                finished = " had finished" in line
+                if not finished and item.task_id:
+                    self.journals.append(item)  # (SendMessage resumes it from its transcript)
                 said.append(f"agent {name} "
-                            f"({'finished, result told' if ' had finished' in line else 'interrupted, resume offered'})")
+                            f"({'finished, result told' if finished else 'interrupted, resume offered'})")
             if item.tool_use_id not in planned:
                 line = line or self._manifest_line(item, old_session, old_path, None)
             if line and line != planned.get(item.tool_use_id):
@@ -13728,16 +13731,36 @@ class BackgroundCarry:
             store.close()
 
     def carry_journals(self, old_path: str, new_path: str) -> None:
-        """Copy each carried workflow's run folder (journal and agent transcripts) from the
-        old session's folder into the new one's, once the old Claude has ended and wrote
-        its last line: Workflow{resumeFromRunId} reads the journal from the session it
-        runs in, and serves the agent calls it holds from it instead of running them again.
+        """Copy each carried workflow's run folder (journal and agent transcripts), and each
+        interrupted background agent's transcript, from the old session's folder into the
+        new one's, once the old Claude has ended and wrote its last line:
+        Workflow{resumeFromRunId} reads the journal from the session it runs in, and serves
+        the agent calls it holds from it instead of running them again; SendMessage resumes
+        an agent from its transcript in the session it runs in. (Capture takes each record
+        of an agent once, whichever of its files it is read from.)
         """
         import shutil
         for item in self.journals:
+            old_folder, new_folder = old_path[:-len(".jsonl")], new_path[:-len(".jsonl")]
+            if item.kind == "agent":
+                names = [f"agent-{item.task_id}.jsonl", f"agent-{item.task_id}.meta.json"]
+                try:
+                    os.makedirs(os.path.join(new_folder, "subagents"), exist_ok=True)
+                    for name in names:
+                        source = os.path.join(old_folder, "subagents", name)
+                        if os.path.isfile(source):
+                            shutil.copyfile(source, os.path.join(new_folder, "subagents", name))
+                except OSError as e:
+                    self.session.home.log("agent_transcript_not_carried", agent=item.task_id, error=repr(e))
+                    self.notes.append(f"[runtime note] The transcript of background agent {item.task_id} "
+                                      f"could not be carried into this session ({e}); SendMessage cannot "
+                                      "resume it: start it again if it is still needed.")
+                    continue
+                self.session.home.log("agent_transcript_carried", agent=item.task_id)
+                continue
             parts = ("subagents", "workflows", item.run_id)
-            source = os.path.join(old_path[:-len(".jsonl")], *parts)
-            target = os.path.join(new_path[:-len(".jsonl")], *parts)
+            source = os.path.join(old_folder, *parts)
+            target = os.path.join(new_folder, *parts)
             try:
                 shutil.copytree(source, target, dirs_exist_ok=True)
             except (OSError, shutil.Error) as e:

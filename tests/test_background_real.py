@@ -358,6 +358,53 @@ def test_an_unfinished_background_agent_is_reported_interrupted_with_its_id(real
     assert t.wait_exit() == 0
 
 
+def test_an_interrupted_background_agent_is_resumed_by_sendmessage_in_the_replacement(real_claude, tmux):
+    """The offer holds: SendMessage resumes an agent from its transcript in the session it
+    runs in, so the swap carries the agent's transcript into the replacement's folder."""
+    import threading
+    rc = real_claude
+    busy, task, state = threading.Event(), "AGENT-TASK-resumable", {}
+    rc.api.script([tool_use_reply("Agent", {"description": "look around", "prompt": task,
+                                            "run_in_background": True})])
+
+    def respond(body):
+        seen, said = json.dumps(body), new_input({"body": body})
+        if task in json.dumps(body["messages"][:1]) and "agent started" not in seen:
+            return "AGENT-RESUMED-OK" if "RESUME-PLEASE" in said else text_reply("never", hold=busy)
+        if "Tool loaded" in said and state.get("agent") and not state.get("sent"):
+            state["sent"] = True
+            return tool_use_reply("SendMessage", {"to": state["agent"], "message": "RESUME-PLEASE carry on"})
+        return "noted" if "agent started" in seen else text_reply("agent started", usage=OVER_USAGE)
+    rc.api.responder = respond
+    t = launch(rc, tmux, "start the agent", "--allowedTools", "SendMessage")
+    try:
+        _wait_for_log(rc, "handoff_switched")
+        (said,) = log_events(rc, "background_carried")[0]["said"]
+        state["agent"] = agent = re.search(r"agent (a\w+)", said).group(1)
+        new = log_events(rc, "handoff_switched")[0]["new_session"]
+        assert (rc.project_dir / new / "subagents" / f"agent-{agent}.jsonl").exists()
+        rc.api.push(tool_use_reply("ToolSearch", {"query": "select:SendMessage", "max_results": 1}))
+        type_line(t, "resume the agent")
+        wait_until(lambda: [r for r in rc.api.message_requests if "RESUME-PLEASE" in new_input(r)
+                            and task in json.dumps(r["body"]["messages"][:1])], "the agent resumed", 40)
+    finally:
+        busy.set()
+    type_line(t, "/exit")
+    wait_until(lambda: t.exit_status() is not None or "Background work is running" in t.capture(),
+               "Claude ending or asking about the work still running")
+    if t.exit_status() is None:
+        t.send_keys("Enter")  # (the resumed agent may still be at work: "Exit and stop tasks")
+    assert t.wait_exit() == 0
+    # the agent's records are in the thread once each, though two of its files hold them
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"]).stdout)
+    mine = [m for m in record if (m.get("agent") or {}).get("id") == agent]
+    copies = {json.dumps({k: v for k, v in m.items() if k not in ("label", "turn", "source_session")},
+                         sort_keys=True) for m in mine}
+    assert mine and len(mine) == len(copies)  # (no record taken twice)
+    assert any("RESUME-PLEASE" in (m.get("text") or "") for m in mine)
+
+
 def test_a_background_agent_that_finished_during_the_swap_has_its_result_told(real_claude, tmux):
     import threading
     done = threading.Event()
