@@ -13560,6 +13560,7 @@ class BackgroundCarry:
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.notes = collections.deque()
         self.next_poll = 0.0
+        self.stops_seen = 0        # the newest TaskStop call looked at for carried jobs
         self.carried = ""          # the last swap's one line, for the person and /status
         self._kept_for = None      # the thread whose undelivered.json holds self._saved
         self.guard = CarryGuard(session.home, self.thread_id)
@@ -13630,7 +13631,8 @@ class BackgroundCarry:
         name = item.task_id or item.label
         if item.kind == "shell":
             return (f"background command {name} ({item.command}) keeps running as its own process; "
-                    f"its output is in {item.output_file}; cc-lhc will tell you when it finishes")
+                    f"its output is in {item.output_file}; cc-lhc will tell you when it finishes "
+                    f"(TaskStop of {name} stops it)")
         if item.kind == "monitor":
             return (f"monitor {name} ({item.command}) stops with the previous Claude process, so "
                     f"cc-lhc starts its command again and tells you each new event (its output "
@@ -13883,6 +13885,8 @@ class BackgroundCarry:
         now = time.time()
         if self.inflight:
             self._confirm_inflight()
+        if any(not job.finished for job in self.jobs):
+            self._stops_asked()
         for job in self.jobs:
             if not job.finished:
                 self._poll_job(job, now)
@@ -13894,6 +13898,34 @@ class BackgroundCarry:
                                   f"{item.args.get('prompt') or ''}")
         self.guard.sync(self.jobs)
         self._persist()
+
+    def _stops_asked(self) -> None:
+        """Claude's TaskStop (KillShell) of a carried job's id: since the swap the job runs
+        under cc-lhc, not in Claude's task list, so Claude's own stop cannot find it; cc-lhc
+        stops it and says so."""
+        if not self.thread_id:
+            return
+        store = ThreadStore(self.session.home, self.thread_id)
+        try:
+            rows = store.db.execute(
+                "SELECT seq, tool_name, text FROM messages WHERE kind = 'tool_call' AND agent IS NULL "
+                f"AND tool_name IN ({','.join('?' * len(TASK_STOP_TOOLS))}) AND seq > ? ORDER BY seq",
+                (*TASK_STOP_TOOLS, self.stops_seen)).fetchall()
+        finally:
+            store.close()
+        for seq, tool, text in rows:
+            self.stops_seen = seq
+            args = _json_object(text)
+            target = str(args.get("task_id") or args.get("shell_id") or args.get("id") or "")
+            for job in self.jobs:
+                if job.finished or not target or job.item.task_id != target or seq < job.item.seq:
+                    continue
+                self._stop(job)
+                self.session.home.log("carried_job_stopped", item=job.item.label, pids=job.pids, asked=tool)
+                self.notes.append(f"[runtime note] cc-lhc stopped {job.item.kind} {job.name} "
+                                  f"({job.item.command}) as your {tool} asked: it was carried across a "
+                                  "Smart Compact swap and runs under cc-lhc since, so it is in no task "
+                                  "list of yours.")
 
     def _poll_job(self, job, now) -> None:
         if job.process is not None:

@@ -131,6 +131,26 @@ def test_a_command_claude_moved_to_the_background_at_its_timeout_outlives_the_sw
     assert not running(f"echo {marker}")
 
 
+def test_taskstop_of_a_carried_job_stops_it(real_claude, tmux):
+    """After the swap a carried job runs under cc-lhc, in no task list of the replacement's:
+    its TaskStop finds nothing there, so cc-lhc stops the job itself and says so."""
+    rc = real_claude
+    marker, release = "STOPPED-NEVER-9e2", rc.cwd / "release-9e2"
+    t = start_in_background(rc, tmux, f"{until_released(release)}echo {marker}")
+    _wait_for_log(rc, "handoff_switched")
+    task = log_events(rc, "background_carried")[0]["said"][0].split()[1]
+    assert running(f"echo {marker}")
+    rc.api.push(tool_use_reply("TaskStop", {"task_id": task}))
+    rc.api.push("asked it to stop")
+    type_line(t, "stop the background job")
+    wait_until(lambda: not running(f"echo {marker}"), "the carried job stopped")
+    told = replacement_told(rc, f"cc-lhc stopped shell {task}")
+    assert "TaskStop asked" in told
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    assert not release.exists()
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "and-a-job"])
 def test_a_swap_reads_the_thread_s_large_tool_outputs_as_the_text_they_are(real_claude, tmux, background):
     """A tool output of 2 KB or more is kept compressed in the thread; the check for open

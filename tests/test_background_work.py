@@ -375,10 +375,14 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
     journal.mkdir(parents=True)
     (journal / "journal.jsonl").write_text('{"type":"launched"}\n')
     (journal / "agent-a1.jsonl").write_text("{}\n")
+    # ... and so does the interrupted agent's transcript, which SendMessage resumes it from
+    agent = tmp_path / "proj" / "sess-1" / "subagents" / "agent-a0123456789abcdef.jsonl"
+    agent.write_text('{"type":"user"}\n')
     new = tmp_path / "proj" / "new-sess.jsonl"
     carry.carry_journals(str(old), str(new))
     moved = tmp_path / "proj" / "new-sess" / "subagents" / "workflows" / RUN
     assert sorted(p.name for p in moved.iterdir()) == ["agent-a1.jsonl", "journal.jsonl"]
+    assert (moved.parent.parent / agent.name).read_text() == '{"type":"user"}\n'
     assert (moved / "journal.jsonl").read_text() == '{"type":"launched"}\n'
     assert not carry.notes
     # a later swap carries nothing anew, but its rebuilt session still names what goes
@@ -392,7 +396,8 @@ def test_the_manifest_of_carried_work_is_written_into_the_rebuilt_session(tmp_pa
     assert again[2] == ("background agent a0123456789abcdef was interrupted by an earlier swap; "
                         "resume it with SendMessage(a0123456789abcdef)")  # and the agent
     said = carry.take([], "new-sess", str(new))
-    assert carry.journals == [items[0]] and not carry.notes  # the journal follows once more
+    # the journal follows once more, and the agent's transcript
+    assert [i.kind for i in carry.journals] == ["workflow", "agent"] and not carry.notes
     # once Claude resumed the workflow (in the session it was carried into), it is no
     # longer offered
     t.user("resume it")
