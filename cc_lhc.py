@@ -13511,10 +13511,13 @@ MONITOR_TIMEOUT_CAP_MS = 1800000  # Claude caps a monitor's deadline at 30 minut
 
 
 def _children_running(parent: int, command: str) -> list:
-    """Pids of ``parent``'s children whose command line holds ``command`` (Linux /proc)."""
+    """Pids of ``parent``'s children whose command line holds ``command`` (Linux /proc), as
+    written or as a shell quotes it inside '...' (Claude runs it under eval '<command>',
+    each ' in it written '"'"')."""
     found = []
     if not command or not os.path.isdir("/proc/self"):
         return found
+    forms = {command, command.replace("'", "'\"'\"'")}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -13525,7 +13528,7 @@ def _children_running(parent: int, command: str) -> list:
                 cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
         except (OSError, ValueError, IndexError):
             continue
-        if command in cmdline:
+        if any(form in cmdline for form in forms):
             found.append(int(pid))
     return found
 

@@ -4,6 +4,7 @@ records Claude Code 2.1.328 writes (tests/fixtures/background/)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import types
 from pathlib import Path
@@ -564,3 +565,19 @@ def test_a_note_given_to_the_carry_is_kept_for_the_next_launch_until_typed(tmp_p
     carry.tell("[runtime note] something")
     kept = json.loads(Path(cc_lhc.kept_notes_path(home, "thread-1")).read_text())
     assert kept == ["[runtime note] something"] and list(carry.notes) == kept
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="/proc")
+def test_the_old_claudes_copy_of_a_quoted_monitor_command_is_found():
+    """Claude runs a monitor's command under eval '<command>' with each ' written '"'"';
+    its copy must be found (and stopped at a swap) with quotes in the command too."""
+    import subprocess
+    command = "echo 'QSTART-71'; sleep 30; echo 'QLATE'"
+    quoted = command.replace("'", "'\"'\"'")
+    child = subprocess.Popen(["bash", "-c", f"eval '{quoted}'", "--"], stdout=subprocess.DEVNULL)
+    try:
+        assert cc_lhc._children_running(os.getpid(), command) == [child.pid]
+        assert cc_lhc._children_running(os.getpid(), "echo 'ANOTHER'") == []
+    finally:
+        child.kill()
+        child.wait()
