@@ -8901,6 +8901,21 @@ def background_items(store) -> list:
     return items
 
 
+def close_orphaned_background(home, store) -> None:
+    """Before a launch starts its Claude, background work the thread still holds as open
+    was started by a Claude process that is gone (it exited, or was killed before it wrote
+    how the work ended): none of it is this launch's to carry at a later swap. Claude's own
+    resume says such tasks stopped; a rebuilt session names none of them."""
+    items = background_items(store)
+    if not items:
+        return
+    with Tx(store.db) as db:
+        db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                       [(CARRIED_PREFIX + i.tool_use_id, f"{i.kind}: ended with the Claude process that "
+                         "started it") for i in items])
+    home.log("background_orphaned", items=[i.label for i in items])
+
+
 def _json_object(text) -> dict:
     try:
         value = json.loads(text or "{}")
@@ -11808,6 +11823,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
         say("context check skipped: capture is still catching up with the transcript; "
             "Smart Compact will run on the next invocation if needed")
         return capture, None
+    close_orphaned_background(home, capture.store)
     # Claude Code deletes old sessions' transcripts (cleanupPeriodDays, 30 days unless set):
     # the thread still holds the conversation, so Claude resumes it written again from there.
     held = capture.store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()

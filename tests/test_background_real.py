@@ -650,3 +650,45 @@ def test_notes_kept_for_the_next_launch_reach_a_one_shots_claude(real_claude):
     said = new_input(rc.api.message_requests[-1])
     assert note in said and said.index(note) < said.index("hello again")
     assert not kept.exists()
+
+
+
+def test_work_left_open_by_a_killed_claude_is_closed_at_the_next_launch(real_claude):
+    """A Claude killed while its background job runs never writes how the job ended; the
+    next launch runs another Claude process, so that job is no work of its to carry at a
+    later swap (a monitor would be started again, a job named as still running)."""
+    import signal
+    import subprocess
+    rc = real_claude
+    rc.api.script([tool_use_reply("Bash", {"command": "sleep 60; echo ORPHAN-1c", "description": "wait",
+                                           "run_in_background": True}), "started it"])
+    proc = subprocess.Popen(rc.lhc_argv("-p", "start a job", "--allowedTools", "Bash"), env=rc.env,
+                            cwd=rc.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: len(rc.api.message_requests) >= 2 and log_events(rc, "child_started"),
+                   "Claude sending the job's acknowledgement")
+        home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+
+        def opened():
+            threads = cc_lhc.Registry(home).threads()
+            if not threads:
+                return []
+            store = cc_lhc.ThreadStore(home, threads[0][0])
+            try:
+                return [i.label for i in cc_lhc.background_items(store)]
+            finally:
+                store.close()
+        assert wait_until(opened, "the job captured as open") == ["Bash m2"]
+        os.kill(log_events(rc, "child_started")[0]["child_pid"], signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in running("ORPHAN-1c"):
+            os.kill(pid, signal.SIGKILL)
+    rc.api.script(["hello again"])
+    p = rc.run_lhc("-p", "-c", "anything new?")
+    assert p.returncode == 0, p.stderr
+    (orphaned,) = log_events(rc, "background_orphaned")
+    assert orphaned["items"] == ["Bash m2"] and opened() == []

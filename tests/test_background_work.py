@@ -581,3 +581,21 @@ def test_the_old_claudes_copy_of_a_quoted_monitor_command_is_found():
     finally:
         child.kill()
         child.wait()
+
+
+def test_work_an_earlier_claude_process_left_open_is_closed_before_a_launch(tmp_path):
+    """Before a launch starts its Claude, what the thread holds as open was started by a
+    Claude process that is gone (killed before it wrote how the work ended): a later swap
+    of this launch must not carry it (a monitor started again, a job named as running)."""
+    cap, _path, _lines = recorded(tmp_path, "bash-run-in-background-2.1.328.jsonl", 2)
+    try:
+        assert [i.task_id for i in cc_lhc.background_items(cap.store)] == ["b2i3ux1l7"]
+        cc_lhc.close_orphaned_background(cap.home, cap.store)
+        assert cc_lhc.background_items(cap.store) == []
+        cc_lhc.close_orphaned_background(cap.home, cap.store)  # (nothing open: nothing to do)
+    finally:
+        cap.stop()
+    [logged] = [json.loads(line) for line in (tmp_path / "lhc" / "wrapper.log").read_text().splitlines()
+                if '"background_orphaned"' in line]
+    assert logged["items"] == ["Bash m1"]
+
