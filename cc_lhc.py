@@ -6938,6 +6938,13 @@ def descriptor_paths(runtime: str, token: str):
     return os.path.join(runtime, f"{name}.json"), os.path.join(runtime, f"bin-{name}")
 
 
+def shim_dir_of(descriptor_path: str) -> str:
+    """The shim folder beside a descriptor file, named for the file: a descriptor rebound
+    to another session (/clear, /resume) keeps its path, and its folder, under a new token."""
+    folder, name = os.path.split(descriptor_path)
+    return os.path.join(folder, f"bin-{name[:-len('.json')] if name.endswith('.json') else name}")
+
+
 def create_descriptor(home, hostdb, thread_id: str, session_id: str) -> dict:
     """Write the retrieval capability for one live child, and a `cc-lhc` shim for it.
 
@@ -7041,7 +7048,7 @@ def remove_stale_descriptors(home, hostdb) -> int:
             "SELECT token, path, owner FROM descriptors WHERE revoked IS NULL").fetchall():
         if not owner_alive(owner):
             remove_descriptor(home, hostdb, {"token": token, "path": path,
-                                             "shim_dir": descriptor_paths(os.path.dirname(path), token)[1]},
+                                             "shim_dir": shim_dir_of(path)},
                               "owner gone")
             removed += 1
     return removed + _sweep_runtime_folder(home)
@@ -7066,7 +7073,7 @@ def _sweep_runtime_folder(home) -> int:
             os.unlink(path)
         except OSError:
             continue
-        shutil.rmtree(os.path.join(runtime, f"bin-{name[:-5]}"), ignore_errors=True)
+        shutil.rmtree(shim_dir_of(path), ignore_errors=True)
         home.log("descriptor_swept", path=path)
         removed += 1
     return removed
@@ -7452,8 +7459,7 @@ def cmd_mod_hello(args) -> int:
         raise usage_error("usage: cc-lhc mod-hello <session-id> [interactive|print]")
     home = StateHome()
     body = check_descriptor(home)
-    shim_dir = descriptor_paths(os.path.dirname(os.path.realpath(os.environ[RUNTIME_ENV])),
-                                body["token"])[1]
+    shim_dir = shim_dir_of(os.path.realpath(os.environ[RUNTIME_ENV]))
     hello = {"token": body["token"], "session_id": args[0], "pid": os.getppid(),
              "surface": args[1] if len(args) > 1 else "", "mod": MOD_VERSION, "at": utc_now_iso()}
     path = os.path.join(shim_dir, MOD_HELLO_FILE)
@@ -7502,8 +7508,7 @@ def cmd_mod_compact(args) -> int:
     body = check_descriptor(home)
     if args[0] != body["session_id"]:
         raise refuse(f"session {args[0]} is not the session this descriptor serves")
-    folder = descriptor_paths(os.path.dirname(os.path.realpath(os.environ[RUNTIME_ENV])),
-                              body["token"])[1]
+    folder = shim_dir_of(os.path.realpath(os.environ[RUNTIME_ENV]))
     deadline = time.monotonic() + MOD_COMPACT_WAIT
     asked = False
     while True:
@@ -7577,6 +7582,7 @@ class ModBridge:
         self.hello = None
         self.deadline = None
         self.child_pid = None
+        self.unbound_for = None      # the session Claude moved to that the mod has not confirmed
         self.warming = None          # the thread loading the tokenizer once the mod is active
 
     @classmethod
@@ -7607,7 +7613,7 @@ class ModBridge:
         import time
         if not self.folder:
             return
-        self.active, self.reason, self.child_pid = False, "", child_pid
+        self.active, self.reason, self.child_pid, self.unbound_for = False, "", child_pid, None
         self.deadline = time.monotonic() + self.HELLO_SECONDS
 
     def on_tick(self, session, child_pid: int):
@@ -7644,9 +7650,20 @@ class ModBridge:
         """
         named = bool(self.hello) and self.hello.get("session_id") == session_id
         if self.active and not named:
-            self.active, self.deadline = False, None
+            self.active, self.deadline, self.unbound_for = False, None, session_id
             self.home.log("mod_unbound", session=session_id,
                           reason="Claude changed session and the mod has not shaken hands for it")
+
+    def confirm(self, session_id: str) -> bool:
+        """The mod's compact hook asked for a view for ``session_id``, through the
+        descriptor of this very session: it serves that session (the handshake /clear
+        never sends). True when that makes the mod count again."""
+        if self.active or self.reason or not self.unbound_for or self.unbound_for != session_id:
+            return False
+        self.active, self.unbound_for = True, None
+        self.home.log("mod_active", session=session_id, claude_pid=self.child_pid, folder=self.folder,
+                      by="its compact hook asked for this session")
+        return True
 
     def _warm(self) -> None:
         """Load the tokenizer now, off the relay's thread: the first in-process view would
@@ -13127,6 +13144,8 @@ class InProcessCompact:
     def on_tick(self, relay) -> None:
         import time
         if self.pending is None:
+            if not self.usable:
+                self._rebound_by_request()
             if self.usable:
                 self._answer_request(relay)
             return
@@ -13204,6 +13223,19 @@ class InProcessCompact:
         session.announce(self.FALLBACK.format(why=why), relay)
         if swap:
             self.handoff.swap_soon(relay)
+
+    def _rebound_by_request(self) -> None:
+        """After /clear the mod gives no handshake for the new session, but its compact
+        hook asking for a view through this session's descriptor shows it serves it: the
+        person's /compact goes through the hook, not Claude's own lossy summary."""
+        mod = self.session.spec.mod
+        if mod is None or not mod.unbound_for or self.refused or self.session.descriptor is None:
+            return
+        descriptor = self.session.descriptor
+        request = _read_bound_json(descriptor["shim_dir"], MOD_REQUEST_FILE, descriptor["token"])
+        session_id = self.session.spec.session_id
+        if request is not None and request.get("session_id") == session_id:
+            mod.confirm(session_id)
 
     def _answer_request(self, relay) -> None:
         """A person's own /compact: the hook asks for a view; prepare one or refuse it."""

@@ -103,6 +103,24 @@ def test_no_handshake_in_time_falls_back_and_says_so(iso_env, monkeypatch):
     assert "Smart Compact swaps the Claude process" in bridge.details()
 
 
+def test_a_rebound_descriptor_keeps_its_shim_folder_and_a_dead_owners_is_removed(iso_env):
+    """/clear and /resume rebind the descriptor at its path under a new token: the mod's
+    commands (mod-hello, mod-compact) and the sweep of a dead owner's descriptors find its
+    shim folder by the file's name, not by the new token (a folder named for it is none)."""
+    home = cc_lhc.StateHome()
+    hostdb = cc_lhc.HostDB(home)
+    first = cc_lhc.create_descriptor(home, hostdb, "thread", "sid-1")
+    cc_lhc.revoke_descriptor(home, hostdb, first, "Claude moved to another session")
+    rebound = cc_lhc.rebind_descriptor(home, hostdb, first, "thread-2", "sid-2")
+    assert rebound["shim_dir"] == first["shim_dir"] == cc_lhc.shim_dir_of(rebound["path"])
+    assert cc_lhc.descriptor_paths(os.path.dirname(rebound["path"]), rebound["token"])[1] != first["shim_dir"]
+    dead = json.dumps({"pid": 2 ** 22 + 7, "start": 1})
+    hostdb.db.execute("UPDATE descriptors SET owner = ?", (dead,))
+    hostdb.db.commit()
+    assert cc_lhc.remove_stale_descriptors(home, hostdb) >= 1
+    assert not os.path.exists(first["shim_dir"]) and not os.path.exists(first["path"])
+
+
 # -- In-process Smart Compact: the pure parts ------------------------------------------
 
 def _rec(rtype, content, **extra):

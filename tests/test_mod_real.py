@@ -395,6 +395,33 @@ def test_after_clear_the_new_conversation_is_compacted_without_claudes_own_summa
     assert log_events(rc, "mod_unbound") and not log_events(rc, "native_compact")
     assert not log_events(rc, "in_process_compact_started")
 
+def test_after_clear_a_persons_own_compact_still_goes_through_the_hook(real_claude, tmux):
+    """/clear gives no handshake, but the mod's compact hook asking for a view for the new
+    session through its descriptor shows the mod serves it: the person's /compact is
+    cc-lhc's view, not Claude's own lossy summary."""
+    rc = real_claude
+    rc.api.script(["before the clear", "after the clear"])
+    rc.api.responder = lambda body: text_reply("after my compact", usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "one", "before the clear")
+    type_line(t, "/clear")
+    wait_for_log(rc, "session_followed")
+    type_line(t, "two")
+    t.wait_for("after the clear")
+    n = len(rc.api.message_requests)
+    type_line(t, "/compact keep it")
+    wait_for_log(rc, "in_process_compact_served")
+    assert len(rc.api.message_requests) == n  # no summary was asked for
+    assert not log_events(rc, "native_compact")
+    [rebound] = [e for e in log_events(rc, "mod_active") if e.get("by")]
+    type_line(t, "go on")
+    rc.api.wait_for_requests(n + 1)
+    first = rc.api.message_requests[-1]["body"]["messages"][0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "keep it" in first
+    assert rc.api.message_requests[-1]["session_id"] == rebound["session"]
+    exit_cleanly(t)
+
+
 def test_when_the_hook_declines_the_swap_handles_the_seam_and_the_session_goes_on(real_claude, tmux):
     """CC_LHC_MOD_COMPACT=decline makes the mod's hook decline the view cc-lhc typed
     /compact for (as it does a view it cannot use): the conversation stays as it was,
