@@ -13426,7 +13426,9 @@ def starts_a_conversation(path: str, lines: int = 40) -> bool:
 
     Claude names the new session in its pid file a moment before it writes the file, so
     a file not there yet is new; so is one holding nothing but bookkeeping and the /clear
-    command itself. Any earlier prompt or answer means a resumed conversation.
+    command itself (and perhaps the first prompt after it). Any earlier prompt or answer,
+    or an answer after the /clear (a session /clear began long ago, reopened), means a
+    resumed conversation.
     """
     try:
         f = open_regular(path)
@@ -13434,17 +13436,20 @@ def starts_a_conversation(path: str, lines: int = 40) -> bool:
         return True
     except OSError:
         return False
+    cleared = False
     with f:
         for _ in range(lines):
             line = f.readline(1 << 20)
             if not line:
                 return True
             if CLEAR_COMMAND.encode() in line:
-                return True
-            if re.search(rb'"type":\s*"(user|assistant)"', line) and b'"isMeta":true' not in line \
-                    and b'"isMeta": true' not in line:
-                return False
-    return False
+                cleared = True
+                continue
+            said = re.search(rb'"type":\s*"(user|assistant)"', line)
+            if said and b'"isMeta":true' not in line and b'"isMeta": true' not in line:
+                if not cleared or said.group(1) == b"assistant":
+                    return False
+    return cleared
 
 
 # == 16. Background work carried across a swap ==================================

@@ -219,6 +219,12 @@ def test_a_session_file_is_new_until_it_holds_an_earlier_prompt(tmp_path):
              '<command-message>clear</command-message>"}}\n')
     path.write_text(caveat + clear)
     assert cc_lhc.starts_a_conversation(str(path))
+    prompt = '{"type":"user","message":{"content":"the first prompt after it"}}\n'
+    path.write_text(caveat + clear + prompt)
+    assert cc_lhc.starts_a_conversation(str(path))                 # (written before cc-lhc looked)
+    answer = '{"type":"assistant","message":{"content":[{"type":"text","text":"an answer"}]}}\n'
+    path.write_text(caveat + clear + prompt + answer)
+    assert not cc_lhc.starts_a_conversation(str(path))             # one /clear began long ago, reopened
     path.write_text('{"type":"user","message":{"content":"an earlier prompt"}}\n')
     assert not cc_lhc.starts_a_conversation(str(path))             # a resumed conversation
 
