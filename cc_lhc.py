@@ -7083,6 +7083,18 @@ def refuse(reason: str) -> LhcError:
     return LhcError(f"retrieval refused: {reason}", EXIT_USAGE)
 
 
+def _withdrawn(home, path) -> str:
+    """Why the descriptor at ``path`` was withdrawn, as its newest revocation says ('' if
+    this host never issued one there): Claude moved to another session, say."""
+    if not os.path.exists(home.path("cc-lhc.sqlite")):
+        return ""
+    row = HostDB(home).db.execute("SELECT revoked FROM descriptors WHERE path = ? ORDER BY created DESC, "
+                                  "rowid DESC LIMIT 1", (path,)).fetchone()
+    if not row or not row[0]:
+        return ""
+    return "retrieval in this window was withdrawn: " + str(row[0]).split(" ", 1)[-1]
+
+
 def check_descriptor(home) -> dict:
     """Verify the inherited descriptor before anything in the archive is read.
 
@@ -7102,6 +7114,8 @@ def check_descriptor(home) -> dict:
         body = load_json(read_small_file(real, DESCRIPTOR_FILE_LIMIT))
     except NotRegularFile:
         raise refuse("the descriptor is not a regular file")
+    except FileNotFoundError:
+        raise refuse(_withdrawn(home, real) or "the descriptor is missing")
     except (OSError, ValueError):
         raise refuse("the descriptor is missing or malformed")
     if os.name == "posix" and (st.st_mode & 0o077 or st.st_uid != os.getuid()):
@@ -13368,6 +13382,10 @@ class SessionFollower:
                                 f"{held}: cc-lhc does not capture or serve retrieval for it in this "
                                 f"window; going back to session {old_sid} is followed again")
             home.log("follow_refused", old_session=old_sid, new_session=new_sid, thread=thread)
+            if session.descriptor:  # (what retrieval in this window tells Claude from now on)
+                with Tx(session.hostdb.db) as db:
+                    db.execute("UPDATE descriptors SET revoked = ? WHERE token = ?",
+                               (f"{utc_now_iso()} {session.detached}", session.descriptor["token"]))
             session.announce(session.detached, relay)
             return
         try:

@@ -117,6 +117,12 @@ def test_in_app_resume_follows_a_free_thread_and_refuses_a_held_one(real_claude,
         assert any(f"whose thread {by_session[held][:8]} is held by cc-lhc pid {cc_lhc.os.getpid()}" in n
                    for n in notices)
         assert not any("nothing was queued" in n for n in notices)
+        # retrieval in this window tells Claude why it is withdrawn, not that it is broken
+        revoked = [r for (r,) in cc_lhc.HostDB(home).db.execute("SELECT revoked FROM descriptors")
+                   if r and "is held" in r]
+        assert len(revoked) == 1 and cc_lhc._withdrawn(home, cc_lhc.HostDB(home).db.execute(
+            "SELECT path FROM descriptors WHERE revoked = ?", (revoked[0],)).fetchone()[0]).startswith(
+            "retrieval in this window was withdrawn: Claude moved to session")
         # back on the session it was bound to: taken again, lease, capture and all
         t.wait_for(PROMPT)
         type_line(t, f"/resume {free}")

@@ -505,6 +505,18 @@ def test_a_fifo_as_descriptor_is_refused_without_blocking(thread):
     assert proc.stderr == "cc-lhc: retrieval refused: the descriptor is not a regular file\n"
 
 
+def test_a_withdrawn_descriptor_says_why(thread, monkeypatch, capsysbinary):
+    """Claude moved to a session whose thread another cc-lhc holds: the window's retrieval
+    is withdrawn, and Claude is told that, not that something is broken."""
+    desc = grant(thread, monkeypatch)
+    hostdb = cc_lhc.HostDB(thread.home)
+    reason = "Claude moved to session S, whose thread abcd1234 is held by another cc-lhc"
+    cc_lhc.revoke_descriptor(thread.home, hostdb, desc, reason)
+    status, out, err = run_main(capsysbinary, "get-turns", "t1")
+    assert status == 2 and out == b""
+    assert err == f"cc-lhc: retrieval refused: retrieval in this window was withdrawn: {reason}\n"
+
+
 def test_an_oversized_descriptor_is_refused(thread, monkeypatch, capsysbinary):
     desc = grant(thread, monkeypatch)
     with open(desc["path"], "ab") as f:
