@@ -14208,10 +14208,17 @@ def _taken_up(item, store) -> bool:
 def typeable(text: str) -> str:
     """Text that can be typed into Claude's prompt as it reads: a job's output may hold a
     carriage return (which would submit the prompt half-typed), ESC (a key press to
-    Claude) or tabs; those become a newline, a visible escape and spaces."""
+    Claude) or tabs; those become a newline, a visible escape and spaces. An @ that starts
+    a word (Claude reads `@path` in a prompt as "attach that file") is escaped as \\@, so
+    the output is read as words, not as files to attach (Claude drops a zero-width space
+    typed before it)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\t", "    ")
+    text = MENTION.sub(r"\1\\@", text)
     return "".join(ch if ch == "\n" or not (ord(ch) < 32 or 127 <= ord(ch) < 160)
                    else f"\\x{ord(ch):02x}" for ch in text)
+
+
+MENTION = re.compile(r"(^|\s)@", re.M)  # (as Claude Code finds a file mention in a prompt)
 
 
 def _prompt_text(rec) -> str:

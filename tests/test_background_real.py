@@ -151,6 +151,23 @@ def test_taskstop_of_a_carried_job_stops_it(real_claude, tmux):
     assert not release.exists()
 
 
+def test_a_carried_jobs_output_naming_a_file_with_an_at_sign_attaches_nothing(real_claude, tmux):
+    """The result note is typed to Claude as a prompt; an `@README` in the job's output must
+    not make Claude read that file into the conversation."""
+    rc = real_claude
+    (rc.cwd / "README").write_text("SECRET-README-BODY\n")
+    release = rc.cwd / "release-at"
+    t = start_in_background(rc, tmux, f"{until_released(release)}echo 'AT-DONE see @README'")
+    _wait_for_log(rc, "handoff_switched")
+    release.touch()
+    told = wait_until(lambda: [r for r in requests_holding(rc, "has finished") if "AT-DONE" in json.dumps(r)],
+                      "the result reaching the replacement")
+    sent = json.dumps(told[0]["body"]["messages"])
+    assert "SECRET-README-BODY" not in sent and "AT-DONE see \\\\@README" in sent
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "and-a-job"])
 def test_a_swap_reads_the_thread_s_large_tool_outputs_as_the_text_they_are(real_claude, tmux, background):
     """A tool output of 2 KB or more is kept compressed in the thread; the check for open

@@ -475,6 +475,12 @@ def test_notes_are_typed_without_keys_claude_would_act_on():
     assert not any(ord(ch) < 32 and ch != "\n" for ch in typed)
 
 
+def test_an_at_sign_starting_a_word_in_a_note_attaches_no_file():
+    """Claude reads `@path` in a prompt as a file to attach; a job's output is words."""
+    typed = cc_lhc.typeable("see @README and mail a@b.c\n@src/x.py\tnpm @types/node")
+    assert typed == "see \\@README and mail a@b.c\n\\@src/x.py    npm \\@types/node"
+
+
 def test_after_clear_the_notes_still_to_tell_go_with_the_new_thread(tmp_path):
     home = a_home(tmp_path)
     session = a_session(home)
