@@ -1439,6 +1439,20 @@ def test_stop_hooks_hold_the_seam_until_they_report(tmp_path):
     store.close()
 
 
+def rewound_thread(t, sid, tmp_path):
+    """The transcript captured into a new thread: (home, thread, its open store, the texts
+    every view can hold, in order)."""
+    path = t.write(tmp_path / f"{sid}.jsonl")
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "fresh")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    cap.stop()
+    store = cc_lhc.ThreadStore(home, thread)
+    return home, thread, store, [m["text"] or "" for turn in cc_lhc.load_turns(store) for m in turn.messages]
+
+
 def test_a_rewind_leaves_the_turns_it_went_back_over_out_of_every_view(tmp_path):
     """Claude Code's rewind ("Restore conversation") chains the next prompt to an earlier
     record; the turns after that record stay in the file, off Claude's branch. They stay in
@@ -1457,15 +1471,7 @@ def test_a_rewind_leaves_the_turns_it_went_back_over_out_of_every_view(tmp_path)
     t.parent = back_to["uuid"]                                   # the person rewinds
     t.user("NEW-BRANCH: back it up instead")
     t.assistant(text("NEW-BRANCH answer: backed up"))
-    path = t.write(tmp_path / f"{sid}.jsonl")
-    home = cc_lhc.StateHome()
-    home.ensure()
-    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "fresh")
-    cap = cc_lhc.Capture(home, thread, sid, str(path))
-    cap.catch_up()
-    cap.stop()
-    store = cc_lhc.ThreadStore(home, thread)
-    shown = [m["text"] or "" for turn in cc_lhc.load_turns(store) for m in turn.messages]
+    home, thread, store, shown = rewound_thread(t, sid, tmp_path)
     assert not any("OLD-BRANCH" in x for x in shown) and any("NEW-BRANCH" in x for x in shown)
     assert cc_lhc.off_branch(store) == [(3, 6)]
     store.close()
@@ -1499,15 +1505,7 @@ def test_a_rewind_to_the_first_prompt_leaves_every_turn_before_it_out_of_every_v
     t.parent = None                                              # the person rewinds to the start
     t.user("NEW-BRANCH prompt")
     t.assistant(text("NEW-BRANCH answer"))
-    path = t.write(tmp_path / f"{sid}.jsonl")
-    home = cc_lhc.StateHome()
-    home.ensure()
-    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "fresh")
-    cap = cc_lhc.Capture(home, thread, sid, str(path))
-    cap.catch_up()
-    cap.stop()
-    store = cc_lhc.ThreadStore(home, thread)
-    shown = [m["text"] or "" for turn in cc_lhc.load_turns(store) for m in turn.messages]
+    _home, thread, store, shown = rewound_thread(t, sid, tmp_path)
     assert shown == ["NEW-BRANCH prompt", "NEW-BRANCH answer"]
     assert cc_lhc.off_branch(store) == [(1, 5)]
     store.close()
