@@ -11064,6 +11064,7 @@ class ManagedSession:
             ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
                                                                              self.policy)),
             ("acceptance", self._settle),
+            ("continued elsewhere", self._continued_elsewhere),
             ("kept notes", self._kept_notes_told),
             ("descriptor", lambda: self.descriptor and remove_descriptor(
                 home, self.hostdb, self.descriptor, "session ended")),
@@ -11120,6 +11121,22 @@ class ManagedSession:
             say(f"could not settle the rebuilt session ({e}); it stays pending and "
                 "the next launch of this thread settles it")
             self.home.log("settle_failed", thread=self.capture.thread_id, error=repr(e))
+
+    def _continued_elsewhere(self) -> None:
+        """"Move to background and exit" in Claude's exit dialog: a Claude daemon goes on with
+        the conversation in a session of its own (the transcript's last `continued-in`
+        record names it), where cc-lhc neither captures nor compacts it. Said, with the way
+        back."""
+        moved = continued_in(self.capture.path)
+        if not moved:
+            return
+        self.home.log("continued_in_background", thread=self.capture.thread_id,
+                      session=self.capture.session_id, continued_in=moved)
+        self.notices.append(
+            f"Claude went on with this conversation in the background, as session {moved} "
+            f"(`claude agents` lists it); cc-lhc does not capture or Smart Compact it there, and "
+            f"Claude's own compaction is off in it. Once it is done, `cc-lhc --resume {moved}` "
+            "takes it up again under cc-lhc.")
 
     def _last_words(self) -> None:
         # What was shown inside Claude's screen is said again once the terminal is the
@@ -13436,6 +13453,29 @@ class SessionFollower:
             old.lease.release()
             old.lease = None
         session.detached = f"Claude left session {old_sid}"
+
+
+def continued_in(path: str, tail: int = 1 << 16):
+    """The session a transcript says its conversation went on in (Claude's `continued-in`
+    record, written when its exit dialog moved the session to the background), when its
+    last such record, near its end and after its last message, names one; else None."""
+    try:
+        with open_regular(path) as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail))
+            data = f.read(tail)
+    except OSError:
+        return None
+    at = data.rfind(b'"continued-in"')
+    if at < 0:
+        return None
+    end = data.find(b"\n", at)
+    end = len(data) if end < 0 else end
+    if re.search(rb'"type":\s*"(user|assistant)"', data[end:]):
+        return None  # (a conversation went on in this session since: resumed here later)
+    rec = json_record(data[data.rfind(b"\n", 0, at) + 1:end])
+    new = rec.get("continuedInSessionId") if rec and rec.get("type") == "continued-in" else None
+    return new if isinstance(new, str) and is_uuid(new) else None
 
 
 def starts_a_conversation(path: str, lines: int = 40) -> bool:

@@ -168,6 +168,47 @@ def test_a_carried_jobs_output_naming_a_file_with_an_at_sign_attaches_nothing(re
     assert t.wait_exit() == 0
 
 
+def _daemons_of(cwd) -> list:
+    """Claude background daemons started for this test's folder, and every process under them."""
+    import subprocess
+    rows = [line.split(None, 2) for line in subprocess.run(
+        ["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]]
+    found = [int(pid) for pid, _ppid, args in rows if " daemon run " in args and str(cwd) in args]
+    for pid in found:  # (grows as it goes: children, then theirs)
+        found += [int(child) for child, ppid, _args in rows if int(ppid) == pid]
+    return found
+
+
+def test_moving_the_session_to_the_background_at_exit_is_said_with_the_way_back(real_claude, tmux):
+    """"Move to background and exit" in Claude's exit dialog goes on in a Claude daemon, in a
+    session of its own that cc-lhc does not run: cc-lhc says so, and how to take it up."""
+    import signal
+    rc = real_claude
+    release = rc.cwd / "release-daemon"
+    rc.api.script([tool_use_reply("Bash", {"command": f"{until_released(release)}echo DAEMON-DONE",
+                                           "description": "in the background", "run_in_background": True}),
+                   "started it"])
+    t = launch(rc, tmux, "start the job", "--allowedTools", "Bash")
+    try:
+        t.wait_for("started it", timeout=STARTUP)
+        type_line(t, "/exit")
+        t.wait_for("Move to background")
+        t.send_keys("Down")
+        t.send_keys("Enter")
+        assert t.wait_exit(timeout=30) == 0
+        (said,) = log_events(rc, "continued_in_background")
+        moved = said["continued_in"]  # (its file is written once the daemon's Claude has something to say)
+        notice = [e["text"] for e in log_events(rc, "notice")] + [t.capture(history=True)]
+        assert any(f"cc-lhc --resume {moved}" in n for n in notice), notice[-1][-2000:]
+    finally:
+        release.touch()
+        for pid in _daemons_of(rc.cwd):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "and-a-job"])
 def test_a_swap_reads_the_thread_s_large_tool_outputs_as_the_text_they_are(real_claude, tmux, background):
     """A tool output of 2 KB or more is kept compressed in the thread; the check for open
