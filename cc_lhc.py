@@ -2956,7 +2956,10 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
     deadline = time.monotonic() + busy_ms / 1000
     pause = 0.01
     while True:
-        db = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
+        try:
+            db = sqlite3.connect(path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise LhcError(f"{path} cannot be opened ({e}){_why_unopened(path, e)}") from e
         db.create_function("lhc_text", 1, stored_text, deterministic=True)
         db.create_function("lhc_no_nul", 1, _no_nul, deterministic=True)
         db.create_function("lhc_values", 1, _call_values, deterministic=True)
@@ -2982,13 +2985,35 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
                 time.sleep(pause)
                 pause = min(pause * 2, 0.2)
                 continue
-            raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is") from e
+            why = _why_unopened(path, e)
+            raise LhcError(f"{path} cannot be " + (f"opened ({e}){why}" if why else
+                                                    f"used as a cc-lhc database ({e})")
+                           + "; it was left as it is") from e
         except sqlite3.DatabaseError as e:
             db.close()
             raise LhcError(f"{path} cannot be used as a cc-lhc database ({e}); it was left as it is") from e
         except BaseException:
             db.close()
             raise
+
+
+def _why_unopened(path, error) -> str:
+    """What keeps SQLite from a file of ours, when it is not the file itself: '; ...' or ''."""
+    text = str(error)
+    if not any(word in text for word in ("unable to open", "disk I/O error", "disk is full",
+                                         "readonly database", "read-only")):
+        return ""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        return f": this user cannot read and write it (chmod 600 {path})"
+    if _read_only_fs(folder):
+        return f": {folder} is on a read-only file system"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f": this user cannot write in {folder}, where SQLite keeps its -wal and -shm files"
+    free = _free_bytes(folder)
+    if free is not None and free < (1 << 20):
+        return f": its disk is full ({free:,} bytes free); the file is not known to be damaged"
+    return ""
 
 
 class Tx:
@@ -16796,6 +16821,10 @@ def store_file_check(path: str, what: str, migrations):
             db.close()
     except sqlite3.Error as e:
         damage, have = [str(e)], 0
+        why = _why_unopened(path, e)
+        if why:  # (no room on the disk, or no way to write beside it: the file may be whole)
+            return ("fail", what, f"{path} cannot be opened now ({e}){why}",
+                    "mend that, then run doctor again; the file is not known to be damaged")
     except OSError as e:
         return ("fail", what, f"{path}: {e}", chmod)
     if damage != ["ok"]:
@@ -16852,7 +16881,11 @@ def cmd_doctor(args) -> int:
             check("fail", "state home", f"{home.root} is not a folder",
                   "move that file away, or point CC_LHC_HOME at a folder")
         else:
-            check("ok", "state home", f"{home.root} (not created yet)")
+            problem, mend = state_folder_problem(home.root)
+            if problem:
+                check("fail", "state home", problem, mend)
+            else:
+                check("ok", "state home", f"{home.root} (not created yet)")
         return EXIT_ERROR if "fail" in results else EXIT_OK
     def readable_by_others(path):
         try:
@@ -16867,10 +16900,9 @@ def cmd_doctor(args) -> int:
                 loose.append(d)
             loose += [os.path.join(d, f) for f in files
                       if not f.endswith(("-wal", "-shm")) and readable_by_others(os.path.join(d, f))]
-    if not state_folder_usable(home.root):
-        check("fail", "state home", f"{home.root} cannot be read and written by this user, so cc-lhc "
-              "sees none of its threads", f"chown -R \"$(id -un)\" {shlex.quote(home.root)} && "
-              f"chmod u+rwx {shlex.quote(home.root)}")
+    problem, mend = state_folder_problem(home.root)
+    if problem:
+        check("fail", "state home", f"{problem}, so cc-lhc cannot use its threads", mend)
         return EXIT_ERROR
     mode_ok = os.name != "posix" or not (os.stat(home.root).st_mode & 0o077)
     check("ok" if mode_ok and not loose else "warn", "state home permissions",
@@ -16926,6 +16958,8 @@ def cmd_doctor(args) -> int:
                   f"{dead} stale" if dead else "none stale", "nothing to do: the next launch removes them")
         except (LhcError, sqlite3.Error) as e:  # named above; the checks after it still run
             check("fail", "runtime descriptors", f"cc-lhc.sqlite cannot be read: {e}",
+                  "mend what the line says, then run doctor again" if _why_unopened(
+                      home.path("cc-lhc.sqlite"), e) else
                   f"restore {shlex.quote(home.path('cc-lhc.sqlite'))} from a backup, or move it away: the "
                   "next launch starts a new one (the governor's receipts in it go with it; threads keep "
                   "everything they captured)")
@@ -16933,6 +16967,8 @@ def cmd_doctor(args) -> int:
         check(*registry_check(home, repair))
     except (LhcError, sqlite3.Error) as e:
         check("fail", "registry", f"registry.sqlite cannot be read: {e}",
+              "mend what the line says, then run doctor again" if _why_unopened(
+                  home.path("registry.sqlite"), e) else
               "cc-lhc doctor --repair rebuilds it from the thread files once it is moved away")
     return EXIT_ERROR if "fail" in results else EXIT_OK
 
@@ -17058,17 +17094,61 @@ def check_environment(command) -> None:
     if command != "doctor" and os.path.lexists(root) and not os.path.isdir(root):
         raise LhcError(f"the state folder {root} is not a folder; point CC_LHC_HOME at a folder "
                        "(cc-lhc doctor checks it)", EXIT_ERROR)
-    if command != "doctor" and not state_folder_usable(root):
+    problem, mend = state_folder_problem(root) if command != "doctor" else ("", "")
+    if problem:
         # (read as empty, it would say "no threads yet" of a folder full of them)
-        raise LhcError(f"the state folder {root} cannot be read and written by this user; give it "
-                       "back to them (chown), or point CC_LHC_HOME at a folder they own "
-                       "(cc-lhc doctor checks it)", EXIT_ERROR)
+        raise LhcError(f"{problem}; {mend} (cc-lhc doctor checks it)", EXIT_ERROR)
 
 
 def state_folder_usable(root: str) -> bool:
     """Whether this user can list, read and write the state folder (true of one that does
     not exist yet: it is made when first needed)."""
     return not os.path.isdir(root) or os.access(root, os.R_OK | os.W_OK | os.X_OK)
+
+
+def _free_bytes(path: str):
+    try:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    except (OSError, AttributeError):
+        return None
+
+
+def _read_only_fs(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # (no statvfs on Windows)
+        return False
+
+
+def state_folder_problem(root: str) -> tuple:
+    """(what is wrong, how to mend it) when the state folder cannot be used, else ('', ''):
+    one that exists but this user cannot read and write, or lies on a read-only file
+    system; one that does not exist yet and cannot be made where it is named."""
+    import shlex
+    elsewhere = "or point CC_LHC_HOME at a folder this user can write"
+    if os.path.isdir(root):
+        if state_folder_usable(root) and not _read_only_fs(root):
+            return "", ""
+        if _read_only_fs(root):
+            return (f"the state folder {root} is on a read-only file system",
+                    f"mount it read-write, {elsewhere}")
+        return (f"the state folder {root} cannot be read and written by this user",
+                f"give it back to them: chown -R \"$(id -un)\" {shlex.quote(root)} && "
+                f"chmod u+rwx {shlex.quote(root)}; {elsewhere}")
+    if os.path.lexists(root):
+        return "", ""  # (not a folder: said on its own)
+    parent = os.path.dirname(os.path.abspath(root))
+    while parent and not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return (f"the state folder {root} cannot be made: {parent} is not a folder", elsewhere)
+    if _read_only_fs(parent):
+        return (f"the state folder {root} cannot be made: {parent} is on a read-only file system",
+                elsewhere)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"the state folder {root} cannot be made: this user cannot write in {parent}", elsewhere
+    return "", ""
 
 
 def sqlite3_errors():

@@ -269,8 +269,9 @@ def test_a_double_dash_after_claude_arguments_is_claudes(fake_claude, args):
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["-cp", "more"], ["-c", "-p", "more"]),
-    (["-pc", "more"], ["-p", "-c", "more"]),
+    # (-c with nothing to continue: a one-shot starts a new session, as claude -p -c does)
+    (["-cp", "more"], ["-p", "more"]),
+    (["-pc", "more"], ["-p", "more"]),
     (["-pr", SID_A, "more"], ["-p", "-r", SID_A, "more"]),
     ([f"-pr{SID_A}", "more"], ["-p", f"-r{SID_A}", "more"]),
     (["-pn", "name", "more"], ["-p", "-n", "name", "more"]),
@@ -759,8 +760,27 @@ def test_a_state_folder_this_user_cannot_use_is_refused_not_read_as_empty(iso_en
     capsys.readouterr()
     assert cc_lhc.main(["doctor"]) == cc_lhc.EXIT_ERROR
     said = capsys.readouterr().out
-    assert "[fail] state home" in said and "fix: chown" in said
+    assert "[fail] state home" in said and "chown -R" in said
     assert cc_lhc.main(["--lhc-version"]) == 0  # help and version need no state folder
+
+
+def test_a_state_folder_that_cannot_be_made_or_is_read_only_is_said_so(iso_env, tmp_path, monkeypatch, capsys):
+    """A state folder named under a file, or on a read-only file system: every command
+    refuses it (1), naming what is wrong, and doctor fails on it (it passed one not made
+    yet, and the launch then died on a bare NotADirectoryError)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CC_LHC_HOME", str(blocker / "state"))
+    assert cc_lhc.main(["threads"]) == cc_lhc.EXIT_ERROR
+    assert f"cannot be made: {blocker} is not a folder" in capsys.readouterr().err
+    assert cc_lhc.main(["doctor"]) == cc_lhc.EXIT_ERROR
+    assert "[fail] state home" in capsys.readouterr().out
+    monkeypatch.setenv("CC_LHC_HOME", str(iso_env.lhc))
+    cc_lhc.StateHome().ensure()
+    monkeypatch.setattr(cc_lhc, "_read_only_fs", lambda path: True)
+    assert cc_lhc.main(["threads"]) == cc_lhc.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "is on a read-only file system" in err and "chown" not in err
 
 
 def test_the_checkouts_launcher_runs_cc_lhc_from_any_folder_with_cached_bytecode(tmp_path):
@@ -777,3 +797,31 @@ def test_the_checkouts_launcher_runs_cc_lhc_from_any_folder_with_cached_bytecode
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "cc-lhc" in proc.stdout, proc.stderr
     assert list(cache.rglob("cc_lhc.*.pyc"))  # compiled once, kept
+
+
+def test_a_database_kept_from_sqlite_by_its_surroundings_is_not_called_damaged(iso_env, tmp_path, monkeypatch):
+    """A full disk, a read-only file system or a file this user cannot read keep SQLite from
+    a file that may be whole: cc-lhc says which, and never advises throwing the file away."""
+    import sqlite3
+    path = tmp_path / "registry.sqlite"
+    sqlite3.connect(path).execute("CREATE TABLE t (x)").connection.close()
+    full = sqlite3.OperationalError("disk I/O error")
+    monkeypatch.setattr(cc_lhc, "_free_bytes", lambda folder: 512)
+    assert cc_lhc._why_unopened(str(path), full) == \
+        ": its disk is full (512 bytes free); the file is not known to be damaged"
+    assert cc_lhc._why_unopened(str(path), sqlite3.DatabaseError("file is not a database")) == ""
+
+    def refuse(*_a, **_k):
+        raise full
+    monkeypatch.setattr(sqlite3, "connect", refuse)
+    status, _what, detail, fix = cc_lhc.store_file_check(str(path), "registry", [])
+    assert status == "fail" and "disk is full" in detail and "not known to be damaged" in fix
+    assert "restore" not in fix and "recover" not in fix
+    monkeypatch.undo()
+    monkeypatch.setattr(cc_lhc, "_read_only_fs", lambda folder: True)
+    assert "is on a read-only file system" in cc_lhc._why_unopened(str(path), sqlite3.OperationalError(
+        "attempt to write a readonly database"))
+    real = os.access
+    monkeypatch.setattr(cc_lhc.os, "access", lambda p, mode, **kw: False if str(p) == str(path) else real(p, mode, **kw))
+    assert "cannot read and write it (chmod 600" in cc_lhc._why_unopened(
+        str(path), sqlite3.OperationalError("unable to open database file"))
