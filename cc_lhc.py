@@ -16918,6 +16918,15 @@ def cmd_doctor(args) -> int:
         if os.path.exists(path):
             check(*store_file_check(path, f"schema {name}", migrations))
     threads = sorted(_thread_file_ids(home))
+    unlisted = ""
+    try:
+        os.listdir(home.path("threads"))
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # (then every thread would seem gone: said once, as what it is)
+        unlisted = e.strerror or str(e)
+        check("fail", "thread files", f"{home.path('threads')} cannot be listed ({unlisted}), so no "
+              "thread can be read", f"chmod u+rwx {shlex.quote(home.path('threads'))}")
     unusable = 0
     for thread_id in threads:  # each thread store on its own: one damaged file is named alone
         found = store_file_check(home.path("threads", f"{thread_id}.sqlite"), f"thread {thread_id}",
@@ -16925,10 +16934,11 @@ def cmd_doctor(args) -> int:
         if found[0] != "ok":
             unusable += 1
             check(*found)
-    check("ok" if not unusable else "fail", "thread files",
-          f"{len(threads)} checked" + (f", {unusable} unusable (named above)" if unusable else ""))
+    if not unlisted:
+        check("ok" if not unusable else "fail", "thread files",
+              f"{len(threads)} checked" + (f", {unusable} unusable (named above)" if unusable else ""))
     try:
-        lost = sorted(_registry_thread_ids(home) - set(threads))
+        lost = [] if unlisted else sorted(_registry_thread_ids(home) - set(threads))
     except sqlite3.Error:
         lost = []  # (the registry check below says what is wrong with it)
     for thread_id in lost:

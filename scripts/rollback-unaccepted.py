@@ -85,6 +85,23 @@ def project_slug(cwd):
     return slug[:200] + "-" + digits
 
 
+def private_folders(folder):
+    """Make ``folder`` and each missing folder above it 0700, as cc-lhc makes its own
+    (os.makedirs gives its mode only to the last one; the others get the umask's)."""
+    missing = []
+    while folder and not os.path.isdir(folder):
+        missing.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+
+
 def lease_lock_path(home, thread_id):
     """The OS-lock file cc-lhc holds for a thread while a session of it runs."""
     key = hashlib.sha256(thread_id.encode()).hexdigest()[:24]
@@ -170,8 +187,7 @@ class ThreadLock:
 
     def __enter__(self):
         folder = os.path.dirname(self.path)
-        if not os.path.isdir(folder):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
+        private_folders(folder)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.name == "nt":  # pragma: no cover - Windows only
@@ -363,8 +379,7 @@ def roll_back(home, db, row, apply):
     if source:
         # Move first: a crash after this leaves a pending row without a file, which the
         # next run (or cc-lhc's own recovery) still settles; never a lost transcript.
-        if not os.path.isdir(folder):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
+        private_folders(folder)
         try:
             os.replace(source, target)
         except OSError:

@@ -825,3 +825,20 @@ def test_a_database_kept_from_sqlite_by_its_surroundings_is_not_called_damaged(i
     monkeypatch.setattr(cc_lhc.os, "access", lambda p, mode, **kw: False if str(p) == str(path) else real(p, mode, **kw))
     assert "cannot read and write it (chmod 600" in cc_lhc._why_unopened(
         str(path), sqlite3.OperationalError("unable to open database file"))
+
+
+def test_a_threads_folder_that_cannot_be_listed_is_named_not_every_thread_called_gone(iso_env, monkeypatch, capsys):
+    home = cc_lhc.StateHome()
+    home.ensure()
+    cc_lhc.Registry(home).create_thread(str(uuid.uuid4()), str(iso_env.work), "test")
+    real = os.listdir
+
+    def listdir(path="."):
+        if os.path.realpath(path) == os.path.realpath(home.path("threads")):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+    monkeypatch.setattr(cc_lhc.os, "listdir", listdir)
+    assert cc_lhc.main(["doctor"]) == cc_lhc.EXIT_ERROR
+    said = capsys.readouterr().out
+    assert "cannot be listed (Permission denied)" in said and "chmod u+rwx" in said
+    assert "is gone" not in said

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import types
@@ -109,6 +110,9 @@ def test_dead_owner_dry_run_apply_then_nothing(iso_env):
     assert done.returncode == 0, done.stderr
     assert "rolled back" in done.stdout and "moved" in done.stdout and s.new in done.stdout
     assert not s.transcript.exists() and s.moved_to.exists()
+    if os.name == "posix":  # every folder it made is private, as cc-lhc's own are
+        for folder in (s.moved_to.parent, s.moved_to.parent.parent):
+            assert folder.stat().st_mode & 0o777 == 0o700, folder
     assert s.rows() == ([], [(f"claude-code:{s.old}", 1)])
     assert s.registry.current_session(s.thread) == s.old
 
