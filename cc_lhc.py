@@ -16126,20 +16126,39 @@ IMPRESSION_LOCK_WAIT_MS = 100  # a retrieval's note of what it showed: a hint, w
 
 def search_thread(store, text: str, limit: int):
     """Messages holding text exactly, newest first; only when none does, the messages that
-    hold its words, best ranked first (the text was vague: words that never stand so)."""
+    hold its words, best ranked first (the text was vague: words that never stand so).
+
+    "None" leaves cc-lhc's own retrievals aside: a search Claude runs is recorded before it
+    runs, so its own call always holds the text; such hits come last, after the words."""
+    def found(hits):
+        return any(not h.own for h in hits)
     indexed = written_briefly(store.db, store.index_search)  # (False: another process holds the lock)
     hits = _exact_hits(store, text, limit, behind=not indexed)
-    if not hits and not text.isascii():
+    if not found(hits) and not text.isascii():
         # Pasted text of another Unicode normal form than the thread's (an accented letter as
         # one character, or as a letter and a mark, as macOS writes file names) finds it
         # too; its words are read composed (decomposed, they are cut at each mark).
         import unicodedata
         for form in ("NFC", "NFD"):
             other = unicodedata.normalize(form, text)
-            if other != text and (hits := _exact_hits(store, other, limit, behind=not indexed)):
+            more = _exact_hits(store, other, limit, behind=not indexed) if other != text else []
+            if found(more):
+                hits = _merged(more, hits, limit)
                 break
         text = unicodedata.normalize("NFC", text)
-    return hits or _word_hits(store, text, limit)
+    if found(hits):
+        return hits
+    return _merged(_word_hits(store, text, limit), hits, limit)
+
+
+def _merged(first, then, limit) -> list:
+    """Two lists of hits as one: each message once, cc-lhc's own retrievals after the rest."""
+    seen, out = set(), []
+    for hit in first + then:
+        if hit.seq not in seen:
+            seen.add(hit.seq)
+            out.append(hit)
+    return sorted(out, key=lambda h: h.own)[:limit]
 
 
 class RawLineHit(collections.namedtuple("RawLineHit", "thread_id session line reason created context")):
@@ -16322,7 +16341,10 @@ def _search_for_people(text, limit, thread, every) -> int:
     exact.sort(key=lambda h: h.created or "", reverse=True)
     exact.sort(key=lambda h: h.own)
     words.sort(key=lambda h: (h.own, h.rank))
-    found = exact or words  # words only for a text no thread holds exactly
+    # words only for a text no thread holds exactly, cc-lhc's own retrievals left aside
+    # (each search Claude ran holds its text): those come last either way
+    found = exact if any(not h.own for h in exact) else (
+        [h for h in words if not h.own] + exact + [h for h in words if h.own])
     hits = found[:limit]
     status = EXIT_ERROR if skipped else EXIT_OK
     raw.sort(key=lambda h: h.created or "", reverse=True)

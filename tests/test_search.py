@@ -194,6 +194,30 @@ def test_claudes_own_searches_come_after_what_they_found(tmp_path, monkeypatch, 
     assert own == sorted(own, reverse=True)  # newest first among them too
 
 
+def test_claudes_own_search_holding_the_text_leaves_the_words_and_other_forms_to_find(tmp_path, monkeypatch,
+                                                                                    capsysbinary):
+    """Claude's search call is recorded before it runs, so it always holds the text exactly:
+    it must not count as the exact match that leaves out the messages holding the text's
+    words, or holding it in another Unicode normal form (they come first, the call last)."""
+    import unicodedata
+    tr = Transcript()
+    tr.prompt(unicodedata.normalize("NFD", "report from Zoë's server"))
+    tr.response(text("The database connection timed out after 30 seconds."))
+    for query in ("database timed connection", unicodedata.normalize("NFC", "Zoë")):
+        tr.prompt("look it up")
+        tr.response(tool_use("Bash", command=f"cc-lhc search '{query}'"), stop="tool_use")
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    for query, want in (("database timed connection", "words"), (unicodedata.normalize("NFC", "Zoë"), "exact")):
+        status, out, _ = search(capsysbinary, query)
+        found = hits_of(out)
+        assert status == 0 and found[0]["seq"] in ("1", "2") and f", {want})" in out.splitlines()[1], out
+        assert "tool_call Bash" in out  # (the call itself: after them)
+    monkeypatch.delenv(cc_lhc.RUNTIME_ENV)
+    status, out, _ = search(capsysbinary, "--thread", thread.id, "database timed connection")
+    assert status == 0 and out.splitlines()[0].startswith(f"{thread.id[:8]} m2 "), out
+
+
 def test_a_retrieval_piped_through_a_filter_still_comes_after_the_original(tmp_path, monkeypatch, capsysbinary):
     """Claude often cuts a retrieval's answer down (`cc-lhc get-messages m3 | grep ...`):
     the output then holds no envelope, yet it is the answer of a retrieval call, and comes
