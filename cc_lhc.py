@@ -4452,15 +4452,21 @@ def range_text(a: int, b: int) -> str:
 MESSAGE_RANGE_SPAN = 10_000
 
 
-def message_request(a: int, b: int) -> str:
-    """The get-messages arguments that read back messages a..b: "m12-m40", split into
-    several ranges when one would be longer than get-messages accepts."""
-    pieces = []
+def request_spans(a: int, b: int) -> list:
+    """a..b cut into ranges get-turns and get-messages each take (at most
+    MESSAGE_RANGE_SPAN labels after a range's first)."""
+    spans = []
     while a <= b:
         end = min(b, a + MESSAGE_RANGE_SPAN)
-        pieces.append(f"m{a}" if a == end else f"m{a}-m{end}")
+        spans.append((a, end))
         a = end + 1
-    return " ".join(pieces)
+    return spans
+
+
+def message_request(a: int, b: int, letter: str = "m") -> str:
+    """The arguments that read back labels a..b: "m12-m40", split into several ranges when
+    one would be longer than get-messages (get-turns, letter t) accepts."""
+    return " ".join(f"{letter}{x}" if x == y else f"{letter}{x}-{letter}{y}" for x, y in request_spans(a, b))
 
 
 def _fits(used, caps, k, cost) -> bool:
@@ -5187,7 +5193,7 @@ def render_header(view: View, files, fallback_note: bool, native: bool = False) 
         if ranges:
             lines.append(f"In view, {words}: " + ", ".join(range_text(a, b) for a, b in ranges))
     for a, b in view.omitted_ranges():
-        lines.append(omitted_line(a, b))
+        lines += [omitted_line(x, y) for x, y in request_spans(a, b)]  # (each one get-turns takes)
     for n in view.turns_in(SPLIT):
         lines += split_lines(n, view.pieces[n])
     lines += NATIVE_READ_BACK if native else [
@@ -15733,8 +15739,7 @@ def slice_body(body: bytes, start_tokens: int, room: int):
 
 def _request_text(letter: str, numbers) -> str:
     """Labels as a short request that parse_labels reads back: [3, 4, 5, 9] -> "t3-t5 t9"."""
-    return " ".join(f"{letter}{a}" if a == b else f"{letter}{a}-{letter}{b}"
-                    for a, b in label_ranges(numbers))
+    return " ".join(message_request(a, b, letter) for a, b in label_ranges(numbers))
 
 
 def emit_retrieval(command: str, thread_id: str, request: str, body: str, start: int, frozen: str = "") -> int:
@@ -15786,7 +15791,7 @@ def emit_retrieval(command: str, thread_id: str, request: str, body: str, start:
 
 def _retrieval_store(home):
     body = check_descriptor(home)
-    return body, ThreadStore(home, body["thread_id"])
+    return body, ThreadStore.existing(home, body["thread_id"])  # (a record that is gone is named, never made anew)
 
 
 def _record_impression(store, session, command, labels, turns, size):
@@ -15863,8 +15868,8 @@ def _render_messages(store, numbers, through):
 
 def _through_label(value: str) -> int:
     """--through's message label (one, such as m57: the newest message a continued answer holds)."""
-    m = re.fullmatch(r"m([0-9]+)", value)
-    if not m or not 0 < int(m.group(1)) <= LABEL_NUMBER_MAX:
+    m = re.fullmatch(r"m([0-9]+)", value)  # (m0: the thread held no message when it began)
+    if not m or not 0 <= int(m.group(1)) <= LABEL_NUMBER_MAX:
         raise ValueError(value)
     return int(m.group(1))
 
@@ -17082,6 +17087,9 @@ def main(argv=None) -> int:
                                         for a in argv)):
             check_environment(command)
         if command:
+            if sys.stdout is None:  # (started with its standard output closed: `cc-lhc ... >&-`)
+                raise LhcError(f"{command}: standard output is closed, so there is nowhere to write "
+                               "the answer", EXIT_ERROR)
             bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
             if bad is not None:  # (bytes the locale could not decode: nothing can match them)
                 raise usage_error(f"{argv[0]}: the argument {os.fsencode(bad)!r} is not UTF-8 text")

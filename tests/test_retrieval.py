@@ -288,7 +288,7 @@ def test_an_output_of_one_text_with_fields_for_the_api_reads_as_its_text(tmp_pat
     assert body.decode().split("\n", 1)[1] == '{"type":"text","text":null}\nNULL-TEXT-NEIGHBOUR\n'
 
 
-@pytest.mark.parametrize("through", ["m0", "m1-m3", "m2,m9", "t4", "57", "m" + "9" * 30])
+@pytest.mark.parametrize("through", ["m-1", "m1-m3", "m2,m9", "t4", "57", "m" + "9" * 30])  # (m0: see below)
 def test_through_takes_one_message_label(thread, monkeypatch, capsysbinary, through):
     grant(thread, monkeypatch)
     status, out, err = run_main(capsysbinary, "get-turns", "--from", "10", "--through", through, "t1")
@@ -707,3 +707,62 @@ def test_export_of_a_one_turn_thread_says_it_holds_only_that_turn(tmp_path, caps
 def test_export_refuses_a_range_that_ends_before_it_starts(thread, capsysbinary):
     status, out, err = run_main(capsysbinary, "export", thread.id, "--from", "t3", "--to", "t2")
     assert status == cc_lhc.EXIT_USAGE and out == b"" and "not a usable range" in err
+
+
+# -- every label range cc-lhc names is one retrieval takes --------------------------------------
+
+def test_every_range_a_header_or_a_receipt_names_is_one_retrieval_takes():
+    """A range longer than get-turns and get-messages take (10,000 labels past its first)
+    is never written: the header's omitted turns and a receipt's request are cut as they
+    take them (a receipt joined two adjacent ranges back into one it then refused)."""
+    from test_prune import uniform_turns
+    assert cc_lhc._request_text("m", range(1, 10005)) == "m1-m10001 m10002-m10004"
+    assert cc_lhc._request_text("t", [3, 4, 5, 9]) == "t3-t5 t9"
+    turns = uniform_turns(10_400, out_bytes=8)
+    _view, header = cc_lhc.serve_view("thread-x", turns, 3_000, "default", {})
+    omitted = [line for line in header.splitlines() if "not in view" in line]
+    assert len(omitted) >= 2
+    for line in omitted:
+        a, b = line.split()[1].split("\u2013")
+        assert cc_lhc.parse_labels([f"{a}-{b}"], "t")  # (refused: ValueError or a usage error)
+
+
+def test_a_receipt_of_a_thread_that_held_no_message_is_followed(tmp_path, monkeypatch, capsysbinary):
+    import re
+    import uuid
+    home = cc_lhc.StateHome()
+    home.ensure()
+    sid = str(uuid.uuid4())
+    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "test")
+    desc = cc_lhc.create_descriptor(home, cc_lhc.HostDB(home), thread, sid)
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, desc["path"])
+    status, out, err = run_main(capsysbinary, "get-turns", "t1-t3000")
+    rest = re.search(rb"cc-lhc (get-turns --from \d+ --through m0 [^\n\]]+)", out)
+    assert status == 0 and rest, (out[-300:], err)
+    status, out, err = run_main(capsysbinary, *rest.group(1).decode().split())
+    assert status == 0 and b"no such turn" in out, err
+
+
+def test_retrieval_names_a_thread_record_that_is_gone_and_makes_none(tmp_path, monkeypatch, capsysbinary):
+    tr = Transcript()
+    tr.prompt("hello")
+    tr.response(text("world"))
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    thread.store.close()
+    path = thread.home.path("threads", f"{thread.id}.sqlite")
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.unlink(path + suffix)
+    for command in (["get-turns", "t1"], ["search", "hello"]):
+        status, out, err = run_main(capsysbinary, *command)
+        assert status != 0 and out == b"" and "is missing" in err, err
+    assert not os.path.exists(path)
+
+
+def test_retrieval_with_its_output_closed_says_so_without_a_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, str(CC_LHC), "get-turns", "t1"], capture_output=False,
+                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30,
+                          preexec_fn=lambda: os.close(1), env={**os.environ, "CC_LHC_HOME": str(tmp_path)})
+    assert proc.returncode == cc_lhc.EXIT_ERROR and "standard output is closed" in proc.stderr
+    assert "Traceback" not in proc.stderr
