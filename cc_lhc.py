@@ -6829,6 +6829,10 @@ def child_environment(spec) -> dict:
     """The environment every managed Claude child gets."""
     env = outside_environment()
     env.update(spec.extra_env)
+    if RUNTIME_ENV in env:
+        # The state folder the descriptor lies in, named outright: a tool Claude runs with
+        # another HOME (`HOME=/tmp/x cc-lhc get-turns t3`) still finds it.
+        env["CC_LHC_HOME"] = StateHome().root
     if not spec.autocompact and spec.governed:
         # Claude native Compact would replace the conversation with a summary behind our
         # back; Smart Compact does this job losslessly instead.

@@ -633,3 +633,23 @@ def test_measure_uses_the_target_smart_compact_would_use_here(iso_env, tmp_path)
     (problem,) = [line for line in err.splitlines() if "lowerBoundTokens" in line]  # each problem named
     assert ".cc-lhc.json" in problem
     assert "config_fallback" in (iso_env.lhc / "wrapper.log").read_text()
+
+
+def test_retrieval_works_from_a_tool_run_with_another_home(real_claude, tmp_path):
+    """The state folder under $HOME (no CC_LHC_HOME): a command Claude runs with another HOME
+    (`HOME=/tmp/x cc-lhc get-turns t1`) still reaches the session's own thread."""
+    rc = real_claude
+    env = {"CC_LHC_HOME": ""}
+    rc.api.script(["noted: the colour is TEAL-4417"])
+    p = rc.run_lhc("-p", "remember the colour TEAL-4417", "--output-format", "json", env=env)
+    assert p.returncode == 0, p.stderr
+    sid = json.loads(p.stdout)["session_id"]
+    assert (rc.iso.home / ".cc-lhc" / "registry.sqlite").exists()
+    other = tmp_path / "another-home"
+    other.mkdir()
+    rc.api.script([bash(f"HOME={other} cc-lhc get-turns t1"), "done"])
+    p = rc.run_lhc("--resume", sid, "-p", "what was the colour?", "--allowedTools", "Bash", env=env)
+    assert p.returncode == 0, p.stderr
+    last = rc.api.message_requests[-1]["body"]["messages"]
+    [answer] = [b for m in last for b in blocks(m) if b.get("type") == "tool_result"]
+    assert "TEAL-4417" in tool_result_text(answer) and not answer.get("is_error"), tool_result_text(answer)
