@@ -5098,9 +5098,11 @@ def fitted_prune_view(thread_id, turns, boundary, budget, profile, fell_back, na
     for _ in range(VIEW_FIT_ROUNDS):
         found = prune_view(thread_id, turns, boundary, alloc, profile, fell_back, native)
         counted = view_tokens(found[0], found[1], turns, counter)
-        if counted["total"] <= budget or best is None:
-            if best is None or best[1]["total"] > budget or counted["total"] > best[1]["total"]:
-                best = (found, counted)
+        total, held = counted["total"], best[1]["total"] if best else None
+        # the fullest view within budget; while none is, the smallest one counted
+        if (best is None or (total <= budget and (held > budget or total > held))
+                or (held > budget and total < held)):
+            best = (found, counted)
         if counted["total"] <= budget:
             if alloc == budget or counted["total"] >= budget * VIEW_FIT_FILL:
                 break  # as much as the budget itself gives, or full enough
@@ -7150,7 +7152,8 @@ def check_descriptor(home) -> dict:
     except NotRegularFile:
         raise refuse("the descriptor is not a regular file")
     except FileNotFoundError:
-        raise refuse(_withdrawn(home, real) or "the descriptor is missing")
+        raise refuse(_withdrawn(home, os.path.abspath(path)) or _withdrawn(home, real)
+                     or "the descriptor is missing")
     except (OSError, ValueError):
         raise refuse("the descriptor is missing or malformed")
     if os.name == "posix" and (st.st_mode & 0o077 or st.st_uid != os.getuid()):
@@ -7750,11 +7753,27 @@ def rollout_path(session_id: str, cwd: str) -> str:
 
 
 def claude_reads(path: str) -> bool:
-    """Whether ``path`` lies in a folder of the projects folder this Claude reads sessions
-    from (a session written anywhere else, `rollout write --projects-root`, is one Claude
-    cannot find)."""
-    projects = os.path.realpath(os.path.join(claude_config_dir(), "projects"))
-    return os.path.dirname(os.path.dirname(os.path.realpath(path))) == projects
+    """Whether Claude finds the session file ``path`` where it looks for sessions: in a
+    folder of the projects folder it reads (a session written anywhere else, `rollout
+    write --projects-root`, is one Claude cannot find). A folder there that is a link to
+    another place is one Claude reads through."""
+    projects = os.path.join(claude_config_dir(), "projects")
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if os.path.realpath(parent) == os.path.realpath(projects):
+        return True
+    try:
+        folders = os.listdir(projects)
+    except OSError:
+        return False
+    name = os.path.basename(path)
+    for folder in folders:
+        candidate = os.path.join(projects, folder, name)
+        try:
+            if os.path.exists(candidate) and os.path.samefile(candidate, path):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def session_transcripts(session_id: str, roots) -> list:
@@ -11607,7 +11626,7 @@ def attach_thread(spec, home, policy):
     sweep_unfinished_forks(home, registry, hostdb)
     if spec.continue_:
         target = continue_target(spec, registry, hostdb)
-        if target is None and (spec.fork or not spec.found.get("print_mode")):
+        if target is None and (spec.fork or not spec.print_mode or spec.piped_input):
             return None  # nothing to continue here: Claude says so itself
         if target is None:
             # With nothing to continue, `claude -p -c` starts a new conversation: this
@@ -17081,9 +17100,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "__watchdog" and len(argv) == 3:  # (cc-lhc's own: two pids)
-            if not (argv[1].isdigit() and argv[2].isdigit()):
+            pids = [int(a) if re.fullmatch(r"[0-9]{1,10}", a) else 0 for a in argv[1:]]
+            if not all(0 < pid < 2 ** 31 for pid in pids):  # (0 would signal a whole process group)
                 raise usage_error("__watchdog is cc-lhc's own: it takes two process ids")
-            return run_watchdog(int(argv[1]), int(argv[2]))
+            return run_watchdog(*pids)
         if argv and argv[0] == "__carry-guard" and len(argv) == 3:
             return run_carry_guard(argv[1], argv[2])
         command = argv[0] if argv and argv[0] in LHC_SUBCOMMANDS else None

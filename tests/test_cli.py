@@ -468,13 +468,15 @@ def test_user_session_selectors_pass_unchanged(fake_claude, args):
     assert only_launch(fake_claude)["argv"] == args
 
 
-def test_a_one_shot_continue_with_nothing_to_continue_starts_a_captured_session(fake_claude, iso_env):
-    """`claude -p -c` where the folder has no session starts a new conversation; under
-    cc-lhc that one is managed: named by cc-lhc, captured, a thread of its own."""
-    p = lhc(fake_claude, "-c", "-p", "hi")
+@pytest.mark.parametrize("print_flag", [["-p"], []], ids=["-p", "output-not-a-terminal"])
+def test_a_one_shot_continue_with_nothing_to_continue_starts_a_captured_session(fake_claude, iso_env, print_flag):
+    """`claude -p -c` where the folder has no session starts a new conversation (so does
+    `claude -c` whose output is no terminal: a one-shot all the same); under cc-lhc that
+    one is managed: named by cc-lhc, captured, a thread of its own."""
+    p = lhc(fake_claude, "-c", *print_flag, "hi")
     assert p.returncode == 0, err(p)
     argv = only_launch(fake_claude)["argv"]
-    assert "-c" not in argv and "--continue" not in argv and argv[argv.index("-p") + 1] == "hi"
+    assert "-c" not in argv and "--continue" not in argv and argv[-1] == "hi"
     sid = argv[argv.index("--session-id") + 1]
     [launch] = log_events(iso_env, "launch")
     assert launch["session"] == sid and launch["thread"]  # (managed: a thread, capture)

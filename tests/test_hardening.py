@@ -194,7 +194,8 @@ def test_a_command_option_value_that_looks_like_an_option_is_refused(fake_claude
     assert_refused(p, fake_claude, option, "looks like an option")
 
 
-@pytest.mark.parametrize("argv", [["__watchdog", "1", "x"], ["__watchdog", "-1", "2"]])
+@pytest.mark.parametrize("argv", [["__watchdog", "1", "x"], ["__watchdog", "-1", "2"], ["__watchdog", "\u00b2", "1"],
+                                  ["__watchdog", "9" * 20, "1"], ["__watchdog", "999999", "0"]])
 def test_an_internal_command_given_nonsense_is_refused_without_a_traceback(fake_claude, argv):
     assert_refused(lhc(fake_claude, *argv), fake_claude, "two process ids")
 

@@ -297,3 +297,20 @@ def test_a_session_id_given_in_capitals_names_its_thread_in_either_case(real_cla
         assert [m["text"] for m in json.loads(p.stdout)] == ["a session named in capitals", "noted, in capitals"]
         p = lhc(rc, "search", "capitals", "--thread", given)
         assert p.returncode == 0 and thread["id"][:8] in p.stdout, p.stderr
+
+
+def test_a_session_in_a_project_folder_that_is_a_link_resumes_as_it_is(real_claude, tmp_path):
+    """Claude reads sessions through a projects folder that is a link to another place, so
+    cc-lhc resumes such a session as it is (it took it for one Claude cannot find, and
+    wrote the conversation again at every launch)."""
+    rc = real_claude
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rc.project_dir.parent.mkdir(parents=True, exist_ok=True)
+    rc.project_dir.symlink_to(elsewhere, target_is_directory=True)
+    sid = first_session(rc, "remember the word KIWI", "Noted: KIWI.")
+    for _ in range(2):
+        rc.api.script(["It was KIWI."])
+        p = lhc(rc, "-p", "-c", "what was the word?", "--output-format", "json")
+        assert p.returncode == 0 and "does not look for sessions" not in p.stderr, p.stderr
+        assert json.loads(p.stdout)["session_id"] == sid

@@ -196,6 +196,34 @@ def test_a_pruned_view_fits_its_target_by_exact_count(tmp_path):
         assert again <= target, (target, again)
 
 
+class _HeavyCounts:
+    """A token counter by which log output runs 1.3x the 4-bytes estimate (as o200k does)."""
+
+    def usable(self):
+        return True
+
+    def count_many(self, texts):
+        return [int(len(t.encode() if isinstance(t, str) else t) / 4 * 1.3) for t in texts]
+
+    def save_later(self):
+        pass
+
+
+def test_a_prune_whose_newest_part_alone_is_over_the_target_serves_the_smallest_view():
+    """No allocation fits when the newest part (which always stays) is over the target on
+    its own: the view served is then the smallest one counted, not the first and largest."""
+    turns = uniform_turns(40, out_bytes=4000)
+    n, s = 41, 5000
+    turns.append(cc_lhc.Turn(n, "prompt", "closed", [
+        _msg(seq=s, turn=n, role="user", kind="user_text", text="big"),
+        _call(s + 1, n, "toolu_big", "rbig"),
+        _result(s + 2, n, "toolu_big", 48_000)]))
+    counter = cc_lhc.ViewCounter(_HeavyCounts())
+    view, _header, _cut = cc_lhc.fitted_prune_view("T", turns, 0, 15_000, "default", False, False, counter)
+    alone, header, _ = cc_lhc.prune_view("T", turns, 0, 0, "default")
+    assert view.tokens == cc_lhc.view_tokens(alone, header, turns, counter)["total"] > 15_000
+
+
 def test_an_unchanged_prune_records_no_pending_rebuild(thread, tmp_path):
     home = thread.home
     with pytest.raises(cc_lhc.PruneUnchanged):

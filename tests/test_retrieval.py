@@ -517,6 +517,23 @@ def test_a_withdrawn_descriptor_says_why(thread, monkeypatch, capsysbinary):
     assert err == f"cc-lhc: retrieval refused: retrieval in this window was withdrawn: {reason}\n"
 
 
+def test_a_withdrawn_descriptor_says_why_through_a_linked_state_folder(tmp_path, monkeypatch, capsysbinary):
+    """The state folder reached through a link (macOS's /tmp, a linked home): the reason is
+    found by the path the descriptor was issued at, not only by its resolved one."""
+    real, link = tmp_path / "real-home", tmp_path / "linked-home"
+    real.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    monkeypatch.setenv("CC_LHC_HOME", str(link))
+    home = cc_lhc.StateHome()
+    home.ensure()
+    hostdb = cc_lhc.HostDB(home)
+    desc = cc_lhc.create_descriptor(home, hostdb, "thread-x", "session-x")
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, desc["path"])
+    cc_lhc.revoke_descriptor(home, hostdb, desc, "Claude left session S")
+    status, out, err = run_main(capsysbinary, "get-turns", "t1")
+    assert status == 2 and "withdrawn: Claude left session S" in err, err
+
+
 def test_an_oversized_descriptor_is_refused(thread, monkeypatch, capsysbinary):
     desc = grant(thread, monkeypatch)
     with open(desc["path"], "ab") as f:
