@@ -9883,7 +9883,6 @@ class Relay:
 
 # The keys that open the control panel: ctrl-] as a raw byte, and as the kitty
 # (CSI-u) and xterm modifyOtherKeys encodings some terminals send for it.
-LEADER_SEQUENCES = (b"\x1d", b"\x1b[93;5u", b"\x1b[27;5;93~")
 LEADER_NAMES = {"ctrl-]": b"\x1d"}
 # Windows Terminal's win32-input-mode sends every key press and release as
 # ESC [ Vk ; Sc ; Uc ; Kd ; Cs ; Rc _ (virtual key, scan code, the character as a
@@ -9936,6 +9935,21 @@ def terminal_sent(data: bytes, i: int):
     if params[:1] in (b"?", b">", b"=") or (not params and final in b"IO"):
         return m.end(), "reply"  # (focus in and out too: Claude asked for those as well)
     return m.end(), "key"
+
+
+def overlay_lines(texts, size) -> bytes:
+    """cc-lhc's own lines written over the bottom rows of the screen Claude draws, the
+    cursor put back where Claude left it: nothing Claude drew moves (a line written at the
+    cursor scrolled its screen under it, and its next partial redraws landed in the wrong
+    cells). Each stands until Claude next draws its row. ``size``: (rows, cols) or None."""
+    rows, cols = size or (24, 80)
+    texts = list(texts)[-max(1, rows - 1):]
+    out = ["\x1b7"]
+    for i, text in enumerate(texts):
+        line = cells_prefix(escape_controls(f"{PROG}: {text}"), max(1, cols - 1))
+        out.append(f"\x1b[{rows - len(texts) + 1 + i};1H\x1b[2K\x1b[7m{line}\x1b[0m")
+    out.append("\x1b8")
+    return "".join(out).encode("utf-8")
 
 
 def cell_width(text: str) -> int:
@@ -10041,10 +10055,29 @@ def leader_key():
     if name in LEADER_NAMES:
         return LEADER_NAMES[name], name, None
     m = re.fullmatch(r"(?:ctrl-|\^)([a-z@\[\\\]^_])", name)
+    if m and m.group(1) in LEADER_TAKEN:
+        return (LEADER_NAMES["ctrl-]"], "ctrl-]",
+                f"CC_LHC_LEADER={given!r} is the key {LEADER_TAKEN[m.group(1)]} already is, which the panel "
+                "must not take: ctrl-] opens this panel")
     if m:
         return bytes([ord(m.group(1).upper()) & 0x1F]), f"ctrl-{m.group(1)}", None
     return (LEADER_NAMES["ctrl-]"], "ctrl-]",
             f"CC_LHC_LEADER={given!r} names no control key (ctrl-a to ctrl-z, ctrl-]...): ctrl-] opens this panel")
+
+
+# Control keys a terminal sends for keys of their own: as the leader, each press of the
+# other key would open the panel (Enter, Tab, Esc, Backspace; NUL, which some send for
+# ctrl-space), and a focus report (ESC [ O) would open it by itself.
+LEADER_TAKEN = {"m": "Enter", "j": "Enter (a line feed)", "i": "Tab", "[": "Esc", "h": "Backspace",
+                "@": "ctrl-space"}
+
+
+def leader_sequences(leader: bytes) -> tuple:
+    """The ways a terminal sends the leader: its byte, and as kitty's CSI-u and xterm's
+    modifyOtherKeys write it pressed with ctrl (Claude turns both modes on)."""
+    code = leader[0]
+    key = ord("a") + code - 1 if 1 <= code <= 26 else code + 0x40  # ctrl-g: g; ctrl-]: ]
+    return (leader, f"\x1b[{key};5u".encode(), f"\x1b[27;5;{key}~".encode())
 
 
 class ControlPanel:
@@ -10074,8 +10107,7 @@ class ControlPanel:
         self.cut_at = None          # when it began (monotonic)
         self.hold_until = None      # when a cut still not completed is taken as keys after all
         leader, self.leader_name, self.leader_problem = leader_key()
-        self.leaders = (leader,) + tuple(s for s in LEADER_SEQUENCES if s != leader) \
-            if leader == b"\x1d" else (leader,)
+        self.leaders = leader_sequences(leader)
 
     # -- keys ---------------------------------------------------------------------------
 
@@ -10183,8 +10215,9 @@ class ControlPanel:
     @staticmethod
     def _complete(line: str) -> str:
         """Tab (or Enter on a partial name) completes a command without running it."""
-        matches = [c for c in PANEL_COMMANDS if c.startswith(line.split(" ")[0] or "/")]
-        return matches[0] + " " if len(matches) == 1 else line
+        name, _, rest = line.partition(" ")
+        matches = [c for c in PANEL_COMMANDS if c.startswith(name or "/")]
+        return matches[0] + " " + rest.lstrip(" ") if len(matches) == 1 else line  # (what follows kept)
 
     # -- screen -------------------------------------------------------------------------
 
@@ -10298,7 +10331,7 @@ class ControlPanel:
         if name not in PANEL_COMMANDS:
             matches = [c for c in PANEL_COMMANDS if c.startswith(name)]
             if len(matches) == 1:
-                self.line = matches[0] + " "  # a partial name completes; Enter again runs it
+                self.line = matches[0] + " " + rest.lstrip(" ")  # a partial name completes; Enter runs it
                 return
             self.line = ""
             self.output = [f"{name}: could be {', '.join(matches)}" if matches
@@ -10608,8 +10641,19 @@ def write_session_export(home, store, thread_id, policy, rollout, cwd) -> dict:
     rebuild is recorded and no session is made current.
     """
     import time
+    if not os.path.isfile(rollout):
+        raise LhcError("nothing to export yet: Claude has not written this session's transcript "
+                       "(it does with the first prompt)")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    folder = home.ensure("exports", f"{thread_id[:8]}-{stamp}-{os.getpid()}")
+    base = f"{thread_id[:8]}-{stamp}-{os.getpid()}"
+    home.ensure("exports")
+    for n in itertools.count(1):  # (two exports within a second: a folder each)
+        folder = home.path("exports", base if n == 1 else f"{base}-{n}")
+        try:
+            os.mkdir(folder, 0o700)
+            break
+        except FileExistsError:
+            continue
     paths = {"rollout": os.path.join(folder, "rollout.jsonl"),
              "view_jsonl": os.path.join(folder, "served-view.jsonl"),
              "view_markdown": os.path.join(folder, "served-view.md")}
@@ -11221,10 +11265,13 @@ class ManagedSession:
 
     def show_notices(self, relay) -> None:
         """On the relay's thread: write waiting notices as their own lines."""
+        shown = []
         while self._to_show:
             text = self._to_show.popleft()
             self.announced.append(text)
-            relay.to_user += f"\r\n{PROG}: {text}\r\n".encode("utf-8")
+            shown.append(text)
+        if shown:
+            relay.to_user += overlay_lines(shown, relay.get_size() if relay.get_size else None)
 
     def wake(self) -> None:
         """From another thread: have the relay tick now rather than at its next timeout."""
@@ -12854,8 +12901,7 @@ class LiveHandoff:
             # On the alternate screen Claude draws on, nothing scrolls into history: the
             # notice is also written over the replacement's bottom line, where it stands
             # until Claude next draws that line (the cursor put back where Claude left it).
-            frame += (f"\x1b7\x1b[{rows};1H\x1b[2K\x1b[7m{PROG}: {self.NOTICE}\x1b[0m\x1b8"
-                      .encode("utf-8"))
+            frame += overlay_lines([self.NOTICE], (rows, cols))
         if relay.hold_output:
             # The panel is open: the old Claude's held output belongs to a screen that is
             # gone, so the replacement's first frame is what the panel's closing shows.
@@ -13048,7 +13094,7 @@ class LiveHandoff:
         relay.timeout = None
         relay.drop_input = False
         if relay.dropped:
-            relay.to_user += f"\r\n{PROG}: {self.NOTICE}\r\n".encode()
+            relay.to_user += overlay_lines([self.NOTICE], relay.get_size() if relay.get_size else None)
             relay.dropped = 0
         if self.candidate is not None:
             _close_child(self.candidate)

@@ -105,6 +105,20 @@ def test_cc_lhc_leader_changes_the_key(monkeypatch):
     p = panel(monkeypatch, "ctrl-g")
     assert p.on_input(b"\x1d") == b"\x1d"  # ctrl-] goes to Claude now
     assert p.on_input(b"\x07") == b"" and p.open
+    # ...in the encodings Claude turns on too: kitty's CSI-u and xterm's modifyOtherKeys
+    for pressed in (b"\x1b[103;5u", b"\x1b[27;5;103~"):
+        p = panel(monkeypatch, "ctrl-g")
+        assert p.on_input(pressed) == b"" and p.open
+        assert panel(monkeypatch, "ctrl-g").on_input(b"\x1b[93;5u") == b"\x1b[93;5u"  # (ctrl-] now Claude's)
+
+
+@pytest.mark.parametrize("given", ["ctrl-m", "ctrl-j", "ctrl-i", "ctrl-[", "^h", "ctrl-@"])
+def test_a_leader_that_is_enter_tab_esc_or_backspace_is_refused(monkeypatch, given):
+    """As the leader, each Enter (Tab, Esc...) would open the panel, and a focus report
+    (ESC [ O) would open it by itself: ctrl-] stays the key, and the panel says why."""
+    monkeypatch.setenv("CC_LHC_LEADER", given)
+    leader, name, why = cc_lhc.leader_key()
+    assert (leader, name) == (b"\x1d", "ctrl-]") and "must not take" in why
 
 
 def test_partial_names_complete_and_unknown_ones_are_named(monkeypatch):
@@ -119,6 +133,11 @@ def test_partial_names_complete_and_unknown_ones_are_named(monkeypatch):
     assert p.output == ["/sta: could be /status, /stats"]
     p.on_input(b"/nope\r")
     assert p.output == ["unknown command /nope; /help lists them"]
+    # what was typed after a partial name stays with the completed one
+    p.on_input(b"/bo 150000 300000\r")
+    assert p.line == "/bounds 150000 300000"
+    p.on_input(b"\x03/smart-p 120000\t")  # (ctrl-c clears the line)
+    assert p.line == "/smart-prune 120000"
 
 
 def test_arrow_keys_do_not_type_into_the_panel(monkeypatch):

@@ -9,6 +9,7 @@ honours it, and a prune that would not move it never gets as far as a pending re
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import pytest
@@ -281,3 +282,22 @@ def test_the_thread_arm_wins_once_the_api_refused_replayed_thinking(thread):
 ])
 def test_what_counts_as_a_thinking_refusal(text, refused):
     assert bool(cc_lhc.THINKING_REFUSAL.search(text)) is refused
+
+
+def test_the_panels_export_twice_in_a_second_and_before_any_transcript(thread, tmp_path, monkeypatch):
+    """Two /export within one second make a folder each (the second failed on a file that
+    existed); before Claude wrote a transcript there is nothing to export, said plainly,
+    with nothing left behind."""
+    import time
+    monkeypatch.setattr(time, "strftime", lambda *_a: "20261207-120000")  # (one second)
+    rollout = tmp_path / "session.jsonl"
+    rollout.write_text('{"type":"user"}\n')
+    policy = _policy()
+    first = cc_lhc.write_session_export(thread.home, thread.store, thread.id, policy, str(rollout), "/w")
+    second = cc_lhc.write_session_export(thread.home, thread.store, thread.id, policy, str(rollout), "/w")
+    assert first["rollout"] != second["rollout"]
+    assert all(os.path.getsize(p) for paths in (first, second) for p in paths.values())
+    exports = sorted(os.listdir(thread.home.path("exports")))
+    with pytest.raises(cc_lhc.LhcError, match="nothing to export yet"):
+        cc_lhc.write_session_export(thread.home, thread.store, thread.id, policy, str(tmp_path / "none.jsonl"), "/w")
+    assert sorted(os.listdir(thread.home.path("exports"))) == exports
