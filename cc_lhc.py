@@ -9739,7 +9739,7 @@ class Relay:
                         # (the panel still takes its keys while Claude's are dropped)
                         data = self.on_input(data) if self.on_input else data
                         if self.drop_input:
-                            self.dropped += len(data)
+                            self.dropped += typed_bytes(data)  # (a focus or mouse report is no typing)
                         else:
                             self.to_child += data
                             if self.on_suspend and any(k in data for k in self.SUSPEND_KEYS):
@@ -9935,6 +9935,26 @@ def terminal_sent(data: bytes, i: int):
     if params[:1] in (b"?", b">", b"=") or (not params and final in b"IO"):
         return m.end(), "reply"  # (focus in and out too: Claude asked for those as well)
     return m.end(), "key"
+
+
+def typed_bytes(data: bytes) -> int:
+    """How many bytes of what the terminal sent were typed: its reports (mouse, focus, the
+    answers to Claude's queries) left out."""
+    typed, i = 0, 0
+    while i < len(data):
+        at = data.find(b"\x1b", i)
+        if at < 0:
+            return typed + len(data) - i
+        typed += at - i
+        sent = terminal_sent(data, at)
+        if sent is None:  # a lone Esc: a key
+            typed, i = typed + 1, at + 1
+        elif sent[1] == "cut":  # (the rest of a report a read cut: no typing either)
+            return typed
+        else:
+            typed += 0 if sent[1] in ("mouse", "reply") else sent[0] - at
+            i = sent[0]
+    return typed
 
 
 def overlay_lines(texts, size) -> bytes:

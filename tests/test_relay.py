@@ -591,3 +591,14 @@ def test_the_draft_watch_follows_word_erasing_and_esc_esc():
     assert d.pending
     d.feed(b"\x03/todos\r", 4.0)  # not a dialog in the Claude Code this is tested with
     assert not d.pending
+
+
+def test_what_a_terminal_reports_is_not_counted_as_input_typed_during_a_swap():
+    """Keys typed while a swap is under way are dropped and the person is asked to resend;
+    a focus report (switching windows) or a mouse report is no typing and asks for nothing."""
+    assert cc_lhc.typed_bytes(b"\x1b[O\x1b[I") == 0
+    assert cc_lhc.typed_bytes(b"\x1b[<35;10;5M\x1b[<35;11;5M") == 0
+    assert cc_lhc.typed_bytes(b"\x1b]11;rgb:0000/0000/0000\x1b\\\x1b[?1;2c") == 0
+    assert cc_lhc.typed_bytes(b"hi\x1b[O") == 2
+    assert cc_lhc.typed_bytes(b"\x1b[A") == 3 and cc_lhc.typed_bytes(b"\x1b") == 1
+    assert cc_lhc.typed_bytes(b"x\x1b[<35;1") == 1  # (the rest of a report a read cut)
