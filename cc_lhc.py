@@ -12647,6 +12647,8 @@ class LiveHandoff:
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
         self.sent_mark = 0          # the newest recorded prompt when the person last sent one
         self.missed = None          # (kind, prune target) a seam asked for while one was under way
+        self.asked = None           # "Smart Compact" / "Smart Prune" the person asked for (the panel)
+        self.repaint_at = None      # when to give Claude back its size after a repaint nudge
         self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
@@ -12714,6 +12716,7 @@ class LiveHandoff:
             return "a message to Claude is being typed"
         if self.session.detached:
             return self.session.detached
+        self.asked = ("Smart Prune" if prune is not None else "Smart Compact") if manual else None
         try:
             return self._begin(relay, manual, prune) or ""
         except Exception as e:  # a failed attempt must never take the session down
@@ -12870,12 +12873,27 @@ class LiveHandoff:
     @property
     def wants_tick(self) -> bool:
         return (self.candidate is not None or self.submit_at is not None or self.retry_at is not None
-                or self.inproc.wants_tick)
+                or self.repaint_at is not None or self.inproc.wants_tick)
+
+    def _repaint(self) -> None:
+        import time
+        rows, cols = self.host.size()
+        try:
+            self.host.child.setwinsize(rows, max(1, cols - 1))
+        except OSError:
+            return
+        self.repaint_at = time.monotonic() + 0.15
 
     def on_tick(self, relay) -> None:
         import time
         self.inproc.on_tick(relay)
         now = time.monotonic()
+        if self.repaint_at is not None and now >= self.repaint_at:
+            self.repaint_at = None
+            try:
+                self.host.child.setwinsize(*self.host.size())
+            except OSError:
+                pass
         if self.retry_at is not None and now >= self.retry_at and self.candidate is None:
             self.swap_soon(relay)
         if self.submit_at is not None and now >= self.submit_at:
@@ -12894,6 +12912,7 @@ class LiveHandoff:
     # -- the switch, in one step ---------------------------------------------------------
 
     def _switch(self, relay) -> None:
+        self.asked = None
         session, spec, home = self.session, self.session.spec, self.session.home
         new, pending = self.candidate, self.pending
         old_child, old_capture, old_descriptor = self.host.child, session.capture, session.descriptor
@@ -13125,6 +13144,13 @@ class LiveHandoff:
         self.candidate, self.pending = None, None
         self.continue_note = None
         self.carrying = []
+        if self.asked and not self.survival:
+            # The person asked from the panel and is looking at a screen cleared for the
+            # switch: said, and Claude made to draw its screen again (a size change and back).
+            self.session.announce(f"{self.asked} did not complete ({why}); the session goes on as "
+                                  "it was, and nothing was lost", relay)
+            self._repaint()
+        self.asked = None
         if self.survival:
             self.survival = False
             home.log("survival_relaunch_failed", why=why)  # the old child simply keeps running

@@ -134,3 +134,30 @@ def test_mouse_moves_and_focus_changes_leave_the_open_panel_open(real_claude, tm
     exit_cleanly(t)
     sent = json.dumps([r["body"]["messages"] for r in real_claude.api.message_requests])
     assert "/help" not in sent
+
+
+def test_a_smart_compact_asked_from_the_panel_that_fails_is_said_and_claudes_screen_comes_back(
+        real_claude, tmux, tmp_path):
+    """The replacement never comes up: the person who asked is told the Smart Compact did not
+    complete, and Claude draws its screen again (it stayed blank)."""
+    from realcli import wait_for_log, wait_until
+    flag, wrapper = tmp_path / "fail-next", tmp_path / "claude-wrap"
+    wrapper.write_text(f"#!/bin/sh\nif [ -e {flag} ]; then exit 1; fi\nexec {real_claude.claude} \"$@\"\n")
+    wrapper.chmod(0o755)
+    real_claude.api.script(["small answer"])
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env={**real_claude.env, "CC_LHC_CLAUDE_BIN": str(wrapper)},
+             cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "hello")
+    t.wait_for("small answer")
+    flag.write_text("")
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    type_line(t, "/smart-compact")
+    wait_for_log(real_claude, "handoff_failed")
+    said = wait_until(lambda: [e["text"] for e in log_events(real_claude, "notice")
+                               if e["text"].startswith("Smart Compact did not complete")], "the failure said")
+    assert "nothing was lost" in said[0]
+    t.wait_for("small answer")  # Claude's screen is back
+    flag.unlink()
+    exit_cleanly(t)
