@@ -12604,6 +12604,7 @@ class LiveHandoff:
     SEAM_WAIT_SECONDS = 10.0
     MAX_FAILURES = 3
     NOTICE = "input typed during compaction was not delivered \u2014 please resend"
+    asked = repaint_at = None  # (see __init__)
     RUNTIME_NOTE = ("[runtime note] The API rejected your last request as too long, so cc-lhc rebuilt "
                     "this session (Smart Compact); nothing was lost. Tool calls that had already run "
                     "for it: {ran}. Please continue the task from where it stopped; read back "
