@@ -10418,9 +10418,20 @@ class ControlPanel:
             f"{cost['output_tokens']:,} out",
         ])
 
+    def _nothing_yet(self) -> bool:
+        """Whether this session's thread holds no conversation yet (a rebuild of it would be
+        cc-lhc's header over nothing)."""
+        store = self._store()
+        try:
+            return store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone() is None
+        finally:
+            store.close()
+
     def cmd_smart_compact(self, _args) -> str:
         if self.handoff is None:
             return "Smart Compact is not available in this session"
+        if self._nothing_yet():
+            return "Smart Compact did not start: nothing is captured in this session yet"
         why_not = self.handoff.start(self.relay, manual=True)
         if why_not:
             if why_not.startswith(LiveHandoff.PASSING):  # (only an automatic one comes back by itself)
@@ -10443,6 +10454,8 @@ class ControlPanel:
                                   f"{TOKEN_FIELD_MAX:,}; nothing changed")
         if self.handoff is None:
             return "Smart Prune is not available in this session"
+        if self._nothing_yet():
+            return "Smart Prune did not start: nothing is captured in this session yet"
         why_not = self.handoff.start(self.relay, manual=True, prune=target)
         if why_not:
             return f"Smart Prune did not hand over: {why_not}"

@@ -335,6 +335,24 @@ def test_a_smart_compact_asked_for_at_a_passing_moment_says_to_ask_again(why, ke
     host = types.SimpleNamespace(size=lambda: (24, 80))
     handoff = types.SimpleNamespace(start=lambda relay, manual: why)
     panel = cc_lhc.ControlPanel(session, host, handoff)
+    panel._nothing_yet = lambda: False
     said = panel.cmd_smart_compact([])
     assert said.startswith(f"Smart Compact did not start: {why}")
     assert ("run /smart-compact again" in said) is not kept
+
+
+def test_a_smart_compact_of_a_session_with_nothing_captured_yet_is_not_started(iso_env):
+    """Before the first prompt a rebuild would be cc-lhc's header over nothing."""
+    import types
+    import uuid
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(str(uuid.uuid4()), "/w", "fresh")
+    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
+                                    capture=types.SimpleNamespace(thread_id=thread))
+    started = []
+    handoff = types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(prune) or "")
+    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)), handoff)
+    assert panel.cmd_smart_compact([]) == "Smart Compact did not start: nothing is captured in this session yet"
+    assert panel.cmd_smart_prune([]) == "Smart Prune did not start: nothing is captured in this session yet"
+    assert started == []
