@@ -9962,12 +9962,18 @@ def overlay_lines(texts, size) -> bytes:
     cursor put back where Claude left it: nothing Claude drew moves (a line written at the
     cursor scrolled its screen under it, and its next partial redraws landed in the wrong
     cells). Each stands until Claude next draws its row. ``size``: (rows, cols) or None."""
-    rows, cols = size or (24, 80)
-    texts = list(texts)[-max(1, rows - 1):]
+    rows, cols = size if size and size[0] > 1 and size[1] > 8 else (24, 80)  # (0x0: never set)
+    width, lines = cols - 1, []
+    for text in texts:  # each one whole, over as many rows as it takes
+        rest = escape_controls(f"{PROG}: {text}")
+        while rest:
+            piece = cells_prefix(rest, width) or rest[:1]
+            lines.append(piece)
+            rest = rest[len(piece):]
+    lines = lines[-(rows - 1):]
     out = ["\x1b7"]
-    for i, text in enumerate(texts):
-        line = cells_prefix(escape_controls(f"{PROG}: {text}"), max(1, cols - 1))
-        out.append(f"\x1b[{rows - len(texts) + 1 + i};1H\x1b[2K\x1b[7m{line}\x1b[0m")
+    for i, line in enumerate(lines):
+        out.append(f"\x1b[{rows - len(lines) + 1 + i};1H\x1b[2K\x1b[7m{line}\x1b[0m")
     out.append("\x1b8")
     return "".join(out).encode("utf-8")
 
@@ -11136,6 +11142,8 @@ class ManagedSession:
     acceptance settled, the descriptor removed, and the thread's lease handed back last.
     """
 
+    ON_SCREEN_SECONDS = 5.0  # how long a line written over Claude's screen is written again with a newer one
+
     def __init__(self, spec, home, policy, capture):
         self.spec, self.home, self.policy, self.capture = spec, home, policy, capture
         self.hostdb = HostDB(home)
@@ -11145,6 +11153,7 @@ class ManagedSession:
         self.survivors, self.alarms, self.notices = [], [], []
         self.announced = []               # lines shown on the terminal as they happened
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
+        self.on_screen = collections.deque(maxlen=6)  # (when, line) written over Claude's screen lately
         self.detached = ""                # why cc-lhc no longer follows this Claude, if so
         self.native_compacts = []         # (turn, when) of each Claude native Compact seen
         self.views_replayed = []          # newest seq when capture saw a view served in process
@@ -11271,8 +11280,8 @@ class ManagedSession:
 
     def _last_words(self) -> None:
         # What was shown inside Claude's screen is said again once the terminal is the
-        # user's own, where it stays readable.
-        for line in self.notices + self.alarms + self.announced:
+        # user's own, where it stays readable (each line once).
+        for line in dict.fromkeys(self.notices + self.alarms + self.announced):
             say(line)
 
     def _close_control(self) -> None:
@@ -11298,13 +11307,20 @@ class ManagedSession:
 
     def show_notices(self, relay) -> None:
         """On the relay's thread: write waiting notices as their own lines."""
-        shown = []
+        import time
+        now, fresh = time.monotonic(), False
         while self._to_show:
             text = self._to_show.popleft()
             self.announced.append(text)
-            shown.append(text)
-        if shown:
-            relay.to_user += overlay_lines(shown, relay.get_size() if relay.get_size else None)
+            self.on_screen.append((now, text))
+            fresh = True
+        if fresh:
+            # Written together with those of the last few seconds, each over its own rows: a
+            # second line a moment later does not write over the first.
+            while self.on_screen and now - self.on_screen[0][0] > self.ON_SCREEN_SECONDS:
+                self.on_screen.popleft()
+            relay.to_user += overlay_lines([text for _at, text in self.on_screen],
+                                           relay.get_size() if relay.get_size else None)
 
     def wake(self) -> None:
         """From another thread: have the relay tick now rather than at its next timeout."""
@@ -13147,7 +13163,8 @@ class LiveHandoff:
         relay.timeout = None
         relay.drop_input = False
         if relay.dropped:
-            relay.to_user += overlay_lines([self.NOTICE], relay.get_size() if relay.get_size else None)
+            home.log("dropped_input", bytes=relay.dropped)
+            self.session.announce(self.NOTICE, relay)  # (logged, kept for the end, stacked)
             relay.dropped = 0
         if self.candidate is not None:
             _close_child(self.candidate)

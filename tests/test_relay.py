@@ -602,3 +602,47 @@ def test_what_a_terminal_reports_is_not_counted_as_input_typed_during_a_swap():
     assert cc_lhc.typed_bytes(b"hi\x1b[O") == 2
     assert cc_lhc.typed_bytes(b"\x1b[A") == 3 and cc_lhc.typed_bytes(b"\x1b") == 1
     assert cc_lhc.typed_bytes(b"x\x1b[<35;1") == 1  # (the rest of a report a read cut)
+
+
+def _screen_rows(data: bytes, rows: int, cols: int) -> list:
+    """The rows of a screen after ``data``, for the few sequences overlay_lines writes."""
+    import re
+    screen = [[" "] * cols for _ in range(rows)]
+    r = c = saved = 0
+    for m in re.finditer(rb"\x1b7|\x1b8|\x1b\[(\d+);(\d+)H|\x1b\[2K|\x1b\[\d*m|(.)", data, re.S):
+        tok = m.group(0)
+        if tok == b"\x1b7":
+            saved = (r, c)
+        elif tok == b"\x1b8":
+            r, c = saved
+        elif m.group(1):
+            r, c = int(m.group(1)) - 1, int(m.group(2)) - 1
+        elif tok == b"\x1b[2K":
+            screen[r] = [" "] * cols
+        elif m.group(3):
+            if c < cols:
+                screen[r][c] = m.group(3).decode("latin-1")
+            c += 1
+    return ["".join(row).rstrip() for row in screen]
+
+
+def test_cc_lhcs_lines_over_claudes_screen_stack_wrap_and_leave_the_cursor():
+    """Each line cc-lhc writes over Claude's screen is whole (wrapped, not cut), a second one
+    a moment later does not write over the first, and a terminal that reports no size gets
+    a usable default, not one cell on row 0."""
+    import types
+    out = cc_lhc.overlay_lines(["first notice", "x" * 100], (10, 40))
+    assert out.startswith(b"\x1b7") and out.endswith(b"\x1b8")  # (the cursor put back)
+    rows = _screen_rows(out, 10, 40)
+    assert rows[6] == "cc-lhc: first notice" and "".join(rows[7:]).count("x") == 100
+    assert b"\x1b[24;1H" in cc_lhc.overlay_lines(["no size"], (0, 0))
+    session = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
+    session._to_show, session.announced = __import__("collections").deque(), []
+    session.on_screen = __import__("collections").deque(maxlen=6)
+    relay = types.SimpleNamespace(to_user=bytearray(), get_size=lambda: (10, 60))
+    for text in ("input typed during compaction was not delivered", "Smart Compact did not complete"):
+        session._to_show.append(text)
+        session.show_notices(relay)
+    rows = _screen_rows(bytes(relay.to_user), 10, 60)
+    assert rows[-2:] == ["cc-lhc: input typed during compaction was not delivered",
+                         "cc-lhc: Smart Compact did not complete"]
