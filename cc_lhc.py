@@ -8548,6 +8548,17 @@ class Capture:
 # What happens to the Claude process around them (nothing yet, a swap, a one-shot launch)
 # is the caller's business.
 
+def newest_response_without_usage(db, session_id):
+    """(seq, response id) of the session's newest response when Claude recorded no usage
+    for it at all (missing or null), else None: the reading then is the last known one."""
+    newest = db.execute("SELECT seq, response_id FROM messages WHERE source_session = ? AND agent IS NULL "
+                        "AND role = 'assistant' AND response_id IS NOT NULL AND coalesce(model, '') != "
+                        "'<synthetic>' ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
+    if newest is None or db.execute("SELECT 1 FROM usage WHERE response_id = ?", (newest[1],)).fetchone():
+        return None
+    return newest
+
+
 def governor_reading(store, session_id, prompt_estimate=0) -> dict:
     """Read the newest provider usage of a session from the record and measure pressure."""
     db = store.db
@@ -8559,6 +8570,9 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
                       "AND coalesce(model, '') != '<synthetic>' ORDER BY seq DESC", (session_id,)).fetchall()
     latest = rows[0] if rows else None
     last_valid = next((r for r in rows if provider_context(r) is not None), None)
+    unread = newest_response_without_usage(db, session_id)
+    if unread is not None and (latest is None or unread[0] > latest[3]):
+        latest = (None, None, None, unread[0])  # (its usage missing: no reading, as an unusable one)
 
     def after(row):
         seq = row[3] if row else 0
@@ -8610,8 +8624,11 @@ class Receipts:
         live capture, the exit report and the next launch all land on the same receipt,
         and a deferral recorded earlier is taken up again when Smart Compact runs.
         """
-        latest = store.db.execute("SELECT response_id FROM usage WHERE source_session = ? "
+        latest = store.db.execute("SELECT response_id, seq FROM usage WHERE source_session = ? "
                                   "ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
+        unread = newest_response_without_usage(store.db, session_id)
+        if unread is not None and (latest is None or unread[0] > latest[1]):
+            latest = (unread[1], unread[0])  # (the newest response, though it told no usage)
         return self.record(thread_id, session_id, c,
                            f"{session_id}:{latest[0] if latest else '-'}:{c['state']}")
 

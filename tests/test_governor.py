@@ -7,6 +7,8 @@ No Claude, no subprocesses.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import cc_lhc
@@ -216,3 +218,36 @@ def test_unavailable_receipt_store_warns_and_goes_on(how, capsys):
     receipts.outcome(rid, "rebuilt:x")        # an in-memory receipt's outcome is a no-op
     with open(home.path("wrapper.log")) as f:
         assert "receipt_store_unavailable" in f.read()
+
+
+@pytest.mark.parametrize("how", ["missing", "null"])
+def test_a_newest_response_that_told_no_usage_reads_as_last_known(tmp_path, how):
+    """A response recorded with no usage at all is no fresh reading: the last known one is
+    used, labelled so, and the receipt names that newest response, not the older one."""
+    from test_capture_parse import Transcript, text
+    t = Transcript("s1")
+    t.user("first")
+    t.assistant(text("big"), usage={"input_tokens": 900_000, "output_tokens": 5})
+    t.user("second")
+    [rec] = t.assistant(text("newest"))
+    if how == "missing":
+        del rec["message"]["usage"]
+    else:
+        rec["message"]["usage"] = None
+    t.lines[-1] = json.dumps(rec).encode()  # (the record as written, without its usage)
+    path = t.write(tmp_path / "s1.jsonl")
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    cap = cc_lhc.Capture(home, "thread-1", "s1", str(path))
+    cap.catch_up()
+    try:
+        r = cc_lhc.governor_reading(cap.store, "s1")
+        assert r["source"] == "last_known" and r["provider_tokens"] == 900_000
+        c = classify(r, TRIGGER, True)
+        receipts = cc_lhc.Receipts(cc_lhc.HostDB(home), home)
+        receipt = receipts.classified(cap.store, "thread-1", "s1", c)
+        key = cc_lhc.HostDB(home).db.execute("SELECT replay_key FROM cc_governor_receipts WHERE id = ?",
+                                             (receipt,)).fetchone()[0]
+        assert key == f"s1:msg_0002:{c['state']}"
+    finally:
+        cap.stop()
