@@ -12019,8 +12019,31 @@ CATCHUP_SECONDS = 10.0
 
 
 def prompt_estimate(spec) -> int:
-    """LHC estimate of the prompt a one-shot is about to send (its argv text)."""
-    return estimate_tokens(" ".join(spec.positionals))
+    """LHC estimate of the prompt a one-shot is about to send: its argv text, and what its
+    standard input holds for Claude (`-p < prompt.txt`, `cat big.log | cc-lhc -c -p ...`:
+    the only way to send a prompt longer than an argument may be)."""
+    words = estimate_tokens(" ".join(spec.positionals))
+    return words + (waiting_input_bytes() + 3) // 4 if spec.print_mode else words
+
+
+def waiting_input_bytes(fd: int = 0) -> int:
+    """How many bytes standard input holds for Claude, read without taking any: the rest of
+    a file, or what a pipe holds now (a writer may add more: the least it will be); 0 for a
+    terminal or what cannot be told."""
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            return max(0, st.st_size - os.lseek(fd, 0, os.SEEK_CUR))
+        if stat.S_ISFIFO(st.st_mode) and os.name == "posix":
+            import fcntl
+            import termios
+            import array
+            held = array.array("i", [0])
+            fcntl.ioctl(fd, termios.FIONREAD, held)
+            return max(0, held[0])
+    except (OSError, ValueError, ImportError, AttributeError):
+        pass
+    return 0
 
 
 def smart_compact_before_launch(spec, home, policy, capture):

@@ -800,3 +800,23 @@ def test_lost_registry_is_rebuilt_and_nothing_is_adopted_twice(real_claude):
     texts = [m.get("text") for m in export(rc, before["id"])]
     assert texts.count("hello one") == 1                   # the history was not adopted again
     assert "on the current one" in texts and "by the old id" in texts
+
+
+def test_a_one_shot_prompt_on_standard_input_counts_toward_the_trigger(real_claude, tmp_path):
+    """A prompt too long for an argument goes on standard input (`-p < prompt.txt`); it is
+    counted into the reading before the launch, as an argument's words are."""
+    from fakeapi import text_reply
+    rc = real_claude
+    rc.api.script([text_reply("noted", usage={"input_tokens": 355_000, "cache_creation_input_tokens": 0,
+                                             "cache_read_input_tokens": 0, "output_tokens": 5})])
+    p = rc.run_lhc("-p", "remember this", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    sid = json.loads(p.stdout)["session_id"]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("word " * 8000)  # about 10,000 tokens: over the trigger with the 355,000
+    rc.api.script(["answered on the rebuilt session"])
+    with open(prompt) as stdin:
+        p = rc.run_lhc("--resume", sid, "-p", stdin=stdin)
+    assert p.returncode == 0, p.stderr
+    assert "Smart Compact" in p.stderr and "+ LHC estimated tokens" in p.stderr, p.stderr
+    assert rc.api.message_requests[-1]["session_id"] != sid
