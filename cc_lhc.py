@@ -5668,8 +5668,12 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
         view, header, new_boundary = fitted_prune_view(thread_id, turns, boundary, budget - reserve,
                                                        policy["profile"], policy.fell_back, native, counter)
         if new_boundary <= boundary:
-            raise PruneUnchanged(f"nothing to prune: the view already fits {prune_target:,} tokens"
-                                 + (f" after m{boundary}" if boundary else ""))
+            if view.tokens <= budget - reserve:
+                raise PruneUnchanged(f"nothing to prune: the view already fits {prune_target:,} tokens"
+                                     + (f" after m{boundary}" if boundary else ""))
+            raise PruneUnchanged(f"nothing to prune: what is left is the newest turn's last part, which "
+                                 f"always stays in view, and it is {view.tokens:,} tokens, more than "
+                                 f"{prune_target:,}")
         boundary = new_boundary
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
     worktree = meta.get(WORKTREE_STATE)

@@ -301,3 +301,15 @@ def test_the_panels_export_twice_in_a_second_and_before_any_transcript(thread, t
     with pytest.raises(cc_lhc.LhcError, match="nothing to export yet"):
         cc_lhc.write_session_export(thread.home, thread.store, thread.id, policy, str(tmp_path / "none.jsonl"), "/w")
     assert sorted(os.listdir(thread.home.path("exports"))) == exports
+
+
+def test_a_prune_to_less_than_the_newest_part_says_what_is_left_not_that_it_fits(thread, tmp_path):
+    """The newest turn's last part always stays: a target below it moves nothing, and the
+    refusal says so (it said the view already fit 50 tokens)."""
+    with pytest.raises(cc_lhc.PruneUnchanged) as refused:
+        for target in (4_000, 50, 50):  # (the first two move the boundary up to the newest part)
+            plan = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, _policy(), str(uuid.uuid4()), "/w",
+                                       prune_target=target, projects_root=str(tmp_path / "p"), now=NOW)
+            cc_lhc._set_meta(thread.store, cc_lhc.BOUNDARY_KEY, plan.boundary)
+    said = str(refused.value)
+    assert "always stays in view" in said and "more than 50" in said and "already fits" not in said
