@@ -5671,8 +5671,10 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
             if view.tokens <= budget - reserve:
                 raise PruneUnchanged(f"nothing to prune: the view already fits {prune_target:,} tokens"
                                      + (f" after m{boundary}" if boundary else ""))
+            carried_too = (f", and the file-state pairs a rebuilt session carries {reserve:,} more"
+                           if reserve else "")
             raise PruneUnchanged(f"nothing to prune: what is left is the newest turn's last part, which "
-                                 f"always stays in view, and it is {view.tokens:,} tokens, more than "
+                                 f"always stays in view: it is {view.tokens:,} tokens{carried_too}, over "
                                  f"{prune_target:,}")
         boundary = new_boundary
     envelope, meta = read_envelope(envelope_from) if envelope_from else ((), {})
@@ -8555,7 +8557,8 @@ class Capture:
 def newest_response_without_usage(db, session_id):
     """(seq, response id) of the session's newest response when Claude recorded no usage
     for it at all (missing or null), else None: the reading then is the last known one."""
-    newest = db.execute("SELECT seq, response_id FROM messages WHERE source_session = ? AND agent IS NULL "
+    # (+source_session: walked from the newest message back, not sorted out of the session's index)
+    newest = db.execute("SELECT seq, response_id FROM messages WHERE +source_session = ? AND agent IS NULL "
                         "AND role = 'assistant' AND response_id IS NOT NULL AND coalesce(model, '') != "
                         "'<synthetic>' ORDER BY seq DESC LIMIT 1", (session_id,)).fetchone()
     if newest is None or db.execute("SELECT 1 FROM usage WHERE response_id = ?", (newest[1],)).fetchone():
@@ -11326,10 +11329,11 @@ class ManagedSession:
         except (BlockingIOError, OSError):
             pass
 
-    def show_notices(self, relay) -> None:
-        """On the relay's thread: write waiting notices as their own lines."""
+    def show_notices(self, relay, again=False) -> None:
+        """On the relay's thread: write waiting notices as their own lines (``again``: the
+        recent ones once more, over a screen Claude drew anew)."""
         import time
-        now, fresh = time.monotonic(), False
+        now, fresh = time.monotonic(), again
         while self._to_show:
             text = self._to_show.popleft()
             self.announced.append(text)
@@ -12038,7 +12042,7 @@ def waiting_input_bytes(fd: int = 0) -> int:
         st = os.fstat(fd)
         if stat.S_ISREG(st.st_mode):
             return max(0, st.st_size - os.lseek(fd, 0, os.SEEK_CUR))
-        if stat.S_ISFIFO(st.st_mode) and os.name == "posix":
+        if (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and os.name == "posix":  # (Node pipes: sockets)
             import fcntl
             import termios
             import array
@@ -12677,7 +12681,8 @@ class LiveHandoff:
     SEAM_WAIT_SECONDS = 10.0
     MAX_FAILURES = 3
     NOTICE = "input typed during compaction was not delivered \u2014 please resend"
-    asked = repaint_at = None  # (see __init__)
+    asked = repaint_at = reshow_at = None  # (see __init__)
+    RESHOW_SECONDS = 0.4  # after a repaint nudge, when Claude has drawn its screen again
     RUNTIME_NOTE = ("[runtime note] The API rejected your last request as too long, so cc-lhc rebuilt "
                     "this session (Smart Compact); nothing was lost. Tool calls that had already run "
                     "for it: {ran}. Please continue the task from where it stopped; read back "
@@ -12723,6 +12728,7 @@ class LiveHandoff:
         self.missed = None          # (kind, prune target) a seam asked for while one was under way
         self.asked = None           # "Smart Compact" / "Smart Prune" the person asked for (the panel)
         self.repaint_at = None      # when to give Claude back its size after a repaint nudge
+        self.reshow_at = None       # when to write cc-lhc's recent lines again over that repaint
         self.inproc = InProcessCompact(self)
 
     # -- asked for ---------------------------------------------------------------
@@ -12947,7 +12953,7 @@ class LiveHandoff:
     @property
     def wants_tick(self) -> bool:
         return (self.candidate is not None or self.submit_at is not None or self.retry_at is not None
-                or self.repaint_at is not None or self.inproc.wants_tick)
+                or self.repaint_at is not None or self.reshow_at is not None or self.inproc.wants_tick)
 
     def _repaint(self) -> None:
         import time
@@ -12968,6 +12974,11 @@ class LiveHandoff:
                 self.host.child.setwinsize(*self.host.size())
             except OSError:
                 pass
+            self.reshow_at = now + self.RESHOW_SECONDS
+        if self.reshow_at is not None and now >= self.reshow_at:
+            # Claude's repaint wrote over the lines that said why: written again over it
+            self.reshow_at = None
+            self.session.show_notices(relay, again=True)
         if self.retry_at is not None and now >= self.retry_at and self.candidate is None:
             self.swap_soon(relay)
         if self.submit_at is not None and now >= self.submit_at:

@@ -159,5 +159,6 @@ def test_a_smart_compact_asked_from_the_panel_that_fails_is_said_and_claudes_scr
                                if e["text"].startswith("Smart Compact did not complete")], "the failure said")
     assert "nothing was lost" in said[0]
     t.wait_for("small answer")  # Claude's screen is back
+    t.wait_for("Smart Compact did not complete")  # ...and the line saying why, over it
     flag.unlink()
     exit_cleanly(t)

@@ -312,4 +312,4 @@ def test_a_prune_to_less_than_the_newest_part_says_what_is_left_not_that_it_fits
                                        prune_target=target, projects_root=str(tmp_path / "p"), now=NOW)
             cc_lhc._set_meta(thread.store, cc_lhc.BOUNDARY_KEY, plan.boundary)
     said = str(refused.value)
-    assert "always stays in view" in said and "more than 50" in said and "already fits" not in said
+    assert "always stays in view" in said and "over 50" in said and "already fits" not in said

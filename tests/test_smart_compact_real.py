@@ -802,7 +802,8 @@ def test_lost_registry_is_rebuilt_and_nothing_is_adopted_twice(real_claude):
     assert "on the current one" in texts and "by the old id" in texts
 
 
-def test_a_one_shot_prompt_on_standard_input_counts_toward_the_trigger(real_claude, tmp_path):
+@pytest.mark.parametrize("via", ["file", "socket"])
+def test_a_one_shot_prompt_on_standard_input_counts_toward_the_trigger(real_claude, tmp_path, via):
     """A prompt too long for an argument goes on standard input (`-p < prompt.txt`); it is
     counted into the reading before the launch, as an argument's words are."""
     from fakeapi import text_reply
@@ -815,8 +816,19 @@ def test_a_one_shot_prompt_on_standard_input_counts_toward_the_trigger(real_clau
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("word " * 8000)  # about 10,000 tokens: over the trigger with the 355,000
     rc.api.script(["answered on the rebuilt session"])
-    with open(prompt) as stdin:
-        p = rc.run_lhc("--resume", sid, "-p", stdin=stdin)
+    if via == "file":
+        with open(prompt) as stdin:
+            p = rc.run_lhc("--resume", sid, "-p", stdin=stdin)
+    else:  # (what Node's spawn gives a child for a pipe: a socket, written before it starts)
+        import socket
+        ours, theirs = socket.socketpair()
+        ours.sendall(prompt.read_bytes())
+        ours.shutdown(socket.SHUT_WR)
+        try:
+            p = rc.run_lhc("--resume", sid, "-p", stdin=theirs.fileno())
+        finally:
+            ours.close()
+            theirs.close()
     assert p.returncode == 0, p.stderr
     assert "Smart Compact" in p.stderr and "+ LHC estimated tokens" in p.stderr, p.stderr
     assert rc.api.message_requests[-1]["session_id"] != sid
