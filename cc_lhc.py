@@ -17095,9 +17095,18 @@ def cmd_doctor(args) -> int:
               claude_fix)
     except (LhcError, OSError, subprocess.SubprocessError) as e:
         check("fail", "claude", str(e), claude_fix)
+    try:
+        import importlib.util
+        have_tiktoken = importlib.util.find_spec("tiktoken") is not None
+    except (ImportError, ValueError):
+        have_tiktoken = False
     check("ok" if TOKENS.encoding() is not None and TOKENS.exact else "warn", "token counts", TOKENS.reason,
-          "install cc-lhc from a release (its bundle carries the tokenizer), or in a checkout run "
-          "python3 build/tokenizer.py with tiktoken installed; counts stay safe estimates until then")
+          ("install tiktoken for this Python (pip install tiktoken; requirements.txt names the version): "
+           "the zipapp and a checkout carry the tokenizer's data, not tiktoken itself; or install "
+           "cc-lhc's bundle, which carries both" if not have_tiktoken and not getattr(sys, "frozen", False) else
+           "install cc-lhc from a release (its bundle carries the tokenizer), or in a checkout run "
+           "python3 build/tokenizer.py with tiktoken installed")
+          + "; counts stay safe estimates until then")
     import sqlite3
     check("ok" if trigram_available() else "warn", "exact-string search",
           f"SQLite {sqlite3.sqlite_version}: " + ("trigram index" if trigram_available() else

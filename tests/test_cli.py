@@ -844,3 +844,20 @@ def test_a_threads_folder_that_cannot_be_listed_is_named_not_every_thread_called
     said = capsys.readouterr().out
     assert "cannot be listed (Permission denied)" in said and "chmod u+rwx" in said
     assert "is gone" not in said
+
+
+def test_doctor_says_to_install_tiktoken_when_that_is_what_is_missing(iso_env, monkeypatch, capsys):
+    """The zipapp (or a checkout) on a Python without tiktoken: the fix is tiktoken, not
+    another copy of cc-lhc."""
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tiktoken" else real(name, *a))
+    monkeypatch.setattr(cc_lhc, "TOKENS", types_namespace_tokens())
+    cc_lhc.main(["doctor"])
+    said = capsys.readouterr().out
+    assert "[warn] token counts" in said and "pip install tiktoken" in said
+
+
+def types_namespace_tokens():
+    import types
+    return types.SimpleNamespace(encoding=lambda: None, exact=False, reason="tiktoken is not installed")
