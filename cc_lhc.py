@@ -7126,13 +7126,15 @@ def refuse(reason: str) -> LhcError:
     return LhcError(f"retrieval refused: {reason}", EXIT_USAGE)
 
 
-def _withdrawn(home, path) -> str:
-    """Why the descriptor at ``path`` was withdrawn, as its newest revocation says ('' if
-    this host never issued one there): Claude moved to another session, say."""
+def _withdrawn(home, paths) -> str:
+    """Why the descriptor at one of ``paths`` (as given, as resolved) was withdrawn, as its
+    newest revocation says ('' if this host never issued one there): Claude moved to another
+    session, say."""
     if not os.path.exists(home.path("cc-lhc.sqlite")):
         return ""
-    row = HostDB(home).db.execute("SELECT revoked FROM descriptors WHERE path = ? ORDER BY created DESC, "
-                                  "rowid DESC LIMIT 1", (path,)).fetchone()
+    paths = list(dict.fromkeys(paths))
+    row = HostDB(home).db.execute(f"SELECT revoked FROM descriptors WHERE path IN ({','.join('?' * len(paths))}) "
+                                  "ORDER BY created DESC, rowid DESC LIMIT 1", paths).fetchone()
     if not row or not row[0]:
         return ""
     return "retrieval in this window was withdrawn: " + str(row[0]).split(" ", 1)[-1]
@@ -7158,8 +7160,7 @@ def check_descriptor(home) -> dict:
     except NotRegularFile:
         raise refuse("the descriptor is not a regular file")
     except FileNotFoundError:
-        raise refuse(_withdrawn(home, os.path.abspath(path)) or _withdrawn(home, real)
-                     or "the descriptor is missing")
+        raise refuse(_withdrawn(home, (os.path.abspath(path), real)) or "the descriptor is missing")
     except (OSError, ValueError):
         raise refuse("the descriptor is missing or malformed")
     if os.name == "posix" and (st.st_mode & 0o077 or st.st_uid != os.getuid()):
@@ -7758,6 +7759,17 @@ def rollout_path(session_id: str, cwd: str) -> str:
     return os.path.join(claude_config_dir(), "projects", project_slug(cwd), f"{session_id}.jsonl")
 
 
+def named_in_projects(projects: str, name: str) -> list:
+    """Every file called ``name`` in a folder of a projects folder, in the folders' order
+    (Claude finds a session by its id in any of them): the one look the functions below
+    share."""
+    try:
+        entries = sorted(os.listdir(projects))
+    except OSError:
+        return []
+    return [c for c in (os.path.join(projects, e, name) for e in entries) if os.path.lexists(c)]
+
+
 def claude_reads(path: str) -> bool:
     """Whether Claude finds the session file ``path`` where it looks for sessions: in a
     folder of the projects folder it reads (a session written anywhere else, `rollout
@@ -7767,15 +7779,9 @@ def claude_reads(path: str) -> bool:
     parent = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     if os.path.realpath(parent) == os.path.realpath(projects):
         return True
-    try:
-        folders = os.listdir(projects)
-    except OSError:
-        return False
-    name = os.path.basename(path)
-    for folder in folders:
-        candidate = os.path.join(projects, folder, name)
+    for candidate in named_in_projects(projects, os.path.basename(path)):
         try:
-            if os.path.exists(candidate) and os.path.samefile(candidate, path):
+            if os.path.samefile(candidate, path):
                 return True
         except OSError:
             continue
@@ -7784,35 +7790,17 @@ def claude_reads(path: str) -> bool:
 
 def session_transcripts(session_id: str, roots) -> list:
     """Every transcript named for this session in a folder of these projects folders."""
-    found = []
-    for root in dict.fromkeys(roots):
-        try:
-            entries = sorted(os.listdir(root))
-        except OSError:
-            continue
-        for entry in entries:
-            candidate = os.path.join(root, entry, f"{session_id}.jsonl")
-            if os.path.lexists(candidate):
-                found.append(candidate)
-    return found
+    return [c for root in dict.fromkeys(roots) for c in named_in_projects(root, f"{session_id}.jsonl")]
 
 
 def transcript_elsewhere(path: str):
     """A session transcript of the same name in another folder of the same projects
     folder (session ids are unique), when ``path`` names one that does not exist; else None."""
-    name, folder = os.path.basename(path), os.path.dirname(path)
-    projects = os.path.dirname(folder)
+    name = os.path.basename(path)
     if not (name.endswith(".jsonl") and is_uuid(name[:-6])):
         return None
-    try:
-        entries = os.listdir(projects)
-    except OSError:
-        return None
-    for entry in sorted(entries):
-        candidate = os.path.join(projects, entry, name)
-        if candidate != path and os.path.isfile(candidate):
-            return candidate
-    return None
+    return next((c for c in named_in_projects(os.path.dirname(os.path.dirname(path)), name)
+                 if c != path and os.path.isfile(c)), None)
 
 
 def segment_soft_bytes(policy) -> int:
@@ -13907,6 +13895,7 @@ class BackgroundCarry:
         self.notes = collections.deque()
         self.next_poll = 0.0
         self.stops_seen = 0        # the newest TaskStop call looked at for carried jobs
+        self.stops_size = None     # the transcript's size when they were last looked for
         self.carried = ""          # the last swap's one line, for the person and /status
         self._kept_for = None      # the thread whose undelivered.json holds self._saved
         self.guard = CarryGuard(session.home, self.thread_id)
@@ -14251,6 +14240,13 @@ class BackgroundCarry:
         stops it and says so."""
         if not self.thread_id:
             return
+        try:  # (a TaskStop is in the transcript first: no store is opened while it has not grown)
+            size = os.path.getsize(self.session.capture.path)
+        except (OSError, AttributeError, TypeError):
+            size = None
+        if size is not None and size == self.stops_size:
+            return
+        self.stops_size = size
         store = ThreadStore(self.session.home, self.thread_id)
         try:
             rows = store.db.execute(

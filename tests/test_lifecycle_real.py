@@ -121,7 +121,7 @@ def test_in_app_resume_follows_a_free_thread_and_refuses_a_held_one(real_claude,
         revoked = [r for (r,) in cc_lhc.HostDB(home).db.execute("SELECT revoked FROM descriptors")
                    if r and "is held" in r]
         assert len(revoked) == 1 and cc_lhc._withdrawn(home, cc_lhc.HostDB(home).db.execute(
-            "SELECT path FROM descriptors WHERE revoked = ?", (revoked[0],)).fetchone()[0]).startswith(
+            "SELECT path FROM descriptors WHERE revoked = ?", (revoked[0],)).fetchone()).startswith(
             "retrieval in this window was withdrawn: Claude moved to session")
         # back on the session it was bound to: taken again, lease, capture and all
         t.wait_for(PROMPT)
