@@ -1497,6 +1497,12 @@ def restored_value(stored, default):
 # prompt not yet answered is the same to Claude: it drops that prompt (its text goes back
 # into the box) and chains the next one to the record before it.
 OFF_BRANCH_KEY = "off_branch:"
+# + source key: what the thread held of a source's lines that carry no uuid (kept lines by
+# their bytes' hash, tallies by type) when the source was read again from its start
+# (ThreadStore.restart_source). The reading takes those as already held, one for one, so a
+# file read twice keeps and counts each such line once; a line the file holds more often
+# than the thread did is new. The key goes once everything held has been met again.
+REREAD_KEY = "reread:"
 OWN_UUID_KEY = re.compile(rb'[{,]\s*"uuid"\s*:\s*$')
 TASK_NOTIFICATION_OPEN = "<task-notification>"
 # A queued message that is a slash command (/mcp, /plugin:cmd args), not a path like /var/log
@@ -3881,8 +3887,12 @@ class ThreadStore:
                 first = out.problems[0]
                 db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
                            (f"{first.kind} at line {first.line}: {first.detail}", session_id))
-            insert_rows(db, "INSERT OR IGNORE INTO raw_lines", 7, [_raw_line_row(r, now) for r in out.raw_lines])
-            self._count_all(session_id, [(rtype, count, size) for rtype, (count, size) in out.telemetry.items()])
+            raw_lines = [_raw_line_row(r, now) for r in out.raw_lines]
+            tallies = [(rtype, count, size) for rtype, (count, size) in out.telemetry.items()]
+            if raw_lines or tallies:
+                raw_lines, tallies = self._met_again(session_id, raw_lines, tallies)
+            insert_rows(db, "INSERT OR IGNORE INTO raw_lines", 7, raw_lines)
+            self._count_all(session_id, tallies)
             db.execute("UPDATE sources SET offset = ?, lines = lines + ?, parser_version = ?, "
                        "updated = ?, prefix_sha256 = ? WHERE session_id = ?",
                        (new_offset, lines_read, PARSER_VERSION, now, prefix_sha256, session_id))
@@ -3966,13 +3976,58 @@ class ThreadStore:
         thread is degraded, and says why) and a count.
         """
         now = utc_now_iso()
-        with Tx(self.db):
-            self.db.execute("INSERT INTO problems (session, line, offset, kind, detail, created) "
-                            "VALUES (?, NULL, NULL, ?, ?, ?)", (session_id, kind, detail, now))
+        db = self.db
+        with Tx(db):
+            held = {"raw": dict(db.execute("SELECT sha256, count(*) FROM raw_lines WHERE session = ? "
+                                           "AND reason != ? GROUP BY sha256", (session_id, TORN_LINE))),
+                    "tally": {rtype: [count, size] for rtype, count, size in db.execute(
+                        "SELECT type, count, bytes FROM telemetry WHERE session = ? AND type NOT IN (?, ?, ?)",
+                        (session_id, "transcript_shrank", "transcript_rewritten", TORN_LINE))}}
+            # Every record read before is met again: the reading takes it for a copy (a duplicate_record).
+            (known,) = db.execute("SELECT count(*) FROM chain WHERE session = ?", (session_id,)).fetchone()
+            if known:
+                held["tally"].setdefault("duplicate_record", [0, 0])[0] += known
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (REREAD_KEY + session_id, json.dumps(held)))
+            db.execute("INSERT INTO problems (session, line, offset, kind, detail, created) "
+                       "VALUES (?, NULL, NULL, ?, ?, ?)", (session_id, kind, detail, now))
             self._count(session_id, kind, 1, 0)
             self.db.execute("UPDATE sources SET degraded = coalesce(degraded, ?), start_offset = 0, "
                             "offset = 0, lines = 0, prefix_sha256 = NULL, updated = ? "
                             "WHERE session_id = ?", (f"{kind}: {detail}", now, session_id))
+
+    def _met_again(self, session_id, raw_lines, tallies):
+        """The kept lines (raw_lines rows) and tallies of a batch less those the thread held
+        already when the source was read again from its start (REREAD_KEY): each of them is
+        taken to be met again once. Inside the caller's transaction."""
+        key = REREAD_KEY + session_id
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return raw_lines, tallies
+        held = json.loads(row[0])
+        raw, tally = held["raw"], held["tally"]
+        new_lines = []
+        for line in raw_lines:
+            sha = line[1]
+            if raw.get(sha):
+                raw[sha] -= 1
+            else:
+                new_lines.append(line)
+        new_tallies = []
+        for rtype, count, size in tallies:
+            had = tally.get(rtype, (0, 0))
+            met = min(count, had[0])
+            bytes_met = size if met == count else min(size, had[1], size * met // count)
+            if met:
+                tally[rtype] = [had[0] - met, max(0, had[1] - bytes_met)]
+            if count > met:
+                new_tallies.append((rtype, count - met, size - bytes_met))
+        held = {"raw": {sha: n for sha, n in raw.items() if n},
+                "tally": {rtype: n for rtype, n in tally.items() if n[0]}}
+        if held["raw"] or held["tally"]:
+            self.db.execute("UPDATE meta SET value = ? WHERE key = ?", (json.dumps(held), key))
+        else:
+            self.db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        return new_lines, new_tallies
 
     def _note_agents(self, agents, now):
         """Upsert agents and their links; a sidechain without one is linked by its prompt."""

@@ -509,3 +509,55 @@ def test_real_cli_an_odd_line_does_not_stop_capture_or_the_launch(real_claude, o
     folder = json.loads(real_lhc(rc, "measure", str(path.parent), "--json").stdout)
     assert [s["messages"] for s in folder["sessions"]] == [s["messages"] for s in alone["sessions"]]
     assert alone["sessions"][0]["messages"] >= 7
+
+
+def telemetry(home, thread) -> dict:
+    import sqlite3
+    db = sqlite3.connect(home.path("threads", f"{thread}.sqlite"))
+    try:
+        return {t: (n, b) for t, n, b in db.execute("SELECT type, count, bytes FROM telemetry")}
+    finally:
+        db.close()
+
+
+def raw_lines(thread) -> list[str]:
+    status, out = run_main("export", thread, "--format", "raw-lines")
+    assert status == 0
+    return [json.loads(line)["raw"] for line in out.splitlines()]
+
+
+def test_a_file_read_again_keeps_and_counts_its_lines_without_uuid_once(tmp_path):
+    """Lines with no uuid have nothing to know them by but their bytes: read again after a
+    rewrite, each is one the thread already holds, one for one; a second copy is new."""
+    home, thread = registered_thread()
+    t = Transcript()
+    t.user("first question")
+    snapshot = json.dumps({"type": "file-history-snapshot", "messageId": "m1", "snapshot": {}}).encode()
+    loose = b'{"type":"user","message":{"role":"user","content":"a prompt with no uuid"}}'
+    t.lines += [snapshot, loose]
+    t.assistant(text("first answer"))
+    path = t.write(tmp_path / "t.jsonl")
+    capture_once(home, thread, path)
+    before = telemetry(home, thread)
+    assert raw_lines(thread) == [loose.decode()]
+
+    first = json.loads(t.lines[0])
+    first["message"]["content"] = "first question, asked at more length"
+    t.lines[0] = json.dumps(first).encode()  # the file rewritten: every later line moves
+    t.write(path)
+    capture_once(home, thread, path)
+    after = telemetry(home, thread)
+    assert raw_lines(thread) == [loose.decode()]
+    assert after.pop("transcript_rewritten") == (1, 0)
+    assert after == before  # (the records met again are no copies Claude wrote)
+
+    t.lines.insert(2, loose)  # now the file holds it twice, and the snapshot twice
+    t.lines.insert(2, snapshot)
+    t.write(path)
+    capture_once(home, thread, path)
+    assert raw_lines(thread) == [loose.decode()] * 2
+    grown = telemetry(home, thread)
+    assert grown["file-history-snapshot"] == (2, 2 * len(snapshot))
+    assert grown["unplaced_record"][0] == 2
+    assert "duplicate_record" not in grown
+    assert [r["text"] for r in export(thread)][:2] == ["first question", "first answer"]
