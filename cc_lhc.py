@@ -4220,6 +4220,36 @@ def off_branch(store) -> list:
         "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";")))
 
 
+RESUMED_BACK = "@resumed"  # in an off-branch key's session part: the run a resume back left out
+
+
+def resumed_back(store, session_id):
+    """Claude reopened ``session_id``, an earlier session of the thread (an in-app /resume
+    back to it, after a Smart Compact moved the thread on): what the thread took in after
+    that session's last record is not in the conversation Claude has now, so it goes off
+    the branch, as a rewind's turns do; and what an earlier resume back left off that
+    holds this session's own records comes back onto it. Returns the run now off the
+    branch, or None."""
+    db = store.db
+    own = ("(source_session = ?1 OR (source_session >= ?1 || '/' AND source_session < ?1 || '0'))")
+    (last,) = db.execute(f"SELECT max(seq) FROM messages WHERE {own}", (session_id,)).fetchone()
+    if last is None:
+        return None
+    (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
+    with Tx(db):
+        for key, end in db.execute("SELECT key, value FROM meta WHERE key >= ? AND key < ? AND instr(key, ?) > 0",
+                                   (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";", RESUMED_BACK + ":")).fetchall():
+            first = int(key.rsplit(":", 1)[1])
+            if db.execute(f"SELECT 1 FROM messages WHERE {own} AND seq BETWEEN ?2 AND ?3 LIMIT 1",
+                          (session_id, first, int(end))).fetchone():
+                db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        if top <= last:
+            return None
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                   (f"{OFF_BRANCH_KEY}{session_id}{RESUMED_BACK}:{last + 1}", str(top)))
+    return last + 1, top
+
+
 def load_turns(store, closed_only=True):
     """All turns of a thread with their messages, in order (as the views see them): a
     message a rewind left off Claude's branch is not one of them (off_branch)."""
@@ -13682,7 +13712,14 @@ class SessionFollower:
             return
         try:
             recover_thread(home, registry, session.hostdb, thread)
+            back = None
             if registry.current_session(thread) != new_sid:
+                if not created:  # (back to a session the thread went on from)
+                    store = ThreadStore(home, thread)
+                    try:
+                        back = resumed_back(store, new_sid)
+                    finally:
+                        store.close()
                 advance_current(registry, thread, new_sid)  # the session Claude now writes
         except BaseException:
             lease.release()
@@ -13703,7 +13740,7 @@ class SessionFollower:
             session.worker = DerivationWorker(home, thread).start() if session.summaries else None
         kind = "clear" if cleared else "resume"
         home.log("session_followed", kind=kind, old_session=old_sid, new_session=new_sid,
-                 thread=thread, created=created)
+                 thread=thread, created=created, **({"off_branch": f"m{back[0]}-m{back[1]}"} if back else {}))
         session.announce(f"/clear started a new conversation: cc-lhc follows it as thread "
                          f"{thread[:8]} (the earlier one stays in thread {old.thread_id[:8]})"
                          if cleared else

@@ -561,3 +561,66 @@ def test_terminal_modes_follow_what_was_written_in_any_cut():
     done = cc_lhc.TerminalModes()
     done.feed(b"\x1b]0;a title\x07plain")
     assert done.reset() == b""
+
+
+def test_resume_back_to_the_session_before_a_smart_compact_leaves_the_rebuilt_turns_off(real_claude, tmux):
+    """After a swap, `/resume <the session before it>` puts Claude back on that conversation,
+    which never held the turns typed on the rebuilt session: the thread keeps them, and no
+    view holds them. Back on the rebuilt session, they are on the branch again and what
+    was typed on the older one is off it."""
+    rc = real_claude
+    rc.api.script([text_reply("answer one ORIGINAL", usage=OVER_USAGE), "answer on the rebuilt REBUILT-TURN",
+                   "answer back on the old ONE-AGAIN", "answer on the rebuilt again"])
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "prompt one")
+    t.wait_for("answer one ORIGINAL")
+    wait_for_log(rc, "handoff_switched")
+    t.wait_for("This conversation was rebuilt by Smart Compact")
+    t.wait_for(PROMPT)
+    registry = cc_lhc.Registry(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]))
+    ((thread_id, *_),) = registry.threads()
+    rebuilt = log_events(rc, "handoff_switched")[0]["new_session"]
+    (original,) = {s for (s,) in registry.db.execute("SELECT session_id FROM aliases WHERE thread_id = ?",
+                                                      (thread_id,))} - {rebuilt}
+    registry.db.close()
+    type_line(t, "prompt on the rebuilt")
+    t.wait_for("answer on the rebuilt REBUILT-TURN")
+    type_line(t, f"/resume {original}")
+    wait_for_log(rc, "session_followed")
+    (followed,) = log_events(rc, "session_followed")
+    assert followed["kind"] == "resume" and followed["thread"] == thread_id and followed["off_branch"]
+    t.wait_for(PROMPT)
+    type_line(t, "prompt back on the old")
+    t.wait_for("answer back on the old ONE-AGAIN")
+
+    def on_branch() -> str:  # the texts the thread's views hold now
+        store = cc_lhc.ThreadStore(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread_id)
+        try:
+            return json.dumps([m.get("text") for turn in cc_lhc.load_turns(store) for m in turn.messages])
+        finally:
+            store.close()
+    from realcli import wait_until
+    wait_until(lambda: "ONE-AGAIN" in on_branch(), "the turn on the old session in the views")
+    now = on_branch()
+    assert "ORIGINAL" in now and "ONE-AGAIN" in now and "REBUILT-TURN" not in now
+    # Claude's request on the old session held no rebuilt turn either (what the view now matches)
+    assert "REBUILT-TURN" not in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+
+    type_line(t, f"/resume {rebuilt}")
+    wait_for_log(rc, "session_followed", count=2)
+    t.wait_for(PROMPT)
+    type_line(t, "prompt on the rebuilt again")
+    t.wait_for("answer on the rebuilt again")
+    exit_cleanly(t)
+    again = on_branch()
+    assert "ORIGINAL" in again and "REBUILT-TURN" in again and "ONE-AGAIN" not in again
+    new = str(uuid.uuid4())  # and a session written from the thread is that branch
+    w = rc.run([sys.executable, CC_LHC, "rollout", "write", "--thread-id", thread_id, "--session-id", new])
+    assert w.returncode == 0, w.stderr
+    written = (rc.project_dir / f"{new}.jsonl").read_text()
+    assert "ORIGINAL" in written and "REBUILT-TURN" in written and "ONE-AGAIN" not in written
+    every = texts(rc, thread_id)  # the thread keeps every turn
+    for said in ("answer one ORIGINAL", "answer on the rebuilt REBUILT-TURN", "answer back on the old ONE-AGAIN",
+                 "answer on the rebuilt again"):
+        assert every.count(said) == 1
