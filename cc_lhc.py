@@ -7165,6 +7165,47 @@ def claude_session_of(pid: int):
     return sid
 
 
+def claude_running(session_id: str, mine=()):
+    """The pid of a running Claude (not one of ``mine``) that says it is on ``session_id``
+    (the files Claude keeps for its pid, as claude_session_of reads them), else None: one
+    in another terminal, or in Claude's background daemon after "Move to background"."""
+    folder = os.path.join(claude_config_dir(), "sessions")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    for name in names:
+        stem, _dot, ext = name.partition(".")
+        if ext != "json" or not stem.isdigit() or int(stem) in mine:
+            continue
+        pid = int(stem)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except OSError:
+            pass  # (alive, another user's)
+        try:  # (a pid reused by a process that is no Claude, where the file names no start)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"claude" not in f.read(1 << 16):
+                    continue
+        except OSError:
+            pass
+        if claude_session_of(pid) == session_id:
+            return pid
+    return None
+
+
+def refuse_running_session(session_id: str) -> None:
+    """Two Claudes on one session both append to its transcript and neither sees what the
+    other wrote: a launch onto a session another Claude runs is refused (exit 2)."""
+    pid = claude_running(session_id)
+    if pid is not None:
+        raise usage_error(f"session {session_id} is open in another Claude (pid {pid}; one Claude runs "
+                          "in the background, `claude agents` lists those); not starting a second "
+                          "Claude on it (nothing was queued). Close it there, or wait until it is done.")
+
+
 def remove_stale_descriptors(home, hostdb) -> int:
     """Launch-time sweep: descriptors whose owning process is gone are removed.
 
@@ -11852,6 +11893,7 @@ def attach_thread(spec, home, policy):
             _resume_session(spec, current)
         spec.resume = None
     if spec.resume:
+        refuse_running_session(spec.resume)
         thread = registry.thread_for_session(spec.resume)
         if thread is None:
             path = _session_rollout(hostdb, spec.session_id, spec.cwd)
@@ -11878,6 +11920,7 @@ def attach_thread(spec, home, policy):
                 say(f"session {spec.session_id} continues as {current} in thread {thread[:8]}; "
                     "resuming that")
                 _resume_session(spec, current)
+                refuse_running_session(current)
             path = _session_rollout(hostdb, spec.session_id, spec.cwd)
             refuse_irregular_transcript(path, spec.session_id, home)
             repair_torn_tail(path, home, spec.session_id, keep_cut_line(home, thread, spec.session_id, path))
@@ -12249,7 +12292,7 @@ def continue_target(spec, registry, hostdb):
     """--continue: this folder's most recent thread, else Claude's most recent session."""
     rows = _cwd_threads(registry, hostdb, spec.cwd)
     if rows:
-        return rows[0][2]
+        return went_on_in(rows[0][2], spec.cwd)
     folder = os.path.join(claude_config_dir(), "projects", project_slug(spec.cwd))
     try:
         candidates = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".jsonl")]
@@ -12259,6 +12302,19 @@ def continue_target(spec, registry, hostdb):
     if not candidates:
         return None
     return os.path.basename(max(candidates, key=os.path.getmtime))[:-6]
+
+
+def went_on_in(session_id: str, cwd: str, hops: int = 16) -> str:
+    """The session a conversation went on in, by the `continued-in` records Claude writes
+    when its exit dialog moves a session to the background (the daemon forks it into a new
+    session of this folder): ``session_id`` itself when it did not, or when that session's
+    transcript is not there (yet)."""
+    for _ in range(hops):
+        moved = continued_in(rollout_path(session_id, cwd))
+        if not moved or not os.path.isfile(rollout_path(moved, cwd)):
+            break
+        session_id = moved
+    return session_id
 
 
 # The records in which Claude Code names a session (`--name`, /rename; or a title it made):

@@ -188,6 +188,8 @@ def test_moving_the_session_to_the_background_at_exit_is_said_with_the_way_back(
     rc.api.script([tool_use_reply("Bash", {"command": f"{until_released(release)}echo DAEMON-DONE",
                                            "description": "in the background", "run_in_background": True}),
                    "started it"])
+    for _ in range(4):  # what the daemon's Claude answers the job's end with (and any title it asks for)
+        rc.api.push("DAEMON GOES ON")
     t = launch(rc, tmux, "start the job", "--allowedTools", "Bash")
     try:
         t.wait_for("started it", timeout=STARTUP)
@@ -200,6 +202,16 @@ def test_moving_the_session_to_the_background_at_exit_is_said_with_the_way_back(
         moved = said["continued_in"]  # (its file is written once the daemon's Claude has something to say)
         notice = [e["text"] for e in log_events(rc, "notice")] + [t.capture(history=True)]
         assert any(f"cc-lhc --resume {moved}" in n for n in notice), notice[-1][-2000:]
+        # While the daemon runs it, no second Claude is started on it, by either way back.
+        release.touch()
+        wait_until(lambda: b"DAEMON GOES ON" in _read(rc.project_dir / f"{moved}.jsonl"),
+                   "the daemon's Claude answering the job's end", timeout=60)
+        wait_until(lambda: cc_lhc.claude_running(moved) is not None, "the daemon's Claude named")
+        asked = len(rc.api.message_requests)
+        for how in (["--resume", moved], ["--continue"]):
+            p = rc.run([sys.executable, CC_LHC, "-p", "are you there?", *how])
+            assert p.returncode == 2 and f"session {moved} is open in another Claude" in p.stderr, p.stderr
+        assert len(rc.api.message_requests) == asked
     finally:
         release.touch()
         for pid in _daemons_of(rc.cwd):
@@ -207,6 +219,21 @@ def test_moving_the_session_to_the_background_at_exit_is_said_with_the_way_back(
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+    # Once it is done, --continue goes on where the daemon left off (as `claude --continue`
+    # would: the newest session of the folder), not in the session it left behind.
+    wait_until(lambda: cc_lhc.claude_running(moved) is None, "the daemon's Claude gone")
+    rc.api.script(["back under cc-lhc"])
+    p = rc.run([sys.executable, CC_LHC, "-p", "what did the job say?", "--continue", "--output-format", "json"])
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["session_id"] == moved
+    assert "DAEMON GOES ON" in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "and-a-job"])
