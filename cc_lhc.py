@@ -5580,6 +5580,49 @@ def carried_file_state(turns, budget, counter=None):
     return pairs, used if counter is None else pairs_tokens(pairs, counter)
 
 
+def reads_claude_would_forget(store, folders, since: str) -> list:
+    """Files outside ``folders`` (the project's) that Claude's Edit would refuse as "not read
+    yet" after a compaction inside the running Claude: those whose newest successful Read,
+    Edit or Write in the thread came before ``since`` (when this Claude process started).
+    Claude Code 2.1.328 empties what it knows of read files when it compacts and keeps, for
+    Edit, only what this process read itself; a file inside the project it lets Edit take
+    anyway. A swap resumes the rebuilt session, whose carried file-state pairs Claude reads
+    back, so it keeps them all (measured with the real CLI)."""
+    newest = {}
+    for path, created in store.db.execute(
+            "SELECT json_extract(lhc_text(c.text), '$.file_path'), max(r.created) FROM messages c "
+            "JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id AND r.agent IS NULL "
+            f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ({','.join('?' * len(CARRY_TOOLS))}) "
+            "AND coalesce(r.is_error, 0) = 0 AND json_valid(lhc_text(c.text)) GROUP BY 1", tuple(CARRY_TOOLS)):
+        if isinstance(path, str) and path and created:
+            newest[path] = created
+    roots = [os.path.realpath(f) for f in folders]
+    return sorted(path for path, created in newest.items()
+                  if created < since and not any(_inside(os.path.realpath(path), root) for root in roots))
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # (another drive)
+        return False
+
+
+def project_folders(spec) -> list:
+    """The folders Claude treats as the project's: its working folder and each `--add-dir`."""
+    folders, args, i = [spec.cwd], list(spec.claude_args), 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--add-dir="):
+            folders.append(arg.split("=", 1)[1])
+        elif arg == "--add-dir":
+            while i + 1 < len(args) and not args[i + 1].startswith("-"):
+                i += 1
+                folders.append(args[i])
+        i += 1
+    return [os.path.join(spec.cwd, f) for f in folders]
+
+
 def pairs_tokens(pairs, counter) -> int:
     """File-state pairs as ``counter`` counts them, in one batch (one by one, each would
     need an encoder of its own)."""
@@ -11095,6 +11138,7 @@ class InteractiveHost:
                 preexec_fn=_death_link_preexec(os.getpid()))
         except (OSError, FileNotFoundError) as e:
             raise LhcError(f"cannot start {spec.child_argv[0]}: {e}", EXIT_NOT_FOUND)
+        self.child_since = utc_now_iso()  # (what this Claude process did itself is from then on)
         home.log("child_started", mode="interactive", child_pid=self.child.pid,
                  session=spec.session_id, argv=argv[1:])
         if spec.mod:
@@ -13019,6 +13063,7 @@ class LiveHandoff:
         self.candidate = ptyprocess.PtyProcess.spawn(
             argv, cwd=spec.cwd, env=env, dimensions=self.host.size(),
             preexec_fn=_death_link_preexec(os.getpid()))
+        self.candidate_since = utc_now_iso()
         self.candidate_argv = argv[1:]
         self.started, self.first_output = time.monotonic(), None
         self.replay, self.replay_overflow = bytearray(), False
@@ -13135,7 +13180,7 @@ class LiveHandoff:
         relay.remove_reader("candidate")
         relay.timeout = None
         relay.switch_master(new.fd)
-        self.host.child = new
+        self.host.child, self.host.child_since = new, self.candidate_since
         if spec.mod:
             spec.mod.expect(new.pid)  # the replacement's mod shakes hands anew
         rows, cols = self.host.size()
@@ -13449,6 +13494,13 @@ class InProcessCompact:
                        manual=manual or person is not None, prune=prune is not None)
             if not a.go:
                 return a.reason
+            since = getattr(self.handoff.host, "child_since", None)
+            forgets = reads_claude_would_forget(store, project_folders(spec), since) if since else []
+            if person is None and forgets:
+                # Claude forgets them when it compacts; a swap's resume carries them (a person's
+                # own /compact still runs in process: Claude's summary would lose far more).
+                home.log("in_process_compact_skipped", why="reads it would forget", files=forgets[:20])
+                return None
             if person is None:
                 relay.drop_input = True
                 relay.to_child.clear()

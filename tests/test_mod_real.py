@@ -705,3 +705,40 @@ def test_a_call_whose_output_claude_saved_to_a_file_goes_back_by_its_handle(real
     assert "<persisted-output>" in json.dumps(result)
     assert {"type": "thinking", "thinking": "saw the rows", "signature": "SIG-ROWS"} in _thinking_blocks(messages)
     exit_cleanly(t)
+
+
+@pytest.mark.parametrize("where", ["outside", "inside"])
+def test_a_file_read_by_an_earlier_claude_outside_the_project_is_kept_editable(real_claude, tmux, tmp_path, where):
+    """Claude 2.1.328 forgets, when it compacts, the files it knows as read only from the
+    transcript it resumed: Edit then refuses one outside the project ("File has not been
+    read yet"). Such a session is compacted by the swap, whose resume carries them; a file
+    inside the project Edit takes anyway, so that one stays in process."""
+    rc = real_claude
+    folder = (tmp_path / "elsewhere") if where == "outside" else (rc.cwd / "src")
+    folder.mkdir()
+    target = folder / "calc.py"
+    target.write_text("def div(a, b):\n    return round(a / b, 2)\n")
+    rc.api.script([tool_use_reply("Read", {"file_path": str(target)}, usage=SMALL_USAGE),
+                   text_reply("read it", usage=SMALL_USAGE)])
+    p = rc.run_lhc("-p", "read calc.py", "--output-format", "json", "--allowedTools", "Read")
+    assert p.returncode == 0, p.stderr
+    session = json.loads(p.stdout)["session_id"]
+    rc.api.script([text_reply("looked again", usage=OVER_USAGE)])
+    t = start(rc, tmux, "--allowedTools", "Read,Edit", "--resume", session)
+    wait_for_log(rc, "mod_active")
+    type_line(t, "one more look")
+    t.wait_for("looked again")
+    wait_for_log(rc, "handoff_switched" if where == "outside" else "in_process_compact_served", timeout=60)
+    t.wait_for(PROMPT)
+    rc.api.script([tool_use_reply("Edit", {"file_path": str(target), "old_string": "round(a / b, 2)",
+                                           "new_string": "round(a / b, 4)"}, usage=SMALL_USAGE),
+                   text_reply("EDITED", usage=SMALL_USAGE)])
+    type_line(t, "now edit it")
+    t.wait_for("EDITED")
+    exit_cleanly(t)
+    assert "round(a / b, 4)" in target.read_text()
+    if where == "outside":
+        (skipped,) = log_events(rc, "in_process_compact_skipped")
+        assert skipped["files"] == [str(target)] and not log_events(rc, "in_process_compact_served")
+    else:
+        assert not log_events(rc, "handoff_switched") and not log_events(rc, "in_process_compact_skipped")
