@@ -7018,19 +7018,37 @@ class Lease:
         self.info_path = os.path.join(folder, f"{key}.json")
         self.fd = None
 
-    def acquire(self) -> None:
+    # What a refusal says the thread was wanted for (acquire's ``refused``: a launch's by default).
+    LAUNCH_REFUSED = ("not starting a second Claude on it (nothing was queued); once that session ends "
+                      "it is free, `cc-lhc --resume` picks another thread, and `--fork-session` branches this one")
+
+    def _holder(self) -> str:
+        """' by cc-lhc pid N' from the JSON beside the lock (or '' when it says nothing)."""
+        try:
+            owner = json.loads(read_small_file(self.info_path, DESCRIPTOR_FILE_LIMIT)).get("owner", {})
+            return f" by cc-lhc pid {owner.get('pid')}"
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return ""
+
+    def held_elsewhere(self):
+        """None when no process holds the thread; else ' by cc-lhc pid N' (or ''), for a
+        list that marks threads in use. Takes nothing: the lock is let go at once."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return None
+        try:
+            return None if _try_lock(fd) else self._holder()
+        finally:
+            os.close(fd)  # (closing the file lets go of a lock it took)
+
+    def acquire(self, refused: str = LAUNCH_REFUSED) -> None:
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         if not _try_lock(fd):
             os.close(fd)
-            holder = ""
-            try:
-                owner = json.loads(read_small_file(self.info_path, DESCRIPTOR_FILE_LIMIT)).get("owner", {})
-                holder = f" by cc-lhc pid {owner.get('pid')}"
-            except (OSError, ValueError, AttributeError, RecursionError):
-                pass
+            holder = self._holder()
             self.held_by = holder
-            raise usage_error(f"thread {self.thread_id[:8]} is already in use{holder}; "
-                              "not starting a second Claude on it (nothing was queued)")
+            raise usage_error(f"thread {self.thread_id[:8]} is already in use{holder}; {refused}")
         self.fd = fd
         write_info = json.dumps({"thread_id": self.thread_id, "owner": process_identity(),
                                  "since": utc_now_iso()}).encode()
@@ -9381,18 +9399,18 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
         if os.path.exists(plan.path):
             raise usage_error(f"{plan.path} already exists")
     registry = Registry(home)
-    if pending:
-        record_pending(registry, thread_id, from_session, plan, cwd)
-        if assessment is not None:
-            assessment.outcome(f"scheduled:{new_sid}")
-        failpoint("after-pending-record")
+    # (`rollout write` too: a session file it leaves behind, killed before the thread was
+    # moved onto it, is one the next launch of the thread rolls back like any other)
+    record_pending(registry, thread_id, from_session, plan, cwd)
+    if assessment is not None:
+        assessment.outcome(f"scheduled:{new_sid}")
+    failpoint("after-pending-record")
     try:
         write_rebuild(plan.path, plan.data)
     except (OSError, LhcError) as e:
-        if pending:
-            abandon(home, registry, new_sid, f"its transcript could not be written: {e}")
-            if assessment is not None:
-                assessment.outcome(f"failed: write: {e}")
+        abandon(home, registry, new_sid, f"its transcript could not be written: {e}")
+        if assessment is not None:
+            assessment.outcome(f"failed: write: {e}")
         raise LhcError(f"the rebuilt session could not be written: {e}")
     record_lineage(hostdb, new_sid, thread_id, plan.path, cwd, plan.data)
     if pending:
@@ -12459,17 +12477,20 @@ def pick_thread_session(spec, registry, hostdb):
         if term and term.lower() not in prompt.lower() and not thread_id.startswith(term):
             continue
         when = datetime.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
+        held = Lease(home, thread_id).held_elsewhere()
         listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  "
-                                f"{escape_controls(prompt[:60])}"))
+                                f"{escape_controls(prompt[:60])}"
+                                + ("" if held is None else f"  (in use{held})"), held is None))
     if not listed:
         raise usage_error(f"no thread in this folder matches {term!r}")
+    default = next((str(i) for i, (_s, _l, free) in enumerate(listed, 1) if free), "1")  # (the newest free one)
     answer = ask_terminal("Threads in this folder (newest first):\n"
-                          + "".join(f"  {i:>2}. {line}\n" for i, (_s, line) in enumerate(listed, 1))
-                          + "Resume which? [1] ")
+                          + "".join(f"  {i:>2}. {line}\n" for i, (_s, line, _f) in enumerate(listed, 1))
+                          + f"Resume which? [{default}] ")
     if answer is None:
         raise usage_error("choosing a thread needs a terminal; pass --resume <session-id> "
                           "(cc-lhc threads lists them)")
-    answer = answer or "1"
+    answer = answer or default
     if not answer.isdigit() or not 1 <= int(answer) <= len(listed):
         raise usage_error(f"no thread numbered {answer!r}")
     return listed[int(answer) - 1][0]
@@ -16788,9 +16809,20 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
         written = rebuild(home, hostdb, store, thread_id, registry.current_session(thread_id),
                           policy, cwd, envelope_from=envelope_from, session_id=session_id,
                           projects_root=projects_root, pending=False, idle=True)
+        failpoint("after-rollout-written")
+        try:
+            advance_current(registry, thread_id, session_id)
+        except Exception as e:
+            # Not made current: the file goes (to abandoned-rebuilds/), never a session no
+            # record leads to. A registry too busy for that too is settled at the next launch.
+            try:
+                abandon(home, registry, session_id, f"the thread could not be moved onto it: {e}")
+            except Exception as again:
+                home.log("abandon_failed", session=session_id, error=repr(again))
+            raise LhcError(f"rollout write: thread {thread_id} could not be moved onto session {session_id} "
+                           f"({e}); nothing was left in Claude's projects folder") from e
     finally:
         store.close()
-    registry.add_alias(session_id, thread_id, current=True)
     return written
 
 
@@ -16829,7 +16861,8 @@ def cmd_rollout(args) -> int:
     thread_id = registry.resolve_prefix(thread_arg)
     # The thread's current session changes here, so nobody else may be driving it.
     lease = Lease(home, thread_id)
-    lease.acquire()
+    lease.acquire("rollout write moves its current session, so it runs once that session ends "
+                  "(nothing was written)")
     try:
         written = _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd,
                                       projects_root, envelope_from)

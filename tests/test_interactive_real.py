@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -39,6 +40,31 @@ def test_bare_resume_offers_this_folders_threads(real_claude, tmux):
     exit_cleanly(t)
     (request,) = real_claude.api.message_requests[n_before:]
     assert request["session_id"] == first != second
+
+
+def test_the_picker_marks_a_thread_in_use_and_offers_the_newest_free_one(real_claude, tmux):
+    first = oneshot(real_claude, "the first topic", "noted, first")
+    oneshot(real_claude, "the second topic", "noted, second")
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    by_session = {r[4]: r[0] for r in cc_lhc.Registry(home).threads()}
+    newest = next(t for s, t in by_session.items() if s != first)
+    lease = cc_lhc.Lease(home, newest)
+    lease.acquire()  # as another live cc-lhc would hold it
+    try:
+        real_claude.api.script(["back in the first thread"])
+        t = tmux([sys.executable, CC_LHC, "--resume"], cols=120, rows=30, env=real_claude.env,
+                 cwd=real_claude.cwd)
+        screen = t.wait_for("Resume which?")
+        assert f"the second topic  (in use by cc-lhc pid {os.getpid()})" in screen
+        assert "Resume which? [2]" in screen
+        t.send_keys("Enter")  # the default: the first thread, free
+        t.wait_for(PROMPT)
+        type_line(t, "where were we")
+        t.wait_for("back in the first thread")
+        exit_cleanly(t)
+    finally:
+        lease.release()
+    assert real_claude.api.message_requests[-1]["session_id"] == first
 
 
 def test_the_picker_shows_prompts_inert_and_end_of_input_chooses_nothing(real_claude, tmux):

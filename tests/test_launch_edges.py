@@ -78,6 +78,8 @@ def test_rollout_write_waits_for_no_one_while_a_session_owns_the_thread(real_cla
     finally:
         lease.release()
     assert p.returncode == 2 and "already in use" in p.stderr
+    assert "rollout write moves its current session, so it runs once that session ends" in p.stderr
+    assert "second Claude" not in p.stderr  # (it starts none)
     assert threads(real_claude)[0]["current_session"] == sid
 
 

@@ -653,3 +653,33 @@ def test_retrieval_works_from_a_tool_run_with_another_home(real_claude, tmp_path
     last = rc.api.message_requests[-1]["body"]["messages"]
     [answer] = [b for m in last for b in blocks(m) if b.get("type") == "tool_result"]
     assert "TEAL-4417" in tool_result_text(answer) and not answer.get("is_error"), tool_result_text(answer)
+
+
+@pytest.mark.parametrize("point", ["after-pending-record", "after-rollout-written"])
+def test_a_rollout_write_killed_before_the_thread_moved_leaves_nothing_behind(real_claude, point):
+    """`rollout write` is one rebuild like any other: killed after its file is written and
+    before the thread moved onto it, the next launch of the thread rolls it back (the file
+    out of Claude's folder), and the thread goes on where it was."""
+    rc = real_claude
+    rc.api.script(["a short answer"])
+    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread_id = the_thread(home)
+    new_sid = str(uuid.uuid4())
+    proc = rc.run_lhc("rollout", "write", "--thread-id", thread_id, "--session-id", new_sid,
+                      env={"CC_LHC_FAILPOINT": point})
+    assert proc.returncode == -9
+    assert cc_lhc.Registry(home).current_session(thread_id) == old_sid
+    rc.api.script(["the thread goes on"])
+    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["session_id"] == old_sid
+    assert not (rc.project_dir / f"{new_sid}.jsonl").exists()  # rolled back, not left for Claude's picker
+    if point == "after-rollout-written":
+        assert "was rolled back" in p.stderr
+        assert list((rc.iso.lhc / "abandoned-rebuilds").rglob(f"{new_sid}.jsonl"))
+    # and the next rollout write of the thread works
+    again = str(uuid.uuid4())
+    w = rc.run_lhc("rollout", "write", "--thread-id", thread_id, "--session-id", again)
+    assert w.returncode == 0, w.stderr
+    assert cc_lhc.Registry(home).current_session(thread_id) == again
