@@ -3583,6 +3583,16 @@ class Registry:
                 except FileNotFoundError:
                     pass
 
+    def dropped(self, thread_id: str) -> bool:
+        """Whether the thread is gone from the registry: one a launch dropped (nothing worth
+        keeping) while a reader listed it. The write lock is taken to ask, so a drop under
+        way (its file deleted inside its transaction) has committed first."""
+        try:
+            with Tx(self.db) as db:
+                return db.execute("SELECT 1 FROM threads WHERE id = ?", (thread_id,)).fetchone() is None
+        except sqlite3_errors():
+            return False
+
     def add_alias(self, session_id: str, thread_id: str, current: bool) -> None:
         """Bind a session to a thread; with current=True it becomes the thread's current alias."""
         now = utc_now_iso()
@@ -15837,7 +15847,8 @@ def cmd_threads(args) -> int:
                     store.close()
             except (LhcError, OSError, sqlite3_errors()) as e:
                 # One damaged file must not hide every other thread: name it and go on.
-                broken.append((thread_id, e))
+                if not registry.dropped(thread_id):  # (else a launch just removed an empty one)
+                    broken.append((thread_id, e))
                 continue
             rows.append({"id": thread_id, "cwd": cwd, "current_session": session, "origin": origin,
                          "created": created, **info, "degraded": bool(info["degraded"]),
@@ -16749,16 +16760,18 @@ def _search_for_people(text, limit, thread, every) -> int:
         try:
             store = ThreadStore.existing(home, thread_id)
         except LhcError as e:  # one unreadable thread does not hide what the others hold
-            say(f"thread {thread_id[:8]} skipped: {e}")
-            skipped += 1
+            if not registry.dropped(thread_id):  # (else a launch just removed an empty one)
+                say(f"thread {thread_id[:8]} skipped: {e}")
+                skipped += 1
             continue
         try:
             for hit in search_thread(store, text, limit + 1):
                 (exact if hit.how == "exact" else words).append(hit)
             raw += raw_line_hits(store, text, limit)
         except sqlite3_errors() as e:
-            say(f"thread {thread_id[:8]} skipped: {store.path} cannot be searched ({e})")
-            skipped += 1
+            if not registry.dropped(thread_id):
+                say(f"thread {thread_id[:8]} skipped: {store.path} cannot be searched ({e})")
+                skipped += 1
         finally:
             store.close()
     exact.sort(key=lambda h: h.created or "", reverse=True)
@@ -17397,7 +17410,7 @@ def cmd_doctor(args) -> int:
     for thread_id in threads:  # each thread store on its own: one damaged file is named alone
         found = store_file_check(home.path("threads", f"{thread_id}.sqlite"), f"thread {thread_id}",
                                  THREAD_MIGRATIONS)
-        if found[0] != "ok":
+        if found[0] != "ok" and not _dropped_meanwhile(home, thread_id):
             unusable += 1
             check(*found)
     if not unlisted:
@@ -17447,6 +17460,23 @@ def cmd_doctor(args) -> int:
                   home.path("registry.sqlite"), e) else
               "cc-lhc doctor --repair rebuilds it from the thread files once it is moved away")
     return EXIT_ERROR if "fail" in results else EXIT_OK
+
+
+def _dropped_meanwhile(home, thread_id: str, looks: int = 5) -> bool:
+    """doctor: a thread file that failed its check because a launch removed the thread
+    (an empty one) meanwhile: its file and its registry row both gone, looked for a few
+    times while such a drop commits. doctor opens the registry read-only, so it cannot
+    wait on the drop's transaction itself."""
+    import time
+    path = home.path("threads", f"{thread_id}.sqlite")
+    for _ in range(looks):
+        try:
+            if not os.path.exists(path) and thread_id not in _registry_thread_ids(home):
+                return True
+        except sqlite3_errors():
+            return False
+        time.sleep(0.05)
+    return False
 
 
 def _registry_thread_ids(home) -> set:
