@@ -8773,6 +8773,14 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
                            "FROM messages WHERE seq > ? AND agent IS NULL", (seq,)).fetchone()[0]
         return (total + 3) // 4
 
+    # Claude's own compaction since the newest response (a /compact, or its reaction to a
+    # "prompt is too long") replaced the conversation with its summary: what that response
+    # reported no longer is the context, and no later one has said what is. Not observed.
+    (compacted,) = db.execute("SELECT max(seq) FROM messages WHERE +source_session = ? AND agent IS NULL "
+                              "AND kind = 'compact_summary'", (session_id,)).fetchone()
+    if compacted is not None and (latest is None or compacted > latest[3]):
+        return {"source": STATE_NOT_OBSERVED, "provider_tokens": None,
+                "estimate_tokens": after((None, None, None, compacted - 1)) + prompt_estimate, "pressure": None}
     return measure_pressure(latest, last_valid, after(latest), after(last_valid), prompt_estimate)
 
 

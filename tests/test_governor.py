@@ -251,3 +251,40 @@ def test_a_newest_response_that_told_no_usage_reads_as_last_known(tmp_path, how)
         assert key == f"s1:msg_0002:{c['state']}"
     finally:
         cap.stop()
+
+
+def test_claudes_own_compaction_since_the_newest_response_leaves_no_reading(store):
+    """After Claude compacted the conversation itself (sample 08's reactive compaction),
+    the usage its last response reported before that is no reading of the context any
+    more: until a response after it says more, the session is not observed."""
+    add_message(store, 1, "x" * 40)
+    add_usage(store, "r1", 1, 370_000, 0, 0)
+    add_message(store, 2, "the summary " * 10, kind="compact_summary")
+    r = cc_lhc.governor_reading(store, "s1", prompt_estimate=3)
+    assert r["source"] == cc_lhc.STATE_NOT_OBSERVED and r["pressure"] is None
+    assert r["provider_tokens"] is None and r["estimate_tokens"] == 30 + 3  # the summary on, + the prompt
+    assert classify(r, TRIGGER, True)["would_mutate"] is False
+    add_message(store, 3, "reply after compaction")
+    add_usage(store, "r2", 3, 10, 0, 0)            # a response after it: read again
+    r = cc_lhc.governor_reading(store, "s1")
+    assert r["source"] == "provider" and r["provider_tokens"] == 10
+
+
+def test_a_session_cut_just_after_claudes_compaction_is_not_smart_compacted(tmp_path, capsys):
+    """Sample 08 up to its compaction (the 370,000 reading before it, nothing after):
+    resumed, it is not rebuilt over that stale figure."""
+    from test_capture_parse import SAMPLE_08
+    lines = SAMPLE_08.read_bytes().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if b"reply after compaction" in line)
+    home = cc_lhc.StateHome()
+    home.ensure()
+    registry = cc_lhc.Registry(home)
+    session = json.loads(lines[0])["sessionId"]
+    thread = registry.create_thread(session, str(tmp_path), "adopted")
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(lines[:cut]))
+    cap = cc_lhc.Capture(home, thread, session, str(path))
+    cap.catch_up()
+    r = cc_lhc.governor_reading(cap.store, session)
+    cap.stop()
+    assert r["source"] == cc_lhc.STATE_NOT_OBSERVED and r["pressure"] is None
