@@ -5238,10 +5238,12 @@ def split_lines(n: int, runs):
     return lines
 
 
-def bridge_note(n: int, a: int, b: int) -> str:
-    """Where a long turn resumes after its oldest messages were left out or summarised."""
+def bridge_note(n: int, a: int, b: int, native: bool = False) -> str:
+    """Where a long turn resumes after its oldest messages were left out or summarised
+    (``native``: named by the cc-lhc mod's tool, as the header names it)."""
     return (f"[cc-lhc] t{n} continues here. Its earlier messages m{a}\u2013m{b} are not shown "
-            f"(the opening message says what became of them); cc-lhc get-messages "
+            f"(the opening message says what became of them); "
+            f"{'lhc_get_messages' if native else 'cc-lhc get-messages'} "
             f"{message_request(a, b)} reads them back exactly.")
 
 
@@ -5261,7 +5263,7 @@ def turn_items(view: View, turn: Turn, arm=None, native=False):
             items += visible_messages(turn, band, arm, chosen, tools, native)
     hidden = [(a, b) for a, b, band in runs if band not in ("full", "lean")]
     if items and hidden:
-        note = bridge_note(turn.n, hidden[0][0], hidden[-1][1])
+        note = bridge_note(turn.n, hidden[0][0], hidden[-1][1], native)
     return note, items
 
 

@@ -1004,7 +1004,9 @@ def test_a_turn_far_over_the_target_gives_a_valid_view_with_a_verbatim_tail(
         if budget == 8_000:
             assert omitted and any(b == "summary" for _, _, b in runs)
             note = cc_lhc.turn_items(view, turn)[0]
-            assert note and f"m{runs[0][0]}\u2013" in note
+            assert note and f"m{runs[0][0]}\u2013" in note and "cc-lhc get-messages m" in note
+            native = cc_lhc.turn_items(view, turn, native=True)[0]  # the mod active: its tool, as the header
+            assert "lhc_get_messages m" in native and "cc-lhc get-messages" not in native
             assert any(r["type"] == "user" and r["message"]["content"] == note for r in records)
             a, b, _band, request = omitted[0]
             assert request == f"m{a}-m{b}"
