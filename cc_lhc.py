@@ -3583,6 +3583,20 @@ class Registry:
                 except FileNotFoundError:
                     pass
 
+    def forget_abandoned(self, session_id: str) -> bool:
+        """Free the id of a rebuild that was rolled back and never became current (an
+        interrupted `rollout write`, to be run again under the same id); whether it was one."""
+        with Tx(self.db) as db:
+            row = db.execute("SELECT r.thread_id FROM rebuilds r JOIN aliases a ON a.alias = ? "
+                             "WHERE r.session_id = ? AND r.status = 'abandoned' AND a.is_current = 0",
+                             (session_alias(session_id), session_id)).fetchone()
+            if row is None:
+                return False
+            db.execute("DELETE FROM aliases WHERE alias = ?", (session_alias(session_id),))
+            db.execute("DELETE FROM rebuilds WHERE session_id = ?", (session_id,))
+        self.save_copy(row[0])
+        return True
+
     def dropped(self, thread_id: str) -> bool:
         """Whether the thread is gone from the registry: one a launch dropped (nothing worth
         keeping) while a reader listed it. The write lock is taken to ask, so a drop under
@@ -4230,34 +4244,62 @@ def off_branch(store) -> list:
         "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";")))
 
 
-RESUMED_BACK = "@resumed"  # in an off-branch key's session part: the run a resume back left out
+# What is off the branch of the session Claude is on: the runs a rewind in it left off, and
+# those a resume back to an earlier session of the thread left off (see resumed_back), under
+# OFF_BRANCH_KEY + BRANCH_RUNS + ":" + first seq. The runs off while a session was Claude's
+# are kept under BRANCH_SNAPSHOT_KEY + its id when the thread leaves it (a resume elsewhere,
+# a swap: leave_branch), so a resume back to it puts that branch back as it was. (Threads
+# captured before kept a rewind's runs under OFF_BRANCH_KEY + session + ":" + first seq:
+# those stay off whatever session Claude is on.)
+BRANCH_RUNS = "@branch"
+BRANCH_SNAPSHOT_KEY = "branch_snapshot:"
 
 
-def resumed_back(store, session_id):
+def _resume_runs(db) -> list:
+    prefix = OFF_BRANCH_KEY + BRANCH_RUNS + ":"
+    return sorted([int(k[len(prefix):]), int(v)] for k, v in db.execute(
+        "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (prefix, prefix[:-1] + ";")))
+
+
+def leave_branch(store, session_id) -> None:
+    """The thread leaves ``session_id`` (Claude moved elsewhere, or a swap replaced it): keep
+    the runs off the branch while it was Claude's, for a resume back to it."""
+    db = store.db
+    with Tx(db):
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                   (BRANCH_SNAPSHOT_KEY + session_id, json.dumps(_resume_runs(db))))
+
+
+def resumed_back(store, session_id, left=None):
     """Claude reopened ``session_id``, an earlier session of the thread (an in-app /resume
-    back to it, after a Smart Compact moved the thread on): what the thread took in after
-    that session's last record is not in the conversation Claude has now, so it goes off
-    the branch, as a rewind's turns do; and what an earlier resume back left off that
-    holds this session's own records comes back onto it. Returns the run now off the
-    branch, or None."""
+    back to it, after a Smart Compact moved the thread on), leaving session ``left``: what
+    the thread took in after that session's last record is not in the conversation Claude
+    has now, so it goes off the branch, as a rewind's turns do, and so does what was off
+    it while that session was Claude's before (its snapshot). The branch ``left`` had is
+    kept for a resume back to it. Returns the run added, or None."""
     db = store.db
     own = ("(source_session = ?1 OR (source_session >= ?1 || '/' AND source_session < ?1 || '0'))")
     (last,) = db.execute(f"SELECT max(seq) FROM messages WHERE {own}", (session_id,)).fetchone()
     if last is None:
         return None
     (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
+    if left:
+        leave_branch(store, left)
+    row = db.execute("SELECT value FROM meta WHERE key = ?", (BRANCH_SNAPSHOT_KEY + session_id,)).fetchone()
+    if row is not None:
+        runs = [run for run in json.loads(row[0]) if run[1] <= last]
+    else:  # (never left by a move cc-lhc saw: what is off now and holds none of its own records)
+        runs = [run for run in _resume_runs(db) if not db.execute(
+            f"SELECT 1 FROM messages WHERE {own} AND seq BETWEEN ?2 AND ?3 LIMIT 1",
+            (session_id, run[0], run[1])).fetchone()]
+    added = (last + 1, top) if top > last else None
+    if added:
+        runs.append(list(added))
+    prefix = OFF_BRANCH_KEY + BRANCH_RUNS + ":"
     with Tx(db):
-        for key, end in db.execute("SELECT key, value FROM meta WHERE key >= ? AND key < ? AND instr(key, ?) > 0",
-                                   (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";", RESUMED_BACK + ":")).fetchall():
-            first = int(key.rsplit(":", 1)[1])
-            if db.execute(f"SELECT 1 FROM messages WHERE {own} AND seq BETWEEN ?2 AND ?3 LIMIT 1",
-                          (session_id, first, int(end))).fetchone():
-                db.execute("DELETE FROM meta WHERE key = ?", (key,))
-        if top <= last:
-            return None
-        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                   (f"{OFF_BRANCH_KEY}{session_id}{RESUMED_BACK}:{last + 1}", str(top)))
-    return last + 1, top
+        db.execute("DELETE FROM meta WHERE key >= ? AND key < ?", (prefix, prefix[:-1] + ";"))
+        db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(f"{prefix}{a}", str(b)) for a, b in runs])
+    return added
 
 
 def load_turns(store, closed_only=True):
@@ -5593,24 +5635,35 @@ def carried_file_state(turns, budget, counter=None):
 
 
 def reads_claude_would_forget(store, folders, since: str) -> list:
-    """Files outside ``folders`` (the project's) that Claude's Edit would refuse as "not read
-    yet" after a compaction inside the running Claude: those whose newest successful Read,
-    Edit or Write in the thread came before ``since`` (when this Claude process started).
-    Claude Code 2.1.328 empties what it knows of read files when it compacts and keeps, for
-    Edit, only what this process read itself; a file inside the project it lets Edit take
-    anyway. A swap resumes the rebuilt session, whose carried file-state pairs Claude reads
-    back, so it keeps them all (measured with the real CLI)."""
-    newest = {}
-    for path, created in store.db.execute(
-            "SELECT json_extract(lhc_text(c.text), '$.file_path'), max(r.created) FROM messages c "
-            "JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id AND r.agent IS NULL "
-            f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ({','.join('?' * len(CARRY_TOOLS))}) "
-            "AND coalesce(r.is_error, 0) = 0 AND json_valid(lhc_text(c.text)) GROUP BY 1", tuple(CARRY_TOOLS)):
-        if isinstance(path, str) and path and created:
-            newest[path] = created
+    """Working-set files outside ``folders`` (the project's) that Claude's Edit would refuse
+    as "not read yet" after a compaction inside the running Claude: those whose newest
+    successful Read, Edit or Write came before ``since`` (when this Claude process
+    started). Claude Code 2.1.328 empties what it knows of read files when it compacts and
+    keeps, for Edit, only what this process read itself; a file inside the project it lets
+    Edit take anyway. A swap resumes the rebuilt session, whose carried file-state pairs
+    (the working set's) Claude reads back, so it keeps them (measured with the real CLI).
+    The working set as working_set() makes it, off-branch turns left out, from one query
+    (the rebuild loads the turns later; this is asked before it, at every seam)."""
+    tools = tuple(EDIT_TOOLS | READ_TOOLS)
+    runs = off_branch(store)
+    touched = {}  # path -> [edited, newest label, newest successful carried op's time]
+    for seq, tool, path, result, created, failed in store.db.execute(
+            "SELECT c.seq, c.tool_name, coalesce(json_extract(lhc_text(c.text), '$.file_path'), "
+            "json_extract(lhc_text(c.text), '$.notebook_path')), r.seq, r.created, coalesce(r.is_error, 0) "
+            "FROM messages c LEFT JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
+            f"AND r.agent IS NULL WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
+            f"({','.join('?' * len(tools))}) AND json_valid(lhc_text(c.text)) ORDER BY c.seq", tools):
+        if not isinstance(path, str) or runs and any(a <= seq <= b for a, b in runs):
+            continue
+        row = touched.setdefault(path, [False, 0, None])
+        row[0] = row[0] or tool in EDIT_TOOLS
+        row[1] = result or seq
+        if tool in CARRY_TOOLS and result is not None and not failed and created:
+            row[2] = created
+    ranked = sorted(touched.items(), key=lambda kv: (not kv[1][0], -kv[1][1], kv[0]))[:WORKING_SET_LIMIT]
     roots = [os.path.realpath(f) for f in folders]
-    return sorted(path for path, created in newest.items()
-                  if created < since and not any(_inside(os.path.realpath(path), root) for root in roots))
+    return sorted(path for path, (_edited, _label, created) in ranked
+                  if created and created < since and not any(_inside(os.path.realpath(path), root) for root in roots))
 
 
 def _inside(path: str, root: str) -> bool:
@@ -8288,11 +8341,24 @@ class Capture:
             "AND agent IS NULL AND line > ? AND line < ?", (self.session_id, parent_line, line)).fetchone()
         if not prompts:
             return
+        # Only this session's own records go off: another session's taken in between (the
+        # thread moved there and back) is on its own branch, not on this one.
+        runs, run = [], None
+        for seq, mine in store.db.execute(
+                "SELECT seq, source_session = ?1 OR (source_session >= ?1 || '/' AND source_session < ?1 || '0') "
+                "FROM messages WHERE seq BETWEEN ?2 AND ?3 ORDER BY seq", (self.session_id, first, last)):
+            if mine and run is not None:
+                run[1] = seq
+            elif mine:
+                run = [seq, seq]
+                runs.append(run)
+            else:
+                run = None
         with Tx(store.db) as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                       (f"{OFF_BRANCH_KEY}{self.session_id}:{first}", str(last)))
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                           [(f"{OFF_BRANCH_KEY}{BRANCH_RUNS}:{a}", str(b)) for a, b in runs])
         self.home.log("off_branch", thread=self.thread_id, session=self.session_id, line=line,
-                      off_branch=f"m{first}-m{last}")
+                      off_branch=", ".join(f"m{a}-m{b}" for a, b in runs))
 
     def _saved_reader(self):
         """read_saved for one pass over the transcript: each folder's real path is resolved
@@ -9421,7 +9487,7 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     registry = Registry(home)
     # (`rollout write` too: a session file it leaves behind, killed before the thread was
     # moved onto it, is one the next launch of the thread rolls back like any other)
-    record_pending(registry, thread_id, from_session, plan, cwd)
+    record_pending(registry, thread_id, from_session, plan, cwd, what="Smart Compact" if pending else "rollout write")
     if assessment is not None:
         assessment.outcome(f"scheduled:{new_sid}")
     failpoint("after-pending-record")
@@ -9447,14 +9513,15 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
                           assessment.receipt if assessment is not None else None)
 
 
-def record_pending(registry, thread_id, from_session, plan, cwd):
-    """Record the rebuild as not yet accepted, before its transcript exists."""
+def record_pending(registry, thread_id, from_session, plan, cwd, what="Smart Compact"):
+    """Record the rebuild as not yet accepted, before its transcript exists; ``what`` made
+    it (said if it is rolled back)."""
     now = utc_now_iso()
     with Tx(registry.db) as db:
         db.execute("INSERT INTO rebuilds (session_id, thread_id, from_session, path, cwd, owner, status, "
                    "created) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
                    (plan.session_id, thread_id, from_session, plan.path, cwd,
-                    json.dumps(process_identity()), now))
+                    json.dumps({**process_identity(), "what": what}), now))
         db.execute("INSERT INTO aliases VALUES (?, ?, ?, 0, ?)",
                    (session_alias(plan.session_id), thread_id, plan.session_id, now))
     registry.save_copy(thread_id)
@@ -9666,15 +9733,18 @@ def accept(home, thread_id, pending) -> bool:
         home.log("pointer_write_failed", thread=thread_id, error=repr(e))
         return True
     failpoint("after-alias-advance")
-    settle_boundary(home, thread_id, pending.session_id)
+    settle_boundary(home, thread_id, pending.session_id, left=pending.from_session)
     return True
 
 
-def settle_boundary(home, thread_id, session_id, **fields) -> None:
-    """After the thread moved to an accepted rebuild: its boundary becomes the thread's."""
+def settle_boundary(home, thread_id, session_id, left=None, **fields) -> None:
+    """After the thread moved to an accepted rebuild: its boundary becomes the thread's, and
+    the branch of the session it ``left`` is kept (leave_branch)."""
     store = ThreadStore(home, thread_id)
     try:
         boundary = advance_boundary(store, session_id)
+        if left:
+            leave_branch(store, left)
     finally:
         store.close()
     home.log("smart_compact_accepted", thread=thread_id, session=session_id, boundary=boundary, **fields)
@@ -9702,7 +9772,7 @@ def abandon(home, registry, session_id, reason):
     elif isinstance(path, str) and os.path.lexists(path):
         known = HostDB(home).session(session_id)
         lineage = (known["replayed_prefix_bytes"], known["replayed_prefix_sha256"]) if known else None
-        unproven = unproven_rebuild_reason(path, thread_id, lineage)
+        unproven = unproven_rebuild_reason(path, thread_id, lineage, session_id)
         if unproven:
             home.log("rebuild_not_moved", thread=thread_id, session=session_id, path=path,
                      why=unproven)
@@ -11975,9 +12045,9 @@ def attach_thread(spec, home, policy):
             _resume_session(spec, current)
         spec.resume = None
     if spec.resume:
-        refuse_running_session(spec.resume)
         thread = registry.thread_for_session(spec.resume)
         if thread is None:
+            refuse_running_session(spec.resume)  # (one cc-lhc knows is refused by its lease, below)
             path = _session_rollout(hostdb, spec.session_id, spec.cwd)
             if not os.path.exists(path):
                 home.log("capture_off", reason=f"no transcript at {path} to adopt")
@@ -12002,7 +12072,7 @@ def attach_thread(spec, home, policy):
                 say(f"session {spec.session_id} continues as {current} in thread {thread[:8]}; "
                     "resuming that")
                 _resume_session(spec, current)
-                refuse_running_session(current)
+            refuse_running_session(spec.resume)  # (a Claude on it that no cc-lhc runs)
             path = _session_rollout(hostdb, spec.session_id, spec.cwd)
             refuse_irregular_transcript(path, spec.session_id, home)
             repair_torn_tail(path, home, spec.session_id, keep_cut_line(home, thread, spec.session_id, path))
@@ -13866,7 +13936,7 @@ class SessionFollower:
                 if not created:  # (back to a session the thread went on from)
                     store = ThreadStore(home, thread)
                     try:
-                        back = resumed_back(store, new_sid)
+                        back = resumed_back(store, new_sid, registry.current_session(thread))
                     finally:
                         store.close()
                 advance_current(registry, thread, new_sid)  # the session Claude now writes
@@ -14980,17 +15050,20 @@ def move_file(src: str, dst: str) -> None:
         shutil.move(src, dst)
 
 
-def unproven_rebuild_reason(path: str, thread_id: str, lineage) -> str:
+def unproven_rebuild_reason(path: str, thread_id: str, lineage, session_id=None) -> str:
     """Why the file the registry names may not be moved as this thread's rebuild ('' if it may).
 
     A registry row is only a claim: the file must sit in Claude's projects folder once
-    links are resolved, and start either with the header cc-lhc writes into a rebuild
-    of this thread or with exactly the bytes cc-lhc recorded writing (lineage).
+    links are resolved (or, given ``session_id``, be named for it: `rollout write
+    --projects-root` writes elsewhere), and start either with the header cc-lhc writes
+    into a rebuild of this thread or with exactly the bytes cc-lhc recorded writing (lineage).
     """
     import hashlib
     root = os.path.realpath(os.path.join(claude_config_dir(), "projects"))
     real = os.path.realpath(path)
-    if os.path.commonpath([root, real]) != root or real == root or not os.path.isfile(real):
+    inside = os.path.commonpath([root, real]) == root and real != root
+    if not os.path.isfile(real) or not inside and (
+            session_id is None or os.path.basename(real) != f"{session_id}.jsonl"):
         return f"{real} is not a file inside Claude's projects folder"
     try:
         with open(real, "rb") as f:
@@ -15027,13 +15100,19 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
             # Claude already held a turn in it: going back would drop that turn from what
             # Claude sees and return to the oversized session, so the swap is completed.
             advance_current(registry, thread_id, session_id)
-            settle_boundary(home, thread_id, session_id, recovered=True)
+            settle_boundary(home, thread_id, session_id, left=from_session, recovered=True)
             say(f"an interrupted Smart Compact of thread {thread_id[:8]} was completed: Claude had "
                 f"already worked in its rebuilt session {session_id}, which the thread now continues")
             continue
-        moved = abandon(home, registry, session_id, "its Smart Compact was interrupted")
-        say(f"an interrupted Smart Compact of thread {thread_id[:8]} was rolled back; the thread "
-            "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else ""))
+        try:
+            what = json.loads(owner).get("what") or "Smart Compact"
+        except (TypeError, ValueError, AttributeError):
+            what = "Smart Compact"
+        moved = abandon(home, registry, session_id, f"its {what} was interrupted")
+        say(f"an interrupted {what} of thread {thread_id[:8]} was rolled back; the thread "
+            "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else
+                                                f" (its file {path} was left where it is)"
+                                                if path and os.path.lexists(path) else ""))
     for key, owner in registry.db.execute(
             "SELECT session_id, owner FROM rebuilds WHERE thread_id = ? AND status = 'inprocess'",
             (thread_id,)).fetchall():
@@ -16813,7 +16892,10 @@ def _search_for_people(text, limit, thread, every) -> int:
 def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, projects_root,
                         envelope_from):
     """rollout write, under the thread's lease: the view as a new current session."""
+    recover_thread(home, registry, hostdb, thread_id)  # (an earlier one killed half-way is rolled back first)
     bound = registry.thread_for_session(session_id)
+    if bound is not None and registry.forget_abandoned(session_id):
+        bound = None  # (an earlier rollout write of this id was rolled back: the id is free again)
     if bound is not None:
         raise usage_error(f"session {session_id} is already bound to thread {bound}")
     if projects_root is not None and not os.path.isdir(projects_root):
@@ -16829,7 +16911,8 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
     announce_policy(policy, home)  # (the view is cut to the built-in's bounds: said, as a launch says it)
     store = ThreadStore.existing(home, thread_id)  # (a record that is gone is named, never made anew)
     try:
-        written = rebuild(home, hostdb, store, thread_id, registry.current_session(thread_id),
+        left = registry.current_session(thread_id)
+        written = rebuild(home, hostdb, store, thread_id, left,
                           policy, cwd, envelope_from=envelope_from, session_id=session_id,
                           projects_root=projects_root, pending=False, idle=True)
         failpoint("after-rollout-written")
@@ -16838,12 +16921,17 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
         except Exception as e:
             # Not made current: the file goes (to abandoned-rebuilds/), never a session no
             # record leads to. A registry too busy for that too is settled at the next launch.
+            where = None
             try:
-                abandon(home, registry, session_id, f"the thread could not be moved onto it: {e}")
+                where = abandon(home, registry, session_id, f"the thread could not be moved onto it: {e}")
             except Exception as again:
                 home.log("abandon_failed", session=session_id, error=repr(again))
             raise LhcError(f"rollout write: thread {thread_id} could not be moved onto session {session_id} "
-                           f"({e}); nothing was left in Claude's projects folder") from e
+                           f"({e}); " + (f"the session written was moved to {where}" if where else
+                                         f"the session written, {written.path}, is rolled back at the "
+                                         "thread's next launch")) from e
+        if left:
+            leave_branch(store, left)
     finally:
         store.close()
     return written
@@ -16884,8 +16972,8 @@ def cmd_rollout(args) -> int:
     thread_id = registry.resolve_prefix(thread_arg)
     # The thread's current session changes here, so nobody else may be driving it.
     lease = Lease(home, thread_id)
-    lease.acquire("rollout write moves its current session, so it runs once that session ends "
-                  "(nothing was written)")
+    lease.acquire("rollout write moves its current session, so it can run only once that session "
+                  "ends: run it again then (nothing was written)")
     try:
         written = _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd,
                                       projects_root, envelope_from)

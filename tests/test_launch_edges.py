@@ -78,7 +78,7 @@ def test_rollout_write_waits_for_no_one_while_a_session_owns_the_thread(real_cla
     finally:
         lease.release()
     assert p.returncode == 2 and "already in use" in p.stderr
-    assert "rollout write moves its current session, so it runs once that session ends" in p.stderr
+    assert "rollout write moves its current session, so it can run only once that session ends" in p.stderr
     assert "second Claude" not in p.stderr  # (it starts none)
     assert threads(real_claude)[0]["current_session"] == sid
 
@@ -316,3 +316,20 @@ def test_a_session_in_a_project_folder_that_is_a_link_resumes_as_it_is(real_clau
         p = lhc(rc, "-p", "-c", "what was the word?", "--output-format", "json")
         assert p.returncode == 0 and "does not look for sessions" not in p.stderr, p.stderr
         assert json.loads(p.stdout)["session_id"] == sid
+
+
+def test_resuming_a_session_another_cc_lhc_runs_names_that_cc_lhc(real_claude, tmux):
+    """The thread's lease speaks first: the refusal names the cc-lhc holding it (and what
+    to do), not its Claude as if it were one running on its own."""
+    from realcli import PROMPT, exit_cleanly, type_line
+    rc = real_claude
+    sid = first_session(rc)
+    rc.api.script(["still here"])
+    t = tmux([sys.executable, str(CC_LHC), "--resume", sid], cols=100, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "are you there?")
+    t.wait_for("still here")
+    p = lhc(rc, "-p", "again", "--resume", sid)
+    assert p.returncode == 2 and "already in use by cc-lhc pid" in p.stderr, p.stderr
+    assert "--fork-session" in p.stderr and "open in another Claude" not in p.stderr
+    exit_cleanly(t)

@@ -683,3 +683,35 @@ def test_a_rollout_write_killed_before_the_thread_moved_leaves_nothing_behind(re
     w = rc.run_lhc("rollout", "write", "--thread-id", thread_id, "--session-id", again)
     assert w.returncode == 0, w.stderr
     assert cc_lhc.Registry(home).current_session(thread_id) == again
+
+
+def test_a_rollout_write_that_failed_can_be_run_again_under_the_same_id(real_claude, tmp_path):
+    """A write that failed (the projects folder unusable) or was killed rolls back, and the
+    same --session-id is free again; one written under --projects-root outside Claude's
+    folder is rolled back (moved to abandoned-rebuilds/) all the same."""
+    rc = real_claude
+    rc.api.script(["a short answer"])
+    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread_id = the_thread(home)
+    root = tmp_path / "other-config" / "projects"
+    root.mkdir(parents=True)
+    blocker = root / rc.project_dir.name
+    blocker.write_text("a file where the project's folder would go\n")
+    sid = str(uuid.uuid4())
+    args = ("rollout", "write", "--thread-id", thread_id, "--session-id", sid, "--projects-root", str(root))
+    failed = rc.run_lhc(*args)
+    assert failed.returncode == 1 and "could not be written" in failed.stderr
+    blocker.unlink()
+    killed = rc.run_lhc(*args, env={"CC_LHC_FAILPOINT": "after-rollout-written"})
+    assert killed.returncode == -9 and (root / rc.project_dir.name / f"{sid}.jsonl").exists()
+    rc.api.script(["the thread goes on"])
+    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["session_id"] == old_sid
+    assert "an interrupted rollout write of thread" in p.stderr
+    assert not (root / rc.project_dir.name / f"{sid}.jsonl").exists()
+    assert list((rc.iso.lhc / "abandoned-rebuilds").rglob(f"{sid}.jsonl"))
+    again = rc.run_lhc(*args)
+    assert again.returncode == 0, again.stderr
+    assert cc_lhc.Registry(home).current_session(thread_id) == sid

@@ -1,0 +1,125 @@
+"""Which of a thread's turns are on Claude's branch when the person moves between the
+thread's sessions with an in-app /resume (resumed_back) and rewinds inside them: each
+session's views hold exactly what Claude on that session has, however often the person
+moves back and forth. Each step here is what the live host does at that moment."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import cc_lhc
+from test_capture_live import registered_thread
+from test_capture_parse import Transcript, text
+
+
+class Thread:
+    def __init__(self, tmp_path):
+        self.A, self.B = str(uuid.uuid4()), str(uuid.uuid4())
+        self.home, self.id = registered_thread(self.A)
+        self.files = {self.A: tmp_path / "a.jsonl", self.B: tmp_path / "b.jsonl"}
+        self.t = {self.A: Transcript(self.A), self.B: Transcript(self.B)}
+
+    def turn(self, session, prompt, answer):
+        t = self.t[session]
+        t.user(prompt)
+        reply = t.assistant(text(answer))
+        t.write(self.files[session])
+        cap = cc_lhc.Capture(self.home, self.id, session, str(self.files[session]))
+        try:
+            cap.catch_up()
+        finally:
+            cap.stop()
+        return reply
+
+    def _store(self, fn, *args):
+        store = cc_lhc.ThreadStore(self.home, self.id)
+        try:
+            return fn(store, *args)
+        finally:
+            store.close()
+
+    def swapped(self, old):  # a swap accepted: the session it left keeps its branch
+        self._store(cc_lhc.leave_branch, old)
+
+    def resume(self, to, left):  # an in-app /resume from ``left`` back to ``to``
+        return self._store(cc_lhc.resumed_back, to, left)
+
+    def on_branch(self) -> str:
+        return self._store(lambda s: json.dumps([m.get("text") for t in cc_lhc.load_turns(s) for m in t.messages]))
+
+
+def test_moving_back_and_forth_keeps_each_sessions_branch(tmp_path):
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    th.turn(A, "prompt one", "answer ORIGINAL")
+    th.swapped(A)
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
+    assert th.resume(A, B)
+    th.turn(A, "prompt back on the old", "answer ONE-AGAIN")
+    now = th.on_branch()
+    assert "ORIGINAL" in now and "ONE-AGAIN" in now and "REBUILT-TURN" not in now
+    th.resume(B, A)
+    th.turn(B, "prompt on the rebuilt again", "answer B-AGAIN")
+    now = th.on_branch()
+    assert "REBUILT-TURN" in now and "B-AGAIN" in now and "ONE-AGAIN" not in now
+    th.resume(A, B)  # a second time: B's turns stay off, A's own come back
+    th.turn(A, "prompt three on the old", "answer A-THIRD")
+    now = th.on_branch()
+    assert "ORIGINAL" in now and "ONE-AGAIN" in now and "A-THIRD" in now
+    assert "REBUILT-TURN" not in now and "B-AGAIN" not in now
+
+
+def test_a_rewind_on_one_session_leaves_the_others_turns_alone(tmp_path):
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    (first, *_) = th.turn(A, "prompt one", "answer ORIGINAL")
+    th.turn(A, "prompt two", "answer TWO-BEFORE-SWAP")
+    th.swapped(A)
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
+    th.resume(A, B)
+    th.turn(A, "prompt back on the old", "answer ONE-AGAIN")
+    th.t[A].parent = first["uuid"]  # Esc Esc on A: back to after its first answer
+    th.turn(A, "prompt after the rewind", "answer REWOUND-ON")
+    now = th.on_branch()
+    assert "ORIGINAL" in now and "REWOUND-ON" in now
+    assert not any(s in now for s in ("TWO-BEFORE-SWAP", "ONE-AGAIN", "REBUILT-TURN"))
+    th.resume(B, A)  # Claude on B has the turns before the swap and its own
+    now = th.on_branch()
+    assert "REBUILT-TURN" in now and "ORIGINAL" in now and "TWO-BEFORE-SWAP" in now
+    assert "ONE-AGAIN" not in now and "REWOUND-ON" not in now
+    th.resume(A, B)  # and back on A, its rewind holds again
+    now = th.on_branch()
+    assert "ORIGINAL" in now and "REWOUND-ON" in now
+    assert not any(s in now for s in ("TWO-BEFORE-SWAP", "ONE-AGAIN", "REBUILT-TURN"))
+
+
+def read_call(tid: str, path: str) -> dict:
+    return {"type": "tool_use", "id": tid, "name": "Read", "input": {"file_path": path}}
+
+
+def test_only_working_set_files_outside_the_project_send_a_compaction_to_the_swap(tmp_path):
+    """reads_claude_would_forget looks at the files a swap carries (the working set, on
+    the branch), not at every file the thread ever read: one read long ago outside the
+    project, behind 35 newer ones inside it, keeps the in-process path."""
+    project = tmp_path / "project"
+    project.mkdir()
+    home, thread = registered_thread()
+    t = Transcript()
+    t.user("read around")
+    files = ["/etc/hosts"] + [str(project / f"f{i}.py") for i in range(35)]
+    for i, path in enumerate(files):
+        t.assistant(read_call(f"toolu_{i}", path), stop="tool_use")
+        t.tool_result((f"toolu_{i}", f"contents of {path}"))
+    t.assistant(text("read them all"))
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(home, thread, "11111111-2222-4333-8444-555555555555", str(path))
+    cap.catch_up()
+    later = "9999-01-01T00:00:00.000Z"  # (a Claude started after every read)
+    try:
+        assert cc_lhc.reads_claude_would_forget(cap.store, [str(project)], later) == []
+        assert cc_lhc.reads_claude_would_forget(cap.store, [str(tmp_path / "elsewhere")], later) == \
+            sorted(files[-cc_lhc.WORKING_SET_LIMIT:])  # (the newest 30: the working set)
+        assert cc_lhc.reads_claude_would_forget(cap.store, [str(project)], "2000-01-01T00:00:00.000Z") == []
+    finally:
+        cap.stop()
