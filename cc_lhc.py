@@ -6853,6 +6853,15 @@ def process_identity(pid: int = None) -> dict:
     return {"pid": pid, "start": process_start_time(pid), "boot": boot_id()}
 
 
+def _identity_of(owner_json):
+    """The process identity a rebuild's owner column holds (the rebuild's kind aside)."""
+    try:
+        owner = json.loads(owner_json)
+    except (TypeError, ValueError):
+        return None
+    return {k: v for k, v in owner.items() if k != "what"} if isinstance(owner, dict) else owner
+
+
 def owner_alive(owner_json) -> bool:
     """identity_alive() for an identity stored as JSON; unreadable means gone."""
     try:
@@ -7445,7 +7454,7 @@ def check_descriptor(home) -> dict:
         pending = registry.db.execute("SELECT owner FROM rebuilds WHERE session_id = ? AND thread_id = ? "
                                       "AND status = 'pending'",
                                       (body["session_id"], body["thread_id"])).fetchone()
-        if pending is None or json.loads(pending[0]) != body.get("owner"):
+        if pending is None or _identity_of(pending[0]) != body.get("owner"):
             raise refuse(f"session {body['session_id']} is no longer the thread's current session")
     return body
 
@@ -7711,15 +7720,28 @@ def install_mod(home) -> str:
         try:
             with open(path, "rb") as f:
                 if f.read(len(data) + 1) == data:
+                    if os.name == "posix" and os.fstat(f.fileno()).st_mode & 0o077:
+                        os.chmod(path, 0o600)  # (one an earlier version wrote with the umask's mode)
                     continue
         except OSError:
             pass
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     return folder
+
+
+def claudes_own_mod_file(home, path: str) -> bool:
+    """Whether ``path`` is one Claude laid into a mod folder itself (type declarations, a
+    tsconfig.json: public, and written with its own modes), not one of cc-lhc's files."""
+    mods = home.path("mods")
+    rel = os.path.relpath(path, mods)
+    if rel.startswith(os.pardir) or os.sep not in rel:
+        return False
+    inner = rel.split(os.sep, 1)[1].replace(os.sep, "/")
+    return inner not in MOD_FILES and not any(name.startswith(inner + "/") for name in MOD_FILES)
 
 
 def claude_version_of(binary: str):
@@ -9453,10 +9475,12 @@ def write_rebuild(path: str, data: bytes) -> None:
 def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelope_from=None,
             assessment=None, session_id=None, projects_root=None, pending=True,
             plan_view=None, native=False, in_process=None, instructions="", manifest=(),
-            idle=False, gone=False) -> PendingRebuild:
+            idle=False, gone=False, recorded=True) -> PendingRebuild:
     """Build the view, record it as pending, write it, and record its lineage.
 
-    ``pending=False`` is `rollout write`: the caller makes the session current at once.
+    ``pending=False`` is `rollout write`: the caller makes the session current at once
+    (still recorded as a pending rebuild until then, unless not ``recorded``: a fork's
+    session, whose thread fork_thread records, and rolls back, itself).
     ``plan_view`` replaces the Smart Compact view (Smart Prune passes its own).
     ``native``: the view names the cc-lhc mod's tools. ``in_process`` (the live session's
     descriptor) serves the view through the mod's session.compact hook instead: see
@@ -9487,14 +9511,17 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
     registry = Registry(home)
     # (`rollout write` too: a session file it leaves behind, killed before the thread was
     # moved onto it, is one the next launch of the thread rolls back like any other)
-    record_pending(registry, thread_id, from_session, plan, cwd, what="Smart Compact" if pending else "rollout write")
+    if recorded:
+        record_pending(registry, thread_id, from_session, plan, cwd,
+                       what="Smart Compact" if pending else "rollout write")
     if assessment is not None:
         assessment.outcome(f"scheduled:{new_sid}")
     failpoint("after-pending-record")
     try:
         write_rebuild(plan.path, plan.data)
     except (OSError, LhcError) as e:
-        abandon(home, registry, new_sid, f"its transcript could not be written: {e}")
+        if recorded:
+            abandon(home, registry, new_sid, f"its transcript could not be written: {e}")
         if assessment is not None:
             assessment.outcome(f"failed: write: {e}")
         raise LhcError(f"the rebuilt session could not be written: {e}")
@@ -12232,7 +12259,7 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
         try:
             written = rebuild(home, hostdb, fork_store, fork_id, current, policy, spec.cwd,
                               envelope_from=_session_rollout(hostdb, current, spec.cwd),
-                              session_id=spec.session_id, pending=False, idle=True)
+                              session_id=spec.session_id, pending=False, idle=True, recorded=False)
         finally:
             fork_store.close()
         failpoint("fork-after-write")
@@ -17473,10 +17500,11 @@ def cmd_doctor(args) -> int:
     loose = []
     for d, _dirs, files in os.walk(home.root):
         if os.name == "posix":
-            if d != home.root and readable_by_others(d):
+            if d != home.root and readable_by_others(d) and not claudes_own_mod_file(home, d):
                 loose.append(d)
             loose += [os.path.join(d, f) for f in files
-                      if not f.endswith(("-wal", "-shm")) and readable_by_others(os.path.join(d, f))]
+                      if not f.endswith(("-wal", "-shm")) and readable_by_others(os.path.join(d, f))
+                      and not claudes_own_mod_file(home, os.path.join(d, f))]
     problem, mend = state_folder_problem(home.root)
     if problem:
         check("fail", "state home", f"{problem}, so cc-lhc cannot use its threads", mend)

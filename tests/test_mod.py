@@ -26,6 +26,32 @@ def test_the_mod_folder_is_versioned_by_hash_and_rewritten_when_tampered(iso_env
     assert extra.read_text() == "// theirs\n"
 
 
+def test_the_mod_files_are_private_and_doctor_leaves_claudes_own_alone(iso_env, capsys):
+    """cc-lhc's own mod files are 0600 like every file of the state folder (an older 0644 one
+    is made so); what Claude lays beside them with its own modes (types, a tsconfig.json,
+    public) is no warning of doctor's, while a loose file of cc-lhc's is."""
+    old = os.umask(0o022)
+    try:
+        home = cc_lhc.StateHome()
+        folder = Path(cc_lhc.install_mod(home))
+        module = folder / "hooks" / "register.js"
+        assert {oct((folder / name).stat().st_mode & 0o777) for name in cc_lhc.MOD_FILES} == {"0o600"}
+        types = folder / ".claude-plugin" / "types"
+        types.mkdir(mode=0o755)
+        (types / "index.d.ts").write_text("// theirs\n")
+        (folder / "tsconfig.json").write_text("{}\n")
+        os.chmod(types, 0o755)
+        assert cc_lhc.main(["doctor"]) == 0
+        assert "readable by others" not in capsys.readouterr().out
+        os.chmod(module, 0o644)  # (as an earlier cc-lhc wrote it)
+        assert cc_lhc.main(["doctor"]) == 0
+        assert f"readable by others: {module}" in capsys.readouterr().out
+        cc_lhc.install_mod(home)
+        assert module.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+
+
 def _spec(binary, *args):
     spec = cc_lhc.LaunchSpec()
     spec.claude_args = list(args)
