@@ -10740,14 +10740,31 @@ class ControlPanel:
             f"{cost['output_tokens']:,} out",
         ])
 
+    CAPTURE_WAIT = 2.0  # seconds _nothing_yet gives capture to take in what the transcript holds
+
     def _nothing_yet(self) -> bool:
         """Whether this session's thread holds no conversation yet (a rebuild of it would be
-        cc-lhc's header over nothing)."""
-        store = self._store()
-        try:
-            return store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone() is None
-        finally:
-            store.close()
+        cc-lhc's header over nothing). An answer on the screen a moment ago may not be
+        captured yet (capture looks every few ms, later on a loaded machine): while the
+        transcript holds more than the thread took in, capture is given a moment."""
+        import time
+        deadline = time.monotonic() + self.CAPTURE_WAIT
+        capture = self.session.capture
+        while True:
+            store = self._store()
+            try:
+                if store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone():
+                    return False
+                src = store.source(capture.session_id) if capture is not None else None
+            finally:
+                store.close()
+            try:
+                behind = capture is not None and os.path.getsize(capture.path) > ((src or {}).get("offset") or 0)
+            except (OSError, TypeError):
+                behind = False
+            if not behind or time.monotonic() > deadline:
+                return True
+            time.sleep(0.05)
 
     def cmd_smart_compact(self, _args) -> str:
         if self.handoff is None:
