@@ -15890,7 +15890,18 @@ def cmd_launch(argv) -> int:
     if not spec.print_mode:
         spec.mod = ModBridge.offer(spec, home)
     with ManagedSession(spec, home, policy, capture):
-        return run_host(spec, home)
+        status = run_host(spec, home)
+    killed = status - 128 if status > 128 else None
+    if killed in CRASH_SIGNALS:
+        # (a signal the person sends, or one cc-lhc passes on as it ends, needs no word)
+        say(f"Claude ended by signal {signal.Signals(killed).name}, not by itself; everything up to then is "
+            f"in thread {capture.thread_id[:8]}, and `cc-lhc --continue` (or `--resume {spec.session_id}`) "
+            "goes on from there")
+    return status
+
+
+CRASH_SIGNALS = {getattr(signal, name) for name in ("SIGKILL", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE")
+                 if hasattr(signal, name)}
 
 
 # == 19. Commands: threads, export, retrieval, search, measure, doctor, main ====

@@ -333,3 +333,24 @@ def test_resuming_a_session_another_cc_lhc_runs_names_that_cc_lhc(real_claude, t
     assert p.returncode == 2 and "already in use by cc-lhc pid" in p.stderr, p.stderr
     assert "--fork-session" in p.stderr and "open in another Claude" not in p.stderr
     exit_cleanly(t)
+
+
+def test_a_claude_killed_under_cc_lhc_is_said_with_the_way_back(real_claude, tmux):
+    """Claude dying of a signal no one asked for (an out-of-memory kill, a crash) ends the
+    session with a line saying so and how to go on, not in silence."""
+    import signal
+    from realcli import PROMPT, log_events, type_line, wait_for_log
+    rc = real_claude
+    rc.api.script(["still here"])
+    t = tmux(f"{sys.executable} {CC_LHC}; echo EXIT=$?", cols=250, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "hello")
+    t.wait_for("still here")
+    wait_for_log(rc, "child_started")
+    (started,) = log_events(rc, "child_started")
+    os.kill(started["child_pid"], signal.SIGKILL)
+    screen = t.wait_for("EXIT=")
+    assert "EXIT=137" in screen
+    assert "Claude ended by signal SIGKILL, not by itself" in screen and "cc-lhc --continue" in screen
+    (thread,) = threads(rc)
+    assert f"in thread {thread['id'][:8]}" in screen
