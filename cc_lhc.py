@@ -4261,45 +4261,78 @@ def _resume_runs(db) -> list:
         "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (prefix, prefix[:-1] + ";")))
 
 
+BRANCH_SESSION_KEY = "branch_session"  # the session whose branch the runs above are
+
+
 def leave_branch(store, session_id) -> None:
-    """The thread leaves ``session_id`` (Claude moved elsewhere, or a swap replaced it): keep
-    the runs off the branch while it was Claude's, for a resume back to it."""
+    """The thread leaves ``session_id`` (Claude moved elsewhere, or a swap replaces it): keep
+    the runs off the branch while it was Claude's, and the newest record then (all below it
+    and not in a run was its branch), for a resume back to it. Taken before the thread's
+    pointer moves, so a kill in between leaves no session without one."""
     db = store.db
     with Tx(db):
+        (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                   (BRANCH_SNAPSHOT_KEY + session_id, json.dumps(_resume_runs(db))))
+                   (BRANCH_SNAPSHOT_KEY + session_id, json.dumps({"runs": _resume_runs(db), "top": top or 0})))
+
+
+def took_branch(store, session_id) -> None:
+    """The thread's pointer moved to ``session_id`` by a swap (or `rollout write`): the new
+    session has the branch the old one had, runs and all."""
+    with Tx(store.db) as db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (BRANCH_SESSION_KEY, session_id))
 
 
 def resumed_back(store, session_id, left=None):
     """Claude reopened ``session_id``, an earlier session of the thread (an in-app /resume
     back to it, after a Smart Compact moved the thread on), leaving session ``left``: what
-    the thread took in after that session's last record is not in the conversation Claude
-    has now, so it goes off the branch, as a rewind's turns do, and so does what was off
-    it while that session was Claude's before (its snapshot). The branch ``left`` had is
-    kept for a resume back to it. Returns the run added, or None."""
+    the thread took in after that session was left (or after its last record) is not in the
+    conversation Claude has now, so it goes off the branch, as a rewind's turns do, and so
+    does what was off it while that session was Claude's (its snapshot). The branch
+    ``left`` had is kept for a resume back to it. Returns the run added, or None."""
     db = store.db
-    own = ("(source_session = ?1 OR (source_session >= ?1 || '/' AND source_session < ?1 || '0'))")
-    (last,) = db.execute(f"SELECT max(seq) FROM messages WHERE {own}", (session_id,)).fetchone()
-    if last is None:
-        return None
-    (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
-    if left:
+    if left and left != session_id:
         leave_branch(store, left)
+    own = ("(source_session = ?1 OR (source_session >= ?1 || '/' AND source_session < ?1 || '0'))")
+    (mine,) = db.execute(f"SELECT max(seq) FROM messages WHERE {own}", (session_id,)).fetchone()
+    (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
+    prefix = OFF_BRANCH_KEY + BRANCH_RUNS + ":"
     row = db.execute("SELECT value FROM meta WHERE key = ?", (BRANCH_SNAPSHOT_KEY + session_id,)).fetchone()
-    if row is not None:
-        runs = [run for run in json.loads(row[0]) if run[1] <= last]
-    else:  # (never left by a move cc-lhc saw: what is off now and holds none of its own records)
-        runs = [run for run in _resume_runs(db) if not db.execute(
+    snapshot = json.loads(row[0]) if row else None
+    if isinstance(snapshot, dict):
+        runs, last = list(snapshot["runs"]), max(snapshot["top"], mine or 0)
+    elif mine is not None:  # (never left by a move cc-lhc saw: what is off now and holds none of its own)
+        runs, last = [run for run in _resume_runs(db) if not db.execute(
             f"SELECT 1 FROM messages WHERE {own} AND seq BETWEEN ?2 AND ?3 LIMIT 1",
-            (session_id, run[0], run[1])).fetchone()]
-    added = (last + 1, top) if top > last else None
+            (session_id, run[0], run[1])).fetchone()], mine
+    else:  # (a rebuild never left and never written in: the branch it was made from)
+        runs, last = _resume_runs(db), None
+    added = (last + 1, top) if last is not None and top and top > last else None
     if added:
         runs.append(list(added))
-    prefix = OFF_BRANCH_KEY + BRANCH_RUNS + ":"
     with Tx(db):
         db.execute("DELETE FROM meta WHERE key >= ? AND key < ?", (prefix, prefix[:-1] + ";"))
+        # (what a build before these snapshots wrote for a resume back: its runs end here too)
+        db.execute("DELETE FROM meta WHERE key >= ? AND key < ? AND instr(key, '@resumed:') > 0",
+                   (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";"))
         db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(f"{prefix}{a}", str(b)) for a, b in runs])
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (BRANCH_SESSION_KEY, session_id))
     return added
+
+
+def repair_branch(home, thread_id, current) -> None:
+    """At a launch, under the lease: a kill between a move's two steps (the branch in the
+    thread, the pointer in the registry) left the branch of another session than the
+    current one in force; it is switched to the current one's. Threads that never moved
+    between sessions have nothing to mend."""
+    store = ThreadStore(home, thread_id)
+    try:
+        row = store.db.execute("SELECT value FROM meta WHERE key = ?", (BRANCH_SESSION_KEY,)).fetchone()
+        if current and row is not None and row[0] != current:
+            resumed_back(store, current, left=row[0])
+            home.log("branch_repaired", thread=thread_id, session=current, was=row[0])
+    finally:
+        store.close()
 
 
 def load_turns(store, closed_only=True):
@@ -9748,6 +9781,7 @@ def accept(home, thread_id, pending) -> bool:
             "and nothing was re-sent")
         return False
     failpoint("after-acceptance-before-alias")
+    keep_branch_of(home, thread_id, pending.from_session)
     try:
         advance_current(registry, thread_id, pending.session_id)
     except Exception as e:
@@ -9760,21 +9794,31 @@ def accept(home, thread_id, pending) -> bool:
         home.log("pointer_write_failed", thread=thread_id, error=repr(e))
         return True
     failpoint("after-alias-advance")
-    settle_boundary(home, thread_id, pending.session_id, left=pending.from_session)
+    settle_boundary(home, thread_id, pending.session_id)
     return True
 
 
-def settle_boundary(home, thread_id, session_id, left=None, **fields) -> None:
+def settle_boundary(home, thread_id, session_id, **fields) -> None:
     """After the thread moved to an accepted rebuild: its boundary becomes the thread's, and
-    the branch of the session it ``left`` is kept (leave_branch)."""
+    the branch in force is the rebuild's (took_branch)."""
     store = ThreadStore(home, thread_id)
     try:
         boundary = advance_boundary(store, session_id)
-        if left:
-            leave_branch(store, left)
+        took_branch(store, session_id)
     finally:
         store.close()
     home.log("smart_compact_accepted", thread=thread_id, session=session_id, boundary=boundary, **fields)
+
+
+def keep_branch_of(home, thread_id, session_id) -> None:
+    """leave_branch for a session the thread is about to leave (its own store opened)."""
+    if not session_id:
+        return
+    store = ThreadStore(home, thread_id)
+    try:
+        leave_branch(store, session_id)
+    finally:
+        store.close()
 
 
 def abandon(home, registry, session_id, reason):
@@ -9805,7 +9849,7 @@ def abandon(home, registry, session_id, reason):
                      why=unproven)
         else:
             folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
-            moved = os.path.join(folder, os.path.basename(path))
+            moved = free_name(os.path.join(folder, os.path.basename(path)))
             move_file(path, moved)
     with Tx(registry.db) as db:
         db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
@@ -12080,6 +12124,10 @@ def attach_thread(spec, home, policy):
         # whole thread or would start over the trigger (then fork_thread writes it). The
         # source's thread is only read, never changed.
         source = registry.thread_for_session(spec.resume)
+        named = registry.current_session(source) if source else None
+        if named and named != spec.resume:  # (said, as a resume of such a session says it)
+            say(f"session {spec.resume} is not thread {source[:8]}'s current session; the fork is made "
+                f"from that thread as it is now (session {named})")
         if source is not None:
             capture = fork_thread(spec, home, policy, registry, hostdb, source)
             if capture is not None:
@@ -15082,6 +15130,17 @@ def advance_current(registry, thread_id, session_id) -> None:
     registry.save_copy(thread_id)
 
 
+def free_name(path: str) -> str:
+    """``path``, or the first of path-2, path-3, ... (before its extension) that names
+    nothing: a move into a folder of kept files never replaces one already there."""
+    stem, ext = os.path.splitext(path)
+    n = 1
+    while os.path.lexists(path):
+        n += 1
+        path = f"{stem}-{n}{ext}"
+    return path
+
+
 def move_file(src: str, dst: str) -> None:
     """Rename when we can; copy and remove when the two folders are on different devices."""
     import shutil
@@ -15138,20 +15197,21 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
             "AND status = 'pending' ORDER BY created", (thread_id,)).fetchall():
         if owner_alive(owner):
             continue
+        try:
+            what = json.loads(owner).get("what") or "Smart Compact"
+        except (TypeError, ValueError, AttributeError):
+            what = "Smart Compact"
         keep_what_it_holds(home, hostdb, thread_id, session_id, path)
         if registry.current_session(thread_id) == from_session and rebuild_was_used(
                 hostdb, thread_id, session_id, path):
             # Claude already held a turn in it: going back would drop that turn from what
             # Claude sees and return to the oversized session, so the swap is completed.
+            keep_branch_of(home, thread_id, from_session)
             advance_current(registry, thread_id, session_id)
-            settle_boundary(home, thread_id, session_id, left=from_session, recovered=True)
-            say(f"an interrupted Smart Compact of thread {thread_id[:8]} was completed: Claude had "
+            settle_boundary(home, thread_id, session_id, recovered=True)
+            say(f"an interrupted {what} of thread {thread_id[:8]} was completed: Claude had "
                 f"already worked in its rebuilt session {session_id}, which the thread now continues")
             continue
-        try:
-            what = json.loads(owner).get("what") or "Smart Compact"
-        except (TypeError, ValueError, AttributeError):
-            what = "Smart Compact"
         moved = abandon(home, registry, session_id, f"its {what} was interrupted")
         say(f"an interrupted {what} of thread {thread_id[:8]} was rolled back; the thread "
             "stays on its accepted session" + (f" (the unused rebuild is in {moved})" if moved else
@@ -15175,6 +15235,8 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
                 shutil.rmtree(target, ignore_errors=True)
             else:
                 os.unlink(target)
+    if os.path.exists(home.path("threads", f"{thread_id}.sqlite")):
+        repair_branch(home, thread_id, registry.current_session(thread_id))
 
 
 def rebuild_was_used(hostdb, thread_id, session_id, path) -> bool:
@@ -15185,7 +15247,7 @@ def rebuild_was_used(hostdb, thread_id, session_id, path) -> bool:
     if not known or not known["replayed_prefix_bytes"]:
         return False
     lineage = (known["replayed_prefix_bytes"], known["replayed_prefix_sha256"])
-    if unproven_rebuild_reason(path, thread_id, lineage):
+    if unproven_rebuild_reason(path, thread_id, lineage, session_id):  # (as abandon() proves it)
         return False
     try:
         with open_regular(path) as f:
@@ -16971,6 +17033,8 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
                           policy, cwd, envelope_from=envelope_from, session_id=session_id,
                           projects_root=projects_root, pending=False, idle=True)
         failpoint("after-rollout-written")
+        if left:
+            leave_branch(store, left)
         try:
             advance_current(registry, thread_id, session_id)
         except Exception as e:
@@ -16985,8 +17049,7 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
                            f"({e}); " + (f"the session written was moved to {where}" if where else
                                          f"the session written, {written.path}, is rolled back at the "
                                          "thread's next launch")) from e
-        if left:
-            leave_branch(store, left)
+        took_branch(store, session_id)
     finally:
         store.close()
     return written

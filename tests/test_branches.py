@@ -123,3 +123,54 @@ def test_only_working_set_files_outside_the_project_send_a_compaction_to_the_swa
         assert cc_lhc.reads_claude_would_forget(cap.store, [str(project)], "2000-01-01T00:00:00.000Z") == []
     finally:
         cap.stop()
+
+
+def test_a_rebuild_left_before_anything_was_typed_on_it_keeps_its_branch(tmp_path):
+    """A swap's rebuild B holds only the view cc-lhc wrote (no record of its own yet); the
+    person goes back to A, types there, and returns to B: what was typed on A is off B's
+    branch, and back on A again, on it."""
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    th.turn(A, "prompt one", "answer ORIGINAL")
+    th.swapped(A)
+    th.resume(A, B)
+    th.turn(A, "prompt back on the old", "answer OTURN")
+    th.resume(B, A)
+    now = th.on_branch()
+    assert "ORIGINAL" in now and "OTURN" not in now
+    th.turn(B, "prompt on B at last", "answer RTURN")
+    th.resume(A, B)
+    now = th.on_branch()
+    assert "OTURN" in now and "RTURN" not in now
+
+
+def test_a_kill_between_the_branch_and_the_pointer_is_mended_at_the_next_launch(tmp_path):
+    """The branch in the thread moved to A's, and the registry's pointer never did (a kill,
+    a busy registry): the next launch on the thread's current session B puts B's back."""
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    th.turn(A, "prompt one", "answer ORIGINAL")
+    th.swapped(A)
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
+    th._store(cc_lhc.took_branch, B)
+    th.resume(A, B)  # ... and the pointer stays on B
+    assert "REBUILT-TURN" not in th.on_branch()
+    registry = cc_lhc.Registry(th.home)
+    registry.add_alias(B, th.id, current=True)
+    cc_lhc.recover_thread(th.home, registry, cc_lhc.HostDB(th.home), th.id)
+    assert "REBUILT-TURN" in th.on_branch()
+
+
+def test_runs_an_earlier_build_wrote_for_a_resume_back_end_at_the_next_move(tmp_path):
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    th.turn(A, "prompt one", "answer ORIGINAL")
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
+    store = cc_lhc.ThreadStore(th.home, th.id)
+    (top,) = store.db.execute("SELECT max(seq) FROM messages").fetchone()
+    with cc_lhc.Tx(store.db) as db:  # (the key such a build wrote, back on A)
+        db.execute("INSERT INTO meta VALUES (?, ?)", (f"{cc_lhc.OFF_BRANCH_KEY}{A}@resumed:3", str(top)))
+    store.close()
+    assert "REBUILT-TURN" not in th.on_branch()
+    th.resume(B, A)
+    assert "REBUILT-TURN" in th.on_branch()

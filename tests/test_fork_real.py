@@ -120,6 +120,21 @@ def test_fork_of_a_rebuilt_session_keeps_the_source_labels(real_claude):
     assert export(rc, source_thread) == before
 
 
+def test_a_fork_of_a_session_the_thread_went_on_from_says_what_it_forks(real_claude):
+    """--fork-session of a session that is no longer its thread's current one forks the
+    thread as it is now, and says so (as a plain --resume of it says where it lands)."""
+    rc = real_claude
+    source = over_trigger_session(rc)
+    ok(rc.run_lhc("--resume", source, "-p", "compact me"))   # Smart Compact: a rebuilt session
+    [source_thread] = threads(rc)
+    rebuilt = threads(rc)[source_thread]["current_session"]
+    _answer, _sent, p = fork(rc, source, "fork of the old one")
+    assert (f"session {source} is not thread {source_thread[:8]}'s current session; the fork is made "
+            f"from that thread as it is now (session {rebuilt})") in p.stderr
+    _answer, _sent, p = fork(rc, rebuilt, "fork of the current one")
+    assert "is not thread" not in p.stderr
+
+
 def test_fork_of_a_small_single_session_is_claudes_own_copy(real_claude):
     rc = real_claude
     rc.api.script([text_reply("noted", usage=SMALL)])

@@ -715,3 +715,73 @@ def test_a_rollout_write_that_failed_can_be_run_again_under_the_same_id(real_cla
     again = rc.run_lhc(*args)
     assert again.returncode == 0, again.stderr
     assert cc_lhc.Registry(home).current_session(thread_id) == sid
+
+
+
+
+def test_a_second_rollback_under_the_same_session_id_keeps_the_first_file(real_claude):
+    rc = real_claude
+    rc.api.script(["a short answer ALPHA"])
+    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread_id = the_thread(home)
+    sid = str(uuid.uuid4())
+    args = ("rollout", "write", "--thread-id", thread_id, "--session-id", sid)
+    k1 = rc.run_lhc(*args, env={"CC_LHC_FAILPOINT": "after-rollout-written"})
+    assert k1.returncode == -9
+    rc.api.script(["second answer BRAVO"])
+    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    [first] = list((rc.iso.lhc / "abandoned-rebuilds").rglob(f"{sid}*"))
+    first_bytes = first.read_bytes()
+    assert b"BRAVO" not in first_bytes
+    k2 = rc.run_lhc(*args, env={"CC_LHC_FAILPOINT": "after-rollout-written"})
+    assert k2.returncode == -9, k2.stderr
+    rc.api.script(["third answer CHARLIE"])
+    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    kept = list((rc.iso.lhc / "abandoned-rebuilds").rglob("*"))
+    contents = [f.read_bytes() for f in kept if f.is_file()]
+    assert first_bytes in contents, "the first rolled-back rollout write's file was overwritten"
+
+
+
+
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_a_killed_rollout_write_claude_then_worked_in_is_taken_up_wherever_it_was_written(real_claude, tmp_path, elsewhere):
+    """rollout write killed before the thread moved; the person opens the written session
+    with Claude anyway (under --projects-root: Claude with that config folder) and works in
+    it. The next launch of the thread should treat both the same way (recover_thread:
+    Claude held a turn in it -> the move is completed), not move the worked-in file away."""
+    rc = real_claude
+    rc.api.script(["a short answer ALPHA"])
+    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    thread_id = the_thread(home)
+    sid = str(uuid.uuid4())
+    args = ["rollout", "write", "--thread-id", thread_id, "--session-id", sid]
+    env = {}
+    if elsewhere:
+        other = tmp_path / "other-config"
+        (other / "projects").mkdir(parents=True)
+        shutil.copy(rc.config_file, other / ".claude.json")
+        args += ["--projects-root", str(other / "projects")]
+        env = {"CLAUDE_CONFIG_DIR": str(other)}
+    k = rc.run_lhc(*args, env={"CC_LHC_FAILPOINT": "after-rollout-written"})
+    assert k.returncode == -9, k.stderr
+    rc.api.script(["worked in the written session ZULU"])
+    c = rc.run_claude("-p", "work here", "--resume", sid, env=env)
+    assert c.returncode == 0, c.stderr
+    written = (tmp_path / "other-config" / "projects" if elsewhere else rc.iso.config / "projects")
+    [f] = list(written.rglob(f"{sid}.jsonl"))
+    assert b"ZULU" in f.read_bytes()
+    rc.api.script(["the thread goes on"])
+    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    assert f.exists(), "the session Claude worked in was moved away"
+    assert "an interrupted rollout write of thread" in p.stderr and "was completed" in p.stderr
+    assert "ZULU" in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    if not elsewhere:
+        assert json.loads(p.stdout)["session_id"] == sid, p.stderr
+    else:  # (where Claude does not look: the conversation is written again from the thread)
+        assert "where Claude Code does not look" in p.stderr
