@@ -655,24 +655,35 @@ def test_retrieval_works_from_a_tool_run_with_another_home(real_claude, tmp_path
     assert "TEAL-4417" in tool_result_text(answer) and not answer.get("is_error"), tool_result_text(answer)
 
 
+def short_thread(rc, answer="a short answer"):
+    """(state home, thread id, session id) of a one-turn thread captured by a one-shot."""
+    rc.api.script([answer])
+    sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    return home, the_thread(home), sid
+
+
+def go_on(rc):
+    """The thread's next launch (a one-shot --continue), which settles what was left half-way."""
+    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    return p
+
+
 @pytest.mark.parametrize("point", ["after-pending-record", "after-rollout-written"])
 def test_a_rollout_write_killed_before_the_thread_moved_leaves_nothing_behind(real_claude, point):
     """`rollout write` is one rebuild like any other: killed after its file is written and
     before the thread moved onto it, the next launch of the thread rolls it back (the file
     out of Claude's folder), and the thread goes on where it was."""
     rc = real_claude
-    rc.api.script(["a short answer"])
-    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
-    home = cc_lhc.StateHome(str(rc.iso.lhc))
-    thread_id = the_thread(home)
+    home, thread_id, old_sid = short_thread(rc, "a short answer")
     new_sid = str(uuid.uuid4())
     proc = rc.run_lhc("rollout", "write", "--thread-id", thread_id, "--session-id", new_sid,
                       env={"CC_LHC_FAILPOINT": point})
     assert proc.returncode == -9
     assert cc_lhc.Registry(home).current_session(thread_id) == old_sid
     rc.api.script(["the thread goes on"])
-    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
-    assert p.returncode == 0, p.stderr
+    p = go_on(rc)
     assert json.loads(p.stdout)["session_id"] == old_sid
     assert not (rc.project_dir / f"{new_sid}.jsonl").exists()  # rolled back, not left for Claude's picker
     if point == "after-rollout-written":
@@ -690,10 +701,7 @@ def test_a_rollout_write_that_failed_can_be_run_again_under_the_same_id(real_cla
     same --session-id is free again; one written under --projects-root outside Claude's
     folder is rolled back (moved to abandoned-rebuilds/) all the same."""
     rc = real_claude
-    rc.api.script(["a short answer"])
-    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
-    home = cc_lhc.StateHome(str(rc.iso.lhc))
-    thread_id = the_thread(home)
+    home, thread_id, old_sid = short_thread(rc, "a short answer")
     root = tmp_path / "other-config" / "projects"
     root.mkdir(parents=True)
     blocker = root / rc.project_dir.name
@@ -706,8 +714,7 @@ def test_a_rollout_write_that_failed_can_be_run_again_under_the_same_id(real_cla
     killed = rc.run_lhc(*args, env={"CC_LHC_FAILPOINT": "after-rollout-written"})
     assert killed.returncode == -9 and (root / rc.project_dir.name / f"{sid}.jsonl").exists()
     rc.api.script(["the thread goes on"])
-    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
-    assert p.returncode == 0, p.stderr
+    p = go_on(rc)
     assert json.loads(p.stdout)["session_id"] == old_sid
     assert "an interrupted rollout write of thread" in p.stderr
     assert not (root / rc.project_dir.name / f"{sid}.jsonl").exists()
@@ -717,34 +724,25 @@ def test_a_rollout_write_that_failed_can_be_run_again_under_the_same_id(real_cla
     assert cc_lhc.Registry(home).current_session(thread_id) == sid
 
 
-
-
 def test_a_second_rollback_under_the_same_session_id_keeps_the_first_file(real_claude):
     rc = real_claude
-    rc.api.script(["a short answer ALPHA"])
-    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
-    home = cc_lhc.StateHome(str(rc.iso.lhc))
-    thread_id = the_thread(home)
+    home, thread_id, old_sid = short_thread(rc, "a short answer ALPHA")
     sid = str(uuid.uuid4())
     args = ("rollout", "write", "--thread-id", thread_id, "--session-id", sid)
     k1 = rc.run_lhc(*args, env={"CC_LHC_FAILPOINT": "after-rollout-written"})
     assert k1.returncode == -9
     rc.api.script(["second answer BRAVO"])
-    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
-    assert p.returncode == 0, p.stderr
+    go_on(rc)
     [first] = list((rc.iso.lhc / "abandoned-rebuilds").rglob(f"{sid}*"))
     first_bytes = first.read_bytes()
     assert b"BRAVO" not in first_bytes
     k2 = rc.run_lhc(*args, env={"CC_LHC_FAILPOINT": "after-rollout-written"})
     assert k2.returncode == -9, k2.stderr
     rc.api.script(["third answer CHARLIE"])
-    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
-    assert p.returncode == 0, p.stderr
+    go_on(rc)
     kept = list((rc.iso.lhc / "abandoned-rebuilds").rglob("*"))
     contents = [f.read_bytes() for f in kept if f.is_file()]
     assert first_bytes in contents, "the first rolled-back rollout write's file was overwritten"
-
-
 
 
 @pytest.mark.parametrize("elsewhere", [False, True])
@@ -754,10 +752,7 @@ def test_a_killed_rollout_write_claude_then_worked_in_is_taken_up_wherever_it_wa
     it. The next launch of the thread should treat both the same way (recover_thread:
     Claude held a turn in it -> the move is completed), not move the worked-in file away."""
     rc = real_claude
-    rc.api.script(["a short answer ALPHA"])
-    old_sid = json.loads(lhc(rc, "-p", "a short session", "--output-format", "json").stdout)["session_id"]
-    home = cc_lhc.StateHome(str(rc.iso.lhc))
-    thread_id = the_thread(home)
+    home, thread_id, old_sid = short_thread(rc, "a short answer ALPHA")
     sid = str(uuid.uuid4())
     args = ["rollout", "write", "--thread-id", thread_id, "--session-id", sid]
     env = {}
@@ -776,8 +771,7 @@ def test_a_killed_rollout_write_claude_then_worked_in_is_taken_up_wherever_it_wa
     [f] = list(written.rglob(f"{sid}.jsonl"))
     assert b"ZULU" in f.read_bytes()
     rc.api.script(["the thread goes on"])
-    p = rc.run_lhc("-p", "and then?", "--continue", "--output-format", "json")
-    assert p.returncode == 0, p.stderr
+    p = go_on(rc)
     assert f.exists(), "the session Claude worked in was moved away"
     assert "an interrupted rollout write of thread" in p.stderr and "was completed" in p.stderr
     assert "ZULU" in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
