@@ -349,10 +349,52 @@ def test_a_smart_compact_of_a_session_with_nothing_captured_yet_is_not_started(i
     home.ensure()
     thread = cc_lhc.Registry(home).create_thread(str(uuid.uuid4()), "/w", "fresh")
     session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
-                                    capture=types.SimpleNamespace(thread_id=thread))
+                                    capture=types.SimpleNamespace(thread_id=thread, session_id=str(uuid.uuid4()),
+                                                                  path=str(home.path("no-transcript.jsonl"))))
     started = []
     handoff = types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(prune) or "")
     panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)), handoff)
     assert panel.cmd_smart_compact([]) == "Smart Compact did not start: nothing is captured in this session yet"
     assert panel.cmd_smart_prune([]) == "Smart Prune did not start: nothing is captured in this session yet"
     assert started == []
+
+
+def test_a_smart_compact_asked_while_capture_is_behind_waits_for_it(iso_env, monkeypatch, tmp_path):
+    """An answer on the screen a moment ago may not be in the thread yet: while the
+    transcript holds more than capture took in, capture gets a moment, and the request goes
+    ahead once it has (on a loaded machine it was refused as "nothing captured yet")."""
+    import threading
+    import types
+    import uuid
+    from test_capture_parse import Transcript, text
+    home = cc_lhc.StateHome()
+    home.ensure()
+    sid = str(uuid.uuid4())
+    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
+    t = Transcript(sid)
+    t.user("hello")
+    t.assistant(text("an answer on the screen"))
+    path = t.write(tmp_path / "t.jsonl")
+    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
+                                    capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
+    started = []
+    handoff = types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(prune) or "")
+    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)), handoff)
+    panel._hide = lambda: None
+    monkeypatch.setattr(cc_lhc.ControlPanel, "CAPTURE_WAIT", 0.3)
+    assert panel.cmd_smart_compact([]) == "Smart Compact did not start: nothing is captured in this session yet"
+
+    def capture_later():
+        cap = cc_lhc.Capture(home, thread, sid, str(path))
+        try:
+            cap.catch_up()
+        finally:
+            cap.stop()
+    monkeypatch.setattr(cc_lhc.ControlPanel, "CAPTURE_WAIT", 5.0)
+    later = threading.Timer(0.2, capture_later)
+    later.start()
+    try:
+        assert panel.cmd_smart_compact([]) == "Smart Compact started"
+    finally:
+        later.join()
+    assert started == [None]
