@@ -207,11 +207,16 @@ def test_moving_the_session_to_the_background_at_exit_is_said_with_the_way_back(
         wait_until(lambda: b"DAEMON GOES ON" in _read(rc.project_dir / f"{moved}.jsonl"),
                    "the daemon's Claude answering the job's end", timeout=60)
         wait_until(lambda: cc_lhc.claude_running(moved) is not None, "the daemon's Claude named")
-        asked = len(rc.api.message_requests)
+        started = len(log_events(rc, "child_started"))
         for how in (["--resume", moved], ["--continue"]):
             p = rc.run([sys.executable, CC_LHC, "-p", "are you there?", *how])
             assert p.returncode == 2 and f"session {moved} is open in another Claude" in p.stderr, p.stderr
-        assert len(rc.api.message_requests) == asked
+        assert len(log_events(rc, "child_started")) == started  # (no Claude was started by either)
+        listed = rc.run_claude("agents", "--json")  # (Claude's own way to end a background session)
+        (agent,) = [a for a in json.loads(listed.stdout) if a.get("sessionId") == moved]
+        stopped = rc.run_claude("stop", agent["id"])
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        wait_until(lambda: cc_lhc.claude_running(moved) is None, "the daemon's Claude gone", timeout=30)
     finally:
         release.touch()
         for pid in _daemons_of(rc.cwd):
@@ -221,7 +226,6 @@ def test_moving_the_session_to_the_background_at_exit_is_said_with_the_way_back(
                 pass
     # Once it is done, --continue goes on where the daemon left off (as `claude --continue`
     # would: the newest session of the folder), not in the session it left behind.
-    wait_until(lambda: cc_lhc.claude_running(moved) is None, "the daemon's Claude gone")
     rc.api.script(["back under cc-lhc"])
     p = rc.run([sys.executable, CC_LHC, "-p", "what did the job say?", "--continue", "--output-format", "json"])
     assert p.returncode == 0, p.stderr
