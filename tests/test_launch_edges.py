@@ -349,8 +349,9 @@ def test_a_claude_killed_under_cc_lhc_is_said_with_the_way_back(real_claude, tmu
     wait_for_log(rc, "child_started")
     (started,) = log_events(rc, "child_started")
     os.kill(started["child_pid"], signal.SIGKILL)
-    screen = t.wait_for("EXIT=")
-    assert "EXIT=137" in screen
-    assert "Claude ended by signal SIGKILL, not by itself" in screen and "cc-lhc --continue" in screen
+    t.wait_for("EXIT=")
+    screen = t.capture(history=True)
+    assert "EXIT=137" in screen, screen
+    assert "Claude ended by signal SIGKILL, not by itself" in screen and "cc-lhc --continue" in screen, screen
     (thread,) = threads(rc)
     assert f"in thread {thread['id'][:8]}" in screen
