@@ -4264,16 +4264,43 @@ def _resume_runs(db) -> list:
 BRANCH_SESSION_KEY = "branch_session"  # the session whose branch the runs above are
 
 
-def leave_branch(store, session_id) -> None:
+def _adopt_older_runs(db) -> None:
+    """Runs a build before the branch snapshots wrote for a resume back (OFF_BRANCH_KEY + a
+    session + "@resumed:" + first seq) become runs of the branch in force, so a snapshot
+    keeps them. Inside the caller's transaction."""
+    rows = db.execute("SELECT key, value FROM meta WHERE key >= ? AND key < ? AND instr(key, '@resumed:') > 0",
+                      (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";")).fetchall()
+    for key, end in rows:
+        db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                   (f"{OFF_BRANCH_KEY}{BRANCH_RUNS}:{key.rsplit(':', 1)[1]}", end))
+
+
+def _own(session_id) -> tuple:
+    return ("(source_session = ?1 OR (source_session >= ?1 || '/' AND source_session < ?1 || '0'))",
+            (session_id,))
+
+
+def leave_branch(store, session_id, replaced_by=None) -> None:
     """The thread leaves ``session_id`` (Claude moved elsewhere, or a swap replaces it): keep
     the runs off the branch while it was Claude's, and the newest record then (all below it
     and not in a run was its branch), for a resume back to it. Taken before the thread's
-    pointer moves, so a kill in between leaves no session without one."""
+    pointer moves, so a kill in between leaves no session without one. A rebuild that
+    ``replaced_by`` it may already hold turns of its own (accepted at a session's end, or
+    completed by recovery): the branch ends before the first of them."""
     db = store.db
     with Tx(db):
-        (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
+        _adopt_older_runs(db)
+        top = None
+        if replaced_by:
+            own, args = _own(replaced_by)
+            (first,) = db.execute(f"SELECT min(seq) FROM messages WHERE {own}", args).fetchone()
+            top = first - 1 if first is not None else None
+        if top is None:
+            (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                   (BRANCH_SNAPSHOT_KEY + session_id, json.dumps({"runs": _resume_runs(db), "top": top or 0})))
+                   (BRANCH_SNAPSHOT_KEY + session_id,
+                    json.dumps({"runs": _resume_runs(db), "top": top or 0, "to": replaced_by})))
 
 
 def took_branch(store, session_id) -> None:
@@ -4291,9 +4318,11 @@ def resumed_back(store, session_id, left=None):
     does what was off it while that session was Claude's (its snapshot). The branch
     ``left`` had is kept for a resume back to it. Returns the run added, or None."""
     db = store.db
+    with Tx(db):
+        _adopt_older_runs(db)
     if left and left != session_id:
         leave_branch(store, left)
-    own = ("(source_session = ?1 OR (source_session >= ?1 || '/' AND source_session < ?1 || '0'))")
+    own = _own(session_id)[0]
     (mine,) = db.execute(f"SELECT max(seq) FROM messages WHERE {own}", (session_id,)).fetchone()
     (top,) = db.execute("SELECT max(seq) FROM messages").fetchone()
     prefix = OFF_BRANCH_KEY + BRANCH_RUNS + ":"
@@ -4301,6 +4330,8 @@ def resumed_back(store, session_id, left=None):
     snapshot = json.loads(row[0]) if row else None
     if isinstance(snapshot, dict):
         runs, last = list(snapshot["runs"]), max(snapshot["top"], mine or 0)
+    elif isinstance(snapshot, list):  # (as a build before the newest records were kept wrote it)
+        runs, last = list(snapshot), mine
     elif mine is not None:  # (never left by a move cc-lhc saw: what is off now and holds none of its own)
         runs, last = [run for run in _resume_runs(db) if not db.execute(
             f"SELECT 1 FROM messages WHERE {own} AND seq BETWEEN ?2 AND ?3 LIMIT 1",
@@ -4312,9 +4343,6 @@ def resumed_back(store, session_id, left=None):
         runs.append(list(added))
     with Tx(db):
         db.execute("DELETE FROM meta WHERE key >= ? AND key < ?", (prefix, prefix[:-1] + ";"))
-        # (what a build before these snapshots wrote for a resume back: its runs end here too)
-        db.execute("DELETE FROM meta WHERE key >= ? AND key < ? AND instr(key, '@resumed:') > 0",
-                   (OFF_BRANCH_KEY, OFF_BRANCH_KEY[:-1] + ";"))
         db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(f"{prefix}{a}", str(b)) for a, b in runs])
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (BRANCH_SESSION_KEY, session_id))
     return added
@@ -4329,7 +4357,14 @@ def repair_branch(home, thread_id, current) -> None:
     try:
         row = store.db.execute("SELECT value FROM meta WHERE key = ?", (BRANCH_SESSION_KEY,)).fetchone()
         if current and row is not None and row[0] != current:
-            resumed_back(store, current, left=row[0])
+            kept = store.db.execute("SELECT value FROM meta WHERE key = ?",
+                                    (BRANCH_SNAPSHOT_KEY + row[0],)).fetchone()
+            try:
+                done = json.loads(kept[0]).get("to") == current if kept else False
+            except (ValueError, AttributeError):
+                done = False
+            # (its branch was kept as this move began: a second look would take in the new turns)
+            resumed_back(store, current, left=None if done else row[0])
             home.log("branch_repaired", thread=thread_id, session=current, was=row[0])
     finally:
         store.close()
@@ -9781,7 +9816,7 @@ def accept(home, thread_id, pending) -> bool:
             "and nothing was re-sent")
         return False
     failpoint("after-acceptance-before-alias")
-    keep_branch_of(home, thread_id, pending.from_session)
+    keep_branch_of(home, thread_id, pending.from_session, pending.session_id)
     try:
         advance_current(registry, thread_id, pending.session_id)
     except Exception as e:
@@ -9810,13 +9845,13 @@ def settle_boundary(home, thread_id, session_id, **fields) -> None:
     home.log("smart_compact_accepted", thread=thread_id, session=session_id, boundary=boundary, **fields)
 
 
-def keep_branch_of(home, thread_id, session_id) -> None:
-    """leave_branch for a session the thread is about to leave (its own store opened)."""
+def keep_branch_of(home, thread_id, session_id, replaced_by) -> None:
+    """leave_branch for a session a rebuild is about to replace (its own store opened)."""
     if not session_id:
         return
     store = ThreadStore(home, thread_id)
     try:
-        leave_branch(store, session_id)
+        leave_branch(store, session_id, replaced_by)
     finally:
         store.close()
 
@@ -15206,7 +15241,7 @@ def recover_thread(home, registry, hostdb, thread_id) -> None:
                 hostdb, thread_id, session_id, path):
             # Claude already held a turn in it: going back would drop that turn from what
             # Claude sees and return to the oversized session, so the swap is completed.
-            keep_branch_of(home, thread_id, from_session)
+            keep_branch_of(home, thread_id, from_session, session_id)
             advance_current(registry, thread_id, session_id)
             settle_boundary(home, thread_id, session_id, recovered=True)
             say(f"an interrupted {what} of thread {thread_id[:8]} was completed: Claude had "
@@ -15951,14 +15986,15 @@ def cmd_launch(argv) -> int:
         return run_host(spec, home)
     if not spec.print_mode:
         spec.mod = ModBridge.offer(spec, home)
-    with ManagedSession(spec, home, policy, capture):
+    with ManagedSession(spec, home, policy, capture) as session:
         status = run_host(spec, home)
     killed = status - 128 if status > 128 else None
     if killed in CRASH_SIGNALS:
-        # (a signal the person sends, or one cc-lhc passes on as it ends, needs no word)
+        # (a signal the person sends, or one cc-lhc passes on as it ends, needs no word; the
+        # thread is the one Claude was on at the end, after a /clear too)
         say(f"Claude ended by signal {signal.Signals(killed).name}, not by itself; everything up to then is "
-            f"in thread {capture.thread_id[:8]}, and `cc-lhc --continue` (or `--resume {spec.session_id}`) "
-            "goes on from there")
+            f"in thread {session.capture.thread_id[:8]}, and `cc-lhc --continue` (or `--resume "
+            f"{spec.session_id}`) goes on from there")
     return status
 
 
@@ -17034,7 +17070,7 @@ def _write_fork_rollout(home, registry, hostdb, thread_id, session_id, cwd, proj
                           projects_root=projects_root, pending=False, idle=True)
         failpoint("after-rollout-written")
         if left:
-            leave_branch(store, left)
+            leave_branch(store, left, session_id)
         try:
             advance_current(registry, thread_id, session_id)
         except Exception as e:

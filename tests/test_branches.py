@@ -39,8 +39,8 @@ class Thread:
         finally:
             store.close()
 
-    def swapped(self, old):  # a swap accepted: the session it left keeps its branch
-        self._store(cc_lhc.leave_branch, old)
+    def swapped(self, old, new):  # a swap to ``new`` accepted: the session it left keeps its branch
+        self._store(cc_lhc.leave_branch, old, new)
 
     def resume(self, to, left):  # an in-app /resume from ``left`` back to ``to``
         return self._store(cc_lhc.resumed_back, to, left)
@@ -53,7 +53,7 @@ def test_moving_back_and_forth_keeps_each_sessions_branch(tmp_path):
     th = Thread(tmp_path)
     A, B = th.A, th.B
     th.turn(A, "prompt one", "answer ORIGINAL")
-    th.swapped(A)
+    th.swapped(A, B)
     th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
     assert th.resume(A, B)
     th.turn(A, "prompt back on the old", "answer ONE-AGAIN")
@@ -75,7 +75,7 @@ def test_a_rewind_on_one_session_leaves_the_others_turns_alone(tmp_path):
     A, B = th.A, th.B
     (first, *_) = th.turn(A, "prompt one", "answer ORIGINAL")
     th.turn(A, "prompt two", "answer TWO-BEFORE-SWAP")
-    th.swapped(A)
+    th.swapped(A, B)
     th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
     th.resume(A, B)
     th.turn(A, "prompt back on the old", "answer ONE-AGAIN")
@@ -132,7 +132,7 @@ def test_a_rebuild_left_before_anything_was_typed_on_it_keeps_its_branch(tmp_pat
     th = Thread(tmp_path)
     A, B = th.A, th.B
     th.turn(A, "prompt one", "answer ORIGINAL")
-    th.swapped(A)
+    th.swapped(A, B)
     th.resume(A, B)
     th.turn(A, "prompt back on the old", "answer OTURN")
     th.resume(B, A)
@@ -150,7 +150,7 @@ def test_a_kill_between_the_branch_and_the_pointer_is_mended_at_the_next_launch(
     th = Thread(tmp_path)
     A, B = th.A, th.B
     th.turn(A, "prompt one", "answer ORIGINAL")
-    th.swapped(A)
+    th.swapped(A, B)
     th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
     th._store(cc_lhc.took_branch, B)
     th.resume(A, B)  # ... and the pointer stays on B
@@ -174,3 +174,88 @@ def test_runs_an_earlier_build_wrote_for_a_resume_back_end_at_the_next_move(tmp_
     assert "REBUILT-TURN" not in th.on_branch()
     th.resume(B, A)
     assert "REBUILT-TURN" in th.on_branch()
+
+
+def test_a_swap_accepted_after_the_rebuilds_own_turns_keeps_them_off_the_old_branch(tmp_path):
+    """Accept after the rebuilt session's turns were captured (interactive --resume over the
+    trigger settles at exit or at the /resume's let-go; recover_thread completes a swap after
+    keep_what_it_holds captured B's turn): A's snapshot must still end at A's branch."""
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    th.turn(A, "prompt one", "answer ORIGINAL")
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")  # captured before accept
+    th.swapped(A, B)                    # accept(): keep_branch_of(from_session, its rebuild)
+    th._store(cc_lhc.took_branch, B)    # settle_boundary
+    back = th.resume(A, B)              # in-app /resume back to A
+    now = th.on_branch()
+    assert "ORIGINAL" in now
+    assert "REBUILT-TURN" not in now, (back, now)
+
+
+def test_runs_an_earlier_build_wrote_survive_a_round_trip(tmp_path):
+    """A thread an earlier build left on A after a resume back (off_branch:A@resumed:N):
+    the new build moves to B and back to A; B's turn must stay off A's branch."""
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    th.turn(A, "prompt one", "answer ORIGINAL")
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
+    store = cc_lhc.ThreadStore(th.home, th.id)
+    (lastA,) = store.db.execute("SELECT max(seq) FROM messages WHERE source_session = ?", (A,)).fetchone()
+    (top,) = store.db.execute("SELECT max(seq) FROM messages").fetchone()
+    with cc_lhc.Tx(store.db) as db:
+        db.execute("INSERT INTO meta VALUES (?, ?)", (f"{cc_lhc.OFF_BRANCH_KEY}{A}@resumed:{lastA + 1}", str(top)))
+    store.close()
+    th.turn(A, "prompt back on A (old build)", "answer A-AGAIN")
+    assert "REBUILT-TURN" not in th.on_branch()
+    th.resume(B, A)      # new build: /resume to B
+    now = th.on_branch()
+    assert "REBUILT-TURN" in now and "A-AGAIN" not in now
+    th.resume(A, B)      # and back to A
+    now = th.on_branch()
+    assert "A-AGAIN" in now
+    assert "REBUILT-TURN" not in now, now
+
+
+def test_a_snapshot_an_earlier_build_wrote_keeps_a_sessions_rewind(tmp_path):
+    """An earlier build kept a snapshot as a JSON list of runs: read as such, the session's
+    own rewind stays off its branch."""
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    (first, *_) = th.turn(A, "prompt one", "answer ORIGINAL")
+    th.turn(A, "prompt two", "answer TWO-BEFORE-SWAP")
+    th.swapped(A, B)
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
+    th.resume(A, B)
+    th.turn(A, "prompt back on the old", "answer ONE-AGAIN")
+    th.t[A].parent = first["uuid"]
+    th.turn(A, "prompt after the rewind", "answer REWOUND-ON")
+    th.resume(B, A)
+    # the previous build wrote A's snapshot as a list of its runs
+    store = cc_lhc.ThreadStore(th.home, th.id)
+    key = cc_lhc.BRANCH_SNAPSHOT_KEY + A
+    (value,) = store.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    with cc_lhc.Tx(store.db) as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = ?", (json.dumps(json.loads(value)["runs"]), key))
+    store.close()
+    th.resume(A, B)
+    now = th.on_branch()
+    assert "ORIGINAL" in now and "REWOUND-ON" in now
+    assert not any(s in now for s in ("TWO-BEFORE-SWAP", "ONE-AGAIN", "REBUILT-TURN")), now
+
+
+def test_repair_after_a_kill_past_the_pointer_keeps_the_snapshot_taken_before_it(tmp_path):
+    """accept(): A's snapshot is taken, the pointer moves to B, the kill comes before
+    took_branch (failpoint after-alias-advance); B's first turn is in the thread. The next
+    launch's repair_branch must not take A's snapshot again over B's turn."""
+    th = Thread(tmp_path)
+    A, B = th.A, th.B
+    th.turn(A, "prompt one", "answer ORIGINAL")
+    th._store(cc_lhc.took_branch, A)     # (A was reached by an earlier move: the key names it)
+    th.swapped(A, B)                     # accept: keep_branch_of(A, B) before the pointer moves
+    registry = cc_lhc.Registry(th.home)
+    registry.add_alias(B, th.id, current=True)   # advance_current ... killed before took_branch
+    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
+    cc_lhc.recover_thread(th.home, registry, cc_lhc.HostDB(th.home), th.id)   # next launch
+    assert "REBUILT-TURN" in th.on_branch()
+    th.resume(A, B)
+    assert "REBUILT-TURN" not in th.on_branch(), th.on_branch()

@@ -341,17 +341,20 @@ def test_a_claude_killed_under_cc_lhc_is_said_with_the_way_back(real_claude, tmu
     import signal
     from realcli import PROMPT, log_events, type_line, wait_for_log
     rc = real_claude
-    rc.api.script(["still here"])
+    rc.api.script(["still here", "here after the clear"])
     t = tmux(f"{sys.executable} {CC_LHC}; echo EXIT=$?", cols=250, rows=30, env=rc.env, cwd=rc.cwd)
     t.wait_for(PROMPT)
     type_line(t, "hello")
     t.wait_for("still here")
-    wait_for_log(rc, "child_started")
+    type_line(t, "/clear")  # (the line names the thread Claude is on at the end)
+    wait_for_log(rc, "session_followed")
+    type_line(t, "hello again")
+    t.wait_for("here after the clear")
     (started,) = log_events(rc, "child_started")
+    (followed,) = log_events(rc, "session_followed")
     os.kill(started["child_pid"], signal.SIGKILL)
     t.wait_for("EXIT=")
     screen = t.capture(history=True)
     assert "EXIT=137" in screen, screen
     assert "Claude ended by signal SIGKILL, not by itself" in screen and "cc-lhc --continue" in screen, screen
-    (thread,) = threads(rc)
-    assert f"in thread {thread['id'][:8]}" in screen
+    assert f"in thread {followed['thread'][:8]}" in screen and f"--resume {followed['new_session']}" in screen

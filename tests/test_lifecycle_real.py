@@ -624,3 +624,51 @@ def test_resume_back_to_the_session_before_a_smart_compact_leaves_the_rebuilt_tu
     for said in ("answer one ORIGINAL", "answer on the rebuilt REBUILT-TURN", "answer back on the old ONE-AGAIN",
                  "answer on the rebuilt again"):
         assert every.count(said) == 1
+
+
+def test_resume_back_after_a_smart_compact_before_the_launch(real_claude, tmux):
+    """A resume over the trigger is rebuilt before Claude starts and accepted only when the
+    session ends or Claude moves, by then with the rebuild's own turns captured: a /resume
+    back to the original session still leaves those turns off its branch."""
+    from realcli import wait_until
+    rc = real_claude
+    rc.api.script([text_reply("answer one ORIGINAL", usage=OVER_USAGE), "answer on the rebuilt REBUILT-TURN",
+                   "answer back on the old ONE-AGAIN"])
+    p = rc.run_lhc("-p", "prompt one", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    original = json.loads(p.stdout)["session_id"]
+    t = tmux([sys.executable, CC_LHC, "--resume", original], cols=110, rows=32, env=rc.env, cwd=rc.cwd)
+    t.wait_for("This conversation was rebuilt by Smart Compact", timeout=60)
+    t.wait_for(PROMPT)
+    type_line(t, "prompt on the rebuilt")
+    t.wait_for("answer on the rebuilt REBUILT-TURN")
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    registry = cc_lhc.Registry(home)
+    ((thread_id, *_),) = registry.threads()
+    registry.db.close()
+
+    def on_branch() -> str:
+        store = cc_lhc.ThreadStore(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread_id)
+        try:
+            return json.dumps([m.get("text") for turn in cc_lhc.load_turns(store) for m in turn.messages])
+        finally:
+            store.close()
+    wait_until(lambda: "REBUILT-TURN" in on_branch(), "the rebuilt turn captured")
+    type_line(t, f"/resume {original}")
+    wait_for_log(rc, "session_followed")
+    (followed,) = log_events(rc, "session_followed")
+    t.wait_for(PROMPT)
+    type_line(t, "prompt back on the old")
+    t.wait_for("answer back on the old ONE-AGAIN")
+    wait_until(lambda: "ONE-AGAIN" in on_branch(), "the turn on the old session in the views")
+    sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    now = on_branch()
+    exit_cleanly(t)
+    assert "REBUILT-TURN" not in sent  # Claude on the old session never saw it
+    new = str(uuid.uuid4())
+    w = rc.run([sys.executable, CC_LHC, "rollout", "write", "--thread-id", thread_id, "--session-id", new])
+    assert w.returncode == 0, w.stderr
+    written = (rc.project_dir / f"{new}.jsonl").read_text()
+    assert "ONE-AGAIN" in written and "REBUILT-TURN" not in written
+    assert followed.get("off_branch"), followed
+    assert "REBUILT-TURN" not in now, now
