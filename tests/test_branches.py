@@ -70,7 +70,8 @@ def test_moving_back_and_forth_keeps_each_sessions_branch(tmp_path):
     assert "REBUILT-TURN" not in now and "B-AGAIN" not in now
 
 
-def test_a_rewind_on_one_session_leaves_the_others_turns_alone(tmp_path):
+def rewound_after_a_move(tmp_path) -> Thread:
+    """A, a swap to B, a turn there, back on A, a turn, then Esc Esc on A to after its first answer."""
     th = Thread(tmp_path)
     A, B = th.A, th.B
     (first, *_) = th.turn(A, "prompt one", "answer ORIGINAL")
@@ -79,8 +80,14 @@ def test_a_rewind_on_one_session_leaves_the_others_turns_alone(tmp_path):
     th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
     th.resume(A, B)
     th.turn(A, "prompt back on the old", "answer ONE-AGAIN")
-    th.t[A].parent = first["uuid"]  # Esc Esc on A: back to after its first answer
+    th.t[A].parent = first["uuid"]
     th.turn(A, "prompt after the rewind", "answer REWOUND-ON")
+    return th
+
+
+def test_a_rewind_on_one_session_leaves_the_others_turns_alone(tmp_path):
+    th = rewound_after_a_move(tmp_path)
+    A, B = th.A, th.B
     now = th.on_branch()
     assert "ORIGINAL" in now and "REWOUND-ON" in now
     assert not any(s in now for s in ("TWO-BEFORE-SWAP", "ONE-AGAIN", "REBUILT-TURN"))
@@ -219,16 +226,8 @@ def test_runs_an_earlier_build_wrote_survive_a_round_trip(tmp_path):
 def test_a_snapshot_an_earlier_build_wrote_keeps_a_sessions_rewind(tmp_path):
     """An earlier build kept a snapshot as a JSON list of runs: read as such, the session's
     own rewind stays off its branch."""
-    th = Thread(tmp_path)
+    th = rewound_after_a_move(tmp_path)
     A, B = th.A, th.B
-    (first, *_) = th.turn(A, "prompt one", "answer ORIGINAL")
-    th.turn(A, "prompt two", "answer TWO-BEFORE-SWAP")
-    th.swapped(A, B)
-    th.turn(B, "prompt on the rebuilt", "answer REBUILT-TURN")
-    th.resume(A, B)
-    th.turn(A, "prompt back on the old", "answer ONE-AGAIN")
-    th.t[A].parent = first["uuid"]
-    th.turn(A, "prompt after the rewind", "answer REWOUND-ON")
     th.resume(B, A)
     # the previous build wrote A's snapshot as a list of its runs
     store = cc_lhc.ThreadStore(th.home, th.id)

@@ -26,6 +26,15 @@ def lhc_json(rc, *args):
     return json.loads(p.stdout)
 
 
+def views_text(rc, thread_id: str) -> str:
+    """The texts the thread's views hold now (load_turns: off-branch turns left out), as JSON."""
+    store = cc_lhc.ThreadStore(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread_id)
+    try:
+        return json.dumps([m.get("text") for turn in cc_lhc.load_turns(store) for m in turn.messages])
+    finally:
+        store.close()
+
+
 def texts(rc, thread_id: str) -> list:
     return [m.get("text") for m in lhc_json(rc, "export", thread_id)]
 
@@ -594,12 +603,8 @@ def test_resume_back_to_the_session_before_a_smart_compact_leaves_the_rebuilt_tu
     type_line(t, "prompt back on the old")
     t.wait_for("answer back on the old ONE-AGAIN")
 
-    def on_branch() -> str:  # the texts the thread's views hold now
-        store = cc_lhc.ThreadStore(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread_id)
-        try:
-            return json.dumps([m.get("text") for turn in cc_lhc.load_turns(store) for m in turn.messages])
-        finally:
-            store.close()
+    def on_branch() -> str:
+        return views_text(rc, thread_id)
     from realcli import wait_until
     wait_until(lambda: "ONE-AGAIN" in on_branch(), "the turn on the old session in the views")
     now = on_branch()
@@ -648,11 +653,7 @@ def test_resume_back_after_a_smart_compact_before_the_launch(real_claude, tmux):
     registry.db.close()
 
     def on_branch() -> str:
-        store = cc_lhc.ThreadStore(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread_id)
-        try:
-            return json.dumps([m.get("text") for turn in cc_lhc.load_turns(store) for m in turn.messages])
-        finally:
-            store.close()
+        return views_text(rc, thread_id)
     wait_until(lambda: "REBUILT-TURN" in on_branch(), "the rebuilt turn captured")
     type_line(t, f"/resume {original}")
     wait_for_log(rc, "session_followed")
