@@ -10845,12 +10845,26 @@ class ControlPanel:
                 return True
             time.sleep(0.05)
 
+    SETTLE_WAIT = 3.0  # seconds a request waits for the turn on the screen to be over
+
+    def _start_once_settled(self, **how):
+        """handoff.start, given a moment when the turn just answered is not over in the
+        transcript yet (Claude writes its end a moment after the answer shows; asked at once,
+        the request was refused as not at a settled seam)."""
+        import time
+        deadline = time.monotonic() + self.SETTLE_WAIT
+        while True:
+            why_not = self.handoff.start(self.relay, **how)
+            if not (why_not and why_not.startswith(UNSETTLED)) or time.monotonic() > deadline:
+                return why_not
+            time.sleep(0.1)
+
     def cmd_smart_compact(self, _args) -> str:
         if self.handoff is None:
             return "Smart Compact is not available in this session"
         if self._nothing_yet():
             return "Smart Compact did not start: nothing is captured in this session yet"
-        why_not = self.handoff.start(self.relay, manual=True)
+        why_not = self._start_once_settled(manual=True)
         if why_not:
             if why_not.startswith(LiveHandoff.PASSING):  # (only an automatic one comes back by itself)
                 why_not += "; this request is not kept: run /smart-compact again then"
@@ -10874,7 +10888,7 @@ class ControlPanel:
             return "Smart Prune is not available in this session"
         if self._nothing_yet():
             return "Smart Prune did not start: nothing is captured in this session yet"
-        why_not = self.handoff.start(self.relay, manual=True, prune=target)
+        why_not = self._start_once_settled(manual=True, prune=target)
         if why_not:
             return f"Smart Prune did not hand over: {why_not}"
         self._hide()  # back to Claude's screen; the switch follows once the replacement is up

@@ -398,3 +398,33 @@ def test_a_smart_compact_asked_while_capture_is_behind_waits_for_it(iso_env, mon
     finally:
         later.join()
     assert started == [None]
+
+
+def test_a_smart_compact_asked_as_a_turn_ends_waits_for_it_to_be_over(iso_env, monkeypatch, tmp_path):
+    """Claude writes a turn's end a moment after its answer shows: a request made at once
+    is given that moment (it was refused as not at a settled seam), and one whose turn
+    stays open is still refused with the reason once the wait runs out."""
+    import types
+    import uuid
+    from test_capture_parse import Transcript, text
+    home = cc_lhc.StateHome()
+    home.ensure()
+    sid = str(uuid.uuid4())
+    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
+    t = Transcript(sid)
+    t.user("hello")
+    t.assistant(text("an answer"))
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    cap.stop()
+    unsettled = f"{cc_lhc.UNSETTLED} (the transcript was left mid-turn (t1 is still open))"
+    answers = [unsettled, unsettled, ""]
+    handoff = types.SimpleNamespace(start=lambda relay, manual, prune=None: answers.pop(0) if answers else unsettled)
+    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
+                                    capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
+    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)), handoff)
+    panel._hide = lambda: None
+    assert panel.cmd_smart_compact([]) == "Smart Compact started" and answers == []
+    monkeypatch.setattr(cc_lhc.ControlPanel, "SETTLE_WAIT", 0.3)
+    assert panel.cmd_smart_compact([]).startswith(f"Smart Compact did not start: {cc_lhc.UNSETTLED}")
