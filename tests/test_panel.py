@@ -359,11 +359,9 @@ def test_a_smart_compact_of_a_session_with_nothing_captured_yet_is_not_started(i
     assert started == []
 
 
-def test_a_smart_compact_asked_while_capture_is_behind_waits_for_it(iso_env, monkeypatch, tmp_path):
-    """An answer on the screen a moment ago may not be in the thread yet: while the
-    transcript holds more than capture took in, capture gets a moment, and the request goes
-    ahead once it has (on a loaded machine it was refused as "nothing captured yet")."""
-    import threading
+def panel_over_a_transcript(tmp_path, start):
+    """A panel on a thread whose transcript holds one answered prompt (not captured yet);
+    ``start`` plays the handoff's. Returns (panel, home, thread, session, transcript path)."""
     import types
     import uuid
     from test_capture_parse import Transcript, text
@@ -377,10 +375,20 @@ def test_a_smart_compact_asked_while_capture_is_behind_waits_for_it(iso_env, mon
     path = t.write(tmp_path / "t.jsonl")
     session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
                                     capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
-    started = []
-    handoff = types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(prune) or "")
-    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)), handoff)
+    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)),
+                                types.SimpleNamespace(start=start))
     panel._hide = lambda: None
+    return panel, home, thread, sid, path
+
+
+def test_a_smart_compact_asked_while_capture_is_behind_waits_for_it(iso_env, monkeypatch, tmp_path):
+    """An answer on the screen a moment ago may not be in the thread yet: while the
+    transcript holds more than capture took in, capture gets a moment, and the request goes
+    ahead once it has (on a loaded machine it was refused as "nothing captured yet")."""
+    import threading
+    started = []
+    panel, home, thread, sid, path = panel_over_a_transcript(
+        tmp_path, lambda relay, manual, prune=None: started.append(prune) or "")
     monkeypatch.setattr(cc_lhc.ControlPanel, "CAPTURE_WAIT", 0.3)
     assert panel.cmd_smart_compact([]) == "Smart Compact did not start: nothing is captured in this session yet"
 
@@ -404,27 +412,13 @@ def test_a_smart_compact_asked_as_a_turn_ends_waits_for_it_to_be_over(iso_env, m
     """Claude writes a turn's end a moment after its answer shows: a request made at once
     is given that moment (it was refused as not at a settled seam), and one whose turn
     stays open is still refused with the reason once the wait runs out."""
-    import types
-    import uuid
-    from test_capture_parse import Transcript, text
-    home = cc_lhc.StateHome()
-    home.ensure()
-    sid = str(uuid.uuid4())
-    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
-    t = Transcript(sid)
-    t.user("hello")
-    t.assistant(text("an answer"))
-    path = t.write(tmp_path / "t.jsonl")
+    unsettled = f"{cc_lhc.UNSETTLED} (the transcript was left mid-turn (t1 is still open))"
+    answers = [unsettled, unsettled, ""]
+    panel, home, thread, sid, path = panel_over_a_transcript(
+        tmp_path, lambda relay, manual, prune=None: answers.pop(0) if answers else unsettled)
     cap = cc_lhc.Capture(home, thread, sid, str(path))
     cap.catch_up()
     cap.stop()
-    unsettled = f"{cc_lhc.UNSETTLED} (the transcript was left mid-turn (t1 is still open))"
-    answers = [unsettled, unsettled, ""]
-    handoff = types.SimpleNamespace(start=lambda relay, manual, prune=None: answers.pop(0) if answers else unsettled)
-    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
-                                    capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
-    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)), handoff)
-    panel._hide = lambda: None
     assert panel.cmd_smart_compact([]) == "Smart Compact started" and answers == []
     monkeypatch.setattr(cc_lhc.ControlPanel, "SETTLE_WAIT", 0.3)
     assert panel.cmd_smart_compact([]).startswith(f"Smart Compact did not start: {cc_lhc.UNSETTLED}")
