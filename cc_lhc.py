@@ -10829,21 +10829,21 @@ class ControlPanel:
         import time
         deadline = time.monotonic() + self.CAPTURE_WAIT
         capture = self.session.capture
-        while True:
-            store = self._store()
-            try:
+        store = self._store()  # (opened once: each look is one read of what capture committed)
+        try:
+            while True:
                 if store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone():
                     return False
                 src = store.source(capture.session_id) if capture is not None else None
-            finally:
-                store.close()
-            try:
-                behind = capture is not None and os.path.getsize(capture.path) > ((src or {}).get("offset") or 0)
-            except (OSError, TypeError):
-                behind = False
-            if not behind or time.monotonic() > deadline:
-                return True
-            time.sleep(0.05)
+                try:
+                    behind = capture is not None and os.path.getsize(capture.path) > ((src or {}).get("offset") or 0)
+                except (OSError, TypeError):
+                    behind = False
+                if not behind or time.monotonic() > deadline:
+                    return True
+                time.sleep(0.05)
+        finally:
+            store.close()
 
     SETTLE_WAIT = 3.0  # seconds a request waits for the turn on the screen to be over
 
