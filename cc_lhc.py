@@ -47,6 +47,21 @@ import signal
 import stat
 import sys
 
+
+def _interrupted_while_loading(signum, frame):
+    os._exit(130)  # (nothing is written yet: no state to close, no buffer to flush)
+
+
+# A ctrl-c in the tenth of a second this file takes to load ends the program as one during
+# a command does (130, quietly), not with a traceback of the import under way; main() takes
+# it over from the end of this file on. Only where Python's own handler is on, which a
+# program importing cc_lhc (a test) may have changed.
+try:
+    _LOADING_INTERRUPT = (signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                          and signal.signal(signal.SIGINT, _interrupted_while_loading))
+except ValueError:  # (imported in a thread other than the main one: signals are not its own)
+    _LOADING_INTERRUPT = False
+
 # == 1. Constants, user-facing strings, errors ==================================
 
 VERSION = "0.1.0"
@@ -17936,6 +17951,9 @@ def sqlite3_errors():
 def cli() -> None:
     sys.exit(main())
 
+
+if _LOADING_INTERRUPT and signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (loaded: KeyboardInterrupt again)
 
 if __name__ == "__main__":
     cli()

@@ -443,3 +443,49 @@ def test_a_scratch_home_is_private_and_gone_after_its_command(tmp_path, monkeypa
     sample = next(p for p in sorted(path.rglob("*.jsonl")) if p.stat().st_size > 2000)
     assert cc_lhc.measure_transcript(str(sample), "default", 180_000)["messages"] > 0
     assert list(base.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["early", "late"])
+def test_ctrl_c_while_the_program_loads_ends_quietly(where, tmp_path):
+    """A ctrl-c while cc_lhc.py is still being loaded (its module body runs for a tenth of a
+    second) ends the program with 130 and no traceback, as one during a command does. The
+    signal is sent from inside the load, at a line near its start or near its end."""
+    source = Path(CC_LHC).read_text(encoding="utf-8").splitlines()
+    line = 120 if where == "early" else len(source) - 10
+    driver = tmp_path / "driver.py"
+    driver.write_text(f"""
+import os, signal, sys
+sys.path.insert(0, {str(Path(CC_LHC).parent)!r})
+sent = []
+def trace(frame, event, arg):
+    if frame.f_code.co_filename.endswith("cc_lhc.py") and frame.f_code.co_name == "<module>":
+        if event == "line" and frame.f_lineno >= {line} and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+        return trace
+    return None
+sys.settrace(trace)
+import cc_lhc
+sys.settrace(None)
+print("loaded", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+""")
+    p = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=60, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert p.returncode == 130, (p.returncode, p.stdout, p.stderr)
+    assert p.stderr == "" and p.stdout == ""
+
+
+def test_a_program_importing_cc_lhc_keeps_its_ctrl_c(tmp_path):
+    """Once loaded, ctrl-c is a KeyboardInterrupt again (main() turns it into 130); a program
+    that set its own handler before importing keeps it."""
+    p = subprocess.run([sys.executable, "-c", f"""
+import signal, sys
+sys.path.insert(0, {str(Path(CC_LHC).parent)!r})
+import cc_lhc
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+mine = lambda s, f: None
+signal.signal(signal.SIGINT, mine)
+import importlib; importlib.reload(cc_lhc)
+print(signal.getsignal(signal.SIGINT) is mine)
+"""], capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["True", "True"], p.stderr
