@@ -17357,6 +17357,26 @@ def holds_transcript_records(path) -> bool:
     return empty
 
 
+def agent_of_file(path) -> str | None:
+    """The agent id a subagent's own transcript file is written for (its conversation
+    records are all side-chain records naming the one agent), else None."""
+    agent = None
+    try:
+        with open_regular(path) as f:
+            for line in f:
+                rec = json_record(line) if line.strip() else None
+                if not isinstance(rec, dict) or rec.get("type") not in ("user", "assistant"):
+                    continue
+                named = rec.get("agentId")
+                if rec.get("isSidechain") is not True or not isinstance(named, str) or not named \
+                        or agent not in (None, named):
+                    return None
+                agent = named
+    except OSError:
+        return None
+    return agent
+
+
 def cmd_measure(args) -> int:
     """Offline: what Smart Compact and each band would do to sessions. Counts only."""
     as_json = _take_flag(args, "--json")
@@ -17431,17 +17451,23 @@ def cmd_measure(args) -> int:
             continue
         row["session"] = len(rows) + 1
         rows.append(row)
-        if not row["messages"] and (row["integrity_problems"] or not holds_transcript_records(path)):
+        agent = None if row["messages"] else agent_of_file(path)
+        if agent is not None:
+            # (a compaction agent's records chain onto the session's own: alone, none is placed)
+            what = "Claude's own compaction agent" if agent.startswith("acompact") else "a subagent"
+            say(f"{path} is the transcript of {what} ({agent}), not a session's: measure the session "
+                f"it belongs to, which counts it with its subagents; session {row['session']} counts nothing")
+        elif not row["messages"] and row["subagent_messages"]:  # (several agents' records: 1.0's sidechains)
+            say(f"{path} is a subagent's own transcript ({row['subagent_messages']} messages): measure the "
+                f"session it belongs to, which counts it with its subagents; session {row['session']} "
+                "counts nothing")
+        elif not row["messages"] and (row["integrity_problems"] or not holds_transcript_records(path)):
             # (lines, but none a transcript record: the wrong file more likely than a session)
             unread.append((path, "none of its lines is a Claude Code transcript record"
                                  + (f"; {row['integrity_problems']} could not be read or placed in a conversation"
                                     if row["integrity_problems"]
                                     else "")))
             rows.pop()
-        elif not row["messages"] and row["subagent_messages"]:
-            say(f"{path} is a subagent's own transcript ({row['subagent_messages']} messages): measure the "
-                f"session it belongs to, which counts it with its subagents; session {row['session']} "
-                "counts nothing")
         elif not row["messages"]:
             say(f"{path} holds no conversation yet: session {row['session']} counts nothing")
     for path, why in unread:
@@ -17489,12 +17515,12 @@ def cmd_measure(args) -> int:
         if r["messages"] and not r["view_within_target"]:
             notes.append(f"session {r['session']}: the smart compact view ({r['smart_compact_tokens']:,} tokens) "
                          f"is over the target ({target:,})")
-        if r.get("estimate") and len(rows) == 1:  # (what it comes to where the tokenizer is missing)
+        if r["exact"] and r["messages"] and len(rows) == 1:  # (what it comes to without the tokenizer)
             est = r["estimate"]
             notes.append(f"session {r['session']}: the safe estimate used without the tokenizer counts it "
                          f"{est['tokens']:,} tokens and this view {est['smart_compact_tokens']:,} "
                          "(a view fitted by it holds less)")
-    estimated = [r for r in rows if r.get("estimate")]
+    estimated = [r for r in rows if r["exact"]]  # (without the tokenizer the table is that estimate)
     if len(estimated) > 1:
         exact, safe = sum(r["tokens"] for r in estimated), sum(r["estimate"]["tokens"] for r in estimated)
         notes.append(f"the safe estimate used without the tokenizer counts these sessions {safe:,} tokens "

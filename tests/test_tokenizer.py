@@ -753,3 +753,18 @@ def test_a_header_fitted_again_with_other_numbers_reuses_the_encoder_that_holds_
     counts = [counter.count_many([h])[0] for h in headers]
     assert counts == [cc_lhc._token_count(whole, h) for h in headers]
     assert counter._small_builds == 1
+
+
+def test_measure_without_the_tokenizer_gives_no_second_estimate(tmp_path):
+    """Without the tokenizer measure's table is the safe estimate already: no line under it
+    sets that estimate against itself (it said "counts these sessions 1,190 tokens against
+    1,190")."""
+    samples = REPO / "tests" / "fixtures" / "samples"
+    code = ("import sys; sys.modules['tiktoken'] = None; sys.path.insert(0, sys.argv[1]); import cc_lhc; "
+            "cc_lhc.main(['measure', sys.argv[2]]); cc_lhc.main(['measure', sys.argv[3]])")
+    env = dict(os.environ, CC_LHC_HOME=str(tmp_path / "state"))
+    proc = subprocess.run([sys.executable, "-c", code, str(REPO), str(samples),
+                           str(samples / "02_tool_roundtrip_thinking.jsonl")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.stdout.count("tokens: approximate") == 2, proc.stderr
+    assert "the safe estimate used without the tokenizer" not in proc.stdout

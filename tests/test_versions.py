@@ -217,6 +217,15 @@ def test_claudes_compaction_agent_is_no_broken_chain_and_no_subagent(tmp_path):
     report = json.loads(out.getvalue())
     report = report["sessions"][0] if "sessions" in report else report
     assert (report["subagents"], report["compaction_agents"], report["integrity_problems"]) == (3, 1, 0)
+    # Measured alone, its file (every record chained onto the session's) is named for what it
+    # is, as a subagent's file is, not called unreadable (it was, with exit 1).
+    for name, what in (("agent-acompact-1f2e3d.jsonl", "Claude's own compaction agent (acompact-1f2e3d)"),
+                       ("agent-a2139one.jsonl", "a subagent (a2139one)")):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            assert cc_lhc.main(["measure", str(folder / name)]) == 0
+        assert f"is the transcript of {what}, not a session's: measure the session" in err.getvalue()
+        assert "could not be read" not in err.getvalue()
 
 
 def test_2_0_agent_file_whose_first_record_is_long_is_still_its_sessions(tmp_path):
