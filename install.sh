@@ -325,6 +325,49 @@ running_version_dirs() {
 
 # Remove version folders other than the current one ($1) and the previous one ($2),
 # skipping any that a running cc-lhc still uses.
+# The first file (or link) of the fresh copy $1 that the installed copy $2 lacks or
+# holds otherwise, as a path inside the bundle; nothing when $2 holds all of $1 as it is.
+# (Files are compared by their SHA-256, with the hash tool the download was checked with.)
+first_difference() (
+    for _e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        [ -e "$_e" ] || [ -L "$_e" ] || continue
+        _there="$2/${_e##*/}"
+        if [ -L "$_e" ]; then
+            if [ -L "$_there" ] && [ "$(readlink "$_e")" = "$(readlink "$_there")" ]; then
+                continue
+            fi
+        elif [ -d "$_e" ]; then
+            if [ -d "$_there" ] && [ ! -L "$_there" ]; then
+                _found=$(first_difference "$_e" "$_there") || return 1
+                [ -n "$_found" ] || continue
+                printf '%s\n' "${_e##*/}/$_found"
+                return 0
+            fi
+        elif [ -f "$_there" ] && [ ! -L "$_there" ] && { [ ! -x "$_e" ] || [ -x "$_there" ]; }; then
+            _mine=$(sha256_of "$_e") && _theirs=$(sha256_of "$_there") || return 1
+            [ "$_mine" != "$_theirs" ] || continue
+        fi
+        printf '%s\n' "${_e##*/}"
+        return 0
+    done
+    return 0
+)
+
+# Whether version $1 comes before version $2 (dotted numbers, compared part by part; a
+# part that is not a number compares as 0).
+older_version() (
+    _a="$1." _b="$2."
+    while [ -n "$_a" ] || [ -n "$_b" ]; do
+        _x=${_a%%.*} _y=${_b%%.*}
+        _a=${_a#*.} _b=${_b#*.}
+        case "$_x" in ''|*[!0-9]*) _x=0 ;; esac
+        case "$_y" in ''|*[!0-9]*) _y=0 ;; esac
+        [ "$_x" -lt "$_y" ] && return 0
+        [ "$_x" -gt "$_y" ] && return 1
+    done
+    return 1
+)
+
 prune_versions() {
     if [ -z "$2" ] && [ "$3" = unknown ]; then
         say "keeping the old versions: which one you upgraded from is not recorded here yet"
@@ -334,17 +377,18 @@ prune_versions() {
         say "cannot tell which versions are in use here; keeping the old ones"
         return 0
     fi
-    for _dir in "$INSTALL_DIR"/versions/*; do
-        [ -d "$_dir" ] || continue
-        _name=${_dir##*/}
-        if [ "$_name" = "$1" ] || [ "$_name" = "$2" ]; then
+    # (sh has no local variables: these names are this function's own, not main's)
+    for _old_dir in "$INSTALL_DIR"/versions/*; do
+        [ -d "$_old_dir" ] || continue
+        _old=${_old_dir##*/}
+        if [ "$_old" = "$1" ] || [ "$_old" = "$2" ]; then
             continue
         fi
-        if printf '%s\n' "$_busy" | grep -Fqx -- "$_name"; then
-            say "keeping $_name: a running cc-lhc still uses it"
+        if printf '%s\n' "$_busy" | grep -Fqx -- "$_old"; then
+            say "keeping $_old: a running cc-lhc still uses it"
             continue
         fi
-        rm -rf "$_dir" && say "removed old version $_name"
+        rm -rf "$_old_dir" && say "removed old version $_old"
     done
 }
 
@@ -419,11 +463,30 @@ take_lock() {
     echo "$$" >"$LOCK_DIR/pid"
 }
 
+# Whether $1 (a folder) is an entry of PATH, however the entry is spelled: with a
+# trailing slash, or through a link to the same folder.
+on_path() {
+    _rest="${PATH:-}:"
+    while [ -n "$_rest" ]; do
+        _entry=${_rest%%:*}
+        _rest=${_rest#*:}
+        [ -n "$_entry" ] && [ -d "$_entry" ] || continue
+        if [ "$(cd "$_entry" 2>/dev/null && pwd -P)" = "$(cd "$1" 2>/dev/null && pwd -P)" ]; then
+            return 0
+        fi
+    done
+    return 1
+}
+
 path_hint() {
     case ":${PATH:-}:" in
-        *":$BIN_DIR:"*)
+        *":$BIN_DIR:"*) _on=yes ;;
+        *) if on_path "$BIN_DIR"; then _on=yes; else _on=no; fi ;;
+    esac
+    case "$_on" in
+        yes)
             _found=$(command -v cc-lhc 2>/dev/null || true)
-            if [ -n "$_found" ] && [ "$_found" != "$BIN_DIR/cc-lhc" ]; then
+            if [ -n "$_found" ] && [ "$(cd "${_found%/*}" 2>/dev/null && pwd -P)" != "$(cd "$BIN_DIR" && pwd -P)" ]; then
                 warn "another cc-lhc ($_found) comes before $BIN_DIR on your PATH"
             fi
             return 0
@@ -569,29 +632,46 @@ refusing to install (nothing was changed)"
     _id=$(printf '%s' "$_got" | cut -c1-12)
     _name="$_version-$_id"
     _dest="$INSTALL_DIR/versions/$_name"
+    STAGING=$(mktemp -d "$INSTALL_DIR/versions/.staging.XXXXXX") || err "cannot create a staging folder in $INSTALL_DIR/versions"
+    (cd "$STAGING" && tar -xzf "$TMP_DIR/$_asset") || err "could not unpack $_asset"
+    _top="$STAGING/cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH"
+    [ ! -L "$_top" ] || err "$_asset holds its folder as a symbolic link; refusing to install (nothing was changed)"
+    [ -x "$_top/cc-lhc" ] || err "$_asset does not contain cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH/cc-lhc"
+    # Verified is not the same as harmless: a link in the bundle that leads out of
+    # its own folder would make the installed version use files it does not carry.
+    _real_top=$(cd "$_top" && pwd -P) || err "cannot use $_top"
+    _escape=$(escaping_link "$_top" "$_real_top") || err "could not check the links in $_asset"
+    if [ -n "$_escape" ]; then
+        err "$_asset contains a symbolic link that leads outside its own folder (${_escape#"$STAGING"/} -> $(readlink "$_escape")); refusing to install (nothing was changed)"
+    fi
+    _damaged=""
     if [ -f "$_dest/.cc-lhc-complete" ] && [ -x "$_dest/cc-lhc" ]; then
-        say "$_version is already unpacked in $_dest"
-    else
-        STAGING=$(mktemp -d "$INSTALL_DIR/versions/.staging.XXXXXX") || err "cannot create a staging folder in $INSTALL_DIR/versions"
-        (cd "$STAGING" && tar -xzf "$TMP_DIR/$_asset") || err "could not unpack $_asset"
-        _top="$STAGING/cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH"
-        [ ! -L "$_top" ] || err "$_asset holds its folder as a symbolic link; refusing to install (nothing was changed)"
-        [ -x "$_top/cc-lhc" ] || err "$_asset does not contain cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH/cc-lhc"
-        # Verified is not the same as harmless: a link in the bundle that leads out of
-        # its own folder would make the installed version use files it does not carry.
-        _real_top=$(cd "$_top" && pwd -P) || err "cannot use $_top"
-        _escape=$(escaping_link "$_top" "$_real_top") || err "could not check the links in $_asset"
-        if [ -n "$_escape" ]; then
-            err "$_asset contains a symbolic link that leads outside its own folder (${_escape#"$STAGING"/} -> $(readlink "$_escape")); refusing to install (nothing was changed)"
+        # The same version again: kept as it is (a running session may be using it) when
+        # it still holds what the download holds; a damaged copy is replaced.
+        _damaged=$(first_difference "$_top" "$_dest") || err "could not compare $_dest with $_asset"
+        if [ -z "$_damaged" ]; then
+            say "$_version is already unpacked in $_dest (it matches the download)"
+            rm -rf "$STAGING"
+        else
+            say "the installed $_version differs from the download ($_damaged): unpacking it again"
         fi
+    else
+        _damaged=new
+    fi
+    if [ -n "$_damaged" ]; then
         # Try the new build before switching to it, with a throwaway state folder.
         if ! _check=$(CC_LHC_HOME="$TMP_DIR/state" "$_top/cc-lhc" --lhc-version 2>&1); then
             err "the downloaded cc-lhc does not run on this system; nothing was changed:
 $_check"
         fi
         printf '%s\n' "$_got" >"$_top/.cc-lhc-complete" || err "cannot write to $_top"
-        rm -rf "$_dest"
+        if [ -e "$_dest" ]; then
+            # (moved aside before it goes: the new copy takes its place in one step)
+            _aside="$STAGING/replaced"
+            mv "$_dest" "$_aside" || err "could not move the damaged $_dest aside"
+        fi
         mv "$_top" "$_dest" || err "could not move the new version into $_dest"
+        rm -rf "$STAGING"
     fi
 
     ensure mkdir -p "$BIN_DIR"
@@ -635,7 +715,13 @@ $_check"
     prune_versions "$_name" "$_previous" "$_known"
 
     if [ -n "$_was" ] && [ "$_was" != "$_name" ]; then
-        say "upgraded ${_was%-*} -> $_version; sessions already running keep their version until they exit"
+        if [ "${_was%-*}" = "$_version" ]; then
+            say "replaced $_version with another build of it; sessions already running keep theirs until they exit"
+        elif older_version "$_version" "${_was%-*}"; then
+            say "went back ${_was%-*} -> $_version; sessions already running keep their version until they exit"
+        else
+            say "upgraded ${_was%-*} -> $_version; sessions already running keep their version until they exit"
+        fi
     fi
     if [ -n "$_previous" ] && [ -d "$INSTALL_DIR/versions/$_previous" ]; then
         say "kept ${_previous%-*} for a rollback: $INSTALL_DIR/versions/$_previous/cc-lhc"

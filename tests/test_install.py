@@ -283,6 +283,69 @@ def test_rerun_upgrades_and_keeps_state(box, server, tmp_path):
     assert box.installed_version() == "0.3.0"
 
 
+@pytest.mark.parametrize("damage", ["file-removed", "byte-added", "exec-bit-lost"])
+def test_rerunning_the_same_version_repairs_a_damaged_copy(box, server, tmp_path, damage):
+    """The same version installed again is compared with the download: a copy that lost a
+    file, has one altered, or an executable that no longer is, is unpacked again (it was
+    kept as "already unpacked", still broken, with exit 0)."""
+    server.serve(make_release(tmp_path, "0.2.0"))
+    assert box.install("--version", "0.2.0").returncode == 0
+    [folder] = box.version_dirs()
+    installed = box.install_dir / "versions" / folder
+    if damage == "file-removed":
+        (installed / "_internal" / "sleep").unlink()
+    elif damage == "byte-added":
+        with (installed / "cc-lhc").open("a") as f:
+            f.write("exit 3\n")
+    else:
+        (installed / "_internal" / "sleep").chmod(0o644)
+    proc = box.install("--version", "0.2.0")
+    assert proc.returncode == 0, stderr(proc)
+    assert "already unpacked" not in stderr(proc)
+    assert "differs from the download (" in stderr(proc) and "unpacking it again" in stderr(proc)
+    assert box.version_dirs() == [folder]
+    assert (installed / "_internal" / "sleep").stat().st_mode & 0o111
+    assert box.installed_version() == "0.2.0"
+    assert "exit 3" not in (installed / "cc-lhc").read_text()
+    assert not list((box.install_dir / "versions").glob(".staging.*"))
+    # Whole again, a third run keeps it as it is.
+    proc = box.install("--version", "0.2.0")
+    assert "already unpacked" in stderr(proc) and "matches the download" in stderr(proc)
+    assert " -> 0.2.0;" not in stderr(proc)
+
+
+def test_going_back_to_an_older_version_says_so(box, server, tmp_path):
+    """The line naming the switch compares the versions the installer moved between (after
+    old versions were pruned it named the last one pruned: "upgraded 0.2.0 -> 0.2.0")."""
+    for run, version in enumerate(("0.1.0", "0.3.0", "0.2.0", "0.2.0")):
+        server.serve(make_release(tmp_path / str(run), version))
+        proc = box.install("--version", version)
+        assert proc.returncode == 0, stderr(proc)
+        if version == "0.3.0":
+            assert "upgraded 0.1.0 -> 0.3.0" in stderr(proc)
+    assert " -> 0.2.0;" not in stderr(proc)  # (it said "upgraded 0.2.0 -> 0.2.0")
+    assert box.installed_version() == "0.2.0"
+    server.serve(make_release(tmp_path / "again", "0.1.0"))
+    proc = box.install("--version", "0.1.0")
+    assert "went back 0.2.0 -> 0.1.0" in stderr(proc) and "upgraded 0.2.0" not in stderr(proc)
+
+
+@pytest.mark.parametrize("spelling", ["trailing-slash", "through-a-link"])
+def test_a_bin_folder_on_path_in_another_spelling_needs_no_hint(box, server, tmp_path, spelling):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    bin_dir = box.home / ".local" / "bin"
+    bin_dir.mkdir(parents=True)
+    if spelling == "trailing-slash":
+        entry = f"{bin_dir}/"
+    else:
+        (tmp_path / "link-to-bin").symlink_to(bin_dir)
+        entry = str(tmp_path / "link-to-bin")
+    proc = box.install("--version", "0.1.0", path=f"{entry}:{os.environ['PATH']}")
+    assert proc.returncode == 0, stderr(proc)
+    assert "is not on your PATH" not in stderr(proc)
+    assert "comes before" not in stderr(proc)
+
+
 def test_rerunning_the_same_version_keeps_the_rollback_version(box, server, tmp_path):
     for version in ("0.1.0", "0.2.0"):
         server.serve(make_release(tmp_path, version))
