@@ -1364,7 +1364,9 @@ def resolve_policy(layers) -> Policy:
 
 def user_config_path(env=None) -> str:
     env = os.environ if env is None else env
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    base = env.get("XDG_CONFIG_HOME", "")
+    if not os.path.isabs(base):  # (a relative one is to be ignored, as the XDG base directory rules say)
+        base = os.path.join(os.path.expanduser("~"), ".config")
     return os.path.join(base, "cc-lhc", "config.json")
 
 
@@ -15825,8 +15827,8 @@ def policy_flag_values(flags: dict) -> dict:
         if field is None:
             continue
         if field in _TOKEN_FIELDS:
-            try:
-                value = int(str(value).replace("_", "").replace(",", ""))
+            try:  # (digit groups may be marked: 180,000 or 180_000; other scripts' digits are no number)
+                value = whole_number(str(value).replace("_", "").replace(",", ""))
             except ValueError:
                 pass  # left as text so the fallback names what was wrong
         out[field] = (flag, value)

@@ -144,6 +144,36 @@ def test_bad_field_falls_back_alone_naming_field_and_source(iso_env, layer, fiel
     assert p.sources["pruneThresholdTokens"] == source
 
 
+@pytest.mark.parametrize("value", ["\u0661\u0662\u0660\u0660\u0660\u0660", "\uff11\uff12\uff10\uff10\uff10\uff10",
+                                   " 120000", "+120000"])
+def test_a_launch_flag_number_is_ascii_digits(iso_env, value):
+    """Other scripts' digits, a space or a plus sign are no number of a bound (int() took
+    them); marked digit groups are."""
+    p = policy(iso_env.work, f"--lhc-target={value}")
+    assert p.fell_back and "lowerBoundTokens" in p.problems[0], p.problems
+    assert p["lowerBoundTokens"] == BUILTIN["lowerBoundTokens"]
+    for grouped in ("120,000", "120_000"):
+        p = policy(iso_env.work, f"--lhc-target={grouped}")
+        assert not p.fell_back and p["lowerBoundTokens"] == 120_000
+
+
+@pytest.mark.parametrize("value", ["", "relative/xdg", "."])
+def test_a_relative_xdg_config_home_is_ignored(iso_env, monkeypatch, value):
+    """The XDG rules: a relative XDG_CONFIG_HOME is ignored, so the user config is
+    ~/.config's wherever cc-lhc runs (it was read against the working folder)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", value)
+    path = iso_env.home / ".config" / "cc-lhc" / "config.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"profile": "balanced"}))
+    decoy = iso_env.work / "relative" / "xdg" / "cc-lhc" / "config.json"
+    decoy.parent.mkdir(parents=True)
+    decoy.write_text(json.dumps({"profile": "historical"}))
+    (iso_env.work / "cc-lhc").symlink_to(decoy.parent)
+    monkeypatch.chdir(iso_env.work)
+    p = policy(iso_env.work)
+    assert (p["profile"], p.sources["profile"]) == ("balanced", str(path))
+
+
 @pytest.mark.parametrize("flags, field", [
     (["--lhc-target", "lots"], "lowerBoundTokens"),
     (["--lhc-trigger", "0"], "upperBoundTokens"),
