@@ -16000,9 +16000,9 @@ def cmd_launch(argv) -> int:
         return EXIT_OK
     spec = build_launch(argv)
     home = StateHome()
-    home.ensure()
-    if spec.passthrough:
+    if spec.passthrough:  # (it keeps nothing but log lines: Claude's --help answers whatever the state folder)
         return run_oneshot(spec, home)
+    home.ensure()
     policy = load_policy(spec.cwd, policy_flag_values(spec.flags))
     announce_policy(policy, home)
     if spec.piped_input:
@@ -17863,8 +17863,7 @@ def main(argv=None) -> int:
         if argv and argv[0] == "__carry-guard" and len(argv) == 3:
             return run_carry_guard(argv[1], argv[2])
         command = argv[0] if argv and argv[0] in LHC_SUBCOMMANDS else None
-        if not (command is None and any(a in ("-h", "--help", "-v", "--version", "--lhc-help", "--lhc-version")
-                                        for a in argv)):
+        if not (command is None and only_help_or_version(argv)):
             check_environment(command)
         if command:
             if sys.stdout is None:  # (started with its standard output closed: `cc-lhc ... >&-`)
@@ -17890,6 +17889,15 @@ def main(argv=None) -> int:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         say(f"{e.__class__.__name__}: {e}{where}")
         return EXIT_ERROR
+
+
+def only_help_or_version(argv) -> bool:
+    """Whether a launch asks only for help or a version, cc-lhc's or Claude's: it keeps
+    nothing, so it answers whatever state the folders are in. (A word after Claude's `--`,
+    `cc-lhc -p -- -v`, is a prompt, not a question.)"""
+    flags, claude_args = parse_launch(argv)
+    return ("--lhc-help" in flags or "--lhc-version" in flags
+            or scan_claude_args(split_short_options(claude_args))["help_or_version"])
 
 
 def check_environment(command) -> None:

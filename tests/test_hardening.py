@@ -389,6 +389,29 @@ def test_a_state_folder_that_is_a_file_is_named_not_listed_as_empty(fake_claude,
     assert p.returncode == cc_lhc.EXIT_ERROR and f"{home} is not a folder" in p.stdout
 
 
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["-v"], ["--", "--help"], ["--lhc-version"]])
+def test_help_and_version_answer_whatever_the_state_folder(fake_claude, iso_env, args):
+    """Claude's --help and --version (and cc-lhc's own) keep nothing, so a state folder that
+    is a file does not stop them (they printed "FileExistsError: ..." and never ran Claude)."""
+    home = str(iso_env.root / "lhc-file")
+    open(home, "w").close()
+    p = lhc(fake_claude, *args, env={"CC_LHC_HOME": home})
+    assert p.returncode == 0 and "Error" not in p.stderr, p.stderr
+    if args != ["--lhc-version"]:
+        assert [launch["argv"][-1] for launch in fake_claude.launches()] == [args[-1]]
+
+
+def test_a_prompt_after_claudes_separator_is_no_question_for_help(fake_claude, iso_env):
+    """`cc-lhc -p -- -v` asks Claude about "-v": a launch like any other, so the state folder
+    is checked first (the -v let it skip that check)."""
+    home = str(iso_env.root / "lhc-file")
+    open(home, "w").close()
+    p = lhc(fake_claude, "-p", "--", "-v", env={"CC_LHC_HOME": home})
+    assert p.returncode == cc_lhc.EXIT_ERROR and fake_claude.launches() == []
+    assert p.stderr == f"cc-lhc: the state folder {home} is not a folder; point CC_LHC_HOME at a " \
+                       "folder (cc-lhc doctor checks it)\n"
+
+
 def test_a_relative_state_folder_is_the_same_folder_for_claude_and_its_tools(fake_claude, iso_env):
     p = lhc(fake_claude, "-p", "hi", env={"CC_LHC_HOME": "rel-home"})
     assert p.returncode == 0, p.stderr
