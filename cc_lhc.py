@@ -16537,34 +16537,72 @@ def _retrieve(args, letter: str, command: str, render) -> int:
     return EXIT_OK
 
 
+class _Missing:
+    """Labels asked for that the thread does not hold, said once a run: a range past the
+    thread's end (t30-t10000 of 31 turns) is one line naming what it holds, not a line
+    for each label (10,000 lines, 19 pieces for Claude to read on through)."""
+
+    def __init__(self, letter, noun, held, opener, closer):
+        self.letter, self.noun, self.held, self.opener, self.closer = letter, noun, held, opener, closer
+        self.run = None  # [first, last] of the run being gathered
+
+    def add(self, parts, n) -> None:
+        if self.run is not None and n == self.run[1] + 1:
+            self.run[1] = n
+            return
+        self.flush(parts)
+        self.run = [n, n]
+
+    def flush(self, parts) -> None:
+        if self.run is None:
+            return
+        (a, b), self.run = self.run, None
+        if a == b:
+            parts.append(f"{self.opener} {self.letter}{a}: no such {self.noun} in this thread{self.closer}\n")
+            return
+        low, high = self.held
+        holds = f"it holds {self.letter}{low}-{self.letter}{high}" if low is not None else "it holds none yet"
+        parts.append(f"{self.opener} {self.letter}{a}-{self.letter}{b}: no such {self.noun}s in this thread "
+                     f"({holds}){self.closer}\n")
+
+
 def _render_turns(store, numbers, through):
     """Turns as they stood when message m``through`` was the newest: a turn that closed after
     it (or had not begun) reads as it did then, open (or missing)."""
     parts = []
+    held = store.db.execute("SELECT min(n), max(n) FROM turns WHERE first_seq IS NULL OR first_seq <= ?",
+                            (through,)).fetchone()
+    missing = _Missing("t", "turn", held, "===", " ===")
     for n in numbers:
         row = store.db.execute("SELECT kind, status, last_seq, first_seq FROM turns WHERE n = ?", (n,)).fetchone()
         if row is None or (row[3] is not None and row[3] > through):
-            parts.append(f"=== t{n}: no such turn in this thread ===\n")
+            missing.add(parts, n)
             continue
+        missing.flush(parts)
         kind, status, last_seq, _first = row
         if status != "open" and (last_seq is None or last_seq > through):
             status = "open"
         parts.append(f"=== t{n} ({kind}, {status}) ===\n")
         parts.extend(render_message_body(m) for m in store.messages(n, n) if m["seq"] <= through)
+    missing.flush(parts)
     return parts, numbers
 
 
 def _render_messages(store, numbers, through):
     parts, turns = [], set()
     cols = ", ".join(MESSAGE_COLUMNS)
+    held = store.db.execute("SELECT min(seq), max(seq) FROM messages WHERE seq <= ?", (through,)).fetchone()
+    missing = _Missing("m", "message", held, "---", "")
     for n in numbers:
         row = store.db.execute(f"SELECT {cols} FROM messages WHERE seq = ? AND seq <= ?", (n, through)).fetchone()
         if row is None:
-            parts.append(f"--- m{n}: no such message in this thread\n")
+            missing.add(parts, n)
             continue
+        missing.flush(parts)
         m = message_row(row)
         turns.add(m["turn"])
         parts.append(render_message_body(m))
+    missing.flush(parts)
     return parts, turns
 
 

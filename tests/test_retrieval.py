@@ -446,6 +446,24 @@ def test_unknown_labels_are_named_not_invented(thread, monkeypatch, capsysbinary
     assert status == 2 and out == b"" and "not a turn label" in err
 
 
+def test_a_range_past_the_threads_end_is_named_once(thread, monkeypatch, capsysbinary):
+    """t5-t10000 of a thread of a few turns: the turns there are, then one line naming the
+    rest and what the thread holds (it was a line for each label: 9,990 lines, 19 pieces
+    for Claude to read on through)."""
+    grant(thread, monkeypatch)
+    top = thread.store.db.execute("SELECT max(n) FROM turns").fetchone()[0]
+    body, _ = retrieve(capsysbinary, "get-turns", "t5-t10000")
+    text = body.decode()
+    assert f"=== t{top + 1}-t10000: no such turns in this thread (it holds t1-t{top}) ===" in text
+    assert text.count("no such turn") == 1 and len(body) < cc_lhc.RETRIEVAL_CEILING
+    assert f"=== t{top} (" in text
+    top_m = thread.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+    status, out, _ = run_main(capsysbinary, "get-messages", f"m{top_m}-m{top_m + 5000}", "m1")
+    assert status == 0
+    assert out.decode().count("no such message") == 1
+    assert f"--- m{top_m + 1}-m{top_m + 5000}: no such messages in this thread (it holds m1-m{top_m})" in out.decode()
+
+
 HUGE_LABELS = [("get-turns", "t99999999999999999999"), ("get-messages", "m9223372036854775808"),
                ("get-turns", "t" + "9" * 5000), ("get-turns", "t1-t99999999999999999999"),
                ("get-messages", "m" + "1" * 5000 + "-m" + "2" * 5000)]
@@ -753,7 +771,8 @@ def test_a_receipt_of_a_thread_that_held_no_message_is_followed(tmp_path, monkey
     thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "test")
     desc = cc_lhc.create_descriptor(home, cc_lhc.HostDB(home), thread, sid)
     monkeypatch.setenv(cc_lhc.RUNTIME_ENV, desc["path"])
-    status, out, err = run_main(capsysbinary, "get-turns", "t1-t3000")
+    # (labels apart from each other, each named on a line of its own: an answer past the ceiling)
+    status, out, err = run_main(capsysbinary, "get-turns", *(f"t{n}" for n in range(1, 6000, 2)))
     rest = re.search(rb"cc-lhc (get-turns --from \d+ --through m0 [^\n\]]+)", out)
     assert status == 0 and rest, (out[-300:], err)
     status, out, err = run_main(capsysbinary, *rest.group(1).decode().split())
