@@ -16766,11 +16766,14 @@ HIT_COLUMNS_SQL = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, m.to
                   f"{SEARCH_BODY_SQL} AS body"
 
 
-def _exact_hits(store, text: str, limit: int, behind=False):
+SEQ_MAX = 2 ** 63 - 1
+
+
+def _exact_hits(store, text: str, limit: int, behind=False, through=SEQ_MAX):
     """Messages holding text exactly, newest first (cc-lhc's own retrievals last): through
     the substring index when there is one and text is 3 characters or more, else by a scan;
     either stops once it has `limit`. ``behind``: the index does not cover the newest
-    messages yet, which are scanned."""
+    messages yet, which are scanned. ``through``: messages after m``through`` are left out."""
     query = exact_query(text)
     cols = HIT_COLUMNS_SQL
     # (read before the index is: a chunk the index takes in meanwhile is then both matched
@@ -16794,7 +16797,8 @@ def _exact_hits(store, text: str, limit: int, behind=False):
         # once for each kind of hit.
         hits = ([], [])
         for seq, turn, kind, tool, created, agent, _call, body, own in store.db.execute(
-                f"SELECT *, {OWN_RETRIEVAL_SQL} FROM ({inner}) WHERE instr(body, ?) > 0", args):
+                f"SELECT *, {OWN_RETRIEVAL_SQL} FROM ({inner}) WHERE seq <= ? AND instr(body, ?) > 0",
+                (*args[:-1], through, args[-1])):
             if len(hits[own]) < limit:
                 hits[own].append(SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact",
                                            match_context(body, text), agent=agent, own=own))
@@ -16813,10 +16817,11 @@ def _exact_hits(store, text: str, limit: int, behind=False):
     return sorted(once.values(), key=lambda h: (h.own, -h.seq))[:limit]
 
 
-def _word_hits(store, text: str, limit: int):
+def _word_hits(store, text: str, limit: int, through=SEQ_MAX):
     """Messages holding every word of text, ranked by the word index (cc-lhc's own
     retrievals after the rest). Pages of the index's order are read until `limit` hits
-    that are not its own are in hand, so only the messages shown are decoded."""
+    that are not its own are in hand, so only the messages shown are decoded. Messages
+    after m``through`` are left out."""
     query = fts_query(text)
     if query is None:
         return []
@@ -16826,7 +16831,7 @@ def _word_hits(store, text: str, limit: int):
         ranked = db.execute("SELECT rowid, rank FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rank "
                             "LIMIT ? OFFSET ?", (query, page, offset)).fetchall()
         offset += len(ranked)
-        seqs = [seq for seq, _rank in ranked]
+        seqs = [seq for seq, _rank in ranked if seq <= through]
         # The line of context is cut here, not by FTS5's snippet(): on one message of a few
         # hundred KB holding the words many times that took seconds to minutes.
         found = {row[0]: row for row in db.execute(
@@ -16869,7 +16874,7 @@ SEARCH_LOCK_WAIT_MS = 2_000
 IMPRESSION_LOCK_WAIT_MS = 100  # a retrieval's note of what it showed: a hint, worth no page's wait
 
 
-def search_thread(store, text: str, limit: int):
+def search_thread(store, text: str, limit: int, through=SEQ_MAX):
     """Messages holding text exactly, newest first; only when none does, the messages that
     hold its words, best ranked first (the text was vague: words that never stand so).
 
@@ -16878,7 +16883,7 @@ def search_thread(store, text: str, limit: int):
     def found(hits):
         return any(not h.own for h in hits)
     indexed = written_briefly(store.db, store.index_search)  # (False: another process holds the lock)
-    hits = _exact_hits(store, text, limit, behind=not indexed)
+    hits = _exact_hits(store, text, limit, behind=not indexed, through=through)
     if not found(hits) and not text.isascii():
         # Pasted text of another Unicode normal form than the thread's (an accented letter as
         # one character, or as a letter and a mark, as macOS writes file names) finds it
@@ -16886,14 +16891,14 @@ def search_thread(store, text: str, limit: int):
         import unicodedata
         for form in ("NFC", "NFD"):
             other = unicodedata.normalize(form, text)
-            more = _exact_hits(store, other, limit, behind=not indexed) if other != text else []
+            more = _exact_hits(store, other, limit, behind=not indexed, through=through) if other != text else []
             if found(more):
                 hits = _merged(more, hits, limit)
                 break
         text = unicodedata.normalize("NFC", text)
     if found(hits):
         return hits
-    return _merged(_word_hits(store, text, limit), hits, limit)
+    return _merged(_word_hits(store, text, limit, through), hits, limit)
 
 
 def _merged(first, then, limit) -> list:
@@ -16988,6 +16993,7 @@ def cmd_search(args) -> int:
         args, text_args = args[:at], args[at + 1:]
     limit = _take_number(args, "--limit", 20, 1, SEARCH_LIMIT_MAX)
     start = _take_number(args, "--from", None, 0)
+    through = _take_option(args, "--through", None, _through_label)
     thread = _take_option(args, "--thread")
     every = _take_flag(args, "--all")
     odd = next((a for a in args if re.fullmatch(r"--[A-Za-z][\w-]*(=.*)?", a)), None)
@@ -16998,16 +17004,16 @@ def cmd_search(args) -> int:
     if not text:
         raise usage_error(SEARCH_USAGE)
     if not os.environ.get(RUNTIME_ENV):
-        if start is not None:
-            raise usage_error("search: --from continues a search inside a session; "
-                              "outside one the whole answer is printed")
+        if start is not None or through is not None:
+            raise usage_error(f"search: {'--from' if start is not None else '--through'} continues a search "
+                              "inside a session; outside one the whole answer is printed")
         return _search_for_people(text, limit, thread, every)
     desc, store = _retrieval_store(StateHome())
     try:
         if thread is not None or every:
             raise usage_error("search: inside a session it searches this session's thread; "
                               "--thread and --all are for use outside one")
-        _search_in_session(desc, store, text, limit, start or 0)
+        _search_in_session(desc, store, text, limit, start or 0, through)
     finally:
         store.close()
     return EXIT_OK
@@ -17020,9 +17026,14 @@ def more_hits_line(limit: int) -> str:
     return f"(more messages match than the {limit} shown: --limit {SEARCH_LIMIT_MAX} shows up to {SEARCH_LIMIT_MAX})"
 
 
-def _search_in_session(desc, store, text, limit, start):
+def _search_in_session(desc, store, text, limit, start, through):
     import shlex
-    hits = search_thread(store, text, limit + 1)
+    if through is None:
+        # The answer holds the messages there are now, and a continuation names the newest
+        # (--through), so its pieces join into this answer even when messages holding the
+        # text came meanwhile (they came first in a list read newest first).
+        through = store.db.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0]
+    hits = search_thread(store, text, limit + 1, through)
     more, hits = len(hits) > limit, hits[:limit]
     lines = [h.line() for h in hits]
     if not lines:
@@ -17037,7 +17048,8 @@ def _search_in_session(desc, store, text, limit, start):
         lines += [h.line_text() for h in raw] + [RAW_HITS_NOTE.format(thread=store.thread_id[:8])]
     request = ((f"--limit {limit} " if limit != 20 else "") + ("-- " if text.startswith("-") else "")
                + shlex.quote(text))  # after `--`, text that looks like an option stays text
-    size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start))
+    size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start),
+                          frozen=f"--through m{through} ")
     _record_impression(store, desc["session_id"], "search", [f"m{h.seq}" for h in hits],
                        {h.turn for h in hits}, size)
 

@@ -714,11 +714,43 @@ def test_text_that_looks_like_an_option_continues_as_text(tmp_path, monkeypatch,
     thread = intake_transcript(tr, tmp_path)
     grant(thread, monkeypatch)
     status, out, _ = search(capsysbinary, "--limit", "200", "--", "--all of them")
-    receipt = re.search(r"cc-lhc search --from (\d+) --limit 200 -- '--all of them'\]", out)
+    receipt = re.search(r"cc-lhc search --from (\d+) --through (m\d+) --limit 200 -- '--all of them'\]", out)
     assert receipt, out[-300:]
-    status, more, err = search(capsysbinary, "--from", receipt.group(1), "--limit", "200", "--", "--all of them")
+    status, more, err = search(capsysbinary, "--from", receipt.group(1), "--through", receipt.group(2),
+                               "--limit", "200", "--", "--all of them")
     assert status == 0, err
     assert len(hits_of(out)) + len(hits_of(more)) >= 199  # a line cut at the seam is in neither
+
+
+@pytest.mark.parametrize("how", ["exact", "words"])
+def test_a_continued_search_joins_into_its_first_answer(tmp_path, monkeypatch, capsysbinary, how):
+    """Messages holding the text that come between the pieces (a prompt, Claude's answer,
+    its next calls) are left out of the continuation, which reads on in the answer as it was
+    (they came first in the newest-first list: a hit line torn in two, hits twice, others
+    never shown)."""
+    from test_views import retrieve
+    tr = Transcript()
+    needle = "needle-42" if how == "exact" else "stitched fabric"
+    for i in range(230):
+        tr.prompt(f"look at {needle} number {i}: " + "padding words " * 30 if how == "exact"
+                  else f"fabric number {i} was stitched: " + "padding words " * 30)
+        tr.response(text("ok"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    thread = intake(path, tr.session_id, tr.cwd)
+    grant(thread, monkeypatch)
+    before, _ = retrieve(capsysbinary, "search", "--limit", "200", needle)
+    assert before.count(b"\n") > 200
+
+    def more_come():
+        tr.prompt(f"and one more {needle}: " + "new words " * 40)
+        tr.response(text(f"the {needle} again"))
+        tr.write(path)
+        cap = cc_lhc.Capture(thread.home, thread.id, tr.session_id, str(path))
+        cap.catch_up()
+        cap.stop()
+    joined, calls = retrieve(capsysbinary, "search", "--limit", "200", needle, between=more_come)
+    assert calls > 1 and joined == before
+    assert b"new words" not in joined
 
 
 @pytest.mark.parametrize("available, line", [(True, "[  ok] exact-string search: SQLite "),
