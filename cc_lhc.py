@@ -16860,11 +16860,44 @@ def word_context(body: str, text: str) -> str:
         found = pattern.search(body)
         if found:
             break
+    if found is None and words and not (text.isascii() and body.isascii()):
+        # The word index reads letters without their accents ("naive" finds "naïve"): so
+        # does this look, on the body's letters folded the same way, mapped back.
+        import unicodedata
+        folded, where = _accents_folded(body[:FOLDED_CONTEXT_CHARS])
+        for pattern in (rf"\b(?:{either})\b", either):
+            hit = re.search(_accents_folded(pattern)[0], folded, re.IGNORECASE)
+            if hit:
+                at, end = where[hit.start()], where[hit.end() - 1] + 1
+                while end < len(body) and unicodedata.combining(body[end]):  # (its accents with it)
+                    end += 1
+                return _context_line(body, at, end, lambda before, after: escape_controls(
+                    f"{before}\u00bb{body[at:end]}\u00ab{after}"))
     if found is None:
         return escape_controls(" ".join(body[:2 * SEARCH_CONTEXT_CHARS].split()))
     at, end = found.span()
     return _context_line(body, at, end, lambda before, after: escape_controls(
         pattern.sub(lambda m: f"\u00bb{m.group(0)}\u00ab", before + found.group(0) + after)))
+
+
+FOLDED_CONTEXT_CHARS = 200_000  # of a message, looked through without accents for a words hit's line
+
+
+def _accents_folded(text: str):
+    """The text with its letters' accents (combining marks) taken off, and for each of its
+    characters the index of the character of ``text`` it came from."""
+    import unicodedata
+    out, where = [], []
+    for i, c in enumerate(text):
+        if c.isascii():
+            out.append(c)
+            where.append(i)
+            continue
+        for part in unicodedata.normalize("NFD", c):
+            if not unicodedata.combining(part):
+                out.append(part)
+                where.append(i)
+    return "".join(out), where
 
 
 # How long a search waits for the thread's write lock to bring its indexes up to date

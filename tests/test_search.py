@@ -722,6 +722,19 @@ def test_text_that_looks_like_an_option_continues_as_text(tmp_path, monkeypatch,
     assert len(hits_of(out)) + len(hits_of(more)) >= 199  # a line cut at the seam is in neither
 
 
+@pytest.mark.parametrize("body, text, shown", [
+    ("first a long opening line about other things entirely, " * 4 + "then a na\u00efve plan for it",
+     "naive", "\u00bbna\u00efve\u00ab plan"),
+    ("x " * 200 + "the CAF\u00c9 opens", "cafe hours", "\u00bbCAF\u00c9\u00ab opens"),
+    ("y " * 200 + "with a decomposed cafe\u0301 here", "cafes caf\u00e9", "\u00bbcafe\u0301\u00ab here"),
+])
+def test_a_words_hit_without_its_accents_shows_the_word(body, text, shown):
+    """The word index reads letters without accents, so "naive" finds "naïve": the hit's
+    line is the one holding it, marked (it was the message's first 120 characters)."""
+    line = cc_lhc.word_context(body, text)
+    assert shown in line, line
+
+
 @pytest.mark.parametrize("how", ["exact", "words"])
 def test_a_continued_search_joins_into_its_first_answer(tmp_path, monkeypatch, capsysbinary, how):
     """Messages holding the text that come between the pieces (a prompt, Claude's answer,
