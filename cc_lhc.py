@@ -11840,19 +11840,78 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
     in `cc-lhc threads`. A fork cc-lhc wrote goes the same way, with the session it
     wrote, when Claude never added to it. After capture has finished, and only under the
     thread's lease (``lease`` is the capture's, which names another thread after an
-    in-app /resume)."""
+    in-app /resume). A launch killed before this step leaves the thread's mark in
+    recovery/, and the next launch anywhere does it (sweep_new_threads)."""
     if spec.new_thread is None:
         return
-    thread, session, path, written = spec.new_thread
-    if written is None and (os.path.lexists(path) or transcript_elsewhere(path)):
+    if _drop_if_empty(home, hostdb, lease, *spec.new_thread):
+        _unmark_new_thread(home, spec.new_thread[0])
+
+
+NEW_THREAD_MARK = "new-thread-{}.json"  # in recovery/: a thread a launch made and has not yet looked at again
+
+
+def mark_new_thread(home, new_thread) -> None:
+    """Note, before Claude starts, the thread this launch made (see forget_empty_thread)."""
+    thread, session, path, written = new_thread
+    try:
+        home.ensure("recovery")
+        _write_private_json(home.path("recovery", NEW_THREAD_MARK.format(thread)),
+                            {"thread": thread, "session": session, "path": path, "written": written})
+    except OSError:
+        pass  # (only a later sweep is lost: the thread itself is sound)
+
+
+def _unmark_new_thread(home, thread) -> None:
+    try:
+        os.unlink(home.path("recovery", NEW_THREAD_MARK.format(thread)))
+    except OSError:
+        pass
+
+
+def sweep_new_threads(home, hostdb) -> None:
+    """The threads launches made and were killed before looking at again (a SIGKILL before
+    Claude wrote its session): each removed when it holds nothing, else kept; one another
+    launch holds is left to it."""
+    folder = home.path("recovery")
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("new-thread-") and n.endswith(".json")]
+    except OSError:
         return
+    for name in names:
+        try:
+            mark = load_json(read_small_file(os.path.join(folder, name), DESCRIPTOR_FILE_LIMIT))
+            new_thread = tuple(mark[k] for k in ("thread", "session", "path", "written"))
+            if not (is_uuid(new_thread[0]) and name == NEW_THREAD_MARK.format(new_thread[0])
+                    and isinstance(new_thread[2], str) and isinstance(new_thread[3], (int, type(None)))):
+                raise ValueError(name)
+        except (OSError, ValueError, KeyError, TypeError, LhcError):
+            continue  # (not one this version wrote: left as it is)
+        lease = Lease(home, new_thread[0])
+        if not lease.try_acquire():
+            continue  # its launch still runs
+        try:
+            if _drop_if_empty(home, hostdb, lease, *new_thread):
+                _unmark_new_thread(home, new_thread[0])
+        except LhcError:
+            continue  # (a thread file that cannot be read is doctor's to name)
+        finally:
+            lease.release()
+
+
+def _drop_if_empty(home, hostdb, lease, thread, session, path, written) -> bool:
+    """forget_empty_thread's work on one thread; False when another holds it (undecided)."""
+    if not Registry(home).db.execute("SELECT 1 FROM threads WHERE id = ?", (thread,)).fetchone():
+        return True  # (gone already)
+    if written is None and (os.path.lexists(path) or transcript_elsewhere(path)):
+        return True
     if written is not None and not _unopened(path, written):
-        return  # Claude wrote into the fork: it is a session now
+        return True  # Claude wrote into the fork: it is a session now
     own = None
     if lease is None or lease.thread_id != thread:
         own = Lease(home, thread)
         if not own.try_acquire():
-            return  # someone holds it now: it is theirs
+            return False  # someone holds it now: it is theirs
     try:
         store = ThreadStore.existing(home, thread)
         try:
@@ -11867,11 +11926,12 @@ def forget_empty_thread(spec, home, hostdb, lease) -> None:
         registry = Registry(home)
         if kept or registry.db.execute("SELECT count(*) FROM aliases WHERE thread_id = ?",
                                        (thread,)).fetchone()[0] != 1:
-            return  # it recorded something, or took another session (a rebuild)
+            return True  # it recorded something, or took another session (a rebuild)
         discard_thread(home, registry, hostdb, thread, session)
         (own or lease).forget()  # (the lease's lock file goes with the thread)
         home.log("empty_thread_dropped", thread=thread, session=session,
                  reason=f"Claude never wrote {path}")
+        return True
     finally:
         if own is not None:
             own.release()
@@ -12165,6 +12225,7 @@ def attach_thread(spec, home, policy):
         return None
     registry, hostdb = Registry(home), HostDB(home)
     sweep_unfinished_forks(home, registry, hostdb)
+    sweep_new_threads(home, hostdb)
     if spec.continue_:
         target = continue_target(spec, registry, hostdb)
         if target is None and (spec.fork or not spec.print_mode or spec.piped_input):
@@ -12247,6 +12308,7 @@ def attach_thread(spec, home, policy):
         spec.new_thread = (thread, spec.session_id, path, None)
         lease = Lease(home, thread)
         lease.acquire()
+        mark_new_thread(home, spec.new_thread)
     hostdb.note_session(spec.session_id, thread, path, spec.cwd)
     registry.save_copy(thread)  # a thread file from before copies existed gets one now
     home.log("thread_attached", thread=thread, session=spec.session_id, origin=origin)
@@ -12411,6 +12473,7 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
                                                          also=spec.found.get("fork_args", ()))
     spec.resume, spec.fork, spec.assigned_session = spec.session_id, False, False
     spec.new_thread = (fork_id, spec.session_id, written.path, written.prefix)
+    mark_new_thread(home, spec.new_thread)
     home.log("thread_attached", thread=fork_id, session=spec.session_id, origin="fork")
     capture = new_capture(spec, home, policy, hostdb, fork_id, spec.session_id, written.path)
     capture.lease = lease

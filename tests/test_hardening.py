@@ -512,3 +512,53 @@ import importlib; importlib.reload(cc_lhc)
 print(signal.getsignal(signal.SIGINT) is mine)
 """], capture_output=True, text=True, timeout=60)
     assert p.stdout.split() == ["True", "True"], p.stderr
+
+
+def test_a_thread_whose_launch_was_killed_before_claude_wrote_is_dropped_by_the_next(fake_claude, iso_env):
+    """cc-lhc SIGKILLed while its Claude had written nothing: the thread it made holds
+    nothing, and the next launch (in any folder) removes it, as the launch itself would
+    have at its end (it stayed for good: an empty row in `threads`, a session Claude
+    never had)."""
+    import signal
+    import time
+    fake_claude.script([{"sleep": None}])
+    p = subprocess.Popen([sys.executable, str(CC_LHC), "-p", "hi"], env=fake_claude.env, cwd=fake_claude.cwd,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + TIMEOUT
+    while not fake_claude.launches() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [launch] = fake_claude.launches()
+    p.kill()
+    p.wait(TIMEOUT)
+    os.kill(launch["pid"], signal.SIGKILL)
+    listed = lhc(fake_claude, "threads", "--json")
+    [left] = json.loads(listed.stdout)
+    assert list((iso_env.lhc / "recovery").glob("new-thread-*.json"))
+    # A later launch elsewhere, whose Claude writes its session: the empty thread goes.
+    fake_claude.script([])
+    elsewhere = iso_env.root / "elsewhere"
+    elsewhere.mkdir()
+    assert lhc(fake_claude, "-p", "again", cwd=elsewhere).returncode == 0
+    assert left["id"] not in lhc(fake_claude, "threads", "--json").stdout
+    assert not (iso_env.lhc / "threads" / f"{left['id']}.sqlite").exists()
+    assert not list((iso_env.lhc / "recovery").glob("new-thread-*.json"))
+
+
+def test_a_killed_launchs_thread_that_holds_turns_is_kept(fake_claude, iso_env):
+    """The mark a killed launch leaves is only a question: a thread whose session Claude
+    wrote is kept, and the mark goes."""
+    import cc_lhc as lhc_module
+    home = lhc_module.StateHome(str(iso_env.lhc))
+    home.ensure()
+    session = "12345678-1234-4234-8234-123456789abc"
+    transcript = transcript_path(iso_env, session)
+    transcript.write_text(json.dumps({"type": "user", "uuid": "u1", "sessionId": session,
+                                      "message": {"role": "user", "content": "kept"}}) + "\n")
+    registry = lhc_module.Registry(home)
+    thread = registry.create_thread(session, str(iso_env.work), "fresh")
+    lhc_module.mark_new_thread(home, (thread, session, str(transcript), None))
+    registry.db.close()
+    fake_claude.script([])
+    assert lhc(fake_claude, "-p", "again").returncode == 0
+    assert thread in lhc(fake_claude, "threads", "--json").stdout
+    assert not list((iso_env.lhc / "recovery").glob("new-thread-*.json"))
