@@ -11345,6 +11345,11 @@ class RawTerminal:
 # == 14. Hosts: the managed interactive session and the one-shot ================
 
 
+# How long after Claude starts the lines said before it (the configuration fallback, a
+# standing alarm) are written again over its screen: it has drawn its first one by then.
+STARTUP_NOTICE_SECONDS = 1.5
+
+
 def run_interactive(spec, home: StateHome) -> int:
     """Run Claude in a PTY on the user's terminal until it exits."""
     if os.name != "posix":
@@ -11456,7 +11461,16 @@ class InteractiveHost:
 
             handoff.listen(relay)
 
+            import time
+            since = time.monotonic()
+
             def tick(relay):
+                if spec.said_at_start and time.monotonic() - since >= STARTUP_NOTICE_SECONDS:
+                    # Claude has drawn its screen over what was said before it started
+                    for text in spec.said_at_start:
+                        session.said_before.add(text)  # (on the terminal already: not again at exit)
+                        session.announce(text, relay)
+                    spec.said_at_start = []
                 handoff.on_tick(relay)
                 panel.on_tick(relay)
                 if spec.mod and handoff.candidate is None:
@@ -11596,6 +11610,7 @@ class ManagedSession:
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
         self.announced = []               # lines shown on the terminal as they happened
+        self.said_before = set()          # of those, lines also said before Claude started
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
         self.on_screen = collections.deque(maxlen=6)  # (when, line) written over Claude's screen lately
         self.detached = ""                # why cc-lhc no longer follows this Claude, if so
@@ -11726,7 +11741,8 @@ class ManagedSession:
         # What was shown inside Claude's screen is said again once the terminal is the
         # user's own, where it stays readable (each line once).
         for line in dict.fromkeys(self.notices + self.alarms + self.announced):
-            say(line)
+            if line not in self.said_before:
+                say(line)
 
     def _close_control(self) -> None:
         for fd in (self.control_r, self.control_w):
@@ -12318,6 +12334,7 @@ def attach_thread(spec, home, policy):
         # Standing since rebuilt sessions stopped loading: Claude native Compact stays
         # allowed for this thread until a rebuild is accepted again.
         say(alarm[0])
+        spec.said_at_start.append(alarm[0])
         spec.autocompact = True
     capture = new_capture(spec, home, policy, hostdb, thread, spec.session_id, path)
     capture.lease = lease
@@ -15675,6 +15692,7 @@ class LaunchSpec:
         self.extra_env = {}           # added to the child's environment
         self.after_spawn = None       # called once the child exists (failpoints)
         self.session = None           # the ManagedSession around the child, once there is one
+        self.said_at_start = []       # lines said before Claude started, said again over its screen
         self.new_thread = None        # (thread, session, transcript, bytes cc-lhc wrote into it or
                                       # None) when this launch made the thread
         self.governed = True          # False when Claude keeps no transcript to capture
@@ -16007,13 +16025,17 @@ def say(message: str) -> None:
         pass
 
 
-def announce_policy(policy: Policy, home: StateHome) -> None:
+def announce_policy(policy: Policy, home: StateHome, spec=None) -> None:
+    """The configuration fallback said at startup (and, for a launch ``spec``, kept to be
+    said again over Claude's screen, which an interactive Claude draws over these lines)."""
     if not policy.fell_back:
         return
     say(MSG_CONFIG_FALLBACK)
     for problem in policy.problems:
         say(f"  {problem}")
     home.log("config_fallback", message=MSG_CONFIG_FALLBACK, problems=policy.problems)
+    if spec is not None:
+        spec.said_at_start.append(f"{MSG_CONFIG_FALLBACK} ({'; '.join(policy.problems)})")
 
 
 def _is_terminal(stream) -> bool:
@@ -16067,7 +16089,7 @@ def cmd_launch(argv) -> int:
         return run_oneshot(spec, home)
     home.ensure()
     policy = load_policy(spec.cwd, policy_flag_values(spec.flags))
-    announce_policy(policy, home)
+    announce_policy(policy, home, spec)
     if spec.piped_input:
         say(MSG_PIPED_INPUT)
     capture = attach_thread(spec, home, policy)

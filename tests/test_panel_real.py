@@ -93,6 +93,11 @@ def test_a_standing_alarm_and_the_config_fallback_show_when_the_panel_opens(real
     t = tmux([sys.executable, CC_LHC, "--resume", session], cols=220, rows=32,
              env=real_claude.env, cwd=real_claude.cwd)
     t.wait_for(PROMPT)
+    # Said before Claude started, and again over its screen once it has drawn it (Claude's
+    # screen hid the lines said before it, until it exited)
+    screen = t.wait_for(f"{cc_lhc.MSG_CONFIG_FALLBACK} (", timeout=20)  # (as said before: the problem below it)
+    assert "upperBoundTokens" in screen and PROMPT.search(screen)
+    t.wait_for(cc_lhc.LiveHandoff.ALARM[:60], timeout=10)
     t.send_keys("C-]")
     screen = t.wait_for("cc-lhc control panel")
     assert f"alarm: {cc_lhc.LiveHandoff.ALARM}" in screen
