@@ -8843,8 +8843,11 @@ class Capture:
         for event in out.events:
             self.on_event(event, self)
         answered = (out.usage or any(m.kind == "api_error" for m in out.messages)
-                    or out.state.get("turn_end_due") is False)
-        if answered and self.on_responses:  # Claude answered, the API refused to, or the turn ended
+                    or out.state.get("turn_end_due") is False
+                    or any(c.status == "interrupted" for c in out.turns_closed))
+        # Claude answered, the API refused to, or the turn ended (also when the person stopped
+        # it: Esc, "No" at a permission prompt, whose records carry no usage)
+        if answered and self.on_responses:
             self.on_responses(self)
         for problem in out.problems:
             self.home.log("capture_problem", thread=self.thread_id, session=problem.session,

@@ -863,3 +863,35 @@ def test_measure_counts_the_whole_record_a_file_ends_on_without_its_newline(tmp_
     assert row["messages"] == 2 and row["cut_off_last_line_bytes"] == len(t.lines[-1]) - 9
     status, out = run_main("measure", str(path))           # and the report says it left it out
     assert status == 0 and f"its last line is cut off ({len(t.lines[-1]) - 9:,} bytes" in out
+
+
+@pytest.mark.parametrize("how", ["esc", "permission-no"])
+def test_a_turn_stopped_by_the_person_is_a_seam_the_host_is_told_of(tmp_path, how):
+    """Esc during a tool call, or "No" at a permission prompt, ends the turn with records
+    that carry no usage: the host is told all the same, so an idle session over the
+    trigger is Smart Compacted there, not only after the next answer."""
+    from test_capture_parse import tool_use
+    t = Transcript(SESSION)
+    t.user("run the slow thing")
+    t.assistant(tool_use("toolu_1", "sleep 60"), stop="tool_use")
+    path = t.write(tmp_path / "t.jsonl")
+    told = []
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path), POLICY,
+                         on_responses=lambda c: told.append(c.store.db.execute(
+                             "SELECT status FROM turns ORDER BY n DESC LIMIT 1").fetchone()[0]))
+    cap.catch_up()
+    assert told == ["open"]  # (the answer that called the tool)
+    if how == "esc":
+        t.tool_result(("toolu_1", "[Request interrupted by user for tool use]", True))
+        t.user("[Request interrupted by user for tool use]")
+    else:
+        t.tool_result(("toolu_1", "The user doesn't want to proceed with this tool use. The tool use was "
+                                  "rejected (eg. if it was a file edit, the new_string was NOT written to the "
+                                  "file). STOP what you are doing and wait for the user to tell you how to "
+                                  "proceed.", True))
+        t.user("[Request interrupted by user for tool use]")
+    t.write(path)
+    cap.catch_up()
+    assert told == ["open", "interrupted"]
+    assert not cc_lhc.unsettled_reason(cap.store, idle=True)  # (a settled seam)
+    cap.stop()

@@ -257,6 +257,41 @@ def test_a_running_session_over_the_trigger_is_handed_to_a_rebuilt_one(real_clau
                                                "after the swap"]
 
 
+@pytest.mark.parametrize("mod", ["on", "off"])
+def test_a_turn_stopped_with_esc_over_the_trigger_is_compacted_while_idle(real_claude, tmux, mod):
+    """Esc during a long tool call, the context over the trigger: the seam it leaves (no
+    usage in its records) is Smart Compacted while Claude sits idle, in process with the
+    mod and by a swap without, before the next prompt goes out (it went out whole, and
+    only the answer after it was compacted)."""
+    from fakeapi import text_reply, tool_use_reply
+    real_claude.api.script([
+        tool_use_reply("Bash", {"command": "python3 -c 'import time; time.sleep(60)'",
+                                "description": "the slow thing"}, usage=OVER_USAGE),
+        text_reply("answer after Esc"),
+    ])
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Bash(python3:*)"],
+             cols=120, rows=30,
+             env={**real_claude.env, "CC_LHC_MOD": mod}, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "run the slow thing")
+    wait_until(lambda: real_claude.api.message_requests, "the first request")
+    t.wait_for("the slow thing")
+    time.sleep(1)  # (the tool is running)
+    t.send_keys("Escape")
+    t.wait_for("Interrupted")
+    wait_for_log(real_claude, "smart_compact_rebuilt" if mod == "off" else "in_process_compact_served", timeout=60)
+    if mod == "off":
+        wait_for_log(real_claude, "handoff_switched", timeout=60)
+    t.wait_for(PROMPT)
+    type_line(t, "what now")
+    t.wait_for("answer after Esc", timeout=60)
+    sent = real_claude.api.message_requests[-1]
+    opening = sent["body"]["messages"][0]["content"]
+    opening = opening if isinstance(opening, str) else opening[0]["text"]
+    assert opening.startswith("[cc-lhc] This conversation was rebuilt by Smart Compact"), opening[:200]
+    exit_cleanly(t)
+
+
 def test_rebuilds_that_cannot_even_be_prepared_raise_an_alarm_that_says_so(real_claude, tmux):
     """When cc-lhc fails before any replacement starts (here its runtime folder is replaced
     by a file, so no retrieval descriptor can be written), the alarm after repeated failures
