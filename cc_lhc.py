@@ -9266,6 +9266,7 @@ class BackgroundItem:
         self.output_file = output_file
         self.run_id = run_id            # a workflow's run, which Workflow{resumeFromRunId} continues
         self.script = script            # a workflow's script as Claude saved it (Workflow{scriptPath})
+        self.thread = None              # the thread it was started in, when not the session's (a /clear since)
 
     def __repr__(self) -> str:
         return f"BackgroundItem({self.kind} {self.label} {self.task_id})"
@@ -9351,20 +9352,7 @@ def background_items(store) -> list:
         "ORDER BY c.seq", BACKGROUND_TOOLS).fetchall()
     if not launches:
         return []
-    notes = db.execute("SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
-                       "AND agent IS NULL AND text LIKE '%<task-notification>%'").fetchall()
-    metas = db.execute("SELECT seq, text FROM messages WHERE kind = 'user_meta' "
-                       "AND agent IS NULL").fetchall()
-    stops = []
-    for seq, text in db.execute(
-            "SELECT c.seq, c.text FROM messages c JOIN messages r ON r.kind = 'tool_result' "
-            "AND r.tool_use_id = c.tool_use_id AND coalesce(r.is_error, 0) = 0 "
-            f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
-            f"({','.join('?' * len(TASK_STOP_TOOLS))})", TASK_STOP_TOOLS):
-        args = _json_object(text)
-        target = args.get("task_id") or args.get("shell_id") or args.get("id")
-        if target:
-            stops.append((seq, str(target)))
+    notes, stops, metas = end_evidence(store)
     carried = {key[len(CARRIED_PREFIX):] for (key,) in db.execute(
         "SELECT key FROM meta WHERE key LIKE ?", (CARRIED_PREFIX + "%",))}
     items = []
@@ -9379,6 +9367,28 @@ def background_items(store) -> list:
         if not _closed(item, seq, notes, stops, metas):
             items.append(item)
     return items
+
+
+def end_evidence(store) -> tuple:
+    """What in a thread's main conversation can tell background work ended (see _closed):
+    (seq, text) of its task notifications, (seq, id) of the TaskStops that succeeded,
+    (seq, text) of its meta records."""
+    db = store.db
+    notes = db.execute("SELECT seq, text FROM messages WHERE kind IN ('user_text', 'user_meta') "
+                       "AND agent IS NULL AND text LIKE '%<task-notification>%'").fetchall()
+    metas = db.execute("SELECT seq, text FROM messages WHERE kind = 'user_meta' "
+                       "AND agent IS NULL").fetchall()
+    stops = []
+    for seq, text in db.execute(
+            "SELECT c.seq, c.text FROM messages c JOIN messages r ON r.kind = 'tool_result' "
+            "AND r.tool_use_id = c.tool_use_id AND coalesce(r.is_error, 0) = 0 "
+            f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN "
+            f"({','.join('?' * len(TASK_STOP_TOOLS))})", TASK_STOP_TOOLS):
+        args = _json_object(text)
+        target = args.get("task_id") or args.get("shell_id") or args.get("id")
+        if target:
+            stops.append((seq, str(target)))
+    return notes, stops, metas
 
 
 def close_orphaned_background(home, store) -> None:
@@ -11613,6 +11623,7 @@ class ManagedSession:
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
         self.announced = []               # lines shown on the terminal as they happened
+        self.left_sessions = []           # (thread, session) this Claude process was on before it moved
         self.said_before = set()          # of those, lines also said before Claude started
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
         self.on_screen = collections.deque(maxlen=6)  # (when, line) written over Claude's screen lately
@@ -13353,6 +13364,32 @@ class LiveHandoff:
             return self.JUST_SENT + "; Smart Compact waits for it to be recorded"
         return ""
 
+    def _left_behind(self, store) -> list:
+        """Shell jobs and monitors this Claude process started in a session it has since left
+        (a /clear, an in-app /resume): they run on in it, as plain Claude keeps them, and a
+        swap ends it, so they are carried with the rest. Each keeps its own thread, where
+        it is recorded as carried."""
+        session, items = self.session, []
+        taken = {i.tool_use_id for i in background_items(store)}
+        here = end_evidence(store)  # (its end is told in the conversation Claude is in now)
+        for thread, sid in dict.fromkeys(session.left_sessions):
+            try:
+                other = ThreadStore.existing(session.home, thread)
+            except LhcError:
+                continue  # (a thread dropped since: nothing of it runs)
+            try:
+                for item in background_items(other):
+                    started_in = other.db.execute("SELECT source_session FROM messages WHERE seq = ?",
+                                                  (item.seq,)).fetchone()
+                    if (item.kind in ("shell", "monitor") and started_in == (sid,) and item.tool_use_id not in taken
+                            and not _closed(item, 0, *here)):
+                        item.thread = thread
+                        taken.add(item.tool_use_id)
+                        items.append(item)
+            finally:
+                other.close()
+        return items
+
     def _begin(self, relay, manual=False, prune=None):
         session, spec, home = self.session, self.session.spec, self.session.home
         if self.inproc.usable and not self.continue_note:
@@ -13367,7 +13404,7 @@ class LiveHandoff:
                        manual=manual, swap=True, prune=prune is not None)
             if not a.go:
                 return a.reason
-            self.carrying = background_items(store)
+            self.carrying = background_items(store) + self._left_behind(store)
             self.seam_turn = store.db.execute("SELECT max(n) FROM turns").fetchone()[0]
             manifest = self.carry.plan(self.carrying, spec.session_id, capture.path, store)
             # From here Smart Compact owns the settled session: bytes bound for Claude are
@@ -13575,6 +13612,7 @@ class LiveHandoff:
         old_capture.lease = None
         carried = self.carry.take(self.carrying, spec.session_id, old_capture.path, old_child.pid)
         self.carrying = []
+        session.left_sessions = []  # (the replacement is a new process: what it left is carried)
         spec.session_id = spec.resume = pending.session_id
         fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,
                             pending.session_id, pending.path)
@@ -14193,6 +14231,7 @@ class SessionFollower:
         if spec.mod:
             spec.mod.rebind(new_sid)
         session.capture, session.detached = fresh, ""
+        session.left_sessions.append((old.thread_id, old_sid))  # (its background jobs still run in this Claude)
         session.descriptor = rebind_descriptor(home, session.hostdb, session.descriptor, thread, new_sid)
         fresh.start()
         if session.worker:
@@ -14606,18 +14645,23 @@ class BackgroundCarry:
         return self.carried
 
     def _record_carried(self, items, old_session) -> None:
-        """Close the carried items in the thread (see CARRIED_PREFIX), so no later swap or
-        launch takes them for work still open in Claude."""
-        if not items or not self.thread_id:
-            return
-        store = ThreadStore(self.session.home, self.thread_id)
-        try:
-            with Tx(store.db) as db:
-                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                               [(CARRIED_PREFIX + i.tool_use_id, f"{i.kind} from {old_session}")
-                                for i in items])
-        finally:
-            store.close()
+        """Close the carried items in their thread (see CARRIED_PREFIX), so no later swap or
+        launch takes them for work still open in Claude: the session's, or for work Claude
+        started before a /clear, the thread it was started in."""
+        by_thread = collections.defaultdict(list)
+        for item in items:
+            by_thread[item.thread or self.thread_id].append(item)
+        for thread, carried in by_thread.items():
+            if not thread:
+                continue
+            store = ThreadStore(self.session.home, thread)
+            try:
+                with Tx(store.db) as db:
+                    db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                   [(CARRIED_PREFIX + i.tool_use_id, f"{i.kind} from {old_session}")
+                                    for i in carried])
+            finally:
+                store.close()
 
     def carry_journals(self, old_path: str, new_path: str) -> None:
         """Copy each carried workflow's run folder (journal and agent transcripts), and each

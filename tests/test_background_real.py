@@ -107,6 +107,41 @@ def test_a_background_shell_job_outlives_the_swap_and_its_result_reaches_the_rep
     assert not running(f"echo {marker}")
 
 
+def test_a_job_started_before_a_clear_outlives_the_new_conversations_swap(real_claude, tmux):
+    """A background job runs on after /clear in the same Claude, as plain Claude keeps it;
+    the new conversation's first Smart Compact carries it too (it was killed with the old
+    Claude, its output "[killed]", and no one told), and it is recorded as carried in the
+    thread it was started in."""
+    marker, release = "CLEARED-9c1e", real_claude.cwd / "release-9c1e"
+    real_claude.api.script([tool_use_reply("Bash", {"command": f"{until_released(release)}echo {marker}",
+                                                    "description": "in the background",
+                                                    "run_in_background": True}),
+                            "started it"])
+    t = launch(real_claude, tmux, "start the job", "--allowedTools", "Bash")
+    t.wait_for("started it", timeout=STARTUP)
+    type_line(t, "/clear")
+    _wait_for_log(real_claude, "session_followed")
+    over_until_swapped(real_claude)
+    real_claude.api.script([text_reply("a long answer", usage=OVER_USAGE)])
+    type_line(t, "go long")
+    _wait_for_log(real_claude, "handoff_switched")
+    (carried,) = log_events(real_claude, "background_carried")
+    assert len(carried["items"]) == 1 and carried["said"][0].startswith("shell ")
+    assert running(f"echo {marker}"), "the job is still running after the old Claude was ended"
+    release.touch()
+    wait_until(lambda: [r for r in requests_holding(real_claude, "has finished") if marker in json.dumps(r)],
+               "the result reaching the replacement")
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+    home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    first_thread = cc_lhc.Registry(home).thread_for_session(real_claude.api.message_requests[0]["session_id"])
+    store = cc_lhc.ThreadStore.existing(home, first_thread)
+    try:
+        assert cc_lhc.background_items(store) == []  # (carried: no later launch takes it for open)
+    finally:
+        store.close()
+
+
 def test_a_command_claude_moved_to_the_background_at_its_timeout_outlives_the_swap(real_claude, tmux):
     """A Bash call that outlasts its timeout is moved to the background by Claude itself
     (no run_in_background): it is open work like any other job, carried across the swap,
