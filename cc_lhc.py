@@ -4592,6 +4592,11 @@ def turn_parts(turn: Turn, soft_tokens: int):
         if current and (m["segment"] or 0) != segment and not waiting:
             pieces.append(current)
             current, size = [], 0
+        if m["kind"] == SAVED_OUTPUT and not current and pieces:
+            # (a whole output Claude saved goes with the result that previews it: a view
+            # shows that result, whole or as a stub naming it, never the saved output alone)
+            pieces[-1].append(m)
+            continue
         segment = m["segment"] or 0
         current.append(m)
         size += segment_size(m["kind"], m["text"], m["data"])

@@ -182,3 +182,30 @@ def test_real_cli_a_subagents_large_output_is_captured_whole_too(real_claude):
     records = json.loads(rc.run_lhc("export", thread["id"]).stdout)
     [whole] = [r for r in records if r["kind"] == cc_lhc.SAVED_OUTPUT]
     assert whole.get("agent") and whole["text"].encode() == saved.read_bytes() and NEEDLE in whole["text"]
+
+
+def test_a_long_turn_cut_in_parts_keeps_a_saved_output_with_the_result_that_previews_it(tmp_path):
+    """Parts of a long turn are cut after a tool result: the whole output saved beside it
+    goes in the same part, so the header never names it "verbatim" in a part of its own
+    (it said m46-m56 verbatim while m46 was only named by the stub of m45)."""
+    body = "".join(f"row {i}\n" for i in range(9000)).encode()
+    sid, path, saved = session_with_saved_output(tmp_path, body)
+    lines = path.read_bytes().splitlines(keepends=True)
+    tail = Transcript(sid)
+    for i in range(3):  # more calls in the same turn after the saved one
+        tail.assistant({"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"command": f"c{i}"}},
+                       stop="tool_use")
+        tail.tool_result((f"toolu_{i}", "out " * 2000))
+    tail.assistant(text("done"))
+    path.write_bytes(b"".join(lines[:-1]) + tail.data())
+    home, thread, records = capture(sid, path)
+    store = cc_lhc.ThreadStore(home, thread)
+    try:
+        [turn] = cc_lhc.load_turns(store)
+        parts = cc_lhc.turn_parts(turn, 10)  # (a soft size small enough to cut after each result)
+        kinds = [[m["kind"] for m in p.messages] for p in parts]
+        assert all(k[0] != cc_lhc.SAVED_OUTPUT for k in kinds), kinds
+        [holding] = [k for k in kinds if cc_lhc.SAVED_OUTPUT in k]
+        assert holding[holding.index(cc_lhc.SAVED_OUTPUT) - 1] == "tool_result"
+    finally:
+        store.close()
