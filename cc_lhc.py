@@ -1432,6 +1432,11 @@ TERMINAL_STOP_REASONS = frozenset(("end_turn", "stop_sequence", "max_tokens", "r
 # records before its stream ended (2.1.39 and earlier) leave stop_reason null on every one
 # of them, so these are the only end-of-turn evidence they give.
 TURN_END_SUBTYPES = frozenset(("turn_duration", "stop_hook_summary"))
+# A -p run also ends on records of Claude Code's own, not on an answer: an attachment when
+# --max-turns stops it (after the last call's result), and the result of the tool a
+# --json-schema run answers with. The turn is over there, as after a final answer.
+MAX_TURNS_REACHED = "max_turns_reached"
+RUN_ENDING_TOOLS = frozenset(("StructuredOutput",))
 # A tool output too large for the transcript: Claude Code (2.1.2 and later) writes it whole
 # to <session>/tool-results/<name>.txt and puts only a preview in the tool result (its
 # toolUseResult names the file; older ones only say so in the preview's first lines). The
@@ -1783,6 +1788,7 @@ class ParseState:
         self.segment_first = None    # first seq of the current segment
         self.segment_bytes = 0       # size of the current segment's text so far
         self.outstanding = {}        # tool_use_id -> seq of the call, thread-wide
+        self.ending_calls = set()    # of those, calls whose result ends Claude's run (RUN_ENDING_TOOLS)
         self.known_uuids = set()     # uuids seen in the session being read
         # The response whose record closed the last turn, and where that turn stood: Claude
         # Code copies the final stop_reason onto every record of a response, so the first
@@ -2016,6 +2022,8 @@ class RolloutParser:
             label = rtype if rtype != "system" else f"system/{rec.get('subtype')}"
             if rtype == "attachment":
                 label = f"attachment/{(rec.get('attachment') or {}).get('type')}"
+                if label == f"attachment/{MAX_TURNS_REACHED}" and self.agent is None:
+                    self._run_ended("max_turns", rec.get("timestamp"))  # (-p --max-turns stopped it)
             elif rtype == "progress":
                 data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
                 label = f"progress/{data.get('type')}"
@@ -2242,6 +2250,7 @@ class RolloutParser:
                        and not rec.get("turnCompanion"))
         stopped = (self.agent is None and not has_result and not rec.get("isMeta")
                    and _interrupt_marker(blocks))
+        ended_run = False
         if self.s.queued and self.agent is None and not has_result:
             self._delivered(content)
         if local is not None or written_out:
@@ -2285,6 +2294,9 @@ class RolloutParser:
                                     _result_json_once(block, output), rec, i, line_no, tool_use_id=tid,
                                     is_error=1 if block.get("is_error") else 0)
                 seq = self._saved_output(rec, output, i, line_no, offset, tid) or seq
+                if self.agent is None and tid in self.s.ending_calls:
+                    self.s.ending_calls.discard(tid)
+                    ended_run = True
                 if (self.agent is None and not self.s.outstanding
                         and self.s.segment_bytes >= self.soft and self.s.open_turn is not None):
                     self._close_segment(seq, "soft_size")
@@ -2301,6 +2313,17 @@ class RolloutParser:
             s = self.s
             s.closed_response, s.unasked = None, False
             self._close_turn(s.last_seq, "interrupted", "user_interrupt", created)
+        elif ended_run and not self.s.outstanding:
+            # (a -p run with --json-schema ends on its StructuredOutput call's result)
+            self._run_ended("structured_output", created)
+
+    def _run_ended(self, why, created):
+        """Claude ended its run on a record of its own, not on an answer: the turn is over."""
+        s = self.s
+        if s.open_turn is None or s.last_seq is None:
+            return
+        s.closed_response, s.unasked, s.turn_end_due = None, False, False
+        self._close_turn(s.last_seq, "closed", why, created)
 
     def _saved_output(self, rec, output, block, line_no, offset, tool_use_id):
         """The whole of a tool output Claude saved to a file (SAVED_OUTPUT), as a message
@@ -2460,6 +2483,8 @@ class RolloutParser:
                                      tool_name=block.get("name"), response_id=response_id,
                                      model=model)
                 self._calls()[tid] = last
+                if self.agent is None and block.get("name") in RUN_ENDING_TOOLS:
+                    self.s.ending_calls.add(tid)
             else:
                 last = self._message("assistant", f"assistant_{btype}", None, _dump(block), rec, i,
                                      line_no, response_id=response_id, model=model)
@@ -3782,11 +3807,14 @@ class ThreadStore:
         if state.open_turn is None:
             state.closed_response = self._closed_response()
         unanswered = db.execute(
-            "SELECT c.agent, c.tool_use_id, c.seq FROM messages c WHERE c.kind = 'tool_call' AND NOT EXISTS "
+            "SELECT c.agent, c.tool_use_id, c.seq, c.tool_name FROM messages c WHERE c.kind = 'tool_call' "
+            "AND NOT EXISTS "
             "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
             "AND r.agent IS c.agent)").fetchall()
-        for agent, tool_use_id, seq in unanswered:
+        for agent, tool_use_id, seq, tool_name in unanswered:
             (state.agent_calls.setdefault(agent, {}) if agent else state.outstanding)[tool_use_id] = seq
+            if not agent and tool_name in RUN_ENDING_TOOLS:
+                state.ending_calls.add(tool_use_id)
         state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
                                                       (session_id,))}
         state.sidechains = dict(db.execute("SELECT source_uuid, agent FROM messages WHERE agent IS NOT "

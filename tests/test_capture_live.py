@@ -895,3 +895,55 @@ def test_a_turn_stopped_by_the_person_is_a_seam_the_host_is_told_of(tmp_path, ho
     assert told == ["open", "interrupted"]
     assert not cc_lhc.unsettled_reason(cap.store, idle=True)  # (a settled seam)
     cap.stop()
+
+
+@pytest.mark.parametrize("how", ["max-turns", "json-schema"])
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_one_shot_run_claude_ended_on_its_own_record_is_a_settled_seam(tmp_path, how, restart):
+    """`-p --max-turns N` stops after a tool's result with a max_turns_reached attachment,
+    and `-p --json-schema` ends on its StructuredOutput call's result: the turn is over
+    there (it looked open for ever, so no later one-shot ever Smart Compacted the thread).
+    Read in one go or with cc-lhc restarted between the call and its result."""
+    from test_capture_parse import tool_use
+    t = Transcript(SESSION)
+    t.user("do it")
+    name = "Bash" if how == "max-turns" else "StructuredOutput"
+    t.assistant(tool_use("toolu_1", "echo step", name=name), stop="tool_use")
+    path = t.write(tmp_path / "t.jsonl")
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    cap = cc_lhc.Capture(home, THREAD, SESSION, str(path), POLICY)
+    if restart:
+        cap.catch_up()
+        cap.stop()
+        cap = cc_lhc.Capture(home, THREAD, SESSION, str(path), POLICY)
+    if how == "max-turns":
+        t.tool_result(("toolu_1", "step"))
+        t.record({"type": "attachment", "attachment": {"type": "max_turns_reached", "maxTurns": 1,
+                                                        "turnCount": 2, "exitCommitted": False}})
+    else:
+        t.record({"type": "attachment", "attachment": {"type": "structured_output", "data": {"name": "x"},
+                                                        "toolUseID": "toolu_1"}})
+        t.tool_result(("toolu_1", "Structured output provided successfully"))
+    t.bookkeeping("last-prompt", lastPrompt="do it")
+    t.write(path)
+    cap.catch_up()
+    status, why = cap.store.db.execute("SELECT status, stop_reason FROM turns").fetchone()
+    assert (status, why) == ("closed", "max_turns" if how == "max-turns" else "structured_output")
+    assert not cc_lhc.unsettled_reason(cap.store, idle=True)
+    cap.stop()
+
+
+def test_a_tool_result_alone_still_leaves_the_turn_open(tmp_path):
+    """Only those records end a run: a Bash result with nothing after it is a turn Claude
+    was still in (killed before its next request)."""
+    from test_capture_parse import tool_use
+    t = Transcript(SESSION)
+    t.user("do it")
+    t.assistant(tool_use("toolu_1", "echo step"), stop="tool_use")
+    t.tool_result(("toolu_1", "step"))
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path), POLICY)
+    cap.catch_up()
+    assert cap.store.db.execute("SELECT status FROM turns").fetchone() == ("open",)
+    assert cc_lhc.unsettled_reason(cap.store, idle=True)
+    cap.stop()

@@ -184,6 +184,34 @@ def test_over_trigger_oneshot_runs_on_rebuilt_session(real_claude):
     assert "nothing to do" in rollback_dry_run(rc).stdout
 
 
+@pytest.mark.parametrize("how", ["max-turns", "json-schema"])
+def test_a_one_shot_loop_that_ends_on_claudes_own_record_is_compacted_at_the_next_launch(real_claude, how):
+    """A CI loop of `-p --max-turns 1` (or `--json-schema`) one-shots: each run ends after a
+    tool's result, on a record of Claude Code's own, not on an answer. Over the trigger, the
+    next one-shot is Smart Compacted (each said "not at a settled seam ... Smart Compact runs
+    on the next invocation" and none ever did)."""
+    rc = real_claude
+    if how == "max-turns":
+        args = ["--max-turns", "1", "--allowedTools", "Bash"]
+        rc.api.responder = lambda body: tool_use_reply("Bash", {"command": "echo step", "description": "a step"},
+                                                       usage=OVER)
+    else:
+        args = ["--json-schema", '{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}']
+        rc.api.responder = lambda body: (tool_use_reply("StructuredOutput", {"name": "x"}, usage=OVER)
+                                         if "[cc-lhc]" not in json.dumps(body["messages"][:1])
+                                         else tool_use_reply("StructuredOutput", {"name": "y"}))
+    first = lhc(rc, "-p", "first step", *args, "--output-format", "json")
+    old = json.loads(first.stdout)["session_id"]
+    n = len(rc.api.message_requests)
+    p = lhc(rc, "--continue", "-p", "next step", *args, "--output-format", "json")
+    assert "not at a settled seam" not in p.stderr, p.stderr
+    assert "Smart Compact" in p.stderr, p.stderr
+    sent = rc.api.message_requests[n]
+    assert sent["session_id"] != old
+    assert first_text(sent["body"]["messages"][0]).startswith(cc_lhc.REBUILT_MARKER)
+    assert "first step" in json.dumps(sent["body"]) and "next step" in json.dumps(sent["body"])
+
+
 def test_a_failed_request_does_not_make_a_full_session_read_as_empty(real_claude):
     """A request the API refuses (too long here) leaves Claude's own error record, with a
     usage of zeros, as the session's newest response. That is no provider reading: the
