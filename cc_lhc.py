@@ -1359,7 +1359,9 @@ def resolve_policy(layers) -> Policy:
                     values[name] = BUILTIN_POLICY[name]
                     sources[name] = "builtin"
                 broken = True
-    return Policy(values, sources, problems)
+    # (a field name or value comes from a file anyone may have put in a project: its control
+    # characters are written as escapes wherever a problem is shown, never sent to a terminal)
+    return Policy(values, sources, [escape_controls(problem) for problem in problems])
 
 
 def user_config_path(env=None) -> str:

@@ -363,3 +363,13 @@ def test_launch_uses_the_fallback_values(fake_claude, iso_env):
     used = log_events(iso_env, "launch")[0]["policy"]
     assert used == {"lowerBoundTokens": 180_000, "upperBoundTokens": 360_000,
                     "minRunwayTokens": 50_000, "profile": "historical"}
+
+
+def test_control_characters_in_a_project_file_reach_no_terminal(iso_env):
+    """A field name in a cloned project's .cc-lhc.json is anyone's: its escape sequences
+    (a window title, a screen clear) are shown as text in the fallback's lines."""
+    write_project(iso_env.work, {"\u001b]0;PWNED\u0007\u001b[2Jx": 1})
+    p = policy(iso_env.work)
+    [problem] = p.problems
+    assert "\x1b" not in problem and "\x07" not in problem
+    assert "\\x1b]0;PWNED\\x07\\x1b[2Jx" in problem
