@@ -12765,7 +12765,8 @@ def session_named(name: str, cwd: str, thread_of=lambda session: None):
     """The session of this folder's projects folder named ``name`` as Claude Code reads
     names (its newest custom title, else its newest made title; case and surrounding
     spaces aside), when exactly one is, or all that are belong to one thread (whose
-    current session a resume lands on anyway); else None."""
+    current session a resume lands on anyway); None when none is. Sessions of different
+    threads under the name are a refusal naming them."""
     import mmap
     want = name.strip().lower()
     folder = os.path.join(claude_config_dir(), "projects", project_slug(cwd))
@@ -12801,7 +12802,11 @@ def session_named(name: str, cwd: str, thread_of=lambda session: None):
         title = titles.get("customTitle") or titles.get("aiTitle")
         if title is not None and title.strip().lower() == want:
             matches.append(entry[:-6])
-    return matches[0] if len({thread_of(m) or m for m in matches}) == 1 else None
+    if len({thread_of(m) or m for m in matches}) > 1:
+        # (as Claude itself refuses such a name: which one was meant, only the person knows)
+        raise usage_error(f"--resume {shown_arg(name)} names {len(matches)} sessions of different threads; "
+                          "resume one by its id: " + ", ".join(matches))
+    return matches[0] if matches else None
 
 
 def ask_terminal(question: str):

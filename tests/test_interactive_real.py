@@ -101,6 +101,14 @@ def test_resume_by_session_name_as_claude_reads_it(real_claude):
     # a name no session has is no session: the picker's search, which finds nothing here
     p = rc.run([sys.executable, CC_LHC, "-p", "--resume", "no-such-name", "hi"])
     assert p.returncode == 2 and "matches 'no-such-name'" in p.stderr
+    # a name two threads' sessions have: refused naming both, as Claude refuses it (it
+    # said that nothing matched)
+    rc.api.script(["noted, the other build"])
+    p = rc.run([sys.executable, CC_LHC, "-p", "--name", "Build-Fix", "a second build fix", "--output-format", "json"])
+    other = json.loads(p.stdout)["session_id"]
+    p = rc.run([sys.executable, CC_LHC, "-p", "--resume", "build-fix", "which one?"])
+    assert p.returncode == 2 and "names 2 sessions of different threads" in p.stderr, p.stderr
+    assert named in p.stderr and other in p.stderr
 
 
 def test_interactive_session_is_summarised_in_the_background(real_claude, tmux):
