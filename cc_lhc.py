@@ -10083,6 +10083,7 @@ class Relay:
         self.hold_output = False
         self.held = bytearray()
         self.child_alt_screen = False  # whether the child itself drew on the alternate screen
+        self.child_output_at = None    # time.monotonic() of the child's newest output
         self.modes = TerminalModes()    # what the bytes written to the person's terminal switched on
         # Job control. Claude runs in a session of its own, so the SIGTSTP it sends itself
         # on ctrl-z is discarded by the kernel (an orphaned process group may not stop):
@@ -10140,6 +10141,7 @@ class Relay:
 
     def _loop(self, sel, wake_r):
         import selectors
+        import time
         master_open = True
         while master_open:
             m_events = 0
@@ -10177,6 +10179,7 @@ class Relay:
                             master_open = False
                             break
                         if data:
+                            self.child_output_at = time.monotonic()
                             if b"\x1b[?10" in data:
                                 self._note_alt_screen(data)
                             if self.hold_output:
@@ -11393,9 +11396,12 @@ class RawTerminal:
 # == 14. Hosts: the managed interactive session and the one-shot ================
 
 
-# How long after Claude starts the lines said before it (the configuration fallback, a
-# standing alarm) are written again over its screen: it has drawn its first one by then.
-STARTUP_NOTICE_SECONDS = 1.5
+# The lines said before Claude started (the configuration fallback, a standing alarm) are
+# written again over its screen once it has drawn its first one: when its output has been
+# quiet for a moment, or at the latest this long after it started (a Claude loading MCP
+# servers for long).
+STARTUP_QUIET_SECONDS = 0.5
+STARTUP_NOTICE_SECONDS = 20.0
 
 
 def run_interactive(spec, home: StateHome) -> int:
@@ -11513,8 +11519,11 @@ class InteractiveHost:
             since = time.monotonic()
 
             def tick(relay):
-                if spec.said_at_start and time.monotonic() - since >= STARTUP_NOTICE_SECONDS:
-                    # Claude has drawn its screen over what was said before it started
+                now = time.monotonic()
+                drawn = relay.child_output_at is not None and now - relay.child_output_at >= STARTUP_QUIET_SECONDS
+                if spec.said_at_start and (drawn or now - since >= STARTUP_NOTICE_SECONDS):
+                    # Claude has drawn its first screen (and gone quiet) over what was said
+                    # before it started
                     for text in spec.said_at_start:
                         session.said_before.add(text)  # (on the terminal already: not again at exit)
                         session.announce(text, relay)

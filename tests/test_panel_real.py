@@ -167,3 +167,18 @@ def test_a_smart_compact_asked_from_the_panel_that_fails_is_said_and_claudes_scr
     t.wait_for("Smart Compact did not complete")  # ...and the line saying why, over it
     flag.unlink()
     exit_cleanly(t)
+
+
+def test_the_config_fallback_is_shown_over_a_claude_that_is_slow_to_start(real_claude, tmux, tmp_path):
+    """Said again over Claude's screen once Claude has drawn it, however long that takes
+    (with a fixed 1.5 s it was written before a slow Claude's first frame, which wiped it)."""
+    slow = tmp_path / "slow-claude"
+    slow.write_text(f"#!/bin/sh\nsleep 3\nexec {real_claude.env['CC_LHC_CLAUDE_BIN']} \"$@\"\n")
+    slow.chmod(0o755)
+    (real_claude.cwd / ".cc-lhc.json").write_text('{"upperBoundTokens": "lots"}')
+    t = tmux([sys.executable, CC_LHC], cols=200, rows=30, env={**real_claude.env, "CC_LHC_CLAUDE_BIN": str(slow)},
+             cwd=real_claude.cwd)
+    t.wait_for(PROMPT, timeout=30)
+    screen = t.wait_for(f"{cc_lhc.MSG_CONFIG_FALLBACK} (", timeout=10)
+    assert "upperBoundTokens" in screen
+    exit_cleanly(t)
