@@ -4419,7 +4419,8 @@ def repair_branch(home, thread_id, current) -> None:
 
 def load_turns(store, closed_only=True):
     """All turns of a thread with their messages, in order (as the views see them): a
-    message a rewind left off Claude's branch is not one of them (off_branch)."""
+    message a rewind left off Claude's branch is not one of them (off_branch), nor is a
+    `/compact` command's own turn (see compaction_command)."""
     turns = {}
     for n, kind, status in store.db.execute("SELECT n, kind, status FROM turns ORDER BY n"):
         if closed_only and status == "open":
@@ -4430,7 +4431,20 @@ def load_turns(store, closed_only=True):
         t = turns.get(m["turn"])
         if t is not None and not (runs and any(a <= m["seq"] <= b for a, b in runs)):
             t.messages.append(m)
-    return [t for t in turns.values() if t.messages]
+    return [t for t in turns.values() if t.messages and not compaction_command(t)]
+
+
+COMPACT_COMMAND = "<command-name>/compact</command-name>"
+
+
+def compaction_command(turn) -> bool:
+    """Whether a turn is the records of a `/compact` command (its caveat, the command and
+    "Compacted", with terminal escapes): the one cc-lhc types for an in-process Smart
+    Compact, or a person's. It says nothing the model needs (a summary Claude wrote is a
+    turn of its own, and a view cc-lhc served is the compaction), so no view holds it; the
+    thread keeps it."""
+    return turn.kind == COMMAND_TURN and any(
+        m["kind"] == "user_text" and COMPACT_COMMAND in (m["text"] or "") for m in turn.messages)
 
 
 # == 6. Views (pure): fidelity bands and the served view ========================
@@ -9738,6 +9752,17 @@ def _opens_turn(rec) -> bool:
         isinstance(b, dict) and b.get("type") == "tool_result" for b in content))
 
 
+def _caveat(rec) -> bool:
+    """Whether a record is a local command's caveat (isMeta, before the command's own)."""
+    message = rec.get("message")
+    if rec.get("type") != "user" or not rec.get("isMeta") or not isinstance(message, dict):
+        return False
+    content = message.get("content")
+    first = content if isinstance(content, str) else next(
+        (b.get("text") for b in content or () if isinstance(b, dict) and b.get("type") == "text"), None)
+    return isinstance(first, str) and first.lstrip().startswith(LOCAL_COMMAND_CAVEAT)
+
+
 def in_process_messages(records, sources, handles, instructions="") -> list:
     """The view as the mod's hook returns it (pure): cc-lhc's header with the older records
     rendered as text in one built message, then the newest records by handle, each one
@@ -9764,7 +9789,10 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     header = records[0]["message"]["content"]
     if instructions:
         header += f"\nThe person asked for this compaction with: {instructions}"
-    older = [_rendered_record(r) for r in records[1:start] if r.get("type") in ("user", "assistant")]
+    end = start
+    if 1 < start < n and _caveat(records[start - 1]):
+        end -= 1  # (the kept part starts at a local command, whose handle brings its caveat along)
+    older = [_rendered_record(r) for r in records[1:end] if r.get("type") in ("user", "assistant")]
     text = "\n\n".join([header] + [o for o in older if o])
     out = [{"role": "user", "text": text}]
     if start < n:

@@ -742,3 +742,65 @@ def test_a_file_read_by_an_earlier_claude_outside_the_project_is_kept_editable(r
         assert skipped["files"] == [str(target)] and not log_events(rc, "in_process_compact_served")
     else:
         assert not log_events(rc, "handoff_switched") and not log_events(rc, "in_process_compact_skipped")
+
+
+def test_later_views_leave_out_the_compact_command_cc_lhc_typed(real_claude, tmux):
+    """The `/compact` cc-lhc types for an in-process Smart Compact is kept in the thread as
+    Claude wrote it (caveat, command, "Compacted" with terminal escapes), and no later view
+    gives it to the model again (each compaction added one such turn to the next view)."""
+    import time
+    rc = real_claude
+    rc.api.script([text_reply("first answer", usage=SMALL_USAGE), text_reply("second answer", usage=OVER_USAGE),
+                   text_reply("third answer", usage=SMALL_USAGE), text_reply("fourth answer", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("later answer", usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "first prompt", "first answer")
+    type_line(t, "second prompt")
+    t.wait_for("second answer")
+    wait_for_log(rc, "in_process_compact_served")
+    t.wait_for(PROMPT)
+    type_line(t, "third prompt")
+    t.wait_for("third answer")
+    type_line(t, "fourth prompt")
+    t.wait_for("fourth answer")
+    wait_for_log(rc, "in_process_compact_served", count=2, timeout=60)
+    t.wait_for(PROMPT)
+    time.sleep(0.5)
+    type_line(t, "fifth prompt")
+    t.wait_for("later answer")
+    exit_cleanly(t)
+    header = rc.api.message_requests[-1]["body"]["messages"][0]["content"]
+    header = header if isinstance(header, str) else header[0]["text"]
+    assert "\x1b[" not in header and cc_lhc.COMPACT_COMMAND not in header
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    ((thread, *_),) = cc_lhc.Registry(home).threads()
+    export = json.loads(rc.run([sys.executable, CC_LHC, "export", thread]).stdout)
+    assert sum(cc_lhc.COMPACT_COMMAND in (m.get("text") or "") for m in export) == 2  # (kept in the thread)
+
+
+def test_a_local_commands_caveat_at_the_start_of_the_kept_turns_is_sent_once(real_claude, tmux):
+    """A `/clear`, then `/compact keep it` served in process: the kept turns start at the
+    /clear command, whose handle brings its caveat along, so the caveat is not also rendered
+    into the header (it was sent twice)."""
+    import time
+    from fakeapi import user_texts
+    rc = real_claude
+    rc.api.responder = lambda body: text_reply("reply to " + (user_texts(body) or [""])[-1][-8:], usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "one", "reply to")
+    type_line(t, "/clear")
+    wait_for_log(rc, "session_followed")
+    t.wait_for(PROMPT)
+    type_line(t, "two")
+    t.wait_for("reply to two")
+    type_line(t, "/compact keep it")
+    wait_for_log(rc, "in_process_compact_served")
+    time.sleep(1)
+    t.wait_for(PROMPT)
+    n = len(rc.api.message_requests)
+    type_line(t, "three")
+    rc.api.wait_for_requests(n + 1)
+    exit_cleanly(t)
+    before = json.dumps(rc.api.message_requests[-2]["body"]["messages"])  # (the request for "two")
+    after = json.dumps(rc.api.message_requests[-1]["body"]["messages"])   # (and for "three")
+    caveat = "local-command-caveat>The command below"
+    assert "two" in before and "three" in after
+    assert before.count(caveat) == 1 and after.count(caveat) == 2  # (the /clear's, and the /compact's own)
