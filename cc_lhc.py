@@ -13069,6 +13069,9 @@ HISTORY_KEY = re.compile(rb"\x1b(?:\[(?:1;\d+)?|O)([AB])")  # up and down, eithe
 LEFTWARD_KEY = re.compile(rb"\x1b(?:\[(?:1;\d+)?|O)[DH]|\x1b\[[17]~")
 
 
+DIGIT_KEYS = frozenset(str(n).encode() for n in range(1, 10))
+
+
 class DraftWatch:
     """Whether Claude's input box holds a message the person has begun and not sent, told
     from the keys that reach Claude: the characters typed since the last Enter that sent
@@ -13100,6 +13103,7 @@ class DraftWatch:
 
     def __init__(self):
         self.sent_at = None       # monotonic time of the last prompt sent (not a /command)
+        self.began_at = None      # wall-clock time (time.time()) the draft in the box began
         self.clear()
 
     def clear(self) -> None:
@@ -13120,6 +13124,14 @@ class DraftWatch:
     @property
     def pending(self) -> bool:
         return self.chars > 0 or self.lines > 0 or self.recalled > 0 or self.unseen or self.dialog
+
+    @property
+    def one_digit(self) -> bool:
+        """Whether all the keys tell of the box is one digit: as likely the number of an
+        option chosen in a permission dialog of Claude's (which takes it without an Enter)
+        as the start of a message."""
+        return (self.chars == 1 and not (self.lines or self.recalled or self.unseen or self.dialog)
+                and bytes(self._text) in DIGIT_KEYS)
 
     def _empty(self) -> None:
         self.chars = self.lines = self.recalled = 0
@@ -13164,6 +13176,15 @@ class DraftWatch:
 
     def feed(self, data: bytes, now: float) -> bool:
         """Take keys that reached Claude; True when they sent a prompt."""
+        import time
+        empty = not self.pending
+        try:
+            return self._feed(data, now)
+        finally:
+            if empty and self.pending:
+                self.began_at = time.time()
+
+    def _feed(self, data: bytes, now: float) -> bool:
         if self.dialog and self._cut + data == b"\x1b":
             self.dialog, self._cut = False, b""  # Esc closes the dialog
             return False
@@ -13434,6 +13455,10 @@ class LiveHandoff:
         import time
         if self.draft.dialog:
             return self.DIALOG_WAITS
+        if self.draft.one_digit and self._answered_since(self.draft.began_at):
+            # The digit chose an option of Claude's permission dialog (1. Yes ... 4. No): the
+            # call it was asked about was answered after it, so no text is in the box.
+            self.draft.clear()
         if self.draft.pending:
             return self.DRAFT_WAITS
         if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS
@@ -13771,6 +13796,18 @@ class LiveHandoff:
 
     def _last_turn(self):
         return self._newest("SELECT max(n) FROM turns")
+
+    def _answered_since(self, began) -> bool:
+        """Whether a tool call Claude made before wall-clock time ``began`` got its result
+        (or its refusal) after it, as the transcript's timestamps say."""
+        if began is None:
+            return False
+        at = datetime.datetime.fromtimestamp(began, datetime.timezone.utc).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
+        return bool(self._newest(
+            "SELECT count(*) FROM messages c JOIN messages r ON r.kind = 'tool_result' "
+            "AND r.tool_use_id = c.tool_use_id AND r.agent IS NULL WHERE c.kind = 'tool_call' "
+            f"AND c.agent IS NULL AND c.created <= '{at}' AND r.created >= '{at}'"))
 
     def _last_prompt(self):
         """The newest message the person sent that capture has recorded: a prompt opens a

@@ -300,6 +300,32 @@ def test_a_turn_stopped_with_esc_over_the_trigger_is_compacted_while_idle(real_c
     exit_cleanly(t)
 
 
+@pytest.mark.parametrize("choice", ["No", "Yes"])
+def test_a_permission_answered_with_its_number_key_leaves_no_draft_to_wait_for(real_claude, tmux, choice):
+    """Claude's permission dialog takes an option's number without an Enter: that digit is
+    no message in the box, so the seam over the trigger after it is Smart Compacted (the
+    digit counted as a draft, and Smart Compact waited for it until the next Enter)."""
+    from fakeapi import text_reply, tool_use_reply
+    real_claude.api.script([
+        tool_use_reply("Bash", {"command": "rm -rf ./nothing-here-xyz", "description": "the risky thing"},
+                       usage=OVER_USAGE),
+        text_reply("all done now", usage=OVER_USAGE),
+        text_reply("next answer"),
+    ])
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"], cols=120, rows=30,
+             env={**real_claude.env, "CC_LHC_MOD": "off"}, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "run the risky thing")
+    t.wait_for("Do you want to proceed", timeout=60)
+    time.sleep(1)  # (the dialog takes keys once it has drawn its options)
+    screen = t.wait_for(re.compile(r"\d\. " + choice))
+    t.send_keys(re.search(r"(\d)\. " + choice, screen).group(1))  # (the option's number, as the dialog shows it)
+    wait_for_log(real_claude, "handoff_switched", timeout=60)
+    assert not log_events(real_claude, "handoff_waits_for_person")
+    t.wait_for(PROMPT)
+    exit_cleanly(t)
+
+
 def test_rebuilds_that_cannot_even_be_prepared_raise_an_alarm_that_says_so(real_claude, tmux):
     """When cc-lhc fails before any replacement starts (here its runtime folder is replaced
     by a file, so no retrieval descriptor can be written), the alarm after repeated failures
