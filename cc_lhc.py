@@ -11447,6 +11447,7 @@ class InteractiveHost:
         self.in_fd, self.out_fd = sys.stdin.fileno(), sys.stdout.fileno()
         self.child = None
         self.watchdogs = []
+        self.stopping = None  # the SIGTERM or SIGHUP that asked cc-lhc to stop, once one did
 
     def size(self):
         return terminal_size(self.out_fd) or terminal_size(self.in_fd) or (24, 80)
@@ -11499,7 +11500,9 @@ class InteractiveHost:
         def on_signal(signum, relay):
             if signum in (signal.SIGTERM, signal.SIGHUP):
                 # The user's terminal is going away or we were asked to stop: pass it on
-                # and keep relaying until the child has said its last words.
+                # and keep relaying until the child has said its last words (a swap under
+                # way is given up: see LiveHandoff.on_tick).
+                self.stopping = signum
                 try:
                     self.child.kill(signum)
                 except OSError:
@@ -13494,6 +13497,8 @@ class LiveHandoff:
 
     def _begin(self, relay, manual=False, prune=None):
         session, spec, home = self.session, self.session.spec, self.session.home
+        if self.host.stopping is not None:
+            return "cc-lhc is stopping"
         if self.inproc.usable and not self.continue_note:
             # In process when the mod is active: no swap unless that is refused.
             why = self.inproc.start(relay, manual, prune)
@@ -13652,7 +13657,12 @@ class LiveHandoff:
         if self.candidate is None:
             self._tell_carried(relay)
             return
-        if not self.candidate.isalive():
+        if self.host.stopping is not None:
+            # (the old Claude was told to stop too: switching to the replacement would go on
+            # with a session asked to end, and carry jobs the old Claude ended as it stopped)
+            self._fail(relay, f"cc-lhc was asked to stop ({signal.Signals(self.host.stopping).name}) "
+                              "during the swap", nonviable=False)
+        elif not self.candidate.isalive():
             self._fail(relay, "the replacement exited before it was shown")
         elif self.first_output is not None and now - self.first_output >= self.STABILISE_SECONDS:
             self._switch(relay)
@@ -13890,7 +13900,7 @@ class LiveHandoff:
             self.session.survivors.append(old_child.pid)
             self.session.announce(survivor_note(old_child.pid))
 
-    def _fail(self, relay, why: str, spawned=True) -> None:
+    def _fail(self, relay, why: str, spawned=True, nonviable=True) -> None:
         home = self.session.home
         relay.remove_reader("candidate")
         relay.timeout = None
@@ -13918,6 +13928,9 @@ class LiveHandoff:
         if self.survival:
             self.survival = False
             home.log("survival_relaunch_failed", why=why)  # the old child simply keeps running
+            return
+        if not nonviable:  # (nothing was wrong with the replacement: no step toward the alarm)
+            home.log("handoff_given_up", why=why)
             return
         self.failures += 1
         self.unprepared += not spawned

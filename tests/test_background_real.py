@@ -816,3 +816,29 @@ def test_work_left_open_by_a_killed_claude_is_closed_at_the_next_launch(real_cla
     assert p.returncode == 0, p.stderr
     (orphaned,) = log_events(rc, "background_orphaned")
     assert orphaned["items"] == ["Bash m2"] and opened() == []
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_stop_asked_during_a_swap_ends_the_session_and_carries_nothing(real_claude, tmux, tmp_path, sig):
+    """SIGTERM or SIGHUP to cc-lhc while the replacement starts: the swap is given up and
+    the session ends, as it does outside a swap (it switched to the replacement and went on,
+    and told it a job the old Claude had ended as it stopped was carried and "finished")."""
+    import signal
+    import time
+    rc = real_claude
+    slow = tmp_path / "slow-to-resume"  # (the replacement starts with --resume: it takes 4 s to draw)
+    slow.write_text('#!/bin/sh\ncase " $* " in *" --resume "*) sleep 4 ;; esac\n'
+                    f'exec {rc.env["CC_LHC_CLAUDE_BIN"]} "$@"\n')
+    slow.chmod(0o755)
+    rc.env["CC_LHC_CLAUDE_BIN"] = str(slow)
+    t = start_in_background(rc, tmux, "sleep 300; echo STOPPED-5b7c")
+    _wait_for_log(rc, "handoff_spawned")
+    (started,) = log_events(rc, "child_started")
+    os.kill(started["pid"], getattr(signal, sig))
+    wait_until(lambda: t.exit_status() is not None, "cc-lhc ending", timeout=30)
+    time.sleep(0.5)
+    assert not log_events(rc, "handoff_switched")
+    assert [e["why"] for e in log_events(rc, "handoff_given_up")] == [
+        f"cc-lhc was asked to stop ({sig}) during the swap"]
+    assert not [e for e in log_events(rc, "notice") if "carried across the swap" in e["text"]]
+    assert not running("sleep 300; echo STOPPED-5b7c")
