@@ -14535,6 +14535,7 @@ class CarriedJob:
         self.process = process      # a relaunched monitor: our child, reaped here
         self.deadline = deadline    # a monitor's timeout_ms, counted from its first launch (time.time)
         self.starts = {}            # pid -> start time, when seen
+        self.thread = None          # the thread whose swap carried it: its notes go there
         self.watch(pids)            # each process holding its output file (or our monitor)
 
     def watch(self, pids) -> None:
@@ -14758,6 +14759,8 @@ class BackgroundCarry:
         self.recarry = []
         self.carried_items += items
         self._record_carried(items, old_session)
+        for job in self.jobs:
+            job.thread = job.thread or self.thread_id  # (a later /clear or /resume does not move it)
         if changed:
             self.notes.append("[runtime note] cc-lhc replaced the Claude process for Smart Compact. "
                               "Background work from before, since the rebuilt session was written: "
@@ -15310,7 +15313,7 @@ class CarryGuard:
             if pids:
                 self._send({"op": "guard", "id": key, "pids": pids, "groups": _groups_of(pids),
                             "kind": job.item.kind, "name": job.name, "command": job.item.command,
-                            "output": job.output})
+                            "output": job.output, "thread": job.thread})
             else:
                 self._send({"op": "done", "id": key})
 
@@ -15371,13 +15374,19 @@ def run_carry_guard(root: str, thread_id: str) -> int:
     if clean or not guarded:
         return EXIT_OK
     home = StateHome(root)
-    notes = [_guard_stop(home, job) for job in guarded.values()]
-    if thread_id:
-        # A file of its own, never undelivered.json: stopping the jobs can take seconds,
-        # and a next launch of the thread may be reading and rewriting that one meanwhile.
-        # The next launch to open the thread takes it in (kept_notes).
-        folder = os.path.dirname(kept_notes_path(home, thread_id))
-        _write_private_json(os.path.join(folder, f"guard-{os.getpid()}.json"), notes)
+    by_thread = collections.defaultdict(list)
+    for job in guarded.values():
+        # (each job's note goes to the thread whose swap carried it: after a /clear or an
+        # in-app /resume that is not the one the session was launched on)
+        mine = job.get("thread")
+        by_thread[mine if isinstance(mine, str) and is_uuid(mine) else thread_id].append(_guard_stop(home, job))
+    for thread, notes in by_thread.items():
+        if thread:
+            # A file of its own, never undelivered.json: stopping the jobs can take seconds,
+            # and a next launch of the thread may be reading and rewriting that one meanwhile.
+            # The next launch to open the thread takes it in (kept_notes).
+            folder = os.path.dirname(kept_notes_path(home, thread))
+            _write_private_json(os.path.join(folder, f"guard-{os.getpid()}.json"), notes)
     return EXIT_OK
 
 

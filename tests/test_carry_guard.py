@@ -113,6 +113,23 @@ def test_when_the_wrapper_dies_the_guard_stops_its_jobs_and_keeps_a_note(home, s
     assert list(cc_lhc.BackgroundCarry(session).notes) == notes
 
 
+def test_each_jobs_note_goes_to_the_thread_whose_swap_carried_it(home, sleeps):
+    """A session launched on one thread that moved (/clear) and carried a job in the next:
+    the guard's note goes to the thread that carried it, as a clean end's would (it went to
+    the thread the session was launched on, whose Claude never knew of the job)."""
+    later = "22222222-3333-4444-8555-666666666666"
+    a, b = sleeps(), sleeps()
+    first, second = job(a.pid, "toolu_1"), job(b.pid, "toolu_2")
+    second.thread = later
+    guard = cc_lhc.CarryGuard(home, "thread-1")
+    guard.sync([first, second])
+    assert wrapper_dies(guard) == 0
+    assert exited(a) and exited(b)
+    assert len(kept(home)) == 1 and "toolu_1" not in kept(home, later)[0]
+    [note] = kept(home, later)
+    assert "was stopped when the previous cc-lhc session ended" in note
+
+
 def test_a_clean_end_leaves_everything_as_it_is(home, sleeps):
     p = sleeps()
     guard = cc_lhc.CarryGuard(home, "thread-1")
