@@ -17329,30 +17329,64 @@ def more_hits_line(limit: int) -> str:
 
 def _search_in_session(desc, store, text, limit, start, through):
     import shlex
+    continued = through is not None
     if through is None:
         # The answer holds the messages there are now, and a continuation names the newest
         # (--through), so its pieces join into this answer even when messages holding the
         # text came meanwhile (they came first in a list read newest first).
         through = store.db.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0]
-    hits = search_thread(store, text, limit + 1, through)
-    more, hits = len(hits) > limit, hits[:limit]
-    lines = [h.line() for h in hits]
-    if not lines:
-        lines = [f"no messages match {shown_query(text)}"]
-    else:
-        if more:
-            lines.append(more_hits_line(limit))
-        lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN"
-                     + (" (a subagent's record: get-messages only)." if any(h.agent for h in hits) else "."))
-    raw = raw_line_hits(store, text, limit)
-    if raw:
-        lines += [h.line_text() for h in raw] + [RAW_HITS_NOTE.format(thread=store.thread_id[:8])]
     request = ((f"--limit {limit} " if limit != 20 else "") + ("-- " if text.startswith("-") else "")
                + shlex.quote(text))  # after `--`, text that looks like an option stays text
-    size = emit_retrieval("search", store.thread_id, request, "\n".join(lines) + "\n", max(0, start),
+    # An answer cut into pieces is kept beside the session's descriptor until it ends, and a
+    # continuation reads on in those very bytes: the word index ranks by figures of the whole
+    # thread, which the messages that came meanwhile change, so hits found again could come
+    # in another order.
+    kept = _kept_answer_path(store.thread_id, request, through)
+    body = _read_kept_answer(kept) if continued and kept else None
+    hits = []
+    if body is None:
+        hits = search_thread(store, text, limit + 1, through)
+        more, hits = len(hits) > limit, hits[:limit]
+        lines = [h.line() for h in hits]
+        if not lines:
+            lines = [f"no messages match {shown_query(text)}"]
+        else:
+            if more:
+                lines.append(more_hits_line(limit))
+            lines.append("Read one back with cc-lhc get-messages mN or cc-lhc get-turns tN"
+                         + (" (a subagent's record: get-messages only)." if any(h.agent for h in hits) else "."))
+        raw = raw_line_hits(store, text, limit)
+        if raw:
+            lines += [h.line_text() for h in raw] + [RAW_HITS_NOTE.format(thread=store.thread_id[:8])]
+        body = "\n".join(lines) + "\n"
+        if kept and len(body.encode("utf-8")) > RETRIEVAL_CEILING // 2:
+            try:
+                _write_private_json(kept, {"body": body})
+            except OSError:
+                pass  # (a continuation then searches again)
+    size = emit_retrieval("search", store.thread_id, request, body, max(0, start),
                           frozen=f"--through m{through} ")
     _record_impression(store, desc["session_id"], "search", [f"m{h.seq}" for h in hits],
                        {h.turn for h in hits}, size)
+
+
+def _kept_answer_path(thread_id, request, through):
+    """Where a search answer that needs pieces is kept for its continuations: the session's
+    shim folder (removed with its descriptor), or None outside one."""
+    import hashlib
+    descriptor = os.environ.get(RUNTIME_ENV)
+    if not descriptor:
+        return None
+    key = hashlib.sha256(f"{thread_id}\0{request}\0{through}".encode("utf-8", "surrogatepass")).hexdigest()
+    return os.path.join(shim_dir_of(descriptor), f"search-{key[:24]}.json")
+
+
+def _read_kept_answer(path):
+    try:
+        body = load_json(read_small_file(path, 4 << 20)).get("body")
+    except (OSError, ValueError, AttributeError, LhcError):
+        return None
+    return body if isinstance(body, str) else None
 
 
 def _search_for_people(text, limit, thread, every) -> int:

@@ -766,6 +766,35 @@ def test_a_continued_search_joins_into_its_first_answer(tmp_path, monkeypatch, c
     assert b"new words" not in joined
 
 
+def test_a_continued_words_search_reads_on_in_the_answer_as_it_was(tmp_path, monkeypatch, capsysbinary):
+    """The word index ranks by figures of the whole thread (how many messages hold each
+    word, how long they are): Claude's own call and the piece it read, recorded between the
+    pieces, reorder hits found again. The continuation reads on in the answer kept from the
+    first piece (hits repeated and others never shown)."""
+    from test_views import retrieve
+    rnd = random.Random(7)
+    tr = Transcript()
+    for i in range(230):
+        tr.prompt(f"item {i}: " + "stitched " * rnd.randint(1, 6) + "fabric " * rnd.randint(1, 6)
+                  + "padding words " * rnd.randint(5, 60))
+        tr.response(text("ok"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    thread = intake(path, tr.session_id, tr.cwd)
+    grant(thread, monkeypatch)
+    before, _ = retrieve(capsysbinary, "search", "--limit", "200", "fabric stitched")
+
+    def claude_reads_on():
+        [call] = tr.response(tool_use("Bash", command="cc-lhc search --limit 200 'fabric stitched'"),
+                             stop="tool_use")
+        tr.results((call["id"], before[:23000].decode("utf-8", "ignore") + " fabric stitched" * 50, False))
+        tr.write(path)
+        cap = cc_lhc.Capture(thread.home, thread.id, tr.session_id, str(path))
+        cap.catch_up()
+        cap.stop()
+    joined, calls = retrieve(capsysbinary, "search", "--limit", "200", "fabric stitched", between=claude_reads_on)
+    assert calls > 1 and joined == before
+
+
 @pytest.mark.parametrize("available, line", [(True, "[  ok] exact-string search: SQLite "),
                                              (False, "[warn] exact-string search: SQLite ")])
 def test_doctor_says_whether_search_has_its_index(available, line, monkeypatch, capsys):
