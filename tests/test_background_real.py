@@ -70,6 +70,16 @@ def start_in_background(rc, tmux, command: str):
     return t
 
 
+def release_and_exit(rc, t, marker: str, release: Path) -> None:
+    """Let a carried job finish, wait until its result (holding ``marker``) reaches the
+    replacement, and end the session."""
+    release.touch()
+    wait_until(lambda: [r for r in requests_holding(rc, "has finished") if marker in json.dumps(r)],
+               "the result reaching the replacement")
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
 def rebuilt_manifest(rc, n: int = 0) -> str:
     """The carried-work manifest written into the ``n``th rebuilt session ('' if none)."""
     path = log_events(rc, "smart_compact_rebuilt")[n]["path"]
@@ -128,11 +138,7 @@ def test_a_job_started_before_a_clear_outlives_the_new_conversations_swap(real_c
     (carried,) = log_events(real_claude, "background_carried")
     assert len(carried["items"]) == 1 and carried["said"][0].startswith("shell ")
     assert running(f"echo {marker}"), "the job is still running after the old Claude was ended"
-    release.touch()
-    wait_until(lambda: [r for r in requests_holding(real_claude, "has finished") if marker in json.dumps(r)],
-               "the result reaching the replacement")
-    type_line(t, "/exit")
-    assert t.wait_exit() == 0
+    release_and_exit(real_claude, t, marker, release)
     home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
     first_thread = cc_lhc.Registry(home).thread_for_session(real_claude.api.message_requests[0]["session_id"])
     store = cc_lhc.ThreadStore.existing(home, first_thread)
@@ -158,11 +164,7 @@ def test_a_command_claude_moved_to_the_background_at_its_timeout_outlives_the_sw
     (carried,) = log_events(rc, "background_carried")
     assert carried["items"] and carried["items"][0].startswith("Bash m")
     assert running(f"echo {marker}"), "the moved job died with the old Claude"
-    release.touch()
-    wait_until(lambda: [r for r in requests_holding(rc, "has finished") if marker in json.dumps(r)],
-               "the result reaching the replacement")
-    type_line(t, "/exit")
-    assert t.wait_exit() == 0
+    release_and_exit(rc, t, marker, release)
     assert not running(f"echo {marker}")
 
 
