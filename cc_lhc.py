@@ -12356,10 +12356,11 @@ def attach_thread(spec, home, policy):
         # whole thread or would start over the trigger (then fork_thread writes it). The
         # source's thread is only read, never changed.
         source = registry.thread_for_session(spec.resume)
-        named = registry.current_session(source) if source else None
-        if named and named != spec.resume:  # (said, as a resume of such a session says it)
-            say(f"session {spec.resume} is not thread {source[:8]}'s current session; the fork is made "
-                f"from that thread as it is now (session {named})")
+        current = registry.current_session(source) if source else None
+        if current and current != spec.resume:  # (said, as a resume of such a session says it)
+            say(f"session {spec.resume} is not thread {source[:8]}'s current session (that is {current}); "
+                "the fork holds the thread as it was on that session: its turns, not those the thread "
+                "took in after it")
         if source is not None:
             capture = fork_thread(spec, home, policy, registry, hostdb, source)
             if capture is not None:
@@ -12530,17 +12531,19 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
     if registry.thread_for_session(spec.session_id):
         raise usage_error(f"session {spec.session_id} already exists; continue it with "
                           f"--resume {spec.session_id}")
+    named = spec.resume
     current = _catch_up_source(spec, home, policy, registry, hostdb, source)
     alarm = registry.db.execute("SELECT 1 FROM thread_alarms WHERE thread_id = ?", (source,)).fetchone()
     if not current or alarm:
         return None
+    earlier = named if named and named != current else None  # (a session the thread went on from)
     store = ThreadStore.existing(home, source)
     try:
         # (Claude's copy holds neither the turns of earlier sessions nor subagents' records)
         elsewhere = store.db.execute("SELECT 1 FROM messages WHERE agent IS NOT NULL OR "
                                      "source_session IS NOT ? LIMIT 1", (current,)).fetchone()
         c, unsettled = current_classification(store, current, policy, prompt_estimate(spec), idle=True)
-        if unsettled or not (elsewhere or c["would_mutate"]):
+        if earlier is None and (unsettled or not (elsewhere or c["would_mutate"])):
             return None
         fork_id = new_session_id()
         _copy_thread_file(home, store, fork_id, spec.session_id, spec.cwd)
@@ -12556,8 +12559,12 @@ def fork_thread(spec, home, policy, registry, hostdb, source):
         failpoint("fork-after-register")
         fork_store = ThreadStore(home, fork_id)
         try:
-            written = rebuild(home, hostdb, fork_store, fork_id, current, policy, spec.cwd,
-                              envelope_from=_session_rollout(hostdb, current, spec.cwd),
+            if earlier is not None:
+                # The branch that session had: what the thread took in after it is left out
+                # of the fork (kept in its record, off the branch, as a /resume back does).
+                resumed_back(fork_store, earlier, current)
+            written = rebuild(home, hostdb, fork_store, fork_id, earlier or current, policy, spec.cwd,
+                              envelope_from=_session_rollout(hostdb, earlier or current, spec.cwd),
                               session_id=spec.session_id, pending=False, idle=True, recorded=False)
         finally:
             fork_store.close()

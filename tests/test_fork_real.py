@@ -120,17 +120,29 @@ def test_fork_of_a_rebuilt_session_keeps_the_source_labels(real_claude):
     assert export(rc, source_thread) == before
 
 
-def test_a_fork_of_a_session_the_thread_went_on_from_says_what_it_forks(real_claude):
+def test_a_fork_of_a_session_the_thread_went_on_from_holds_that_sessions_branch(real_claude):
     """--fork-session of a session that is no longer its thread's current one forks the
-    thread as it is now, and says so (as a plain --resume of it says where it lands)."""
+    thread as it was on that session: the turns the thread took in after it (on the rebuilt
+    session) are not in the fork, as a /resume back to it leaves them out; and it is said
+    (it forked the thread as it is now)."""
     rc = real_claude
     source = over_trigger_session(rc)
     ok(rc.run_lhc("--resume", source, "-p", "compact me"))   # Smart Compact: a rebuilt session
+    ok(rc.run_lhc("--continue", "-p", "only on the rebuilt one"))
     [source_thread] = threads(rc)
     rebuilt = threads(rc)[source_thread]["current_session"]
-    _answer, _sent, p = fork(rc, source, "fork of the old one")
-    assert (f"session {source} is not thread {source_thread[:8]}'s current session; the fork is made "
-            f"from that thread as it is now (session {rebuilt})") in p.stderr
+    before = export(rc, source_thread)
+    answer, sent, p = fork(rc, source, "fork of the old one")
+    assert (f"session {source} is not thread {source_thread[:8]}'s current session (that is {rebuilt}); "
+            "the fork holds the thread as it was on that session") in p.stderr
+    body = json.dumps(sent[0]["body"]["messages"])
+    assert "hello one" in body and "remember 777" in body and "fork of the old one" in body
+    assert "compact me" not in body and "only on the rebuilt one" not in body
+    assert answer["session_id"] == sent[0]["session_id"] and sent[0]["session_id"] not in (source, rebuilt)
+    assert export(rc, source_thread) == before  # (the source thread is only read)
+    # the fork is a thread of its own, on its own session; the source stays where it was
+    rows = threads(rc)
+    assert rows[source_thread]["current_session"] == rebuilt and len(rows) == 2
     _answer, _sent, p = fork(rc, rebuilt, "fork of the current one")
     assert "is not thread" not in p.stderr
 
