@@ -13082,6 +13082,30 @@ LEFTWARD_KEY = re.compile(rb"\x1b(?:\[(?:1;\d+)?|O)[DH]|\x1b\[[17]~")
 DIGIT_KEYS = frozenset(str(n).encode() for n in range(1, 10))
 
 
+def _decided_by_person(path, tool_use_id, tail=1 << 22) -> bool:
+    """Whether the transcript's record of a call's result says the person decided it in a
+    permission dialog (its permissionDecision's source is the user's, or its
+    toolDenialKind says the user rejected it), read from the end."""
+    try:
+        with open_regular(path) as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail))
+            data = f.read(tail)
+    except OSError:
+        return False
+    at = data.rfind(b'"tool_use_id":"' + tool_use_id.encode("utf-8", "replace") + b'"')
+    while at >= 0:
+        start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        rec = json_record(data[start:end if end >= 0 else len(data)])
+        decision = rec.get("permissionDecision") if rec else None
+        if isinstance(decision, dict):  # (a call the person allowed)
+            return str(decision.get("source") or "").startswith("user")
+        if rec and "toolDenialKind" in rec:  # (one refused: by the person, or by a rule)
+            return rec.get("toolDenialKind") == "user-rejected"
+        at = data.rfind(b'"tool_use_id":"' + tool_use_id.encode("utf-8", "replace") + b'"', 0, start)
+    return False
+
+
 class DraftWatch:
     """Whether Claude's input box holds a message the person has begun and not sent, told
     from the keys that reach Claude: the characters typed since the last Enter that sent
@@ -13815,16 +13839,23 @@ class LiveHandoff:
         return self._newest("SELECT max(n) FROM turns")
 
     def _answered_since(self, began) -> bool:
-        """Whether a tool call Claude made before wall-clock time ``began`` got its result
-        (or its refusal) after it, as the transcript's timestamps say."""
+        """Whether the person answered a permission dialog of Claude's after wall-clock time
+        ``began``: a tool call made before it got its result after it, and that result's
+        record says the decision was the person's (``permissionDecision``; an allow rule's
+        is the settings', and a call run without asking shows no dialog)."""
         if began is None:
             return False
         at = datetime.datetime.fromtimestamp(began, datetime.timezone.utc).isoformat(
             timespec="milliseconds").replace("+00:00", "Z")
-        return bool(self._newest(
-            "SELECT count(*) FROM messages c JOIN messages r ON r.kind = 'tool_result' "
-            "AND r.tool_use_id = c.tool_use_id AND r.agent IS NULL WHERE c.kind = 'tool_call' "
-            f"AND c.agent IS NULL AND c.created <= '{at}' AND r.created >= '{at}'"))
+        store = ThreadStore(self.session.home, self.session.capture.thread_id)
+        try:
+            calls = [row[0] for row in store.db.execute(
+                "SELECT c.tool_use_id FROM messages c JOIN messages r ON r.kind = 'tool_result' "
+                "AND r.tool_use_id = c.tool_use_id AND r.agent IS NULL WHERE c.kind = 'tool_call' "
+                "AND c.agent IS NULL AND c.created <= ? AND r.created >= ?", (at, at))]
+        finally:
+            store.close()
+        return any(_decided_by_person(self.session.capture.path, call) for call in calls)
 
     def _last_prompt(self):
         """The newest message the person sent that capture has recorded: a prompt opens a

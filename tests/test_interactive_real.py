@@ -326,6 +326,30 @@ def test_a_permission_answered_with_its_number_key_leaves_no_draft_to_wait_for(r
     exit_cleanly(t)
 
 
+def test_a_digit_typed_while_an_allowed_tool_runs_is_a_draft_smart_compact_waits_for(real_claude, tmux):
+    """A digit typed while a tool runs that needed no permission is the start of a message
+    (no dialog was shown): Smart Compact at the seam after it waits, so no swap loses it."""
+    from fakeapi import text_reply, tool_use_reply
+    real_claude.api.script([
+        tool_use_reply("Bash", {"command": "sleep 4", "description": "the slow thing"}, usage=OVER_USAGE),
+        text_reply("all done now", usage=OVER_USAGE),
+    ])
+    t = tmux([sys.executable, CC_LHC, "--allowedTools", "Bash"], cols=120, rows=30,
+             env={**real_claude.env, "CC_LHC_MOD": "off"}, cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "run the slow thing")
+    t.wait_for("the slow thing")
+    time.sleep(1)
+    t.send_keys("2")
+    t.wait_for("all done now", timeout=30)
+    wait_for_log(real_claude, "handoff_waits_for_person", timeout=30)
+    time.sleep(1)
+    assert not log_events(real_claude, "handoff_switched")
+    assert re.search(r"❯\s*2", t.capture())  # (still in the box)
+    t.send_keys("BSpace")
+    exit_cleanly(t)
+
+
 def test_rebuilds_that_cannot_even_be_prepared_raise_an_alarm_that_says_so(real_claude, tmux):
     """When cc-lhc fails before any replacement starts (here its runtime folder is replaced
     by a file, so no retrieval descriptor can be written), the alarm after repeated failures
