@@ -1791,6 +1791,7 @@ class ParseState:
         self.segment_bytes = 0       # size of the current segment's text so far
         self.outstanding = {}        # tool_use_id -> seq of the call, thread-wide
         self.ending_calls = set()    # of those, calls whose result ends Claude's run (RUN_ENDING_TOOLS)
+        self.ending_response = None  # the response whose such call succeeded: its run ends once it is answered
         self.known_uuids = set()     # uuids seen in the session being read
         # The response whose record closed the last turn, and where that turn stood: Claude
         # Code copies the final stop_reason onto every record of a response, so the first
@@ -2252,7 +2253,6 @@ class RolloutParser:
                        and not rec.get("turnCompanion"))
         stopped = (self.agent is None and not has_result and not rec.get("isMeta")
                    and _interrupt_marker(blocks))
-        ended_run = False
         if self.s.queued and self.agent is None and not has_result:
             self._delivered(content)
         if local is not None or written_out:
@@ -2298,7 +2298,8 @@ class RolloutParser:
                 seq = self._saved_output(rec, output, i, line_no, offset, tid) or seq
                 if self.agent is None and tid in self.s.ending_calls:
                     self.s.ending_calls.discard(tid)
-                    ended_run = True
+                    if not block.get("is_error"):  # (a refused output is tried again: the run goes on)
+                        self.s.ending_response = self.s.last_response or tid
                 if (self.agent is None and not self.s.outstanding
                         and self.s.segment_bytes >= self.soft and self.s.open_turn is not None):
                     self._close_segment(seq, "soft_size")
@@ -2315,16 +2316,20 @@ class RolloutParser:
             s = self.s
             s.closed_response, s.unasked = None, False
             self._close_turn(s.last_seq, "interrupted", "user_interrupt", created)
-        elif ended_run and not self.s.outstanding:
-            # (a -p run with --json-schema ends on its StructuredOutput call's result)
-            self._run_ended("structured_output", created)
+        elif has_result and self.s.ending_response is not None and not self.s.outstanding:
+            # (a -p run with --json-schema ends once the response whose StructuredOutput call
+            # succeeded has all its calls answered; a later block of it rejoins the turn)
+            self._run_ended("structured_output", created, self.s.ending_response)
 
-    def _run_ended(self, why, created):
-        """Claude ended its run on a record of its own, not on an answer: the turn is over."""
+    def _run_ended(self, why, created, response=None):
+        """Claude ended its run on a record of its own, not on an answer: the turn is over
+        (``response``: the one whose later blocks, if any come, rejoin it)."""
         s = self.s
         if s.open_turn is None or s.last_seq is None:
             return
-        s.closed_response, s.unasked, s.turn_end_due = None, False, False
+        s.closed_response = (ClosedResponse(response, s.open_turn, s.segment, s.segment_first, s.segment_bytes)
+                             if response else None)
+        s.unasked, s.turn_end_due = False, False
         self._close_turn(s.last_seq, "closed", why, created)
 
     def _saved_output(self, rec, output, block, line_no, offset, tool_use_id):
@@ -2460,6 +2465,8 @@ class RolloutParser:
             _rid, s.open_turn, s.segment, s.segment_first, s.segment_bytes = s.closed_response
         if main:
             s.closed_response = None
+            if response_id != s.ending_response:
+                s.ending_response = None  # (the model answered again: its run went on)
         last = None
         for i, block in enumerate(blocks):
             if not isinstance(block, dict):

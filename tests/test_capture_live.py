@@ -947,3 +947,31 @@ def test_a_tool_result_alone_still_leaves_the_turn_open(tmp_path):
     assert cap.store.db.execute("SELECT status FROM turns").fetchone() == ("open",)
     assert cc_lhc.unsettled_reason(cap.store, idle=True)
     cap.stop()
+
+
+@pytest.mark.parametrize("how", ["with-another-call", "retried"])
+def test_a_json_schema_run_ends_where_claude_ends_it(tmp_path, how):
+    """The run ends once the response whose StructuredOutput call succeeded has every call
+    answered (a Bash call beside it, written after its result, joins the same turn), and not
+    at a StructuredOutput Claude refused and the model tried again (the run was cut in two)."""
+    from test_capture_parse import tool_use
+    t = Transcript(SESSION)
+    t.user("give the name")
+    if how == "with-another-call":
+        t.assistant(tool_use("toolu_so", '{"name": "ok"}', name="StructuredOutput"), msg_id="msg_both",
+                    stop="tool_use")
+        t.tool_result(("toolu_so", "Structured output provided successfully"))
+        t.assistant(tool_use("toolu_b", "echo hi"), msg_id="msg_both", stop="tool_use")
+        t.tool_result(("toolu_b", "hi"))
+    else:
+        t.assistant(tool_use("toolu_bad", '{"wrong": 1}', name="StructuredOutput"), stop="tool_use")
+        t.tool_result(("toolu_bad", "Output does not match required schema", True))
+        t.assistant(tool_use("toolu_so", '{"name": "ok"}', name="StructuredOutput"), stop="tool_use")
+        t.tool_result(("toolu_so", "Structured output provided successfully"))
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path), POLICY)
+    cap.catch_up()
+    assert cap.store.db.execute("SELECT n, status, stop_reason FROM turns").fetchall() == [
+        (1, "closed", "structured_output")]
+    assert not cc_lhc.unsettled_reason(cap.store, idle=True)
+    cap.stop()
