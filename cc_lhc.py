@@ -14417,6 +14417,16 @@ class SessionFollower:
                          if cleared else
                          f"Claude moved to session {new_sid}: cc-lhc follows it in thread {thread[:8]}",
                          relay)
+        if not cleared and not created and compacted_in_process(home, new_sid):
+            # Claude read that session back by its records' message ids, and the newest ones
+            # the mod's compaction kept are written after its boundary under the ids they had
+            # before it: Claude now holds each of them twice (a launch's resume writes such a
+            # session again before Claude starts). Compacted again now, before its next request.
+            session.announce(f"session {new_sid} was compacted inside Claude by the cc-lhc mod, and "
+                             "Claude's /resume of it holds its newest turns twice: cc-lhc compacts it "
+                             "again now", relay)
+            home.log("resume_rewrites_in_process_compaction", thread=thread, session=new_sid, live=True)
+            self.handoff.swap_soon(relay)
 
     def _let_go(self, old_sid: str) -> None:
         """Fail closed for the binding Claude left, before anything else happens."""

@@ -804,3 +804,39 @@ def test_a_local_commands_caveat_at_the_start_of_the_kept_turns_is_sent_once(rea
     caveat = "local-command-caveat>The command below"
     assert "two" in before and "three" in after
     assert before.count(caveat) == 1 and after.count(caveat) == 2  # (the /clear's, and the /compact's own)
+
+
+def test_an_in_app_resume_of_a_session_compacted_in_process_is_compacted_again(real_claude, tmux):
+    """/resume back (in Claude) to a session the mod compacted: Claude reads it back holding
+    its newest turns twice (text and signed thinking repeated), as a launch's resume would,
+    so cc-lhc compacts it again at once, before Claude's next request (that request held
+    each kept message twice, and in a longer day the whole older conversation)."""
+    import time
+    rc = real_claude
+    t = over_the_trigger_with_the_mod(rc, tmux)
+    wait_for_log(rc, "in_process_compact_served")
+    type_line(t, "third prompt")
+    t.wait_for("answered on the compacted conversation")
+    wait_for_log(rc, "smart_compact_accepted")
+    sid = rc.api.message_requests[-1]["session_id"]
+    time.sleep(1)
+    type_line(t, "/clear")
+    wait_for_log(rc, "session_followed")
+    t.wait_for(PROMPT)
+    time.sleep(1)
+    n = len(rc.api.message_requests)
+    type_line(t, "on the new conversation")
+    rc.api.wait_for_requests(n + 1)
+    time.sleep(1.5)
+    type_line(t, f"/resume {sid}")
+    wait_for_log(rc, "session_followed", count=2)
+    wait_for_log(rc, "resume_rewrites_in_process_compaction")
+    wait_for_log(rc, "smart_compact_accepted", count=2, timeout=60)
+    time.sleep(1)
+    n = len(rc.api.message_requests)
+    type_line(t, "fourth prompt")
+    rc.api.wait_for_requests(n + 1)
+    body = json.dumps(rc.api.message_requests[n]["body"]["messages"])
+    assert body.count("second answer") == 1 and body.count("first answer") <= 1
+    assert cc_lhc.IN_PROCESS_VIEW_END not in body and cc_lhc.COMPACT_COMMAND not in body
+    exit_cleanly(t)
