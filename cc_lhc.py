@@ -9807,7 +9807,10 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
             out.append({"role": "assistant", "text": IN_PROCESS_ACK})
         for i in range(start, n):
             if handles.get(sources[i][0]) == HELD_AS_WORDS:
-                out.append({"role": "user", "text": _user_words(records[i])})
+                # (sent mid-turn, Claude holds it inside the result it came with, which goes
+                # back by its handle; only one that opens the kept part has none to come with)
+                if i == start:
+                    out.append({"role": "user", "text": _user_words(records[i])})
             elif i == start or sources[i][0] != sources[i - 1][0]:
                 out.append({"handle": sources[i][0]})
     out.append({"role": "assistant", "text": IN_PROCESS_VIEW_END})

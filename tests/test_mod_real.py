@@ -562,6 +562,9 @@ def test_a_message_typed_mid_turn_goes_back_to_claude_by_its_handle(real_claude,
     t.wait_for("after the compact")
     sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
     assert "QUEUED-WORDS also check the date" in sent and "run the thing" in sent
+    # once: inside the result it came with, which goes back by its handle (it was also
+    # given back as words of its own, so the model read it twice)
+    assert sent.count("QUEUED-WORDS also check the date") == 1
     exit_cleanly(t)
 
 
