@@ -10439,21 +10439,25 @@ def terminal_sent(data: bytes, i: int):
 
 
 def typed_bytes(data: bytes) -> int:
-    """How many bytes of what the terminal sent were typed: its reports (mouse, focus, the
-    answers to Claude's queries) left out."""
+    """How many bytes of what the terminal sent were text typed (what a person would have
+    to type again): its reports (mouse, focus, the answers to Claude's queries) left out,
+    and so are keys that write nothing (Esc, arrows and other sequences, Enter, ctrl-c and
+    the other control keys)."""
     typed, i = 0, 0
+
+    def text(part) -> int:
+        return sum(1 for b in part if b >= 0x20 and b != 0x7F)
     while i < len(data):
         at = data.find(b"\x1b", i)
         if at < 0:
-            return typed + len(data) - i
-        typed += at - i
+            return typed + text(data[i:])
+        typed += text(data[i:at])
         sent = terminal_sent(data, at)
-        if sent is None:  # a lone Esc: a key
-            typed, i = typed + 1, at + 1
+        if sent is None:  # a lone Esc: a key that writes nothing
+            i = at + 1
         elif sent[1] == "cut":  # (the rest of a report a read cut: no typing either)
             return typed
         else:
-            typed += 0 if sent[1] in ("mouse", "reply") else sent[0] - at
             i = sent[0]
     return typed
 
