@@ -1474,6 +1474,7 @@ TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the sam
 CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
 QUEUE_KEY = "queue:"  # + session id: ParseState.queued, the same way
 ABSORBED_KEY = "absorbed:"  # + session id: ParseState.absorbed, the same way
+ENDING_KEY = "ending_response:"  # + session id: ParseState.ending_response, the same way
 UNASKED_KEY = "unasked:"  # + session id: ParseState.unasked, the same way
 AFTER_BOUNDARY_KEY = "after_boundary:"  # + session id: ParseState.after_boundary, the same way
 # + session id + ":" + uuid: the agent of a sidechain record that made no message (a hook's
@@ -1486,7 +1487,7 @@ SIDECHAIN_KEY = "sidechain:"
 PERSISTED_STATE = (("local_output", LOCAL_OUTPUT_KEY, False), ("turn_end_due", TURN_END_KEY, False),
                    ("chain_tip", CHAIN_TIP_KEY, None), ("queued", QUEUE_KEY, ()),
                    ("absorbed", ABSORBED_KEY, ()), ("unasked", UNASKED_KEY, False),
-                   ("after_boundary", AFTER_BOUNDARY_KEY, False))
+                   ("after_boundary", AFTER_BOUNDARY_KEY, False), ("ending_response", ENDING_KEY, None))
 
 
 def without_first(entries: tuple, matches) -> tuple:
@@ -2148,8 +2149,11 @@ class RolloutParser:
             return None
         if self.s.open_turn is not None:
             # A response that asked for nothing, in a version that left stop_reason null,
-            # ended its turn; otherwise the prompt cut the turn short.
-            status, why = ("closed", "next_prompt") if self.s.unasked else ("interrupted", None)
+            # ended its turn, and so did a -p run's StructuredOutput; otherwise the prompt
+            # cut the turn short.
+            status, why = (("closed", "next_prompt") if self.s.unasked else
+                           ("closed", "structured_output") if self.s.ending_response is not None
+                           and not self.s.outstanding else ("interrupted", None))
             self._close_turn(self.s.last_seq if self.s.last_seq is not None else seq - 1,
                              status, why, created)
         n = self.s.next_turn
@@ -2316,20 +2320,13 @@ class RolloutParser:
             s = self.s
             s.closed_response, s.unasked = None, False
             self._close_turn(s.last_seq, "interrupted", "user_interrupt", created)
-        elif has_result and self.s.ending_response is not None and not self.s.outstanding:
-            # (a -p run with --json-schema ends once the response whose StructuredOutput call
-            # succeeded has all its calls answered; a later block of it rejoins the turn)
-            self._run_ended("structured_output", created, self.s.ending_response)
 
-    def _run_ended(self, why, created, response=None):
-        """Claude ended its run on a record of its own, not on an answer: the turn is over
-        (``response``: the one whose later blocks, if any come, rejoin it)."""
+    def _run_ended(self, why, created):
+        """Claude ended its run on a record of its own, not on an answer: the turn is over."""
         s = self.s
         if s.open_turn is None or s.last_seq is None:
             return
-        s.closed_response = (ClosedResponse(response, s.open_turn, s.segment, s.segment_first, s.segment_bytes)
-                             if response else None)
-        s.unasked, s.turn_end_due = False, False
+        s.closed_response, s.unasked, s.turn_end_due = None, False, False
         self._close_turn(s.last_seq, "closed", why, created)
 
     def _saved_output(self, rec, output, block, line_no, offset, tool_use_id):
@@ -9234,6 +9231,14 @@ def unsettled_reason(store, idle=False) -> str:
                                 "ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
         if last and last[0] == "assistant" and last[1] != "tool_call":
             return ""
+        # A -p --json-schema run ends once the response whose StructuredOutput call succeeded
+        # has every call answered (no record of its own says so: the next prompt closes it).
+        if store.db.execute(
+                "SELECT 1 FROM messages r JOIN messages c ON c.tool_use_id = r.tool_use_id AND c.kind = 'tool_call' "
+                f"AND c.tool_name IN ({','.join('?' * len(RUN_ENDING_TOOLS))}) WHERE r.turn = ? "
+                "AND r.kind = 'tool_result' AND r.agent IS NULL AND coalesce(r.is_error, 0) = 0 LIMIT 1",
+                (*sorted(RUN_ENDING_TOOLS), row[0])).fetchone():
+            return ""
     return f"the transcript was left mid-turn (t{row[0]} is still open)"
 
 
@@ -9346,7 +9351,9 @@ def _launched(name, args, ack):
         kind, task_id = "shell", m.group(1) if m else moved.group(1) or moved.group(2)
     elif name in ("Agent", "Task"):
         m = AGENT_LAUNCHED.search(ack)
-        if args.get("run_in_background") is False or ("Async agent launched" not in ack and not m):
+        # The acknowledgement says what Claude did: it may run an agent in the background even
+        # when the call asked for the foreground (run_in_background false).
+        if "Async agent launched" not in ack and (args.get("run_in_background") is False or not m):
             return None  # a foreground agent's result is its answer: nothing runs on
         kind, task_id = "agent", m.group(1) if m else ""
     elif name == "ScheduleWakeup":

@@ -131,6 +131,18 @@ def test_foreground_work_and_failed_launches_are_not_open(tmp_path):
     assert open_items(tmp_path, t) == []
 
 
+def test_an_agent_claude_ran_in_the_background_though_the_call_asked_otherwise_is_open(tmp_path):
+    """The acknowledgement says what Claude did: "Async agent launched" with the call's
+    run_in_background false is a background agent all the same (Claude 2.1.328 backgrounds
+    such agents; it was never carried, and its work was lost at a swap). A foreground one
+    whose answer names its agent id is not."""
+    t = Transcript()
+    launch(t, "toolu_bg", "Agent", AGENT_ACK, prompt="look", description="d", run_in_background=False)
+    launch(t, "toolu_fg", "Agent", "the answer\nagentId: a5 (use SendMessage to continue)", prompt="look",
+           description="d", run_in_background=False)
+    assert [i.tool_use_id for i in open_items(tmp_path, t)] == ["toolu_bg"]
+
+
 @pytest.mark.parametrize("ack", [
     "Command was manually backgrounded by user with ID: b5. Output is being written to: /t/tasks/b5.output.",
     "Command did not complete within its 3s timeout and was moved to the background (ID: b5). Output is "

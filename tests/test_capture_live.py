@@ -927,9 +927,13 @@ def test_a_one_shot_run_claude_ended_on_its_own_record_is_a_settled_seam(tmp_pat
     t.bookkeeping("last-prompt", lastPrompt="do it")
     t.write(path)
     cap.catch_up()
-    status, why = cap.store.db.execute("SELECT status, stop_reason FROM turns").fetchone()
-    assert (status, why) == ("closed", "max_turns" if how == "max-turns" else "structured_output")
     assert not cc_lhc.unsettled_reason(cap.store, idle=True)
+    if how == "json-schema":  # (no record of Claude's closes it: the next prompt does)
+        t.user("and the next one")
+        t.write(path)
+        cap.catch_up()
+    status, why = cap.store.db.execute("SELECT status, stop_reason FROM turns WHERE n = 1").fetchone()
+    assert (status, why) == ("closed", "max_turns" if how == "max-turns" else "structured_output")
     cap.stop()
 
 
@@ -971,7 +975,42 @@ def test_a_json_schema_run_ends_where_claude_ends_it(tmp_path, how):
     path = t.write(tmp_path / "t.jsonl")
     cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path), POLICY)
     cap.catch_up()
-    assert cap.store.db.execute("SELECT n, status, stop_reason FROM turns").fetchall() == [
-        (1, "closed", "structured_output")]
     assert not cc_lhc.unsettled_reason(cap.store, idle=True)
+    t.user("and the next one")
+    t.write(path)
+    cap.catch_up()
+    assert cap.store.db.execute("SELECT n, status, stop_reason FROM turns WHERE n = 1").fetchall() == [
+        (1, "closed", "structured_output")]
+    assert cap.store.db.execute("SELECT count(*) FROM turns").fetchone() == (2,)
+    cap.stop()
+
+
+def test_a_json_schema_run_read_across_a_restart_ends_where_claude_ends_it(tmp_path):
+    """The response whose StructuredOutput succeeded is remembered in the thread: capture
+    restarted before the last call beside it was answered still ends the run there (the
+    answer after the restart opened a turn of its own, open for good)."""
+    from test_capture_parse import tool_use
+    t = Transcript(SESSION)
+    t.user("give the name")
+    t.assistant(tool_use("toolu_so", '{"name": "ok"}', name="StructuredOutput"), msg_id="msg_both", stop="tool_use")
+    t.tool_result(("toolu_so", "Structured output provided successfully"))
+    t.assistant(tool_use("toolu_b", "echo hi"), msg_id="msg_both", stop="tool_use")
+    path = t.write(tmp_path / "t.jsonl")
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    cap = cc_lhc.Capture(home, THREAD, SESSION, str(path), POLICY)
+    cap.catch_up()
+    cap.stop()
+    t.tool_result(("toolu_b", "hi"))
+    t.write(path)
+    cap = cc_lhc.Capture(home, THREAD, SESSION, str(path), POLICY)
+    cap.catch_up()
+    assert cap.store.db.execute("SELECT count(*) FROM turns").fetchone() == (1,)
+    assert not cc_lhc.unsettled_reason(cap.store, idle=True)
+    cap.stop()
+    t.user("and the next one")
+    t.write(path)
+    cap = cc_lhc.Capture(home, THREAD, SESSION, str(path), POLICY)
+    cap.catch_up()
+    assert cap.store.db.execute("SELECT n, status, stop_reason FROM turns WHERE n = 1").fetchall() == [
+        (1, "closed", "structured_output")]
     cap.stop()
