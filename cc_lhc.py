@@ -13107,12 +13107,8 @@ def _decided_by_person(path, tool_use_id, tail=1 << 22) -> bool:
     """Whether the transcript's record of a call's result says the person decided it in a
     permission dialog (its permissionDecision's source is the user's, or its
     toolDenialKind says the user rejected it), read from the end."""
-    try:
-        with open_regular(path) as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail))
-            data = f.read(tail)
-    except OSError:
+    data = file_tail(path, tail)
+    if data is None:
         return False
     at = data.rfind(b'"tool_use_id":"' + tool_use_id.encode("utf-8", "replace") + b'"')
     while at >= 0:
@@ -14462,16 +14458,24 @@ class SessionFollower:
         session.detached = f"Claude left session {old_sid}"
 
 
+def file_tail(path, size: int):
+    """The last ``size`` bytes of a regular file (all of a shorter one), or None when it
+    cannot be read."""
+    try:
+        with open_regular(path) as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read(size)
+    except OSError:
+        return None
+
+
 def continued_in(path: str, tail: int = 1 << 16):
     """The session a transcript says its conversation went on in (Claude's `continued-in`
     record, written when its exit dialog moved the session to the background), when its
     last such record, near its end and after its last message, names one; else None."""
-    try:
-        with open_regular(path) as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail))
-            data = f.read(tail)
-    except OSError:
+    data = file_tail(path, tail)
+    if data is None:
         return None
     at = data.rfind(b'"continued-in"')
     if at < 0:

@@ -158,6 +158,17 @@ def over_the_trigger_with_the_mod(rc, tmux, *args, env=None, wait_last=True):
     return t
 
 
+def compacted_and_answered(rc, tmux):
+    """over_the_trigger_with_the_mod, then a third prompt answered on the conversation the
+    mod compacted (which accepts the compaction); returns the pane."""
+    t = over_the_trigger_with_the_mod(rc, tmux)
+    wait_for_log(rc, "in_process_compact_served")
+    type_line(t, "third prompt")
+    t.wait_for("answered on the compacted conversation")
+    wait_for_log(rc, "smart_compact_accepted")
+    return t
+
+
 def test_over_the_trigger_the_view_is_served_in_process_on_the_same_session_and_pid(real_claude, tmux):
     rc = real_claude
     t = over_the_trigger_with_the_mod(rc, tmux)
@@ -207,11 +218,7 @@ def test_a_session_compacted_in_process_resumes_with_each_message_once(real_clau
     message ids they had: Claude's own resume would read each of them twice. cc-lhc's
     resume writes the session again from the thread, and Claude reads each message once."""
     rc = real_claude
-    t = over_the_trigger_with_the_mod(rc, tmux)
-    wait_for_log(rc, "in_process_compact_served")
-    type_line(t, "third prompt")
-    t.wait_for("answered on the compacted conversation")
-    wait_for_log(rc, "smart_compact_accepted")
+    t = compacted_and_answered(rc, tmux)
     live = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
     exit_cleanly(t)
     rc.api.responder = lambda body: text_reply("the fourth answer", usage=SMALL_USAGE)
@@ -816,11 +823,7 @@ def test_an_in_app_resume_of_a_session_compacted_in_process_is_compacted_again(r
     each kept message twice, and in a longer day the whole older conversation)."""
     import time
     rc = real_claude
-    t = over_the_trigger_with_the_mod(rc, tmux)
-    wait_for_log(rc, "in_process_compact_served")
-    type_line(t, "third prompt")
-    t.wait_for("answered on the compacted conversation")
-    wait_for_log(rc, "smart_compact_accepted")
+    t = compacted_and_answered(rc, tmux)
     sid = rc.api.message_requests[-1]["session_id"]
     time.sleep(1)
     type_line(t, "/clear")
