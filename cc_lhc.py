@@ -13411,6 +13411,7 @@ class LiveHandoff:
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
         self.sent_mark = 0          # the newest recorded prompt when the person last sent one
         self.missed = None          # (kind, prune target) a seam asked for while one was under way
+        self.held = None            # the prune target (or False) of an automatic one a draft held back
         self.asked = None           # "Smart Compact" / "Smart Prune" the person asked for (the panel)
         self.repaint_at = None      # when to give Claude back its size after a repaint nudge
         self.reshow_at = None       # when to write cc-lhc's recent lines again over that repaint
@@ -13474,6 +13475,8 @@ class LiveHandoff:
             why = self._person_is_writing()
             if why:
                 self.session.home.log("handoff_waits_for_person", why=why, manual=manual)
+                if not manual and why in (self.DRAFT_WAITS, self.DIALOG_WAITS):
+                    self.held = prune if prune is not None else False  # (asked again once it is gone)
                 return why
         if self.submit_at is not None:
             # A runtime note or the continuation is typed but not yet submitted: a swap now
@@ -13703,6 +13706,12 @@ class LiveHandoff:
             self.submit_at = None
             relay.to_child += b"\r"
         if self.candidate is None:
+            if (self.held is not None and not self.draft.pending
+                    and now - self.last_input >= self.QUIET_SECONDS):
+                # The draft (or dialog) that held an automatic Smart Compact back was erased
+                # (or closed) without a send: the seam it held back is asked again.
+                held, self.held = self.held, None
+                self.start(relay, prune=held if held is not False else None)
             self._tell_carried(relay)
             return
         if self.host.stopping is not None:
@@ -13831,6 +13840,7 @@ class LiveHandoff:
             if out and not relay.drop_input and self.draft.feed(out, self.last_input):
                 # (what is dropped never reached the box) a prompt went: the next one recorded
                 self.sent_mark = self._last_prompt() or 0
+                self.held = None  # (the seam it held back is gone: the next one asks again)
             return out
 
         relay.on_input = heard

@@ -346,7 +346,11 @@ def test_a_digit_typed_while_an_allowed_tool_runs_is_a_draft_smart_compact_waits
     time.sleep(1)
     assert not log_events(real_claude, "handoff_switched")
     assert re.search(r"❯\s*2", t.capture())  # (still in the box)
+    # Erased without a send, the draft holds nothing back: the seam is Smart Compacted
+    # then (it waited for the next answer's seam)
     t.send_keys("BSpace")
+    wait_for_log(real_claude, "handoff_switched", timeout=60)
+    t.wait_for(PROMPT)
     exit_cleanly(t)
 
 
