@@ -344,6 +344,7 @@ def _waiting_handoff(tmp_path, monkeypatch, answers):
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.candidate, h.submit_at = SimpleNamespace(home=home), None, None
     h.retry_at = h.retry_until = None
+    h.held = None  # (no automatic Smart Compact a draft held back)
     h.inproc = SimpleNamespace(on_tick=lambda relay: None, wants_tick=False)
     h._tell_carried = lambda relay: None
     asked = []
