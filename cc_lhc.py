@@ -13520,13 +13520,13 @@ class LiveHandoff:
             return self.JUST_SENT + "; Smart Compact waits for it to be recorded"
         return ""
 
-    def _left_behind(self, store) -> list:
+    def _left_behind(self, store, here) -> list:
         """Shell jobs and monitors this Claude process started in a session it has since left
         (a /clear, an in-app /resume): they run on in it, as plain Claude keeps them, and a
         swap ends it, so they are carried with the rest. Each keeps its own thread, where
-        it is recorded as carried."""
+        it is recorded as carried. ``here``: the session's own open items (background_items)."""
         session, items = self.session, []
-        taken = {i.tool_use_id for i in background_items(store)}
+        taken = {i.tool_use_id for i in here}
         here = end_evidence(store)  # (its end is told in the conversation Claude is in now)
         for thread, sid in dict.fromkeys(session.left_sessions):
             try:
@@ -13562,7 +13562,8 @@ class LiveHandoff:
                        manual=manual, swap=True, prune=prune is not None)
             if not a.go:
                 return a.reason
-            self.carrying = background_items(store) + self._left_behind(store)
+            here = background_items(store)
+            self.carrying = here + self._left_behind(store, here)
             self.seam_turn = store.db.execute("SELECT max(n) FROM turns").fetchone()[0]
             manifest = self.carry.plan(self.carrying, spec.session_id, capture.path, store)
             # From here Smart Compact owns the settled session: bytes bound for Claude are
