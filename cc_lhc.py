@@ -5499,6 +5499,18 @@ def render_header(view: View, files, fallback_note: bool, native: bool = False) 
     return "\n".join(lines)
 
 
+def header_vocabulary(thread_id) -> str:
+    """Every kind of line render_header writes, for thread ``thread_id``, and the numbers a
+    label can hold: counted in the same batch as a session's messages (measure), the
+    encoder built for them also serves the header counted next (see TokenCounter), which
+    would otherwise need one of its own."""
+    bands = {1: "omitted", 2: SPLIT, 3: "lean", 4: "summary", 5: "full"}
+    pieces = {2: [(10, 10, "omitted"), (11, 12, "summary"), (13, 14, "lean"), (15, 15, "full")]}
+    view = View(thread_id, bands, {}, 0, "", {4: ("(x)", "rules"), (2, 11, 12): ("x", "extractive")}, pieces)
+    files = [("/a", "edited", 1), ("/b", "read", 2)]
+    return "\n".join([render_header(view, files, True), render_header(view, files, False, native=True),
+                      VIEW_CLOSING_TEXT, " ".join(map(str, range(1000)))])
+
 # == 7. Rollout writing: a view -> a transcript Claude can resume ===============
 
 ROLLOUT_NAMESPACE = bytes.fromhex("5d2c4f0e8f1b4a559a3c6c1c2b7d9e01")  # (a UUID's 16 bytes: see name_uuid)
@@ -17746,7 +17758,8 @@ def measure_transcript(path: str, profile: str, target: int) -> dict:
     for pair in carried:  # (counted below with the rest, in one batch)
         for part in _pair_parts(*pair):
             slot(part)
-    counts = TOKENS.count_many(texts)  # serve_view below saves them for the next run
+    # (its count is not used: its words are, by the encoder the view's header is counted with)
+    counts = TOKENS.count_many(texts + [header_vocabulary(thread_id)])  # serve_view below saves them for the next run
     # (each message as a view counts it: its text, a call's id and name, its images, MESSAGE_TOKENS)
     totals = {band: sum(counts[i] + counts[j] + images + MESSAGE_TOKENS for row in per_turn
                         for i, j, images in row[band]) for band in ("full", "lean")}

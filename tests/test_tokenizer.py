@@ -768,3 +768,21 @@ def test_measure_without_the_tokenizer_gives_no_second_estimate(tmp_path):
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.stdout.count("tokens: approximate") == 2, proc.stderr
     assert "the safe estimate used without the tokenizer" not in proc.stdout
+
+
+def test_measure_counts_the_header_with_the_encoder_built_for_the_session(tmp_path):
+    """measure counts a session's messages in one batch, then the view's header: the words a
+    header is made of go into that batch, so the encoder built for the messages counts the
+    header too (it built one of its own, about 15 ms of a first count), and the figures
+    are the ones the whole encoder gives."""
+    pytest.importorskip("tiktoken")
+    sample = REPO / "tests" / "fixtures" / "samples" / "02_tool_roundtrip_thinking.jsonl"
+    body = ("r = cc_lhc.measure_transcript({path!r}, 'default', 2_000)\n"
+            "out = [r['tokens'], r['smart_compact_tokens'], len(cc_lhc.TOKENS._for_texts)]\nsaved_later = True")
+    for d in ("a", "b"):
+        (tmp_path / d / "state").mkdir(parents=True)
+    subset = run_counts(tmp_path / "a", body.format(path=str(sample)))
+    whole = run_counts(tmp_path / "b", "cc_lhc.TOKENS._whole_wanted = True\n" + body.format(path=str(sample)))
+    assert subset["exact"] and whole["exact"]
+    assert subset["out"][2] == 1, subset  # one encoder: none built for the header alone
+    assert subset["out"][:2] == whole["out"][:2] and whole["out"][2] == 0
