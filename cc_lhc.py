@@ -12424,6 +12424,7 @@ def attach_thread(spec, home, policy):
         lease = Lease(home, thread)
         lease.acquire()
         try:
+            refuse_lost_thread(home, hostdb, registry, thread, spec)
             recover_thread(home, registry, hostdb, thread)
             current = registry.current_session(thread)
             if current and current != spec.session_id:
@@ -12792,19 +12793,48 @@ def compacted_in_process(home, session_id, store=None) -> bool:
 
 
 def _cwd_threads(registry, hostdb, cwd):
-    """This folder's threads with their current session and its transcript's age."""
+    """This folder's threads with their current session and when each was last written to:
+    its transcript's age, or, once Claude Code deleted that (cleanupPeriodDays), its
+    record's (resuming it writes the conversation again from there). A thread with
+    neither is left out."""
     rows = []
+    home = StateHome()
     for thread_id, tcwd, _created, _origin, session in registry.threads():
         if tcwd != cwd or not session:
             continue
         path = _session_rollout(hostdb, session, cwd)
-        try:
-            mtime = os.path.getmtime(path)
-        except OSError:
-            continue
-        rows.append((mtime, thread_id, session, path))
+        for source in (path, home.path("threads", f"{thread_id}.sqlite")):
+            try:
+                rows.append((os.path.getmtime(source), thread_id, session, path))
+                break
+            except OSError:
+                continue
     rows.sort(reverse=True)
     return rows
+
+
+def refuse_lost_thread(home, hostdb, registry, thread_id, spec) -> None:
+    """A resume of a thread whose record is gone (or empty) while Claude Code's transcript
+    of its current session is gone too: nothing is left to go on with, so the launch is
+    refused (exit 1) before anything makes a new, empty record in its place, which would
+    hide the loss from `cc-lhc doctor`. With the transcript there, the launch captures it
+    into a new record, as doctor's fix says."""
+    record = home.path("threads", f"{thread_id}.sqlite")
+    try:
+        if os.stat(record).st_size:
+            return
+        state = "is empty"
+    except FileNotFoundError:
+        state = "is missing"
+    except OSError:
+        return  # (opening it says what is wrong)
+    session = registry.current_session(thread_id) or spec.session_id
+    path = _session_rollout(hostdb, session, spec.cwd)
+    if os.path.lexists(path) or transcript_elsewhere(path) is not None:
+        return
+    raise LhcError(f"thread {thread_id}: its record {record} {state}, and Claude Code's transcript of "
+                   f"its session {session} is gone too, so there is nothing to resume; "
+                   "cc-lhc doctor says more")
 
 
 def continue_target(spec, registry, hostdb):
@@ -12926,15 +12956,20 @@ def pick_thread_session(spec, registry, hostdb):
         raise usage_error("no cc-lhc threads in this folder yet; start one with cc-lhc, "
                           "or pass --resume <session-id>")
     home = StateHome()
-    listed = []
+    listed, unreadable = [], False
     for mtime, thread_id, session, _path in rows:
-        store = ThreadStore(home, thread_id)
         try:
-            last = store.db.execute("SELECT text FROM messages WHERE kind = 'user_text' "
-                                    "AND agent IS NULL ORDER BY seq DESC LIMIT 1").fetchone()
-            info = store.summary()
-        finally:
-            store.close()
+            store = ThreadStore.existing(home, thread_id)
+            try:
+                last = store.db.execute("SELECT text FROM messages WHERE kind = 'user_text' "
+                                        "AND agent IS NULL ORDER BY seq DESC LIMIT 1").fetchone()
+                info = store.summary()
+            finally:
+                store.close()
+        except (LhcError, OSError, sqlite3_errors()) as e:  # (named, as `cc-lhc threads` names it; the rest offered)
+            say(f"thread {thread_id[:8]} left out of this list: {e}; cc-lhc doctor says how to fix it")
+            unreadable = True
+            continue
         prompt = (last[0] if last else "").replace("\n", " ")
         if term and term.lower() not in prompt.lower() and not thread_id.startswith(term):
             continue
@@ -12943,6 +12978,8 @@ def pick_thread_session(spec, registry, hostdb):
         listed.append((session, f"{thread_id[:8]}  {when}  {info['turns']:>4} turns  "
                                 f"{escape_controls(prompt[:60])}"
                                 + ("" if held is None else f"  (in use{held})"), held is None))
+    if not listed and unreadable and not term:
+        raise LhcError("no thread of this folder can be read (named above)")
     if not listed:
         raise usage_error(f"no thread in this folder matches {term!r}")
     default = next((str(i) for i, (_s, _l, free) in enumerate(listed, 1) if free), "1")  # (the newest free one)
@@ -18369,7 +18406,9 @@ def main(argv=None) -> int:
     except (OSError, sqlite3_errors()) as e:
         # The state folder or a file in it could not be used: say which, not a traceback.
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        say(f"{e.__class__.__name__}: {e}{where}")
+        # (SQLite names no file: what keeps the state folder from use, a full disk say, is told)
+        why = "" if where else _why_unopened(os.path.join(StateHome().root, "registry.sqlite"), e)
+        say(f"{e.__class__.__name__}: {e}{where}" + (f"; the state folder {StateHome().root}{why}" if why else ""))
         return EXIT_ERROR
 
 

@@ -801,6 +801,22 @@ def test_the_checkouts_launcher_runs_cc_lhc_from_any_folder_with_cached_bytecode
     assert list(cache.rglob("cc_lhc.*.pyc"))  # compiled once, kept
 
 
+def test_a_full_disk_met_by_a_command_is_said_with_the_state_folder(iso_env, monkeypatch, capsys):
+    """SQLite's "database or disk is full" names no file: the answer says what keeps the
+    state folder from use (it was the bare error)."""
+    import sqlite3
+
+    def full(_args):
+        raise sqlite3.OperationalError("database or disk is full")
+    monkeypatch.setitem(cc_lhc.COMMANDS, "threads", full)
+    monkeypatch.setattr(cc_lhc, "_free_bytes", lambda folder: 512)
+    assert cc_lhc.main(["threads"]) == cc_lhc.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "database or disk is full; the state folder " in err and "its disk is full (512 bytes free)" in err
+    monkeypatch.setattr(cc_lhc, "_free_bytes", lambda folder: 10 << 30)  # (not the disk: said as it was)
+    assert cc_lhc.main(["threads"]) == cc_lhc.EXIT_ERROR
+    assert capsys.readouterr().err.strip().endswith("OperationalError: database or disk is full")
+
 def test_a_database_kept_from_sqlite_by_its_surroundings_is_not_called_damaged(iso_env, tmp_path, monkeypatch):
     """A full disk, a read-only file system or a file this user cannot read keep SQLite from
     a file that may be whole: cc-lhc says which, and never advises throwing the file away."""

@@ -82,6 +82,71 @@ def test_the_picker_shows_prompts_inert_and_end_of_input_chooses_nothing(real_cl
     assert len(real_claude.api.message_requests) == n_before  # Claude was never started
 
 
+
+def test_continue_and_the_picker_keep_a_thread_whose_transcript_claude_deleted(real_claude, tmux):
+    """Claude Code deletes old transcripts (cleanupPeriodDays): the thread still holds the
+    conversation, so `--continue` goes on with it (written again from the thread) and the
+    picker offers it, by when its record was last written (it started a new, empty thread;
+    the picker said the folder had none)."""
+    rc = real_claude
+    gone = oneshot(rc, "remember PELICAN-42", "noted PELICAN-42")
+    (rc.project_dir / f"{gone}.jsonl").unlink()
+    rc.api.script(["it was PELICAN-42"])
+    p = rc.run([sys.executable, CC_LHC, "-c", "-p", "what did I ask you to remember?"])
+    assert p.returncode == 0, p.stderr
+    assert "PELICAN-42" in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    assert len(cc_lhc.Registry(cc_lhc.StateHome(rc.env["CC_LHC_HOME"])).threads()) == 1
+    (gone,) = [s for s in (r[4] for r in cc_lhc.Registry(cc_lhc.StateHome(rc.env["CC_LHC_HOME"])).threads())]
+    (rc.project_dir / f"{gone}.jsonl").unlink()
+    rc.api.script(["picked"])
+    t = tmux(f"{sys.executable} {CC_LHC} -p 'go on' --resume; echo EXIT=$?", cols=120, rows=30,
+             env=rc.env, cwd=rc.cwd)
+    screen = t.wait_for("Resume which?")
+    assert "remember PELICAN-42" in screen or "what did I ask" in screen
+    t.send_keys("Enter")
+    assert "EXIT=0" in t.wait_for("EXIT=")
+    assert "PELICAN-42" in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+
+
+def test_the_picker_names_a_damaged_thread_and_offers_the_others(real_claude, tmux):
+    """One thread file of the folder damaged: the picker names it (as `cc-lhc threads`
+    does) and offers the rest (it failed outright, listing none)."""
+    rc = real_claude
+    first = oneshot(rc, "the first topic", "noted, first")
+    second = oneshot(rc, "the second topic", "noted, second")
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    by_session = {r[4]: r[0] for r in cc_lhc.Registry(home).threads()}
+    with open(home.path("threads", f"{by_session[first]}.sqlite"), "r+b") as f:
+        f.write(b"GARBAGE" * 200)
+    rc.api.script(["back in the second thread"])
+    t = tmux(f"{sys.executable} {CC_LHC} -p 'go on' --resume; echo EXIT=$?", cols=160, rows=30,
+             env=rc.env, cwd=rc.cwd)
+    screen = t.wait_for("Resume which?")
+    assert f"thread {by_session[first][:8]} left out of this list" in screen
+    assert "the second topic" in screen and "the first topic" not in screen
+    t.send_keys("Enter")
+    assert "EXIT=0" in t.wait_for("EXIT=")
+    assert rc.api.message_requests[-1]["session_id"] == second
+
+
+def test_a_resume_of_a_thread_whose_record_and_transcript_are_gone_makes_no_empty_record(real_claude):
+    """Record and transcript both gone: the launch is refused (exit 1) and makes no new,
+    empty record (which listed the thread with 0 turns and hid the loss from doctor)."""
+    rc = real_claude
+    session = oneshot(rc, "a topic", "noted")
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    (thread,) = [r[0] for r in cc_lhc.Registry(home).threads()]
+    record = Path(home.path("threads", f"{thread}.sqlite"))
+    record.unlink()
+    (rc.project_dir / f"{session}.jsonl").unlink()
+    n_before = len(rc.api.message_requests)
+    p = rc.run([sys.executable, CC_LHC, "--resume", session, "-p", "go on"])
+    assert p.returncode == 1, p.stderr
+    assert "there is nothing to resume" in p.stderr and "cc-lhc doctor" in p.stderr
+    assert not record.exists() and len(rc.api.message_requests) == n_before
+    doctor = rc.run([sys.executable, CC_LHC, "doctor"])
+    assert doctor.returncode == 1 and thread in doctor.stdout
+
 def test_resume_by_session_name_as_claude_reads_it(real_claude):
     """`claude --resume <name>` resumes the session named so (`--name`, /rename): so does cc-lhc,
     landing on that session's thread, whatever case the name is typed in."""
