@@ -4896,12 +4896,16 @@ def _assemble(thread_id, turns, by_turn, placed, used, budget, profile, summarie
 
 
 def working_set(turns):
-    """Files the thread read or edited, edited first, each with the label that last showed it."""
+    """Files the thread read or edited, edited first, each with the label that last showed it.
+    A call whose result was an error (a Write refused, a Read of a missing file) read or
+    changed nothing: it names no file here."""
     seen = {}
     for turn in turns:
         results = {m["tool_use_id"]: m["seq"] for m in turn.messages if m["kind"] == "tool_result"}
+        failed = {m["tool_use_id"] for m in turn.messages if m["kind"] == "tool_result" and m["is_error"]}
         for m in turn.messages:
-            if m["kind"] != "tool_call" or m["tool_name"] not in EDIT_TOOLS | READ_TOOLS:
+            if (m["kind"] != "tool_call" or m["tool_name"] not in EDIT_TOOLS | READ_TOOLS
+                    or m["tool_use_id"] in failed):
                 continue
             try:
                 args = json.loads(m["text"] or "{}")

@@ -738,6 +738,26 @@ def test_working_set_lists_edited_files_first_with_the_label_that_last_showed_ea
     assert lines[at + 4] == f"  read   /p/a.py  (m{result('a')})"
 
 
+def test_working_set_leaves_out_calls_whose_result_was_an_error(tmp_path):
+    """A Write refused (no permission) changed nothing and a Read of a missing file read
+    nothing: neither names its file (the header told Claude it had edited a file that
+    does not exist). A file a later call read does appear, by that call."""
+    tr = Transcript()
+    tr.prompt("work")
+    c = tr.response(tool_use("Write", file_path="/p/denied.txt", content="x"),
+                    tool_use("Read", file_path="/p/missing.txt"), tool_use("Edit", file_path="/p/e.py",
+                                                                           old_string="a", new_string="b"),
+                    stop="tool_use")
+    tr.results((c[0]["id"], "Claude requested permissions to write to /p/denied.txt, but you haven't granted it yet.",
+                True), (c[1]["id"], "File does not exist.", True), (c[2]["id"], "edited e", False))
+    c2 = tr.response(tool_use("Read", file_path="/p/missing.txt"), stop="tool_use")
+    tr.results((c2[0]["id"], "now there", False))
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    by_text = {(m["kind"], m["text"]): m["seq"] for m in thread.messages().values()}
+    assert cc_lhc.working_set(thread.turns) == [("/p/e.py", "edited", by_text[("tool_result", "edited e")]),
+                                                ("/p/missing.txt", "read", by_text[("tool_result", "now there")])]
+
 def test_fallback_sentence_in_the_header_when_policy_fell_back(tmp_path, random_threads):
     thread = random_threads[0]
     _, _, header, _ = build(thread, 5000, fallback=True)
