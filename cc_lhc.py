@@ -5692,8 +5692,8 @@ def worktree_folder(state) -> str | None:
 
 def render_manifest(lines) -> str:
     """The carried-work manifest as the rebuilt session holds it (see BackgroundCarry)."""
-    return ("[cc-lhc] Background work that was still open when this session was rebuilt "
-            "goes on across the Smart Compact:\n" + "\n".join(f"- {line}" for line in lines))
+    return ("[cc-lhc] Background work that was still open when this session was rebuilt:\n"
+            + "\n".join(f"- {line}" for line in lines))
 
 
 def _tool_ids_in(records) -> set:
@@ -9259,7 +9259,7 @@ def unsettled_reason(store, idle=False) -> str:
 
 
 TERMINAL_TASK_STATUS = re.compile(r"<status>(completed|failed|killed|stopped)</status>")
-BACKGROUND_TOOLS = ("Bash", "Agent", "Task", "Monitor", "Workflow", "ScheduleWakeup")
+BACKGROUND_TOOLS = ("Bash", "Agent", "Task", "Monitor", "Workflow", "ScheduleWakeup", "SendMessage")
 # What Claude Code 2.1.328 writes in the tool result that says background work started
 # (tests/fixtures/background/). The ids close the item again: a notification names them.
 SHELL_LAUNCHED = re.compile(r"running in background with ID: (\w+)")
@@ -9372,6 +9372,15 @@ def _launched(name, args, ack):
         if "Async agent launched" not in ack and (args.get("run_in_background") is False or not m):
             return None  # a foreground agent's result is its answer: nothing runs on
         kind, task_id = "agent", m.group(1) if m else ""
+    elif name == "SendMessage":
+        # A message to an agent that had stopped runs it again, in the background, until a
+        # notification says it ended: {"success":true,"message":"Resuming agent …",
+        # "resumedAgentId": id} (or revivedAgentId). One to an agent still running is queued.
+        answer = _json_object(ack)
+        task_id = answer.get("resumedAgentId") or answer.get("revivedAgentId")
+        if answer.get("success") is not True or not isinstance(task_id, str) or not task_id:
+            return None
+        kind = "agent"
     elif name == "ScheduleWakeup":
         if args.get("stop"):
             return None
@@ -9470,19 +9479,44 @@ def end_evidence(store) -> tuple:
     return notes, stops, metas
 
 
-def close_orphaned_background(home, store) -> None:
+def close_orphaned_background(home, store) -> list:
     """Before a launch starts its Claude, background work the thread still holds as open
     was started by a Claude process that is gone (it exited, or was killed before it wrote
     how the work ended): none of it is this launch's to carry at a later swap. Claude's own
-    resume says such tasks stopped; a rebuilt session names none of them."""
+    resume of that session says such tasks stopped; a session rebuilt from the thread
+    holds none of what it reads that from, so a rebuild says it (orphan_lines). Returns
+    the items."""
     items = background_items(store)
     if not items:
-        return
+        return []
     with Tx(store.db) as db:
         db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                        [(CARRIED_PREFIX + i.tool_use_id, f"{i.kind}: ended with the Claude process that "
                          "started it") for i in items])
     home.log("background_orphaned", items=[i.label for i in items])
+    return items
+
+
+def orphan_lines(items) -> list:
+    """What a rebuilt session says of background work that ended with the Claude process
+    that started it (close_orphaned_background), as Claude's own resume would."""
+    lines = []
+    for item in items:
+        name = item.task_id or item.label
+        what = f" ({item.command})" if item.command else ""
+        ended = "ended with the Claude process that started it, before it finished"
+        if item.kind == "agent":
+            lines.append(f"background agent {name}{what} {ended}; its transcript is kept, so "
+                         f"SendMessage with to: '{name}' resumes it")
+        elif item.kind == "shell":
+            lines.append(f"background command {name}{what} {ended}"
+                         + (f"; its output so far is in {item.output_file}" if item.output_file else ""))
+        elif item.kind == "wakeup":
+            lines.append(f"a wake-up you scheduled ({item.args.get('reason') or 'no reason given'}) was "
+                         "still pending when the Claude process that scheduled it ended; it will not fire")
+        else:
+            lines.append(f"{item.kind} {name}{what} {ended}; start it again if it is still needed")
+    return lines
 
 
 def _json_object(text) -> dict:
@@ -9703,6 +9737,8 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
             assessment.outcome(f"failed: write: {e}")
         raise LhcError(f"the rebuilt session could not be written: {e}")
     record_lineage(hostdb, new_sid, thread_id, plan.path, cwd, plan.data)
+    carry_subagents(home, [path for _sid, path in store.db.execute(
+        "SELECT session_id, path FROM sources ORDER BY first_seen, rowid")], plan.path)
     if pending:
         failpoint("after-rollout-write")
         if assessment is not None:
@@ -9715,6 +9751,68 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
              boundary=plan.boundary, prune=plan_view is not None, thinking=plan.arm)
     return PendingRebuild(new_sid, from_session, plan.path, len(plan.data),
                           assessment.receipt if assessment is not None else None)
+
+
+def carry_subagents(home, sources, new_path: str) -> int:
+    """Copy the subagents' transcripts (agent-<id>.jsonl and .meta.json) of the thread's
+    sessions (``sources``, their transcripts' paths, oldest first) into the folder of the
+    session written at ``new_path``: SendMessage resumes an agent from its transcript in
+    the session Claude runs, and Claude's resume tells of a background agent that did not
+    finish only when it finds that agent's transcript there; in a rebuilt session neither
+    worked. A newer session's copy of an agent is the one taken (an agent resumed there
+    wrote more), and a copy already there is brought up to date only while it is still a
+    start of the source (the replacement Claude has not written to it). Claude's own
+    compaction agents are left out. Returns how many files were copied; one that cannot be
+    is logged and skipped (that agent alone cannot be resumed)."""
+    import shutil
+    picked = {}
+    for source in sources:
+        if not source or not source.endswith(".jsonl") or os.path.abspath(source) == os.path.abspath(new_path):
+            continue
+        folder = os.path.join(source[:-len(".jsonl")], "subagents")
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if (name.startswith("agent-") and not name.startswith("agent-acompact-")
+                    and name.endswith((".jsonl", ".meta.json"))):
+                picked[name] = os.path.join(folder, name)
+    target = os.path.join(new_path[:-len(".jsonl")], "subagents")
+    copied = 0
+    for name, source in sorted(picked.items()):
+        dest = os.path.join(target, name)
+        try:
+            if not _copy_brings_up_to_date(source, dest, appended=name.endswith(".jsonl")):
+                continue
+            os.makedirs(target, exist_ok=True)
+            tmp = f"{dest}.{os.getpid()}.tmp"
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, dest)
+            copied += 1
+        except OSError as e:
+            home.log("agent_transcript_not_carried", file=source, error=repr(e))
+    if copied:
+        home.log("agent_transcripts_carried", files=copied, to=target)
+    return copied
+
+
+def _copy_brings_up_to_date(source: str, dest: str, appended: bool) -> bool:
+    """Whether copying ``source`` over ``dest`` adds to it and takes nothing away: there is
+    no ``dest`` yet, or (a file Claude appends to) it is a shorter start of ``source``."""
+    try:
+        had = os.path.getsize(dest)
+    except FileNotFoundError:
+        return True
+    if not appended or had >= os.path.getsize(source):
+        return False
+    with open(source, "rb") as a, open(dest, "rb") as b:
+        while had > 0:
+            size = min(had, 1 << 20)
+            if a.read(size) != b.read(size):
+                return False
+            had -= size
+    return True
 
 
 def record_pending(registry, thread_id, from_session, plan, cwd, what="Smart Compact"):
@@ -12709,7 +12807,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
         say("context check skipped: capture is still catching up with the transcript; "
             "Smart Compact will run on the next invocation if needed")
         return capture, None
-    close_orphaned_background(home, capture.store)
+    orphaned = close_orphaned_background(home, capture.store)
     # Claude Code deletes old sessions' transcripts (cleanupPeriodDays, 30 days unless set):
     # the thread still holds the conversation, so Claude resumes it written again from there.
     held = capture.store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()
@@ -12764,7 +12862,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
     try:
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
                           spec.cwd, envelope_from=None if gone else capture.path, assessment=a,
-                          plan_view=plan_view, idle=True, gone=unresumable)
+                          plan_view=plan_view, idle=True, gone=unresumable, manifest=orphan_lines(orphaned))
     except PruneUnchanged as e:
         a.outcome(f"no_action: {e}")
         say(f"Smart Prune: {e}")
@@ -14970,6 +15068,9 @@ class BackgroundCarry:
                                   "every agent call again.")
                 continue
             self.session.home.log("workflow_journal_carried", run=item.run_id, to=target)
+        # (the rebuild copied every agent's transcript; what the old Claude wrote since, an
+        # agent that finished meanwhile say, is added now)
+        carry_subagents(self.session.home, [old_path], new_path)
         self.journals = []
         self._persist()
 

@@ -844,3 +844,136 @@ def test_a_stop_asked_during_a_swap_ends_the_session_and_carries_nothing(real_cl
         f"cc-lhc was asked to stop ({sig}) during the swap"]
     assert not [e for e in log_events(rc, "notice") if "carried across the swap" in e["text"]]
     assert not running("sleep 300; echo STOPPED-5b7c")
+
+
+def _agent_id(rc) -> str:
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"]).stdout)
+    return next(m["agent"]["id"] for m in record if m.get("agent"))
+
+
+def _resume_by_sendmessage(rc, task: str, agent_answer: str):
+    """A responder for the main conversation that loads SendMessage and resumes the agent
+    (``rc.agent``) once asked; its agent answers ``agent_answer`` to the resumed message.
+    Returns the dict it keeps what the SendMessage call got in ("result")."""
+    state = {}
+
+    def respond(body):
+        said = new_input({"body": body})
+        if task in json.dumps(body["messages"][:1]):
+            return agent_answer if "RESUME-PLEASE" in said else "AGENT-FIRST-RESULT"
+        if "resume the agent" in said and not state.get("searched"):
+            state["searched"] = True
+            return tool_use_reply("ToolSearch", {"query": "select:SendMessage", "max_results": 1})
+        if "Tool loaded" in said and not state.get("sent"):
+            state["sent"] = True
+            return tool_use_reply("SendMessage", {"to": rc.agent, "message": "RESUME-PLEASE carry on",
+                                                  "summary": "carry on"})
+        if state.get("sent") and "result" not in state:
+            state["result"] = said
+            return text_reply("sent it", usage=state.get("usage"))
+        return "noted"
+    rc.api.responder = respond
+    return state
+
+
+def test_sendmessage_resumes_a_finished_agent_after_a_one_shot_smart_compact(real_claude):
+    """SendMessage resumes an agent from its transcript in the session Claude runs: a
+    rebuilt session's folder gets the thread's agents' transcripts, so Claude can still
+    resume one after a Smart Compact ("No transcript found for agent ID" before)."""
+    rc = real_claude
+    task = "AGENT-TASK-finished"
+
+    def first_turn(body):
+        seen = json.dumps(body["messages"])
+        if task in json.dumps(body["messages"][:1]):
+            return "AGENT-FIRST-RESULT"
+        if "AGENT-FIRST-RESULT" in seen:
+            return text_reply("the agent is done", usage=OVER_USAGE)
+        return tool_use_reply("Agent", {"description": "look around", "prompt": task})
+    rc.api.responder = first_turn
+    p = rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent")
+    assert p.returncode == 0, p.stderr
+    rc.agent = _agent_id(rc)
+    state = _resume_by_sendmessage(rc, task, "AGENT-RESUMED-OK")
+    p = rc.run_lhc("-c", "-p", "resume the agent", "--allowedTools", "Agent", "SendMessage", "ToolSearch")
+    assert p.returncode == 0, p.stderr
+    assert "Smart Compact" in p.stderr
+    (rebuilt,) = log_events(rc, "smart_compact_rebuilt")
+    assert (Path(rebuilt["path"][:-len(".jsonl")]) / "subagents" / f"agent-{rc.agent}.jsonl").exists()
+    assert "success\\\":true" in state["result"] and "Resuming agent" in state["result"], state["result"]
+    wait_until(lambda: [r for r in rc.api.message_requests if "RESUME-PLEASE" in new_input(r)
+                        and task in json.dumps(r["body"]["messages"][:1])], "the agent resumed")
+
+
+def test_a_background_agent_a_killed_one_shot_left_running_is_named_in_the_session_rebuilt_next(real_claude):
+    """Claude's own resume says a background agent whose Claude process died did not
+    finish; a session rebuilt from the thread held nothing it reads that from, so Claude
+    waited for a notification that never came. The rebuild now says it, with the way to
+    resume the agent."""
+    import signal
+    import subprocess
+    import threading
+    rc = real_claude
+    task, busy = "AGENT-TASK-orphaned", threading.Event()
+
+    def respond(body):
+        said = new_input({"body": body})
+        if task in json.dumps(body["messages"][:1]):
+            return text_reply("never", hold=busy)
+        if "Async agent launched" in said:
+            return text_reply("agent started", usage=OVER_USAGE)
+        if "start the agent" in said:
+            return tool_use_reply("Agent", {"description": "look around", "prompt": task,
+                                            "run_in_background": True})
+        return "noted"
+    rc.api.responder = respond
+    proc = subprocess.Popen(rc.lhc_argv("-p", "start the agent", "--allowedTools", "Agent"), env=rc.env,
+                            cwd=rc.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_until(lambda: any("agent started" in path.read_text() for path in rc.project_dir.glob("*.jsonl")),
+                   "the answer after the launch written")
+        wait_until(lambda: [r for r in rc.api.message_requests if task in json.dumps(r["body"]["messages"][:1])],
+                   "the agent at work")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        busy.set()
+    agent = _agent_id(rc)
+    n = len(rc.api.message_requests)
+    rc.api.responder = lambda body: "noted"
+    p = rc.run_lhc("-c", "-p", "anything new?")
+    assert p.returncode == 0, p.stderr
+    assert "Smart Compact" in p.stderr and log_events(rc, "background_orphaned")
+    (asked,) = [r for r in rc.api.message_requests[n:] if "anything new?" in new_input(r)]
+    assert f"SendMessage with to: '{agent}' resumes it" in json.dumps(asked["body"]["messages"])
+
+
+def test_an_agent_resumed_by_sendmessage_and_running_at_the_swap_is_reported_interrupted(real_claude, tmux):
+    """SendMessage to a finished agent runs it again in the background: running at a swap,
+    it is carried as the agent's first launch is (it was dropped without a word: the
+    replacement's last news of it was "Resuming agent")."""
+    import threading
+    rc = real_claude
+    task, busy = "AGENT-TASK-again", threading.Event()
+    rc.api.script([tool_use_reply("Agent", {"description": "look around", "prompt": task}), "the agent is done"])
+    t = launch(rc, tmux, "start the agent", "--allowedTools", "Agent", "SendMessage", "ToolSearch")
+    try:
+        t.wait_for("the agent is done", timeout=STARTUP)
+        rc.agent = _agent_id(rc)
+        state = _resume_by_sendmessage(rc, task, text_reply("never", hold=busy))
+        state["usage"] = OVER_USAGE
+        type_line(t, "resume the agent")
+        _wait_for_log(rc, "handoff_switched")
+        (said,) = log_events(rc, "background_carried")[0]["said"]
+        assert said == f"agent {rc.agent} (interrupted, resume offered)"
+        assert f"SendMessage({rc.agent})" in rebuilt_manifest(rc)
+    finally:
+        busy.set()
+    type_line(t, "/exit")
+    wait_until(lambda: t.exit_status() is not None or "Background work is running" in t.capture(),
+               "Claude ending or asking about the work still running")
+    if t.exit_status() is None:
+        t.send_keys("Enter")
+    assert t.wait_exit() == 0

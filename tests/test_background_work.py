@@ -617,3 +617,45 @@ def test_work_an_earlier_claude_process_left_open_is_closed_before_a_launch(tmp_
                 if '"background_orphaned"' in line]
     assert logged["items"] == ["Bash m1"]
 
+
+
+def test_a_sendmessage_that_resumed_an_agent_opens_it_again_and_one_that_queued_does_not():
+    """SendMessage to a stopped agent runs it again in the background (its acknowledgement
+    names the agent it resumed); to a running one, or refused, it starts nothing."""
+    resumed = '{"success":true,"message":"Resuming agent a50c920","resumedAgentId":"a50c920d1","pin":{}}'
+    revived = '{"success":true,"message":"Resuming agent x","revivedAgentId":"a77"}'
+    assert cc_lhc._launched("SendMessage", {"to": "a50c920d1"}, resumed)["task_id"] == "a50c920d1"
+    assert cc_lhc._launched("SendMessage", {"to": "a77"}, revived)["kind"] == "agent"
+    for ack in ('{"success":true,"message":"Message queued for delivery to a50c920d1"}',
+                '{"success":false,"message":"Agent \\"a1\\" could not be resumed: No transcript found"}',
+                "not json", '{"success":true,"resumedAgentId":""}'):
+        assert cc_lhc._launched("SendMessage", {"to": "a1"}, ack) is None, ack
+
+
+def test_subagent_transcripts_are_copied_into_a_rebuilt_session_without_taking_anything_away(tmp_path, iso_env):
+    """Every agent transcript of the thread's sessions goes into the rebuilt session's
+    folder (the newest session's copy of one), Claude's compaction agents aside; a copy the
+    new session's Claude has written to since is never overwritten, one it has not is
+    brought up to date."""
+    home = cc_lhc.StateHome()
+    old, older, new = (tmp_path / f"{n}.jsonl" for n in ("old", "older", "new"))
+    for session, files in ((older, {"agent-a1.jsonl": b"1\n", "agent-a2.jsonl": b"x\n"}),
+                           (old, {"agent-a1.jsonl": b"1\n2\n", "agent-a1.meta.json": b"{}",
+                                  "agent-acompact-9.jsonl": b"c\n", "notes.txt": b"n"})):
+        folder = tmp_path / session.stem / "subagents"
+        folder.mkdir(parents=True)
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+    assert cc_lhc.carry_subagents(home, [str(older), str(old)], str(new)) == 3
+    copied = tmp_path / "new" / "subagents"
+    assert sorted(p.name for p in copied.iterdir()) == ["agent-a1.jsonl", "agent-a1.meta.json", "agent-a2.jsonl"]
+    assert (copied / "agent-a1.jsonl").read_bytes() == b"1\n2\n"
+    # the old Claude wrote more since: brought up to date
+    (tmp_path / "old" / "subagents" / "agent-a1.jsonl").write_bytes(b"1\n2\n3\n")
+    assert cc_lhc.carry_subagents(home, [str(old)], str(new)) == 1
+    assert (copied / "agent-a1.jsonl").read_bytes() == b"1\n2\n3\n"
+    # the new Claude resumed the agent (its copy is no longer a start of the old one): kept
+    (copied / "agent-a1.jsonl").write_bytes(b"1\n2\nR\n")
+    (tmp_path / "old" / "subagents" / "agent-a1.jsonl").write_bytes(b"1\n2\n3\n4\n")
+    assert cc_lhc.carry_subagents(home, [str(old)], str(new)) == 0
+    assert (copied / "agent-a1.jsonl").read_bytes() == b"1\n2\nR\n"
