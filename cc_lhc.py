@@ -5146,7 +5146,10 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     and the allocation redone (see _fit_view); the fullest view within budget is served.
     Parts come whole, so a view can fall short of its budget by most of a part: one that
     fills less than VIEW_REFINE_FILL of it is fitted again with parts a quarter the size,
-    and the fuller of the two is served. ``view.tokens`` is its count (``view.counting``
+    and the fuller of the two is served; so is one whose newest tool output is not verbatim
+    (a long newest turn cut in parts of several calls each, none of which fits the full
+    band alone, where one call would), and of the two the one that holds that output
+    verbatim is served. ``view.tokens`` is its count (``view.counting``
     says how it was counted).
     Messages up to ``boundary`` (the thread's visibility boundary, moved by Smart Prune)
     are out of view; ``native``: the header names the cc-lhc mod's tools (see render_header).
@@ -5157,10 +5160,12 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     ask = ViewAsk(thread_id, turns, profile, summaries, favoured, fell_back, boundary, native)
     fixed = _view_parts(thread_id, turns, budget, profile, boundary, fell_back)
     best = _fit_view(ask, budget, fixed, counter, last_seq)
-    if best.tokens < budget * VIEW_REFINE_FILL and not _all_verbatim(best.view, last_seq, boundary):
+    newest = _newest_result(turns, boundary)
+    if ((best.tokens < budget * VIEW_REFINE_FILL or not _verbatim_at(best.view, newest))
+            and not _all_verbatim(best.view, last_seq, boundary)):
         finer = _fit_view(ask, budget, _view_parts(thread_id, turns, budget, profile, boundary, fell_back,
                                                    VIEW_REFINE_PARTS, fixed), counter, last_seq)
-        if finer.tokens > best.tokens:
+        if (_verbatim_at(finer.view, newest), finer.tokens) > (_verbatim_at(best.view, newest), best.tokens):
             best = finer
     view, counted = best.view, best.counted
     view.tokens = best.tokens
@@ -5168,6 +5173,22 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
     counter.tokens.save_later()
     view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
     return view, best.header
+
+
+def _newest_result(turns, boundary):
+    """(turn n, seq) of the newest turn's newest tool output after the visibility boundary,
+    or None."""
+    for m in reversed(turns[-1].messages if turns else ()):
+        if m["seq"] <= boundary:
+            return None
+        if m["kind"] == "tool_result":
+            return turns[-1].n, m["seq"]
+    return None
+
+
+def _verbatim_at(view, at) -> bool:
+    """Whether the view holds the message at (turn n, seq) verbatim (None: nothing to hold)."""
+    return at is None or view.band_of(*at) == "full"
 
 
 VIEW_REFINE_FILL = 0.9      # a view counted below this share of its budget is fitted again with finer parts

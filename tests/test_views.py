@@ -738,6 +738,32 @@ def test_working_set_lists_edited_files_first_with_the_label_that_last_showed_ea
     assert lines[at + 4] == f"  read   /p/a.py  (m{result('a')})"
 
 
+@pytest.mark.parametrize("calls", [32, 12])
+def test_a_long_newest_turn_keeps_its_newest_tool_output_verbatim(tmp_path, calls):
+    """A newest turn of many large outputs, over the target on its own: cut where capture
+    closed its segments, its newest parts held two calls each, none of which fits the full
+    band, while an older part of one call did: that older output was verbatim and the
+    newest ones stubs. The view now holds the newest output verbatim."""
+    import base64
+    rnd = random.Random(calls)
+    tr = Transcript()
+    tr.prompt("hello")
+    tr.response(text("hi"))
+    tr.prompt("do the long job")
+    for i in range(calls):
+        c = tr.response(tool_use("Bash", command=f"echo LONGSTART{i}; head -c 12000 /dev/urandom | base64"),
+                        stop="tool_use")
+        out = f"LONGSTART{i}\n" + base64.encodebytes(rnd.randbytes(12000)).decode()
+        tr.results((c[0]["id"], out, False))
+    tr.response(text("long turn finished"))
+    thread = intake_transcript(tr, tmp_path)
+    turns = thread.turns
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    view, _header = cc_lhc.serve_view(thread.id, turns, 20_000, "default", summaries)
+    newest = max(m["seq"] for m in turns[-1].messages if m["kind"] == "tool_result")
+    assert view.band_of(turns[-1].n, newest) == "full", view.pieces
+    assert view.tokens <= 20_000
+
 def test_working_set_leaves_out_calls_whose_result_was_an_error(tmp_path):
     """A Write refused (no permission) changed nothing and a Read of a missing file read
     nothing: neither names its file (the header told Claude it had edited a file that
