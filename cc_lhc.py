@@ -283,6 +283,25 @@ def json_record(raw):
     return rec if isinstance(rec, dict) else None
 
 
+def whole_record(raw: bytes, any_value: bool = False) -> bool:
+    """Whether the bytes a file ends on without a newline are a whole record (``any_value``:
+    any whole JSON value), read as capture reads a line: bytes that are not UTF-8 as U+FFFD
+    (it keeps such a line, so a record holding one is no torn fragment)."""
+    def whole(text) -> bool:
+        try:
+            value = load_json(text)
+        except BadJson:
+            return False
+        return any_value or isinstance(value, dict)
+    if whole(raw):
+        return True
+    try:
+        raw.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return whole(raw.decode("utf-8", "replace"))
+
+
 def utc_now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -8749,7 +8768,7 @@ class Capture:
         while True:
             chunk = f.read(self.BATCH_BYTES)
             if not chunk:
-                if self.take_unended and pending.strip() and json_record(bytes(pending)) is None:
+                if self.take_unended and pending.strip() and not whole_record(bytes(pending)):
                     self.cut_tail = len(pending)  # (measure names it: cut off, left out)
                 elif self.take_unended and pending.strip():
                     # (measure: the whole record a file ends on without its newline counts too)
@@ -9758,8 +9777,11 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
             assessment.outcome(f"failed: write: {e}")
         raise LhcError(f"the rebuilt session could not be written: {e}")
     record_lineage(hostdb, new_sid, thread_id, plan.path, cwd, plan.data)
-    carry_subagents(home, [path for _sid, path in store.db.execute(
-        "SELECT session_id, path FROM sources ORDER BY first_seen, rowid")], plan.path)
+    # (the sessions up to the one rebuilt from: those after it are another branch, a fork
+    # of an earlier session say, whose agents' later work this branch never saw)
+    sources = store.db.execute("SELECT session_id, path FROM sources ORDER BY first_seen, rowid").fetchall()
+    upto = next((i for i, (sid, _path) in enumerate(sources) if sid == from_session), len(sources) - 1)
+    carry_subagents(home, [path for _sid, path in sources[:upto + 1]], plan.path)
     if pending:
         failpoint("after-rollout-write")
         if assessment is not None:
@@ -12926,12 +12948,24 @@ def _cwd_threads(registry, hostdb, cwd):
         if tcwd != cwd or not session:
             continue
         path = _session_rollout(hostdb, session, cwd)
-        for source in (path, home.path("threads", f"{thread_id}.sqlite")):
+        try:
+            rows.append((os.path.getmtime(path), thread_id, session, path))
+            continue
+        except OSError:
+            pass
+        # (a thread whose Claude has not written its transcript yet, a launch just started
+        # say, holds no conversation: it is no thread to continue)
+        record = home.path("threads", f"{thread_id}.sqlite")
+        try:
+            store = ThreadStore.existing(home, thread_id)
             try:
-                rows.append((os.path.getmtime(source), thread_id, session, path))
-                break
-            except OSError:
-                continue
+                held = store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()
+            finally:
+                store.close()
+            if held:
+                rows.append((os.path.getmtime(record), thread_id, session, path))
+        except (LhcError, OSError, sqlite3_errors()):
+            continue  # (the picker names a thread it cannot read; --continue passes it over)
     rows.sort(reverse=True)
     return rows
 
@@ -12970,10 +13004,16 @@ def continue_target(spec, registry, hostdb):
         candidates = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".jsonl")]
     except OSError:
         return None
-    candidates = [c for c in candidates if is_uuid(os.path.basename(c)[:-6])]
-    if not candidates:
+    dated = []
+    for c in candidates:
+        if is_uuid(os.path.basename(c)[:-6]):
+            try:  # (a link that leads nowhere, a file Claude Code removed meanwhile: passed over)
+                dated.append((os.path.getmtime(c), c))
+            except OSError:
+                continue
+    if not dated:
         return None
-    return os.path.basename(max(candidates, key=os.path.getmtime))[:-6]
+    return os.path.basename(max(dated)[1])[:-6]
 
 
 def went_on_in(session_id: str, cwd: str, hops: int = 16) -> str:
@@ -16034,12 +16074,7 @@ def repair_torn_tail(path: str, home, session_id: str, on_trim=None):
         home.log("torn_tail_left", session=session_id, path=path,
                  reason="held by another process" if held else "could not prove the file unheld")
         return None
-    try:
-        json.loads(fragment)
-        complete = True
-    except (ValueError, RecursionError):
-        complete = False
-    if complete:
+    if whole_record(fragment, any_value=True):
         with open(path, "ab") as f:
             f.write(b"\n")
             f.flush()
@@ -18533,8 +18568,16 @@ def main(argv=None) -> int:
         # The state folder or a file in it could not be used: say which, not a traceback.
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         # (SQLite names no file: what keeps the state folder from use, a full disk say, is told)
-        why = "" if where else _why_unopened(os.path.join(StateHome().root, "registry.sqlite"), e)
-        say(f"{e.__class__.__name__}: {e}{where}" + (f"; the state folder {StateHome().root}{why}" if why else ""))
+        root = StateHome().root
+        why = "" if where else _why_unopened(os.path.join(root, "registry.sqlite"), e)
+        if why:
+            why = f"; the state folder {root}{why}"
+        elif not where and "database is locked" in str(e):
+            why = (f"; another process has kept a database of the state folder {root} busy "
+                   "(a cc-lhc at work, or one that hangs): try again once it is done")
+        elif not where and isinstance(e, sqlite3_errors()) and ("malformed" in str(e) or "not a database" in str(e)):
+            why = f"; a database of the state folder {root} is damaged: cc-lhc doctor names it and says how to fix it"
+        say(f"{e.__class__.__name__}: {e}{where}{why}")
         return EXIT_ERROR
 
 

@@ -977,3 +977,37 @@ def test_an_agent_resumed_by_sendmessage_and_running_at_the_swap_is_reported_int
     if t.exit_status() is None:
         t.send_keys("Enter")
     assert t.wait_exit() == 0
+
+
+
+def test_a_fork_of_an_earlier_session_holds_its_agents_as_they_were_then(real_claude):
+    """The fork holds the thread as it was on that session, and its agents as they were
+    then: not the copy a later session of the thread resumed (which knows work the fork
+    left out)."""
+    rc = real_claude
+    task = "AGENT-TASK-finished"
+
+    def first_turn(body):
+        if task in json.dumps(body["messages"][:1]):
+            return "AGENT-FIRST-RESULT"
+        if "AGENT-FIRST-RESULT" in json.dumps(body["messages"]):
+            return text_reply("the agent is done", usage=OVER_USAGE)
+        return tool_use_reply("Agent", {"description": "look around", "prompt": task})
+    rc.api.responder = first_turn
+    p = rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    first = json.loads(p.stdout)["session_id"]
+    rc.agent = _agent_id(rc)
+    _resume_by_sendmessage(rc, task, "AGENT-SAW-THE-LATER-BRANCH")
+    p = rc.run_lhc("-c", "-p", "resume the agent", "--allowedTools", "Agent", "SendMessage", "ToolSearch")
+    assert p.returncode == 0, p.stderr
+    (rebuilt,) = log_events(rc, "smart_compact_rebuilt")
+    later = Path(rebuilt["path"][:-len(".jsonl")]) / "subagents" / f"agent-{rc.agent}.jsonl"
+    wait_until(lambda: "AGENT-SAW-THE-LATER-BRANCH" in later.read_text(), "the agent resumed in the later session")
+    rc.api.responder = lambda body: "forked"
+    p = rc.run_lhc("--resume", first, "--fork-session", "-p", "where are we?", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    fork = json.loads(p.stdout)["session_id"]
+    copy = rc.project_dir / fork / "subagents" / f"agent-{rc.agent}.jsonl"
+    assert copy.exists() and "AGENT-FIRST-RESULT" in copy.read_text()
+    assert "AGENT-SAW-THE-LATER-BRANCH" not in copy.read_text()

@@ -816,6 +816,13 @@ def test_a_full_disk_met_by_a_command_is_said_with_the_state_folder(iso_env, mon
     monkeypatch.setattr(cc_lhc, "_free_bytes", lambda folder: 10 << 30)  # (not the disk: said as it was)
     assert cc_lhc.main(["threads"]) == cc_lhc.EXIT_ERROR
     assert capsys.readouterr().err.strip().endswith("OperationalError: database or disk is full")
+    for error, said in ((sqlite3.OperationalError("database is locked"), "has kept a database of the state folder"),
+                        (sqlite3.DatabaseError("database disk image is malformed"), "cc-lhc doctor names it")):
+        def fails(_args, error=error):
+            raise error
+        monkeypatch.setitem(cc_lhc.COMMANDS, "threads", fails)
+        assert cc_lhc.main(["threads"]) == cc_lhc.EXIT_ERROR
+        assert said in capsys.readouterr().err
 
 def test_a_database_kept_from_sqlite_by_its_surroundings_is_not_called_damaged(iso_env, tmp_path, monkeypatch):
     """A full disk, a read-only file system or a file this user cannot read keep SQLite from

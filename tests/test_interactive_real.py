@@ -108,6 +108,25 @@ def test_continue_and_the_picker_keep_a_thread_whose_transcript_claude_deleted(r
     assert "PELICAN-42" in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
 
 
+
+def test_continue_is_not_taken_by_a_fresh_session_that_wrote_nothing_yet(real_claude, tmux):
+    """Another cc-lhc of this folder just opened, nothing typed: its thread holds no
+    conversation and no transcript yet, so `--continue` goes on with the newest one that
+    does, as `claude --continue` does (it took the fresh one, and was refused: in use)."""
+    rc = real_claude
+    first = oneshot(rc, "remember OTTER-7", "noted OTTER-7")
+    t = tmux([sys.executable, CC_LHC], cols=120, rows=30, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT, timeout=60)
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    wait_until(lambda: len(cc_lhc.Registry(home).threads()) == 2, "the fresh thread registered")
+    try:
+        rc.api.script(["it was OTTER-7"])
+        p = rc.run([sys.executable, CC_LHC, "-c", "-p", "what did I ask you to remember?"])
+        assert p.returncode == 0, p.stderr
+        assert rc.api.message_requests[-1]["session_id"] == first
+    finally:
+        exit_cleanly(t)
+
 def test_the_picker_names_a_damaged_thread_and_offers_the_others(real_claude, tmux):
     """One thread file of the folder damaged: the picker names it (as `cc-lhc threads`
     does) and offers the rest (it failed outright, listing none)."""

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import cc_lhc
 from conftest import CC_LHC
@@ -358,3 +359,65 @@ def test_a_claude_killed_under_cc_lhc_is_said_with_the_way_back(real_claude, tmu
     assert "EXIT=137" in screen, screen
     assert "Claude ended by signal SIGKILL, not by itself" in screen and "cc-lhc --continue" in screen, screen
     assert f"in thread {followed['thread'][:8]}" in screen and f"--resume {followed['new_session']}" in screen
+
+
+def _record(kind, text, parent, session):
+    uid = str(uuid.uuid4())
+    message = ({"role": "user", "content": text} if kind == "user" else
+               {"id": "msg_" + uid[:8], "type": "message", "role": "assistant", "model": "claude-opus-5-5",
+                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                "usage": {"input_tokens": 100, "output_tokens": 7}})
+    return {"parentUuid": parent, "isSidechain": False, "type": kind, "message": message, "uuid": uid,
+            "timestamp": "2026-11-30T10:00:00.000Z", "sessionId": session, "cwd": "/w", "version": "2.1.328"}
+
+
+def _line(rec) -> bytes:
+    return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
+
+
+def _session_file(fake, session, data: bytes):
+    folder = Path(fake.env["CLAUDE_CONFIG_DIR"]) / "projects" / cc_lhc.project_slug(str(fake.cwd))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{session}.jsonl"
+    path.write_bytes(data)
+    return path
+
+
+def test_a_whole_last_record_holding_a_byte_that_is_not_utf8_gets_its_newline(fake_claude):
+    """A whole record the file ends on without its newline gets one before Claude resumes
+    the file, also when it holds a byte that is not UTF-8 (read as U+FFFD, as capture reads
+    any line): it was taken for a torn fragment, cut out of Claude's transcript and kept
+    only under torn-lines/."""
+    session = str(uuid.uuid4())
+    u1 = _record("user", "first prompt", None, session)
+    a1 = _record("assistant", "first answer", u1["uuid"], session)
+    last = _line(_record("user", "caf\u00e9 last prompt", a1["uuid"], session)).rstrip(b"\n")
+    last = last.replace("\u00e9".encode(), b"\xe9")
+    path = _session_file(fake_claude, session, _line(u1) + _line(a1) + last)
+    p = subprocess.run([sys.executable, str(CC_LHC), "--resume", session, "-p", "hi"], env=fake_claude.env,
+                       cwd=fake_claude.cwd, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert path.read_bytes().startswith(_line(u1) + _line(a1) + last + b"\n")
+    (thread,) = cc_lhc.Registry(cc_lhc.StateHome(fake_claude.env["CC_LHC_HOME"])).threads()
+    out = subprocess.run([sys.executable, str(CC_LHC), "export", thread[0]], env=fake_claude.env,
+                         capture_output=True, text=True, timeout=60)
+    assert "caf\ufffd last prompt" in [m.get("text") for m in json.loads(out.stdout)]
+    assert cc_lhc.whole_record(last) and not cc_lhc.whole_record(last[:-3])
+
+
+def test_continue_passes_over_a_link_that_leads_nowhere_among_claude_s_sessions(fake_claude):
+    """No thread in the folder yet: `--continue` takes Claude's newest session, and a link
+    among them that leads nowhere (or a file Claude Code removes meanwhile) is passed over
+    (it ended the launch with FileNotFoundError)."""
+    session = str(uuid.uuid4())
+    u1 = _record("user", "good prompt", None, session)
+    path = _session_file(fake_claude, session, _line(u1) + _line(_record("assistant", "good answer", u1["uuid"],
+                                                                         session)))
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    os.symlink("/nonexistent/gone.jsonl", path.parent / f"{uuid.uuid4()}.jsonl")
+    os.symlink("loop.jsonl", path.parent / "loop.jsonl")  # (not a session's name: never looked at)
+    p = subprocess.run([sys.executable, str(CC_LHC), "--continue", "-p", "hi"], env=fake_claude.env,
+                       cwd=fake_claude.cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (thread,) = cc_lhc.Registry(cc_lhc.StateHome(fake_claude.env["CC_LHC_HOME"])).threads()
+    assert thread[4] == session
