@@ -4651,33 +4651,51 @@ def segment_tokens(target: int, profile: str) -> int:
 def turn_parts(turn: Turn, soft_tokens: int):
     """A turn cut where capture closed its segments, and again wherever a segment outgrew
     ``soft_tokens`` (capture ran under another target): always after a tool result with no
-    call of the turn still waiting, so a tool call and its result stay in one part."""
+    call of the turn still waiting, so a tool call and its result stay in one part. An
+    exchange as large as a part on its own is a part of its own: the smaller exchanges
+    before it are not held back with it (one output too large to be verbatim would take
+    them to lean while older calls of the turn stayed verbatim)."""
     paired = paired_tool_ids(turn.messages)
     soft = soft_tokens * 4  # segments are measured as capture measures them (segment_size)
-    pieces, current, size, waiting, segment = [], [], 0, set(), None
+    # The runs no cut may fall inside: [messages, size, whether a segment ends after it]
+    units, unit, size, waiting, segment = [], [], 0, set(), None
     for m in turn.messages:
-        if current and (m["segment"] or 0) != segment and not waiting:
-            pieces.append(current)
-            current, size = [], 0
-        if m["kind"] == SAVED_OUTPUT and not current and pieces:
+        if (m["segment"] or 0) != segment and segment is not None and not waiting:
+            if unit:
+                units.append([unit, size, True])
+                unit, size = [], 0
+            elif units:
+                units[-1][2] = True
+        if m["kind"] == SAVED_OUTPUT and not unit and units:
             # (a whole output Claude saved goes with the result that previews it: a view
             # shows that result, whole or as a stub naming it, never the saved output alone)
-            pieces[-1].append(m)
+            units[-1][0].append(m)
             continue
         segment = m["segment"] or 0
-        current.append(m)
+        unit.append(m)
         size += segment_size(m["kind"], m["text"], m["data"])
         if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
             waiting.add(m["tool_use_id"])
         elif m["kind"] == "tool_result":
             waiting.discard(m["tool_use_id"])
-            if not waiting and size >= soft:
-                pieces.append(current)
-                current, size = [], 0
+            if not waiting:
+                units.append([unit, size, False])
+                unit, size = [], 0
+    if unit:
+        units.append([unit, size, False])
+    pieces, current, size = [], [], 0
+    for messages, weight, segment_ends in units:
+        if current and weight >= soft:
+            pieces.append(current)
+            current, size = [], 0
+        current += messages
+        size += weight
+        if segment_ends or size >= soft:
+            pieces.append(current)
+            current, size = [], 0
     if current:
         pieces.append(current)
     return [Part(turn, p, len(pieces) == 1) for p in pieces]
-
 
 SPLIT = "split"  # View.bands for a turn whose parts are in different bands
 RANK = {"full": 0, "lean": 1, "summary": 2, "omitted": 3}

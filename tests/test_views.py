@@ -764,6 +764,31 @@ def test_a_long_newest_turn_keeps_its_newest_tool_output_verbatim(tmp_path, call
     assert view.band_of(turns[-1].n, newest) == "full", view.pieces
     assert view.tokens <= 20_000
 
+@pytest.mark.parametrize("last", [40_000, 24_000])
+def test_small_exchanges_before_one_too_large_to_be_verbatim_stay_verbatim(tmp_path, last):
+    """A turn of a large output, two small ones, and one too large to be verbatim in any
+    view (or one that fits): the small newer ones are never stubs while the older large
+    one is verbatim (they rode in one part with the one too large, and went lean with it)."""
+    tr = Transcript()
+    tr.envelope()
+    tr.prompt("investigate")
+    outputs = [("X", 14_000), ("s1", 600), ("s2", 600), ("B", last)]
+    for name, size in outputs:
+        (c,) = tr.response(tool_use("Bash", command=f"cat {name}.log"), stop="tool_use")
+        tr.results((c["id"], bash_output(len(name) + size % 97, size), False))
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    policy = cc_lhc.resolve_policy([("t", {"lowerBoundTokens": 12_000, "upperBoundTokens": 36_000,
+                                           "minRunwayTokens": 1})])
+    rebuilt = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, "11111111-2222-4333-8444-555555555555",
+                                  "/home/u/proj", projects_root=str(tmp_path / "p"), now=NOW, idle=True)
+    records = [json.loads(line) for line in rebuilt.data.splitlines()]
+    shown = {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
+             for b in blocks_of(r) if b.get("type") == "tool_result"}
+    verbatim = [shown[m["tool_use_id"]] == m["text"] for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
+    assert verbatim[1] and verbatim[2], (verbatim, rebuilt.view.pieces)
+    assert rebuilt.view.tokens <= 12_000
+
 def test_working_set_leaves_out_calls_whose_result_was_an_error(tmp_path):
     """A Write refused (no permission) changed nothing and a Read of a missing file read
     nothing: neither names its file (the header told Claude it had edited a file that
