@@ -5204,12 +5204,60 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
                                                    VIEW_REFINE_PARTS, fixed), counter, last_seq)
         if (_verbatim_at(finer.view, newest), finer.tokens) > (_verbatim_at(best.view, newest), best.tokens):
             best = finer
+    if not _verbatim_at(best.view, newest):
+        best = _newest_outputs_verbatim(best, ask, budget, fixed, counter)
     view, counted = best.view, best.counted
     view.tokens = best.tokens
     view.counting = "exact o200k_base" if counter.exact else "safe estimate"
     counter.tokens.save_later()
     view.costs = {"full": counted["full"], "lean": counted["lean"], "summary": view.costs.get("summary", 0)}
     return view, best.header
+
+
+def _newest_outputs_verbatim(best, ask, budget, fixed, counter):
+    """``best`` with the newest exchange's outputs verbatim, newest first, as many as the
+    budget holds: an exchange of several calls at once (Claude read four logs together) is
+    one part, so one too large for the verbatim share as a whole went lean, every output a
+    stub, where its newest outputs alone fit."""
+    turn = ask.turns[-1]
+    calls = [m["seq"] for m in turn.messages if m["kind"] == "tool_call"]
+    outputs = [m["seq"] for m in turn.messages if m["kind"] == "tool_result" and calls
+               and m["seq"] > calls[-1] and m["seq"] > ask.boundary]
+    for seq in reversed(outputs):
+        if best.view.band_of(turn.n, seq) != "lean":
+            continue
+        view = _served_verbatim(best.view, turn, seq)
+        header = render_header(view, fixed["files"], ask.fell_back, ask.native)
+        counted = view_tokens(view, header, ask.turns, counter)
+        if counted["total"] > budget:
+            break
+        best = CountedView(counted["total"], view, header, counted)
+    return best
+
+
+def _served_verbatim(view, turn, seq):
+    """A copy of ``view`` that serves message ``seq`` of ``turn`` (in a lean run) verbatim."""
+    runs = view.pieces.get(turn.n) or [(turn.messages[0]["seq"], turn.messages[-1]["seq"], view.bands[turn.n])]
+    cut = []
+    for a, b, band in runs:
+        if band == "lean" and a <= seq <= b:
+            cut += [r for r in ((a, seq - 1, band), (seq, seq, "full"), (seq + 1, b, band)) if r[0] <= r[1]]
+        else:
+            cut.append((a, b, band))
+    merged = []
+    for a, b, band in cut:
+        if merged and merged[-1][2] == band and merged[-1][1] < a:
+            merged[-1] = (merged[-1][0], b, band)
+        else:
+            merged.append((a, b, band))
+    bands, pieces = dict(view.bands), dict(view.pieces)
+    if len(merged) == 1:
+        bands[turn.n] = merged[0][2]
+        pieces.pop(turn.n, None)
+    else:
+        bands[turn.n], pieces[turn.n] = SPLIT, merged
+    copy = View(view.thread_id, bands, dict(view.costs), view.budget, view.profile, view.summaries, pieces)
+    return copy
 
 
 def _newest_result(turns, boundary):

@@ -789,6 +789,37 @@ def test_small_exchanges_before_one_too_large_to_be_verbatim_stay_verbatim(tmp_p
     assert verbatim[1] and verbatim[2], (verbatim, rebuilt.view.pieces)
     assert rebuilt.view.tokens <= 12_000
 
+@pytest.mark.parametrize("calls,size,target", [(4, 20_000, 12_000), (2, 30_000, 16_000), (1, 20_000, 8_000)])
+def test_the_newest_of_outputs_claude_asked_for_at_once_are_verbatim_as_far_as_the_target_holds(
+        tmp_path, calls, size, target):
+    """A newest turn whose last step called several tools at once: that exchange is one
+    part, too large for the verbatim share as a whole, and every output in it was a stub
+    though the newest alone fitted with room to spare. Its newest outputs are verbatim now,
+    newest first, as far as the target holds, the rest stubs; calls and results still pair."""
+    tr = Transcript()
+    tr.envelope()
+    for i in range(3):
+        tr.prompt(f"q{i}")
+        tr.response(text(f"a{i}"))
+    tr.prompt("read the logs together")
+    made = tr.response(*[tool_use("Bash", command=f"cat log{i}") for i in range(calls)], stop="tool_use")
+    tr.results(*[(c["id"], bash_output(i, size), False) for i, c in enumerate(made)])
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    policy = cc_lhc.resolve_policy([("t", {"lowerBoundTokens": target, "upperBoundTokens": target * 3,
+                                           "minRunwayTokens": 1})])
+    rebuilt = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, "11111111-2222-4333-8444-555555555555",
+                                  "/home/u/proj", projects_root=str(tmp_path / "p"), now=NOW, idle=True)
+    records = [json.loads(line) for line in rebuilt.data.splitlines()]
+    assert_tool_blocks_paired(records)
+    shown = {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
+             for b in blocks_of(r) if b.get("type") == "tool_result"}
+    outputs = [m for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
+    verbatim = [shown[m["tool_use_id"]] == m["text"] for m in outputs]
+    assert verbatim[-1], rebuilt.view.pieces
+    assert verbatim == sorted(verbatim)  # (older ones stubs, newer ones verbatim)
+    assert rebuilt.view.tokens <= target
+
 def test_working_set_leaves_out_calls_whose_result_was_an_error(tmp_path):
     """A Write refused (no permission) changed nothing and a Read of a missing file read
     nothing: neither names its file (the header told Claude it had edited a file that
