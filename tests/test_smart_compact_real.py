@@ -860,3 +860,29 @@ def test_a_one_shot_prompt_on_standard_input_counts_toward_the_trigger(real_clau
     assert p.returncode == 0, p.stderr
     assert "Smart Compact" in p.stderr and "+ LHC estimated tokens" in p.stderr, p.stderr
     assert rc.api.message_requests[-1]["session_id"] != sid
+
+
+def test_the_newest_of_outputs_claude_asked_for_at_once_reach_the_rebuilt_session_verbatim(real_claude):
+    """Two Bash calls in one response, their outputs together too large for the verbatim
+    share of a 12k target: the newest is served whole in the request Claude sends on the
+    rebuilt session (both were stubs), the older one a stub naming it."""
+    rc = real_claude
+    rc.api.script([text_reply("first answer", usage=SMALL)])
+    sid = json.loads(ok(lhc(rc, "-p", "hello one", "--output-format", "json")).stdout)["session_id"]
+    calls = [{"type": "tool_use", "name": "Bash", "id": f"toolu_01PARALLEL{i}XXXXXXXXXXXXXX",
+              "input": {"command": f"seq {100000 + i * 5000} {103000 + i * 5000}", "description": f"numbers {i}"}}
+             for i in range(2)]
+    rc.api.script([{"content": calls, "usage": SMALL}, text_reply("second answer", usage=OVER)])
+    ok(lhc(rc, "--resume", sid, "-p", "count in parallel", "--allowedTools", "Bash"))
+    rc.api.responder = lambda body: text_reply(SMALL_REPLY, usage=SMALL)
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--lhc-target", "12000", "--resume", sid, "-p", "next"))
+    assert "Smart Compact" in p.stderr, p.stderr
+    body = rc.api.message_requests[n]["body"]
+    shown = {b["tool_use_id"]: b["content"] if isinstance(b["content"], str) else
+             " ".join(x.get("text", "") for x in b["content"])
+             for m in body["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+             for b in m["content"] if b.get("type") == "tool_result"}
+    older, newest = (shown[c["id"]] for c in calls)
+    assert "105000\n" in newest and "108000" in newest
+    assert "cc-lhc get-messages" in older and len(older) < 200
