@@ -5215,8 +5215,8 @@ def serve_view(thread_id, turns, budget, profile, summaries, favoured=(), fell_b
 
 
 def _newest_outputs_verbatim(best, ask, budget, fixed, counter):
-    """``best`` with the newest exchange's outputs verbatim, newest first, as many as the
-    budget holds: an exchange of several calls at once (Claude read four logs together) is
+    """``best`` with the newest exchange's outputs verbatim, newest first, each one the
+    budget still holds: an exchange of several calls at once (Claude read four logs together) is
     one part, so one too large for the verbatim share as a whole went lean, every output a
     stub, where its newest outputs alone fit."""
     turn = ask.turns[-1]
@@ -5229,9 +5229,8 @@ def _newest_outputs_verbatim(best, ask, budget, fixed, counter):
         view = _served_verbatim(best.view, turn, seq)
         header = render_header(view, fixed["files"], ask.fell_back, ask.native)
         counted = view_tokens(view, header, ask.turns, counter)
-        if counted["total"] > budget:
-            break
-        best = CountedView(counted["total"], view, header, counted)
+        if counted["total"] <= budget:  # (Claude Code writes them as they finish: an older one may be smaller)
+            best = CountedView(counted["total"], view, header, counted)
     return best
 
 
@@ -13031,7 +13030,10 @@ def _cwd_threads(registry, hostdb, cwd):
             if held:
                 rows.append((os.path.getmtime(record), thread_id, session, path))
         except (LhcError, OSError, sqlite3_errors()):
-            continue  # (the picker names a thread it cannot read; --continue passes it over)
+            try:  # (listed, so the picker names it and --continue says what is wrong with it)
+                rows.append((os.path.getmtime(record), thread_id, session, path))
+            except OSError:
+                continue  # (no record either: doctor names the loss)
     rows.sort(reverse=True)
     return rows
 

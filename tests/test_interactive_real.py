@@ -140,13 +140,33 @@ def test_the_picker_names_a_damaged_thread_and_offers_the_others(real_claude, tm
     rc.api.script(["back in the second thread"])
     t = tmux(f"{sys.executable} {CC_LHC} -p 'go on' --resume; echo EXIT=$?", cols=160, rows=30,
              env=rc.env, cwd=rc.cwd)
-    screen = t.wait_for("Resume which?")
+    t.wait_for("Resume which?")
+    screen = t.capture(history=True).replace("\n", "")  # (the long line wraps)
     assert f"thread {by_session[first][:8]} left out of this list" in screen
     assert "the second topic" in screen and "the first topic" not in screen
     t.send_keys("Enter")
     assert "EXIT=0" in t.wait_for("EXIT=")
     assert rc.api.message_requests[-1]["session_id"] == second
 
+
+
+def test_the_picker_names_a_damaged_thread_whose_transcript_claude_deleted(real_claude, tmux):
+    """A thread whose transcript Claude Code deleted and whose record cannot be read is
+    named by the picker (it was left out without a word, and the folder said to have no
+    threads); with nothing else to offer the launch ends (exit 1)."""
+    rc = real_claude
+    session = oneshot(rc, "a topic", "noted")
+    home = cc_lhc.StateHome(rc.env["CC_LHC_HOME"])
+    (thread,) = [r[0] for r in cc_lhc.Registry(home).threads()]
+    (rc.project_dir / f"{session}.jsonl").unlink()
+    with open(home.path("threads", f"{thread}.sqlite"), "r+b") as f:
+        f.write(b"GARBAGE" * 200)
+    t = tmux(f"{sys.executable} {CC_LHC} -p 'go on' --resume; echo EXIT=$?", cols=160, rows=30,
+             env=rc.env, cwd=rc.cwd)
+    t.wait_for("EXIT=")
+    screen = t.capture(history=True).replace("\n", "")  # (the long line wraps, its start scrolled up)
+    assert f"thread {thread[:8]} left out of this list" in screen and "EXIT=1" in screen
+    assert "no cc-lhc threads in this folder" not in screen
 
 def test_a_resume_of_a_thread_whose_record_and_transcript_are_gone_makes_no_empty_record(real_claude):
     """Record and transcript both gone: the launch is refused (exit 1) and makes no new,

@@ -820,6 +820,33 @@ def test_the_newest_of_outputs_claude_asked_for_at_once_are_verbatim_as_far_as_t
     assert verbatim == sorted(verbatim)  # (older ones stubs, newer ones verbatim)
     assert rebuilt.view.tokens <= target
 
+@pytest.mark.parametrize("sizes", [[3000, 3000, 80_000], [80_000, 3000, 3000]])
+def test_outputs_of_an_exchange_that_fit_are_verbatim_whichever_finished_last(tmp_path, sizes):
+    """Claude Code writes the results of calls made at once as they finish, so the last one
+    is often the largest: one that does not fit leaves the others of its exchange verbatim
+    as far as they do (it kept every one a stub)."""
+    tr = Transcript()
+    tr.envelope()
+    for i in range(3):
+        tr.prompt(f"q{i}")
+        tr.response(text(f"a{i}"))
+    tr.prompt("read the logs together")
+    made = tr.response(*[tool_use("Bash", command=f"cat log{i}") for i in range(3)], stop="tool_use")
+    tr.results(*[(c["id"], bash_output(i, size), False) for i, (c, size) in enumerate(zip(made, sizes))])
+    tr.response(text("done"))
+    thread = intake_transcript(tr, tmp_path)
+    policy = cc_lhc.resolve_policy([("t", {"lowerBoundTokens": 12_000, "upperBoundTokens": 36_000,
+                                           "minRunwayTokens": 1})])
+    rebuilt = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, "11111111-2222-4333-8444-555555555555",
+                                  "/home/u/proj", projects_root=str(tmp_path / "p"), now=NOW, idle=True)
+    records = [json.loads(line) for line in rebuilt.data.splitlines()]
+    assert_tool_blocks_paired(records)
+    shown = {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
+             for b in blocks_of(r) if b.get("type") == "tool_result"}
+    verbatim = [shown[m["tool_use_id"]] == m["text"] for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
+    assert verbatim == [size < 80_000 for size in sizes], rebuilt.view.pieces
+    assert rebuilt.view.tokens <= 12_000
+
 def test_working_set_leaves_out_calls_whose_result_was_an_error(tmp_path):
     """A Write refused (no permission) changed nothing and a Read of a missing file read
     nothing: neither names its file (the header told Claude it had edited a file that
