@@ -481,6 +481,16 @@ def replacement_told(rc, text: str, timeout: float = 30) -> str:
     return found[0]
 
 
+def exit_stopping_work(t) -> None:
+    """/exit, answering Claude's question about work still running with its default
+    ("Exit and stop tasks": a resumed agent may still be at work); exit status 0."""
+    type_line(t, "/exit")
+    wait_until(lambda: t.exit_status() is not None or "Background work is running" in t.capture(),
+               "Claude ending or asking about the work still running")
+    if t.exit_status() is None:
+        t.send_keys("Enter")
+    assert t.wait_exit() == 0
+
 def test_an_unfinished_background_agent_is_reported_interrupted_with_its_id(real_claude, tmux):
     import threading
     busy = threading.Event()  # never set before the end: the agent is still working at the swap
@@ -535,12 +545,7 @@ def test_an_interrupted_background_agent_is_resumed_by_sendmessage_in_the_replac
                             and task in json.dumps(r["body"]["messages"][:1])], "the agent resumed", 40)
     finally:
         busy.set()
-    type_line(t, "/exit")
-    wait_until(lambda: t.exit_status() is not None or "Background work is running" in t.capture(),
-               "Claude ending or asking about the work still running")
-    if t.exit_status() is None:
-        t.send_keys("Enter")  # (the resumed agent may still be at work: "Exit and stop tasks")
-    assert t.wait_exit() == 0
+    exit_stopping_work(t)
     # the agent's records are in the thread once each, though two of its files hold them
     (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
     record = json.loads(rc.run_lhc("export", thread["id"]).stdout)
@@ -971,12 +976,7 @@ def test_an_agent_resumed_by_sendmessage_and_running_at_the_swap_is_reported_int
         assert f"SendMessage({rc.agent})" in rebuilt_manifest(rc)
     finally:
         busy.set()
-    type_line(t, "/exit")
-    wait_until(lambda: t.exit_status() is not None or "Background work is running" in t.capture(),
-               "Claude ending or asking about the work still running")
-    if t.exit_status() is None:
-        t.send_keys("Enter")
-    assert t.wait_exit() == 0
+    exit_stopping_work(t)
 
 
 

@@ -764,6 +764,22 @@ def test_a_long_newest_turn_keeps_its_newest_tool_output_verbatim(tmp_path, call
     assert view.band_of(turns[-1].n, newest) == "full", view.pieces
     assert view.tokens <= 20_000
 
+def newest_turn_outputs(tr: Transcript, tmp_path, target):
+    """Rebuild the transcript's thread at ``target`` (plan_rebuild, as Smart Compact does):
+    whether each tool output of its newest turn is served verbatim, and the rebuild. The
+    rebuilt records pair every call with its result."""
+    thread = intake_transcript(tr, tmp_path)
+    policy = cc_lhc.resolve_policy([("t", {"lowerBoundTokens": target, "upperBoundTokens": target * 3,
+                                           "minRunwayTokens": 1})])
+    rebuilt = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, "11111111-2222-4333-8444-555555555555",
+                                  "/home/u/proj", projects_root=str(tmp_path / "p"), now=NOW, idle=True)
+    records = [json.loads(line) for line in rebuilt.data.splitlines()]
+    assert_tool_blocks_paired(records)
+    shown = {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
+             for b in blocks_of(r) if b.get("type") == "tool_result"}
+    outputs = [m for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
+    return [shown[m["tool_use_id"]] == m["text"] for m in outputs], rebuilt
+
 @pytest.mark.parametrize("last", [40_000, 24_000])
 def test_small_exchanges_before_one_too_large_to_be_verbatim_stay_verbatim(tmp_path, last):
     """A turn of a large output, two small ones, and one too large to be verbatim in any
@@ -777,17 +793,10 @@ def test_small_exchanges_before_one_too_large_to_be_verbatim_stay_verbatim(tmp_p
         (c,) = tr.response(tool_use("Bash", command=f"cat {name}.log"), stop="tool_use")
         tr.results((c["id"], bash_output(len(name) + size % 97, size), False))
     tr.response(text("done"))
-    thread = intake_transcript(tr, tmp_path)
-    policy = cc_lhc.resolve_policy([("t", {"lowerBoundTokens": 12_000, "upperBoundTokens": 36_000,
-                                           "minRunwayTokens": 1})])
-    rebuilt = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, "11111111-2222-4333-8444-555555555555",
-                                  "/home/u/proj", projects_root=str(tmp_path / "p"), now=NOW, idle=True)
-    records = [json.loads(line) for line in rebuilt.data.splitlines()]
-    shown = {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
-             for b in blocks_of(r) if b.get("type") == "tool_result"}
-    verbatim = [shown[m["tool_use_id"]] == m["text"] for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
+    verbatim, rebuilt = newest_turn_outputs(tr, tmp_path, 12_000)
     assert verbatim[1] and verbatim[2], (verbatim, rebuilt.view.pieces)
     assert rebuilt.view.tokens <= 12_000
+
 
 @pytest.mark.parametrize("calls,size,target", [(4, 20_000, 12_000), (2, 30_000, 16_000), (1, 20_000, 8_000)])
 def test_the_newest_of_outputs_claude_asked_for_at_once_are_verbatim_as_far_as_the_target_holds(
@@ -805,17 +814,7 @@ def test_the_newest_of_outputs_claude_asked_for_at_once_are_verbatim_as_far_as_t
     made = tr.response(*[tool_use("Bash", command=f"cat log{i}") for i in range(calls)], stop="tool_use")
     tr.results(*[(c["id"], bash_output(i, size), False) for i, c in enumerate(made)])
     tr.response(text("done"))
-    thread = intake_transcript(tr, tmp_path)
-    policy = cc_lhc.resolve_policy([("t", {"lowerBoundTokens": target, "upperBoundTokens": target * 3,
-                                           "minRunwayTokens": 1})])
-    rebuilt = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, "11111111-2222-4333-8444-555555555555",
-                                  "/home/u/proj", projects_root=str(tmp_path / "p"), now=NOW, idle=True)
-    records = [json.loads(line) for line in rebuilt.data.splitlines()]
-    assert_tool_blocks_paired(records)
-    shown = {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
-             for b in blocks_of(r) if b.get("type") == "tool_result"}
-    outputs = [m for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
-    verbatim = [shown[m["tool_use_id"]] == m["text"] for m in outputs]
+    verbatim, rebuilt = newest_turn_outputs(tr, tmp_path, target)
     assert verbatim[-1], rebuilt.view.pieces
     assert verbatim == sorted(verbatim)  # (older ones stubs, newer ones verbatim)
     assert rebuilt.view.tokens <= target
@@ -834,18 +833,10 @@ def test_outputs_of_an_exchange_that_fit_are_verbatim_whichever_finished_last(tm
     made = tr.response(*[tool_use("Bash", command=f"cat log{i}") for i in range(3)], stop="tool_use")
     tr.results(*[(c["id"], bash_output(i, size), False) for i, (c, size) in enumerate(zip(made, sizes))])
     tr.response(text("done"))
-    thread = intake_transcript(tr, tmp_path)
-    policy = cc_lhc.resolve_policy([("t", {"lowerBoundTokens": 12_000, "upperBoundTokens": 36_000,
-                                           "minRunwayTokens": 1})])
-    rebuilt = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, "11111111-2222-4333-8444-555555555555",
-                                  "/home/u/proj", projects_root=str(tmp_path / "p"), now=NOW, idle=True)
-    records = [json.loads(line) for line in rebuilt.data.splitlines()]
-    assert_tool_blocks_paired(records)
-    shown = {b["tool_use_id"]: b["content"] for r in records if r["type"] == "user"
-             for b in blocks_of(r) if b.get("type") == "tool_result"}
-    verbatim = [shown[m["tool_use_id"]] == m["text"] for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
+    verbatim, rebuilt = newest_turn_outputs(tr, tmp_path, 12_000)
     assert verbatim == [size < 80_000 for size in sizes], rebuilt.view.pieces
     assert rebuilt.view.tokens <= 12_000
+
 
 def test_working_set_leaves_out_calls_whose_result_was_an_error(tmp_path):
     """A Write refused (no permission) changed nothing and a Read of a missing file read
