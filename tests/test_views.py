@@ -780,6 +780,20 @@ def newest_turn_outputs(tr: Transcript, tmp_path, target):
     outputs = [m for m in thread.turns[-1].messages if m["kind"] == "tool_result"]
     return [shown[m["tool_use_id"]] == m["text"] for m in outputs], rebuilt
 
+def parallel_last_step(sizes) -> Transcript:
+    """Three short turns, then one whose last step calls Bash once for each size at once
+    (outputs of those sizes, in that order), and its answer."""
+    tr = Transcript()
+    tr.envelope()
+    for i in range(3):
+        tr.prompt(f"q{i}")
+        tr.response(text(f"a{i}"))
+    tr.prompt("read the logs together")
+    made = tr.response(*[tool_use("Bash", command=f"cat log{i}") for i in range(len(sizes))], stop="tool_use")
+    tr.results(*[(c["id"], bash_output(i, size), False) for i, (c, size) in enumerate(zip(made, sizes))])
+    tr.response(text("done"))
+    return tr
+
 @pytest.mark.parametrize("last", [40_000, 24_000])
 def test_small_exchanges_before_one_too_large_to_be_verbatim_stay_verbatim(tmp_path, last):
     """A turn of a large output, two small ones, and one too large to be verbatim in any
@@ -805,35 +819,18 @@ def test_the_newest_of_outputs_claude_asked_for_at_once_are_verbatim_as_far_as_t
     part, too large for the verbatim share as a whole, and every output in it was a stub
     though the newest alone fitted with room to spare. Its newest outputs are verbatim now,
     newest first, as far as the target holds, the rest stubs; calls and results still pair."""
-    tr = Transcript()
-    tr.envelope()
-    for i in range(3):
-        tr.prompt(f"q{i}")
-        tr.response(text(f"a{i}"))
-    tr.prompt("read the logs together")
-    made = tr.response(*[tool_use("Bash", command=f"cat log{i}") for i in range(calls)], stop="tool_use")
-    tr.results(*[(c["id"], bash_output(i, size), False) for i, c in enumerate(made)])
-    tr.response(text("done"))
-    verbatim, rebuilt = newest_turn_outputs(tr, tmp_path, target)
+    verbatim, rebuilt = newest_turn_outputs(parallel_last_step([size] * calls), tmp_path, target)
     assert verbatim[-1], rebuilt.view.pieces
     assert verbatim == sorted(verbatim)  # (older ones stubs, newer ones verbatim)
     assert rebuilt.view.tokens <= target
+
 
 @pytest.mark.parametrize("sizes", [[3000, 3000, 80_000], [80_000, 3000, 3000]])
 def test_outputs_of_an_exchange_that_fit_are_verbatim_whichever_finished_last(tmp_path, sizes):
     """Claude Code writes the results of calls made at once as they finish, so the last one
     is often the largest: one that does not fit leaves the others of its exchange verbatim
     as far as they do (it kept every one a stub)."""
-    tr = Transcript()
-    tr.envelope()
-    for i in range(3):
-        tr.prompt(f"q{i}")
-        tr.response(text(f"a{i}"))
-    tr.prompt("read the logs together")
-    made = tr.response(*[tool_use("Bash", command=f"cat log{i}") for i in range(3)], stop="tool_use")
-    tr.results(*[(c["id"], bash_output(i, size), False) for i, (c, size) in enumerate(zip(made, sizes))])
-    tr.response(text("done"))
-    verbatim, rebuilt = newest_turn_outputs(tr, tmp_path, 12_000)
+    verbatim, rebuilt = newest_turn_outputs(parallel_last_step(sizes), tmp_path, 12_000)
     assert verbatim == [size < 80_000 for size in sizes], rebuilt.view.pieces
     assert rebuilt.view.tokens <= 12_000
 
