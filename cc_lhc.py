@@ -1875,17 +1875,20 @@ class RolloutParser:
 
     With ``agent`` set it reads a subagent's own file: its records become messages tagged
     with the agent, attached to ``agent_turn`` (the turn of the call that started it),
-    outside every turn's segments, and they never open or close a turn.
+    outside every turn's segments, and they never open or close a turn. ``resumes``:
+    (timestamp, turn) of each later call that sent the agent a message (SendMessage runs
+    a stopped agent again), oldest first: a record written after one is in its turn.
     """
 
     def __init__(self, session_id: str, state: ParseState, segment_soft_bytes: int,
-                 agent=None, agent_turn=0):
+                 agent=None, agent_turn=0, resumes=()):
         self.session = session_id
         self.s = state
         self.soft = segment_soft_bytes
         self.out = ParseOutput()
         self.agent = agent
         self.agent_turn = agent_turn
+        self.resumes = resumes
         self.usage_session = session_id
         # read_saved(path) -> (text, data) of a saved tool output, or why it cannot be read
         # (a str); set by Capture, which knows the session's folder. None: not looked for.
@@ -2206,8 +2209,11 @@ class RolloutParser:
         seq = s.next_seq
         s.next_seq += 1
         if self.agent is not None:
+            turn, at = self.agent_turn, rec.get("timestamp")
+            if self.resumes and isinstance(at, str):
+                turn = next((n for when, n in reversed(self.resumes) if when <= at), turn)
             self.out.messages.append(_row(MessageRow, (
-                seq, self.agent_turn, -1, role, kind, text, data, tool_use_id, tool_name, is_error,
+                seq, turn, -1, role, kind, text, data, tool_use_id, tool_name, is_error,
                 response_id, model, self.session, rec.get("uuid"), block, line_no,
                 rec.get("timestamp"), self.agent)))
             return seq
@@ -4140,6 +4146,19 @@ class ThreadStore:
             # (the newest such call before the agent's first record: a prompt used twice)
             "AND c.seq < coalesce((SELECT min(a.seq) FROM messages a WHERE a.agent = agents.agent_id), "
             "c.seq + 1) ORDER BY c.seq DESC LIMIT 1) WHERE tool_use_id IS NULL AND prompt IS NOT NULL")
+
+    def agent_resumes(self, agent_id) -> list:
+        """(timestamp, turn) of each SendMessage call of the main conversation to this
+        agent, oldest first: one to an agent that had stopped runs it again, and what that
+        run writes belongs to the turn of that call (see RolloutParser)."""
+        found = []
+        for text, created, turn in self.db.execute(
+                "SELECT text, created, turn FROM messages WHERE kind = 'tool_call' AND agent IS NULL "
+                "AND tool_name = 'SendMessage' AND instr(text, ?) ORDER BY seq", (agent_id,)):
+            to = _json_object(text).get("to")
+            if to == agent_id and isinstance(created, str):
+                found.append((created, turn))
+        return found
 
     def linked_call(self, agent_id):
         """The call an agent is linked to (its tool_use_id), or None."""
@@ -8974,7 +8993,8 @@ class Capture:
         with Tx(store.db):
             store._note_agents([(agent_id, key, kind, call, None)], utc_now_iso())
         parser = RolloutParser(key, store.agent_parse_state(key, agent_id), segment_soft_bytes(self.policy),
-                               agent=agent_id, agent_turn=store.agent_turn(agent_id, lambda: self._agent_start(f)))
+                               agent=agent_id, agent_turn=store.agent_turn(agent_id, lambda: self._agent_start(f)),
+                               resumes=store.agent_resumes(agent_id))
         parser.read_saved = self._saved_reader()
         parser.outer_uuids = lambda: {u for (u,) in store.db.execute(
             "SELECT uuid FROM chain WHERE session = ?", (self.session_id,))}

@@ -857,6 +857,18 @@ def _agent_id(rc) -> str:
     return next(m["agent"]["id"] for m in record if m.get("agent"))
 
 
+def agent_once(task: str, usage=None):
+    """A responder: the prompt "start the agent" gets one Agent call on ``task``, the agent
+    answers "AGENT-FIRST-RESULT", anything else of the main conversation "the agent is
+    done" (with ``usage``)."""
+    def respond(body):
+        if task in json.dumps(body["messages"][:1]):
+            return "AGENT-FIRST-RESULT"
+        if "start the agent" in new_input({"body": body}):
+            return tool_use_reply("Agent", {"description": "look around", "prompt": task})
+        return text_reply("the agent is done", usage=usage)
+    return respond
+
 def _resume_by_sendmessage(rc, task: str, agent_answer: str):
     """A responder for the main conversation that loads SendMessage and resumes the agent
     (``rc.agent``) once asked; its agent answers ``agent_answer`` to the resumed message.
@@ -889,14 +901,7 @@ def test_sendmessage_resumes_a_finished_agent_after_a_one_shot_smart_compact(rea
     rc = real_claude
     task = "AGENT-TASK-finished"
 
-    def first_turn(body):
-        seen = json.dumps(body["messages"])
-        if task in json.dumps(body["messages"][:1]):
-            return "AGENT-FIRST-RESULT"
-        if "AGENT-FIRST-RESULT" in seen:
-            return text_reply("the agent is done", usage=OVER_USAGE)
-        return tool_use_reply("Agent", {"description": "look around", "prompt": task})
-    rc.api.responder = first_turn
+    rc.api.responder = agent_once(task, usage=OVER_USAGE)
     p = rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent")
     assert p.returncode == 0, p.stderr
     rc.agent = _agent_id(rc)
@@ -987,13 +992,7 @@ def test_a_fork_of_an_earlier_session_holds_its_agents_as_they_were_then(real_cl
     rc = real_claude
     task = "AGENT-TASK-finished"
 
-    def first_turn(body):
-        if task in json.dumps(body["messages"][:1]):
-            return "AGENT-FIRST-RESULT"
-        if "AGENT-FIRST-RESULT" in json.dumps(body["messages"]):
-            return text_reply("the agent is done", usage=OVER_USAGE)
-        return tool_use_reply("Agent", {"description": "look around", "prompt": task})
-    rc.api.responder = first_turn
+    rc.api.responder = agent_once(task, usage=OVER_USAGE)
     p = rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent", "--output-format", "json")
     assert p.returncode == 0, p.stderr
     first = json.loads(p.stdout)["session_id"]
@@ -1011,3 +1010,31 @@ def test_a_fork_of_an_earlier_session_holds_its_agents_as_they_were_then(real_cl
     copy = rc.project_dir / fork / "subagents" / f"agent-{rc.agent}.jsonl"
     assert copy.exists() and "AGENT-FIRST-RESULT" in copy.read_text()
     assert "AGENT-SAW-THE-LATER-BRANCH" not in copy.read_text()
+
+
+def test_what_an_agent_does_after_sendmessage_resumed_it_is_in_the_turn_of_that_call(real_claude):
+    """An agent's first run is in the turn of the call that started it; what it does after
+    a later SendMessage ran it again is in the turn of that SendMessage (it was filed under
+    the first call's turn, which had ended long before)."""
+    rc = real_claude
+    task = "AGENT-TASK-twice"
+
+    rc.api.responder = agent_once(task)
+    p = rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent")
+    assert p.returncode == 0, p.stderr
+    rc.api.responder = lambda body: "noted"
+    assert rc.run_lhc("-c", "-p", "something else").returncode == 0
+    rc.agent = _agent_id(rc)
+    _resume_by_sendmessage(rc, task, "AGENT-RESUMED-OK")
+    p = rc.run_lhc("-c", "-p", "resume the agent", "--allowedTools", "Agent", "SendMessage", "ToolSearch")
+    assert p.returncode == 0, p.stderr
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"]).stdout)
+    (start,) = [m for m in record if m["kind"] == "tool_call" and m.get("tool") == "Agent"]
+    (send,) = [m for m in record if m["kind"] == "tool_call" and m.get("tool") == "SendMessage"]
+    mine = [m for m in record if (m.get("agent") or {}).get("id") == rc.agent]
+    first = next(m for m in mine if "AGENT-FIRST-RESULT" in (m.get("text") or ""))
+    again = next(m for m in mine if "AGENT-RESUMED-OK" in (m.get("text") or ""))
+    assert start["turn"] != send["turn"]
+    assert first["turn"] == start["turn"] and again["turn"] == send["turn"]
+    assert [m["turn"] for m in mine] == sorted((m["turn"] for m in mine), key=lambda t: int(t[1:]))
