@@ -9989,17 +9989,25 @@ def handle_floor(store, session_id) -> int:
 QUEUED_PROMPT_SQL = ("(kind = 'user_text' AND data IS NOT NULL AND CASE WHEN json_valid(data) "
                      "THEN json_extract(data, '$.type') END IN ('queued_command', 'queue-operation'))")
 HELD_AS_WORDS = -1  # live_handles' count for such a message: the view gives it back as text
+# The record 2.1.328 writes with a background agent's summary, naming the tools that ran
+# before it (isMeta, turnCompanion): Claude reads it with the next prompt but keeps no
+# message of it, so the hook has no handle for it (asked for, the mod declines the view).
+COMPANION_MARK = "<tools-used-before-summary>"
+NOT_HELD = -2  # live_handles' count for such a record: the view leaves it out
 
 
 def live_handles(store, session_id) -> dict:
     """Source uuid -> how many recorded messages it holds, for the records of a session
     Claude still has under their own uuids (what the hook gets as handles); HELD_AS_WORDS
-    for a message sent mid-turn, which Claude holds but under no handle."""
+    for a message sent mid-turn, which Claude holds but under no handle; NOT_HELD for a
+    record Claude keeps no message of (COMPANION_MARK)."""
     # (a saved output is cc-lhc's own copy of a file the record names, in no record of Claude's)
     return dict(store.db.execute(
-        f"SELECT source_uuid, CASE WHEN max({QUEUED_PROMPT_SQL}) THEN {HELD_AS_WORDS} ELSE count(*) END "
+        f"SELECT source_uuid, CASE WHEN max({QUEUED_PROMPT_SQL}) THEN {HELD_AS_WORDS} "
+        f"WHEN max(kind = 'user_meta' AND instr(lhc_text(text), ?) > 0) THEN {NOT_HELD} ELSE count(*) END "
         "FROM messages WHERE source_session = ? AND agent IS NULL AND seq > ? AND kind != ? "
-        "GROUP BY source_uuid", (session_id, handle_floor(store, session_id), SAVED_OUTPUT)).fetchall())
+        "GROUP BY source_uuid", (COMPANION_MARK, session_id, handle_floor(store, session_id),
+                                 SAVED_OUTPUT)).fetchall())
 
 
 def _opens_turn(rec) -> bool:
@@ -10033,7 +10041,7 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
     start = response = n
     for i in range(n - 1, 0, -1):
         src = sources[i]
-        if src is None or not src[1] or handles.get(src[0]) not in (src[2], HELD_AS_WORDS):
+        if src is None or not src[1] or handles.get(src[0]) not in (src[2], HELD_AS_WORDS, NOT_HELD):
             break
         if _opens_turn(records[i]):
             start = i
@@ -10055,6 +10063,8 @@ def in_process_messages(records, sources, handles, instructions="") -> list:
         if not mid_turn:
             out.append({"role": "assistant", "text": IN_PROCESS_ACK})
         for i in range(start, n):
+            if handles.get(sources[i][0]) == NOT_HELD:
+                continue  # (Claude keeps no message of it: there is nothing to hand back)
             if handles.get(sources[i][0]) == HELD_AS_WORDS:
                 # (sent mid-turn, Claude holds it inside the result it came with, which goes
                 # back by its handle; only one that opens the kept part has none to come with)

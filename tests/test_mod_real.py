@@ -16,7 +16,7 @@ import pytest
 
 import cc_lhc
 from fakeapi import tool_use_reply
-from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, message_mid_turn, thread_turns,
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, exit_cleanly, log_events, message_mid_turn, new_input, thread_turns,
                      type_line, wait_for_log, wait_until)
 
 
@@ -845,4 +845,43 @@ def test_an_in_app_resume_of_a_session_compacted_in_process_is_compacted_again(r
     body = json.dumps(rc.api.message_requests[n]["body"]["messages"])
     assert body.count("second answer") == 1 and body.count("first answer") <= 1
     assert cc_lhc.IN_PROCESS_VIEW_END not in body and cc_lhc.COMPACT_COMMAND not in body
+    exit_cleanly(t)
+
+
+@pytest.mark.parametrize("then", ["answer", "parallel calls"])
+def test_a_background_agent_that_ran_a_tool_leaves_the_in_process_smart_compact_to_the_mod(
+        real_claude, tmux, then):
+    """Claude Code 2.1.328 writes a record naming the tools a background agent ran just
+    before its summary (isMeta, turnCompanion), and keeps no message of it: the view asked
+    for it by handle, the mod declined every such compaction and the swap ran instead. The
+    view leaves it out, and the mod serves it."""
+    from fakeapi import text_reply
+    rc, task = real_claude, "AGENT-TASK-bg-tool"
+
+    def respond(body):
+        said = new_input({"body": body})
+        if task in json.dumps(body["messages"][:1]):
+            if "SUB-OUT-1" in json.dumps(body["messages"]):
+                return "AGENT-RESULT-1"
+            return tool_use_reply("Bash", {"command": "echo SUB-OUT-1", "description": "s"})
+        if "P3-OUT" in said:
+            return text_reply("all done", usage=OVER_USAGE)
+        if "task-notification" in said:
+            if then == "parallel calls":
+                return {"content": [{"type": "tool_use", "name": "Bash", "input": {
+                    "command": f"echo P{i}-OUT", "description": f"p{i}"}} for i in (1, 2, 3)]}
+            return text_reply("saw the agent finish", usage=OVER_USAGE)
+        if "start the work" in said:
+            return tool_use_reply("Agent", {"description": "look", "prompt": task, "run_in_background": True})
+        return "agent started" if "Async agent launched" in said else "later answer"
+    rc.api.responder = respond
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default", "--allowedTools", "Agent", "Bash"],
+             cols=120, rows=36, env={**rc.env, "CC_LHC_MOD": "on"}, cwd=rc.cwd)
+    t.wait_for(PROMPT, timeout=60)
+    wait_for_log(rc, "mod_active", timeout=60)
+    type_line(t, "start the work")
+    wait_until(lambda: log_events(rc, "in_process_compact_served") or log_events(rc, "in_process_compact_refused"),
+               "the in-process Smart Compact served or refused", timeout=60)
+    assert not log_events(rc, "in_process_compact_refused")
+    assert not log_events(rc, "handoff_spawned")
     exit_cleanly(t)
