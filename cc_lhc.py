@@ -10248,6 +10248,15 @@ def abandon(home, registry, session_id, reason):
             folder = home.ensure("abandoned-rebuilds", project_slug(cwd or "unknown"))
             moved = free_name(os.path.join(folder, os.path.basename(path)))
             move_file(path, moved)
+            # (and the session's folder: the subagent transcripts the rebuild was given)
+            beside, goes_to = path[:-len(".jsonl")], moved[:-len(".jsonl")]
+            if path.endswith(".jsonl") and moved.endswith(".jsonl") and os.path.isdir(beside) \
+                    and not os.path.islink(beside) and not os.path.lexists(goes_to):
+                try:
+                    move_file(beside, goes_to)
+                except OSError as e:
+                    home.log("rebuild_folder_not_moved", thread=thread_id, session=session_id, path=beside,
+                             error=repr(e))
     with Tx(registry.db) as db:
         db.execute("UPDATE rebuilds SET status = 'abandoned', settled = ? WHERE session_id = ?",
                    (utc_now_iso(), session_id))

@@ -365,10 +365,15 @@ def roll_back(home, db, row, apply):
     sid = row["session_id"]
     source = find_transcript(row)
     lines = []
+    beside = None  # the session's folder (the agent transcripts it was given) goes along
     if source:
         folder, target = destination(home, row, source)
         verb = "moved" if apply else "would move"
         lines.append("  %s %s -> %s" % (verb, source, target))
+        if source.endswith(".jsonl") and target.endswith(".jsonl") and os.path.isdir(source[:-6]) \
+                and not os.path.islink(source[:-6]) and not os.path.lexists(target[:-6]):
+            beside = (source[:-6], target[:-6])
+            lines.append("  %s %s -> %s" % (verb, beside[0], beside[1]))
     else:
         folder = target = None
         lines.append("  no transcript found (expected %s)" % row["path"])
@@ -380,10 +385,11 @@ def roll_back(home, db, row, apply):
         # Move first: a crash after this leaves a pending row without a file, which the
         # next run (or cc-lhc's own recovery) still settles; never a lost transcript.
         private_folders(folder)
-        try:
-            os.replace(source, target)
-        except OSError:
-            shutil.move(source, target)
+        for src, dst in [(source, target)] + ([beside] if beside else []):
+            try:
+                os.replace(src, dst)
+            except OSError:
+                shutil.move(src, dst)
     db.execute("BEGIN IMMEDIATE")
     try:
         db.execute("DELETE FROM rebuilds WHERE session_id = ? AND status = 'pending'", (sid,))

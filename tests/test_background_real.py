@@ -1038,3 +1038,22 @@ def test_what_an_agent_does_after_sendmessage_resumed_it_is_in_the_turn_of_that_
     assert start["turn"] != send["turn"]
     assert first["turn"] == start["turn"] and again["turn"] == send["turn"]
     assert [m["turn"] for m in mine] == sorted((m["turn"] for m in mine), key=lambda t: int(t[1:]))
+
+
+@pytest.mark.parametrize("point", ["after-rollout-write", "after-spawn"])
+def test_an_abandoned_rebuild_takes_its_agent_transcripts_out_of_claude_s_folder(real_claude, point):
+    """A Smart Compact killed before its rebuild was taken up is rolled back at the next
+    launch: the rebuilt transcript goes to abandoned-rebuilds/, and the folder beside it
+    that holds the copies of the thread's agent transcripts goes with it (it stayed in
+    Claude's projects folder, a copy more at each interrupted Smart Compact)."""
+    rc, task = real_claude, "AGENT-TASK-abandoned"
+    rc.api.responder = agent_once(task, usage=OVER_USAGE)
+    assert rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent").returncode == 0
+    rc.api.responder = lambda body: "noted"
+    crashed = rc.run_lhc("-c", "-p", "next", env={cc_lhc.FAILPOINT_ENV: point})
+    assert crashed.returncode == -9
+    again = rc.run_lhc("-c", "-p", "again")
+    assert again.returncode == 0 and "rolled back" in again.stderr, again.stderr
+    (moved,) = [p for p in (rc.iso.lhc / "abandoned-rebuilds").rglob("*.jsonl") if p.parent.name != "subagents"]
+    assert not (rc.project_dir / moved.name).exists() and not (rc.project_dir / moved.stem).exists()
+    assert list((moved.parent / moved.stem / "subagents").glob("agent-*.jsonl"))

@@ -427,3 +427,18 @@ def test_rollback_also_leaves_the_thread_files_registry_copy(iso_env):
     assert registry.current_session(s.thread) == s.old
     assert registry.thread_for_session(s.new) is None
     assert registry.db.execute("SELECT * FROM rebuilds").fetchall() == []
+
+
+def test_the_rebuilt_session_s_folder_goes_with_its_transcript(iso_env):
+    """The folder beside a rebuilt transcript (the agent transcripts a rebuild is given)
+    is moved with it, as cc-lhc's own recovery moves it; a dry run names it too."""
+    s = State(iso_env, dead_identity())
+    agents = s.transcript.parent / s.transcript.stem / "subagents"
+    agents.mkdir(parents=True)
+    (agents / "agent-a1.jsonl").write_text('{"type": "user"}\n')
+    dry = run_script(iso_env)
+    assert str(agents.parent) in dry.stdout and agents.exists()
+    done = run_script(iso_env, "--apply")
+    assert done.returncode == 0, done.stderr
+    assert not agents.parent.exists()
+    assert (s.moved_to.parent / s.moved_to.stem / "subagents" / "agent-a1.jsonl").read_text() == '{"type": "user"}\n'
