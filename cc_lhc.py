@@ -35,17 +35,8 @@ only inside the sections that need them.
 
 from __future__ import annotations
 
-import collections
-import datetime
-import functools
-import itertools
-import json
-import operator  # (already loaded: collections imports it)
-import os
-import re
+import os  # (loaded with the interpreter, as signal is: the handler below comes before the rest)
 import signal
-import stat
-import sys
 
 
 def _interrupted_while_loading(signum, frame):
@@ -61,6 +52,16 @@ try:
                           and signal.signal(signal.SIGINT, _interrupted_while_loading))
 except ValueError:  # (imported in a thread other than the main one: signals are not its own)
     _LOADING_INTERRUPT = False
+
+import collections  # noqa: E402 - (after the handler: a ctrl-c while these load ends quietly)
+import datetime  # noqa: E402
+import functools  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import operator  # noqa: E402 - (already loaded: collections imports it)
+import re  # noqa: E402
+import stat  # noqa: E402
+import sys  # noqa: E402
 
 # == 1. Constants, user-facing strings, errors ==================================
 

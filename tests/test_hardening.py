@@ -468,13 +468,15 @@ def test_a_scratch_home_is_private_and_gone_after_its_command(tmp_path, monkeypa
     assert list(base.iterdir()) == []
 
 
-@pytest.mark.parametrize("where", ["early", "late"])
+@pytest.mark.parametrize("where", ["imports", "early", "late"])
 def test_ctrl_c_while_the_program_loads_ends_quietly(where, tmp_path):
     """A ctrl-c while cc_lhc.py is still being loaded (its module body runs for a tenth of a
     second) ends the program with 130 and no traceback, as one during a command does. The
-    signal is sent from inside the load, at a line near its start or near its end."""
+    signal is sent from inside the load: as its first modules are imported, at a line near
+    its start, or near its end."""
     source = Path(CC_LHC).read_text(encoding="utf-8").splitlines()
-    line = 120 if where == "early" else len(source) - 10
+    line = {"imports": source.index(next(x for x in source if x.startswith("import collections"))) + 1,
+            "early": 120, "late": len(source) - 10}[where]
     driver = tmp_path / "driver.py"
     driver.write_text(f"""
 import os, signal, sys
