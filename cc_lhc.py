@@ -4151,13 +4151,23 @@ class ThreadStore:
     def agent_resumes(self, agent_id) -> list:
         """(timestamp, turn) of each SendMessage call of the main conversation to this
         agent, oldest first: one to an agent that had stopped runs it again, and what that
-        run writes belongs to the turn of that call (see RolloutParser)."""
+        run writes belongs to the turn of that call (see RolloutParser). A call names the
+        agent by its id or by the name its Agent call gave it; its acknowledgement, once
+        written, names the id it resumed."""
+        names = {agent_id}
+        started = self.db.execute(f"SELECT ({STARTING_CALL_SQL.format(column='text')}) FROM agents a "
+                                  "WHERE a.agent_id = ?", (agent_id,)).fetchone()
+        name = _json_object(started[0]).get("name") if started and started[0] else None
+        if isinstance(name, str) and name:
+            names.add(name)
         found = []
-        for text, created, turn in self.db.execute(
-                "SELECT text, created, turn FROM messages WHERE kind = 'tool_call' AND agent IS NULL "
-                "AND tool_name = 'SendMessage' AND instr(text, ?) ORDER BY seq", (agent_id,)):
-            to = _json_object(text).get("to")
-            if to == agent_id and isinstance(created, str):
+        for text, created, turn, ack in self.db.execute(
+                "SELECT c.text, c.created, c.turn, lhc_text(r.text) FROM messages c LEFT JOIN messages r "
+                "ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id AND r.agent IS NULL "
+                "WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name = 'SendMessage' ORDER BY c.seq"):
+            answer = _json_object(ack) if ack else {}
+            resumed = {answer.get("resumedAgentId"), answer.get("revivedAgentId")}
+            if isinstance(created, str) and (_json_object(text).get("to") in names or agent_id in resumed):
                 found.append((created, turn))
         return found
 
@@ -8527,6 +8537,7 @@ class Capture:
         self.lines = 0
         self.lease = None
         self.caught_up = False
+        self.cut_short = False  # the last catch-up stopped at its deadline before the file's end
         self.hostdb = None  # opened on the capture thread when live classification needs it
         self.request_handoff = None  # set by an interactive host that can swap children
         self._span = FileSpan(path)   # what this process has verified the transcript holds
@@ -8579,13 +8590,16 @@ class Capture:
         that started them.
         """
         total = self._catch_up_main(deadline)
-        total += self._catch_up_agents()
+        if not self.cut_short:
+            # (a main file read only part way may not hold yet the call an agent's later
+            # records belong to, a SendMessage that resumed it: they wait for the next read)
+            total += self._catch_up_agents()
         if index and total:
             self.store.index_search()
         return total
 
     def _catch_up_main(self, deadline) -> int:
-        self.caught_up = False
+        self.caught_up = self.cut_short = False
         self._open()
         try:
             f = open_regular(self.path)
@@ -8754,6 +8768,7 @@ class Capture:
         parser.read_saved = self._saved_reader()
         total = 0
         if deadline is not None and time.monotonic() > deadline:
+            self.cut_short = True
             return total
         packer, prefix = Packer(), self._span.prefix.copy()
 
@@ -8766,6 +8781,7 @@ class Capture:
         try:
             batches = self._caught(f, parser, src, packer, prefix)
             total, self.caught_up = self._store_batches(batches, write, self._trust, long, deadline)
+            self.cut_short = deadline is not None and not self.caught_up
         finally:
             packer.close()
             if long:

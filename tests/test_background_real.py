@@ -857,22 +857,23 @@ def _agent_id(rc) -> str:
     return next(m["agent"]["id"] for m in record if m.get("agent"))
 
 
-def agent_once(task: str, usage=None):
-    """A responder: the prompt "start the agent" gets one Agent call on ``task``, the agent
-    answers "AGENT-FIRST-RESULT", anything else of the main conversation "the agent is
-    done" (with ``usage``)."""
+def agent_once(task: str, usage=None, name=None):
+    """A responder: the prompt "start the agent" gets one Agent call on ``task`` (naming the
+    agent ``name``), the agent answers "AGENT-FIRST-RESULT", anything else of the main
+    conversation "the agent is done" (with ``usage``)."""
     def respond(body):
         if task in json.dumps(body["messages"][:1]):
             return "AGENT-FIRST-RESULT"
         if "start the agent" in new_input({"body": body}):
-            return tool_use_reply("Agent", {"description": "look around", "prompt": task})
+            return tool_use_reply("Agent", {"description": "look around", "prompt": task,
+                                            **({"name": name} if name else {})})
         return text_reply("the agent is done", usage=usage)
     return respond
 
-def _resume_by_sendmessage(rc, task: str, agent_answer: str):
+def _resume_by_sendmessage(rc, task: str, agent_answer: str, to: str | None = None):
     """A responder for the main conversation that loads SendMessage and resumes the agent
-    (``rc.agent``) once asked; its agent answers ``agent_answer`` to the resumed message.
-    Returns the dict it keeps what the SendMessage call got in ("result")."""
+    (``rc.agent``, or by ``to``) once asked; its agent answers ``agent_answer`` to the
+    resumed message. Returns the dict it keeps what the SendMessage call got in ("result")."""
     state = {}
 
     def respond(body):
@@ -884,7 +885,7 @@ def _resume_by_sendmessage(rc, task: str, agent_answer: str):
             return tool_use_reply("ToolSearch", {"query": "select:SendMessage", "max_results": 1})
         if "Tool loaded" in said and not state.get("sent"):
             state["sent"] = True
-            return tool_use_reply("SendMessage", {"to": rc.agent, "message": "RESUME-PLEASE carry on",
+            return tool_use_reply("SendMessage", {"to": to or rc.agent, "message": "RESUME-PLEASE carry on",
                                                   "summary": "carry on"})
         if state.get("sent") and "result" not in state:
             state["result"] = said
@@ -1012,20 +1013,21 @@ def test_a_fork_of_an_earlier_session_holds_its_agents_as_they_were_then(real_cl
     assert "AGENT-SAW-THE-LATER-BRANCH" not in copy.read_text()
 
 
-def test_what_an_agent_does_after_sendmessage_resumed_it_is_in_the_turn_of_that_call(real_claude):
+@pytest.mark.parametrize("by", ["id", "name"])
+def test_what_an_agent_does_after_sendmessage_resumed_it_is_in_the_turn_of_that_call(real_claude, by):
     """An agent's first run is in the turn of the call that started it; what it does after
     a later SendMessage ran it again is in the turn of that SendMessage (it was filed under
-    the first call's turn, which had ended long before)."""
+    the first call's turn, which had ended long before), whether the message names the
+    agent by its id or by the name its Agent call gave it."""
     rc = real_claude
     task = "AGENT-TASK-twice"
-
-    rc.api.responder = agent_once(task)
+    rc.api.responder = agent_once(task, name="helper" if by == "name" else None)
     p = rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent")
     assert p.returncode == 0, p.stderr
     rc.api.responder = lambda body: "noted"
     assert rc.run_lhc("-c", "-p", "something else").returncode == 0
     rc.agent = _agent_id(rc)
-    _resume_by_sendmessage(rc, task, "AGENT-RESUMED-OK")
+    _resume_by_sendmessage(rc, task, "AGENT-RESUMED-OK", to="helper" if by == "name" else None)
     p = rc.run_lhc("-c", "-p", "resume the agent", "--allowedTools", "Agent", "SendMessage", "ToolSearch")
     assert p.returncode == 0, p.stderr
     (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
@@ -1057,3 +1059,40 @@ def test_an_abandoned_rebuild_takes_its_agent_transcripts_out_of_claude_s_folder
     (moved,) = [p for p in (rc.iso.lhc / "abandoned-rebuilds").rglob("*.jsonl") if p.parent.name != "subagents"]
     assert not (rc.project_dir / moved.name).exists() and not (rc.project_dir / moved.stem).exists()
     assert list((moved.parent / moved.stem / "subagents").glob("agent-*.jsonl"))
+
+
+def test_a_catch_up_cut_short_leaves_the_agents_for_the_next_one(real_claude, monkeypatch):
+    """A launch's catch-up stops at its deadline; what it had not read of the main file may
+    hold the SendMessage an agent's later records belong to, so the agents' files wait for
+    the next catch-up (read then, those records were filed in the first call's turn for
+    good)."""
+    import time
+    rc, task = real_claude, "AGENT-TASK-cut-short"
+    rc.api.responder = agent_once(task)
+    assert rc.run_lhc("-p", "start the agent", "--allowedTools", "Agent").returncode == 0
+    rc.agent = _agent_id(rc)
+    rc.api.responder = lambda body: "noted"  # (Claude's own runs: not captured yet, as after a crash)
+    assert rc.run_claude("-c", "-p", "something else").returncode == 0
+    _resume_by_sendmessage(rc, task, "AGENT-RESUMED-OK")
+    assert rc.run_claude("-c", "-p", "resume the agent", "--allowedTools", "Agent", "SendMessage",
+                         "ToolSearch").returncode == 0
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    (path,) = rc.project_dir.glob("*.jsonl")
+    capture = cc_lhc.Capture(cc_lhc.StateHome(rc.env["CC_LHC_HOME"]), thread["id"], path.stem, str(path))
+    monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 512)
+    real, asked = time.monotonic, []
+
+    def clock():  # (the deadline passes once the first new batch is stored)
+        asked.append(1)
+        return real() + (0 if len(asked) <= 1 else 1000)
+    monkeypatch.setattr(time, "monotonic", clock)
+    capture.catch_up(deadline=real() + 100)
+    monkeypatch.setattr(time, "monotonic", real)
+    assert not capture.caught_up
+    capture.catch_up()
+    capture.stop()
+    record = json.loads(rc.run_lhc("export", thread["id"]).stdout)
+    (send,) = [m for m in record if m["kind"] == "tool_call" and m.get("tool") == "SendMessage"]
+    again = next(m for m in record if (m.get("agent") or {}).get("id") == rc.agent
+                 and "AGENT-RESUMED-OK" in (m.get("text") or ""))
+    assert again["turn"] == send["turn"]
