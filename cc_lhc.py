@@ -3794,11 +3794,15 @@ class ThreadStore:
         its place (which would hide that the record was lost)."""
         path = home.path("threads", f"{thread_id}.sqlite")
         try:
-            size = os.stat(path).st_size
+            st = os.stat(path)
+            size = st.st_size
         except FileNotFoundError:
             raise LhcError(f"thread {thread_id}: its record {path} is missing; cc-lhc doctor says more")
         except OSError as e:
             raise LhcError(f"thread {thread_id}: its record {path} cannot be read ({e.strerror})")
+        if not stat.S_ISREG(st.st_mode):
+            raise LhcError(f"thread {thread_id}: its record {path} is a {_file_kind(st.st_mode)}, not a "
+                           "regular file; cc-lhc doctor says more")
         if size == 0:
             raise LhcError(f"thread {thread_id}: its record {path} is empty; cc-lhc doctor says more")
         try:
@@ -18391,6 +18395,10 @@ def store_file_check(path: str, what: str, migrations):
     import shlex
     chmod = f"make it readable and writable by you: chmod 600 {shlex.quote(path)}"
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # (a FIFO is no empty file: nothing was lost from it)
+            return ("fail", what, f"{path} is a {_file_kind(mode)}, not a regular file",
+                    "move it out of the way; if the file it replaced is somewhere, put that back")
         if not os.access(path, os.R_OK | os.W_OK):
             return ("fail", what, f"{path} cannot be read and written by you", chmod)
         if os.path.getsize(path) == 0:

@@ -884,3 +884,24 @@ def test_doctor_says_to_install_tiktoken_when_that_is_what_is_missing(iso_env, m
 def types_namespace_tokens():
     import types
     return types.SimpleNamespace(encoding=lambda: None, exact=False, reason="tiktoken is not installed")
+
+
+def test_a_thread_record_that_is_a_fifo_is_named_as_such_not_as_emptied(iso_env, capsys):
+    """A named pipe (or another special file) where a thread's record belongs is said to be
+    that, by `threads`, `export` and `doctor`: it was called empty, "what it held is gone"."""
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes here")
+    home = cc_lhc.StateHome()
+    registry = cc_lhc.Registry(home)
+    thread = registry.create_thread(str(uuid.uuid4()), str(iso_env.root), "fresh")
+    record = home.path("threads", f"{thread}.sqlite")
+    for tail in ("", "-wal", "-shm"):
+        if os.path.exists(record + tail):
+            os.unlink(record + tail)
+    os.mkfifo(record)
+    for argv in (["threads"], ["export", thread], ["doctor"]):
+        assert cc_lhc.main(argv) == cc_lhc.EXIT_ERROR
+        out = capsys.readouterr()
+        said = out.out + out.err
+        assert "is a FIFO (named pipe), not a regular file" in said, (argv, said)
+        assert "is empty" not in said
