@@ -4731,6 +4731,7 @@ def turn_parts(turn: Turn, soft_tokens: int):
         pieces.append(current)
     return [Part(turn, p, len(pieces) == 1) for p in pieces]
 
+
 SPLIT = "split"  # View.bands for a turn whose parts are in different bands
 RANK = {"full": 0, "lean": 1, "summary": 2, "omitted": 3}
 
@@ -5278,8 +5279,8 @@ def _served_verbatim(view, turn, seq):
         else:
             cut.append((a, b, band))
     merged = []
-    for a, b, band in cut:
-        if merged and merged[-1][2] == band and merged[-1][1] < a:
+    for a, b, band in cut:  # (a run next to one of its band: one header line)
+        if merged and merged[-1][2] == band:
             merged[-1] = (merged[-1][0], b, band)
         else:
             merged.append((a, b, band))
@@ -5289,8 +5290,7 @@ def _served_verbatim(view, turn, seq):
         pieces.pop(turn.n, None)
     else:
         bands[turn.n], pieces[turn.n] = SPLIT, merged
-    copy = View(view.thread_id, bands, dict(view.costs), view.budget, view.profile, view.summaries, pieces)
-    return copy
+    return View(view.thread_id, bands, dict(view.costs), view.budget, view.profile, view.summaries, pieces)
 
 
 def _newest_result(turns, boundary):
