@@ -968,7 +968,9 @@ def test_an_agent_resumed_by_sendmessage_and_running_at_the_swap_is_reported_int
     import threading
     rc = real_claude
     task, busy = "AGENT-TASK-again", threading.Event()
-    rc.api.script([tool_use_reply("Agent", {"description": "look around", "prompt": task}), "the agent is done"])
+    # Told apart by what they hold: the agent runs in the background, so its request and
+    # the main conversation's next one race, and a queued reply goes to whichever is first.
+    rc.api.responder = agent_once(task)
     t = launch(rc, tmux, "start the agent", "--allowedTools", "Agent", "SendMessage", "ToolSearch")
     try:
         t.wait_for("the agent is done", timeout=STARTUP)
