@@ -4155,9 +4155,14 @@ class ThreadStore:
     def agent_resumes(self, agent_id) -> list:
         """(timestamp, turn) of each SendMessage call of the main conversation to this
         agent, oldest first: one to an agent that had stopped runs it again, and what that
-        run writes belongs to the turn of that call (see RolloutParser). A call names the
-        agent by its id or by the name its Agent call gave it; its acknowledgement, once
-        written, names the id it resumed."""
+        run writes belongs to the turn of that call (see RolloutParser)."""
+        return [(created, turn) for created, turn, _seq, _id in self.agent_sends(agent_id)]
+
+    def agent_sends(self, agent_id) -> list:
+        """(timestamp, turn, seq, tool_use_id) of each SendMessage call of the main
+        conversation to this agent, oldest first. A call names the agent by its id or by
+        the name its Agent call gave it; its acknowledgement, once written, names the id
+        it resumed."""
         names = {agent_id}
         started = self.db.execute(f"SELECT ({STARTING_CALL_SQL.format(column='text')}) FROM agents a "
                                   "WHERE a.agent_id = ?", (agent_id,)).fetchone()
@@ -4165,14 +4170,15 @@ class ThreadStore:
         if isinstance(name, str) and name:
             names.add(name)
         found = []
-        for text, created, turn, ack in self.db.execute(
-                "SELECT c.text, c.created, c.turn, lhc_text(r.text) FROM messages c LEFT JOIN messages r "
-                "ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id AND r.agent IS NULL "
-                "WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name = 'SendMessage' ORDER BY c.seq"):
+        for text, created, turn, seq, call_id, ack in self.db.execute(
+                "SELECT c.text, c.created, c.turn, c.seq, c.tool_use_id, lhc_text(r.text) FROM messages c "
+                "LEFT JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
+                "AND r.agent IS NULL WHERE c.kind = 'tool_call' AND c.agent IS NULL "
+                "AND c.tool_name = 'SendMessage' ORDER BY c.seq"):
             answer = _json_object(ack) if ack else {}
             resumed = {answer.get("resumedAgentId"), answer.get("revivedAgentId")}
             if isinstance(created, str) and (_json_object(text).get("to") in names or agent_id in resumed):
-                found.append((created, turn))
+                found.append((created, turn, seq, call_id))
         return found
 
     def linked_call(self, agent_id):
@@ -4194,11 +4200,13 @@ class ThreadStore:
         return before[-1] if before else named[0][0] if named else None
 
     def agents(self) -> dict:
-        """agent_id -> {kind, tool_use_id, call (the seq of that call), source}."""
+        """agent_id -> {kind, tool_use_id, call (the seq of that call), source, sends (see
+        agent_sends: the SendMessage calls that may have run it again)}."""
         rows = self.db.execute(
             f"SELECT a.agent_id, a.kind, a.tool_use_id, a.source, ({STARTING_CALL_SQL.format(column='seq')}) "
-            "FROM agents a")
-        return {r[0]: {"kind": r[1], "tool_use_id": r[2], "source": r[3], "call": r[4]} for r in rows}
+            "FROM agents a").fetchall()
+        return {r[0]: {"kind": r[1], "tool_use_id": r[2], "source": r[3], "call": r[4],
+                       "sends": self.agent_sends(r[0]) if r[1] == "subagent" else []} for r in rows}
 
     def keep_raw_line(self, session_id, line, offset, reason, raw) -> None:
         """One transcript line kept byte for byte outside the parse (see RawLine), counted."""
@@ -16846,8 +16854,9 @@ def export_record(m: dict, agents=None) -> dict:
     out = {"label": f"m{m['seq']}", "turn": f"t{m['turn']}", "role": m["role"], "kind": m["kind"]}
     if m.get("agent"):
         info = (agents or {}).get(m["agent"], {})
-        out["agent"] = {"id": m["agent"], "kind": info.get("kind"), "tool_use_id": info.get("tool_use_id"),
-                        "call": f"m{info['call']}" if info.get("call") else None}
+        tool_use_id, call = agent_run_call(info, m)
+        out["agent"] = {"id": m["agent"], "kind": info.get("kind"), "tool_use_id": tool_use_id,
+                        "call": f"m{call}" if call else None}
     data = json.loads(m["data"]) if m["data"] else None
     if m["kind"] == "tool_call":
         out["tool"] = m["tool_name"]
@@ -16888,6 +16897,19 @@ def code_fence(text) -> str:
 MARKDOWN_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+def agent_run_call(info: dict, m: dict) -> tuple:
+    """(tool_use_id, seq) of the call whose run of its agent wrote ``m``: the newest
+    SendMessage to the agent sent before ``m`` was written (it ran the agent again, see
+    RolloutParser), else the call that started the agent. ``info``: ThreadStore.agents()'s
+    entry for the agent."""
+    at = m.get("created")
+    if isinstance(at, str):
+        for when, _turn, seq, tool_use_id in reversed(info.get("sends") or ()):
+            if when <= at:
+                return tool_use_id, seq
+    return info.get("tool_use_id"), info.get("call")
+
+
 def render_markdown_message(m: dict, agents=None) -> str:
     return MARKDOWN_CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", _markdown_message(m, agents))
 
@@ -16897,7 +16919,7 @@ def _markdown_message(m: dict, agents=None) -> str:
     (``agents``: ThreadStore.agents()), the call that started it."""
     label = f"m{m['seq']}"
     if m.get("agent"):
-        call = (agents or {}).get(m["agent"], {}).get("call")
+        _tool_use_id, call = agent_run_call((agents or {}).get(m["agent"], {}), m)
         label += f" · subagent {m['agent']}" + (f", started by m{call}" if call else "")
     if m["kind"] == "tool_call":
         fence = code_fence(m["text"])

@@ -1042,6 +1042,12 @@ def test_what_an_agent_does_after_sendmessage_resumed_it_is_in_the_turn_of_that_
     assert start["turn"] != send["turn"]
     assert first["turn"] == start["turn"] and again["turn"] == send["turn"]
     assert [m["turn"] for m in mine] == sorted((m["turn"] for m in mine), key=lambda t: int(t[1:]))
+    # each run names the call that ran it: the first the Agent call, the later the SendMessage
+    assert first["agent"]["call"] == start["label"] and first["agent"]["tool_use_id"] == start["tool_use_id"]
+    assert again["agent"]["call"] == send["label"] and again["agent"]["tool_use_id"] == send["tool_use_id"]
+    markdown = rc.run_lhc("export", thread["id"], "--format", "markdown").stdout
+    assert f"**{again['label']} · subagent {rc.agent}, started by {send['label']}" in markdown
+    assert f"**{first['label']} · subagent {rc.agent}, started by {start['label']}" in markdown
 
 
 @pytest.mark.parametrize("point", ["after-rollout-write", "after-spawn"])
