@@ -56,7 +56,7 @@ def test_search_all_leaves_out_a_thread_dropped_meanwhile(two_threads, monkeypat
     assert "a prompt »worth keeping«" in out
 
 
-def test_doctor_says_nothing_of_a_thread_dropped_meanwhile(two_threads, monkeypatch):
+def test_doctor_says_nothing_of_a_thread_dropped_meanwhile(two_threads, monkeypatch, fake_claude):
     home, kept, dropped = two_threads
     drop_when_opened(monkeypatch, home, dropped, "store_file_check")
     status, out = run_main("doctor")

@@ -26,7 +26,7 @@ def test_the_mod_folder_is_versioned_by_hash_and_rewritten_when_tampered(iso_env
     assert extra.read_text() == "// theirs\n"
 
 
-def test_the_mod_files_are_private_and_doctor_leaves_claudes_own_alone(iso_env, capsys):
+def test_the_mod_files_are_private_and_doctor_leaves_claudes_own_alone(iso_env, capsys, fake_claude):
     """cc-lhc's own mod files are 0600 like every file of the state folder (an older 0644 one
     is made so); what Claude lays beside them with its own modes (types, a tsconfig.json,
     public) is no warning of doctor's, while a loose file of cc-lhc's is."""
