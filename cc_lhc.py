@@ -1303,6 +1303,16 @@ class Policy:
                    self.values["upperBoundTokens"] - self.values["minRunwayTokens"])
 
 
+def describe_target(policy) -> str:
+    """The target as a person reads it, with the budget views are built to when the
+    runway keeps that below the target: "80,000 (50,000 in effect: the trigger less the
+    runway)"."""
+    target, effective = policy["lowerBoundTokens"], policy.effective_target
+    if effective >= target:
+        return f"{target:,}"
+    return f"{target:,} ({effective:,} in effect: the trigger less the runway)"
+
+
 def token_count_problem(value):
     """Why a value is not a usable token count (a whole number in range), or None."""
     if isinstance(value, bool) or not isinstance(value, int) \
@@ -1357,7 +1367,8 @@ def resolve_policy(layers) -> Policy:
             continue
         for name, value in layer.items():
             if name not in BUILTIN_POLICY:
-                problems.append(f"{name} from {source}: unknown field")
+                shown = name if len(name) <= 40 else f"{name[:30]}... ({len(name)} characters)"
+                problems.append(f"{shown} from {source}: unknown field")
                 continue
             why = _check_field(name, value)
             if why:
@@ -6123,8 +6134,38 @@ class Rebuild:
         self.arm = arm
 
 
-class PruneUnchanged(LhcError):
+class NoRebuild(LhcError):
+    """A rebuild that would serve nothing better than the session Claude is on: nothing is
+    written and nothing swaps (``event``: what the log names it)."""
+
+    event = "no_rebuild"
+
+
+class PruneUnchanged(NoRebuild):
     """Smart Prune found nothing to move out of view: the boundary stays where it is."""
+
+    event = "prune_unchanged"
+
+
+class ViewHoldsNoTurn(NoRebuild):
+    """The target leaves no room for any turn beside the view's header: a session served
+    from such a view would hold none of the conversation (status: a usage error, the
+    target is the person's to change)."""
+
+    event = "view_holds_no_turn"
+
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_USAGE)
+
+
+def no_turn_fits(thread_id, policy, budget, view) -> ViewHoldsNoTurn:
+    """Why a view within ``budget`` holds no turn, naming the setting that made the budget."""
+    target = policy["lowerBoundTokens"]
+    which = ("lowerBoundTokens" if budget >= target else
+             f"the trigger less the minimum runway: upperBoundTokens {policy['upperBoundTokens']:,} "
+             f"less minRunwayTokens {policy['minRunwayTokens']:,}")
+    return ViewHoldsNoTurn(f"a view of thread {thread_id} within the target of {budget:,} tokens holds no "
+                           f"turn (its header alone is {view.tokens:,}); give a larger target ({which})")
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
@@ -6158,6 +6199,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
         view, header = serve_view(thread_id, turns, budget - reserve, policy["profile"],
                                   thread_summaries(store, turns), recent_impression_turns(store),
                                   policy.fell_back, boundary=boundary, counter=counter, native=native)
+        if view.empty and view.bands:  # (turns it could have held, all left out)
+            raise no_turn_fits(thread_id, policy, budget, view)
     else:
         view, header, new_boundary = fitted_prune_view(thread_id, turns, boundary, budget - reserve,
                                                        policy["profile"], policy.fell_back, native, counter)
@@ -9865,10 +9908,6 @@ def rebuild(home, hostdb, store, thread_id, from_session, policy, cwd, *, envelo
         # The thread's boundary moves to this one only once the session is accepted.
         note_built_boundary(store, new_sid, plan.boundary)
     if not pending:
-        if plan.view.empty and plan.view.bands:  # (turns it could have held, all left out)
-            raise usage_error(f"a view of thread {thread_id} within the target of {policy.effective_target:,} "
-                              f"tokens holds no turn (its header alone is {plan.view.tokens:,}); give a larger "
-                              "target (lowerBoundTokens)")
         if plan.view.empty:
             raise usage_error(f"thread {thread_id} has nothing to put in a view yet")
         if os.path.exists(plan.path):
@@ -10759,6 +10798,11 @@ def typed_bytes(data: bytes) -> int:
     return typed
 
 
+# The most rows one of cc-lhc's lines over Claude's screen takes: a longer one would cover
+# Claude's input box and most of its screen (the panel, ctrl-], has room for the rest).
+OVERLAY_ROWS = 4
+
+
 def overlay_lines(texts, size) -> bytes:
     """cc-lhc's own lines written over the bottom rows of the screen Claude draws, the
     cursor put back where Claude left it: nothing Claude drew moves (a line written at the
@@ -10766,12 +10810,16 @@ def overlay_lines(texts, size) -> bytes:
     cells). Each stands until Claude next draws its row. ``size``: (rows, cols) or None."""
     rows, cols = size if size and size[0] > 1 and size[1] > 8 else (24, 80)  # (0x0: never set)
     width, lines = cols - 1, []
-    for text in texts:  # each one whole, over as many rows as it takes
-        rest = escape_controls(f"{PROG}: {text}")
+    for text in texts:  # each one whole, over as many rows as it takes, up to OVERLAY_ROWS
+        rest, own = escape_controls(f"{PROG}: {text}"), []
         while rest:
             piece = cells_prefix(rest, width) or rest[:1]
-            lines.append(piece)
+            own.append(piece)
             rest = rest[len(piece):]
+        if len(own) > OVERLAY_ROWS:  # (its start says what it is; its end is marked as cut)
+            own = own[:OVERLAY_ROWS]
+            own[-1] = cells_prefix(own[-1], width - 1) + "…"
+        lines += own
     lines = lines[-(rows - 1):]
     out = ["\x1b7"]
     for i, line in enumerate(lines):
@@ -11074,7 +11122,7 @@ class ControlPanel:
             self.leader_problem = None  # said once
         if policy.fell_back and not self.told_fallback:
             self.told_fallback = True
-            notes.append("\n".join([MSG_CONFIG_FALLBACK] + [f"  {x}" for x in policy.problems]))
+            notes.append("\n".join([MSG_CONFIG_FALLBACK] + policy_problem_lines(policy.problems)))
         if autocompact_arg(session.spec):
             notes.append("advisory: Claude native Compact may run before Smart Compact "
                          f"({autocompact_arg(session.spec)} was given; /details says more)")
@@ -11200,7 +11248,7 @@ class ControlPanel:
             f"retrieval: {'ready' if session.descriptor else 'not available'} "
             f"(cc-lhc get-turns / get-messages / search)",
             f"context: {describe_reading(c)}; state {c['state']}",
-            f"policy: target {p['lowerBoundTokens']:,}, trigger {p['upperBoundTokens']:,}, "
+            f"policy: target {describe_target(p)}, trigger {p['upperBoundTokens']:,}, "
             f"runway {p['minRunwayTokens']:,}, profile {p['profile']}",
             f"thread {capture.thread_id[:8]}, session {session.spec.session_id}",
         ] + ([f"NOT FOLLOWING: {session.detached}"] if session.detached else [])
@@ -11284,10 +11332,7 @@ class ControlPanel:
             raise usage_error("usage: /smart-prune [tokens], e.g. /smart-prune 100000")
         target = self.session.policy["pruneTargetTokens"]
         if args:
-            try:
-                target = int(args[0].replace("_", "").replace(",", ""))
-            except ValueError:
-                target = args[0]
+            target = token_count_text(args[0])
             if token_count_problem(target):
                 raise usage_error(f"the prune target is a positive whole number of tokens up to "
                                   f"{TOKEN_FIELD_MAX:,}; nothing changed")
@@ -11304,10 +11349,10 @@ class ControlPanel:
     def cmd_bounds(self, args) -> str:
         if len(args) != 2:
             raise usage_error("usage: /bounds <target> <trigger>, e.g. /bounds 150000 300000")
-        try:
-            target, trigger = (int(a.replace("_", "").replace(",", "")) for a in args)
-        except ValueError:
-            raise usage_error("both bounds are whole numbers of tokens")
+        target, trigger = (token_count_text(a) for a in args)
+        if isinstance(target, str) or isinstance(trigger, str):
+            raise usage_error("both bounds are whole numbers of tokens (digits, e.g. 150000 or 150,000); "
+                              "nothing changed")
         p = self.session.policy
         if token_count_problem(target) or token_count_problem(trigger):
             raise usage_error(f"bounds are positive whole numbers of tokens up to {TOKEN_FIELD_MAX:,}; "
@@ -11318,7 +11363,7 @@ class ControlPanel:
         p.values.update(lowerBoundTokens=target, upperBoundTokens=trigger)
         p.sources.update(lowerBoundTokens="panel", upperBoundTokens="panel")
         self.session.home.log("panel_bounds", target=target, trigger=trigger)
-        return f"target {target:,}, trigger {trigger:,} for the rest of this session"
+        return f"target {describe_target(p)}, trigger {trigger:,} for the rest of this session"
 
     def cmd_allocation(self, args) -> str:
         p = self.session.policy
@@ -11326,6 +11371,8 @@ class ControlPanel:
             return (f"profile {p['profile']}; choose with /allocation <name>:\n" + "\n".join(
                 f"  {name:<11} full {s['full']:.0%}, lean {s['lean']:.0%}, summary {s['summary']:.0%}"
                 for name, s in PROFILE_SHARES.items()))
+        if len(args) > 1:
+            raise usage_error("usage: /allocation [name], e.g. /allocation balanced; nothing changed")
         name = args[0].lower()  # (Default, Balanced, Historical as the panel's help names them)
         if name not in PROFILES:
             raise usage_error(f"profiles: {', '.join(PROFILES)}")
@@ -11372,7 +11419,7 @@ class ControlPanel:
                 "thread)"] if arm else [])
             + [f"visibility boundary: m{boundary} (Smart Prune; earlier messages are not in view)"
                if boundary else "visibility boundary: none (nothing pruned)"]
-            + ([f"  fallback: {MSG_CONFIG_FALLBACK}"] + [f"    {x}" for x in p.problems] if p.fell_back else [])
+            + ([f"  fallback: {MSG_CONFIG_FALLBACK}"] + policy_problem_lines(p.problems, "    ") if p.fell_back else [])
             + [f"retrieval descriptor: {self.session.descriptor['path'] if self.session.descriptor else 'none'}",
                f"Claude native Compact: {native}",
                f"cc-lhc mod: {spec.mod.details() if spec.mod else 'not offered (one-shot)'}",
@@ -11516,6 +11563,8 @@ def write_session_export(home, store, thread_id, policy, rollout, cwd) -> dict:
     if not os.path.isfile(rollout):
         raise LhcError("nothing to export yet: Claude has not written this session's transcript "
                        "(it does with the first prompt)")
+    # (planned first: a view that cannot be made leaves no half-written export behind)
+    plan = plan_rebuild(home, store, thread_id, policy, new_session_id(), cwd, envelope_from=rollout)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = f"{thread_id[:8]}-{stamp}-{os.getpid()}"
     home.ensure("exports")
@@ -11530,7 +11579,6 @@ def write_session_export(home, store, thread_id, policy, rollout, cwd) -> dict:
              "view_jsonl": os.path.join(folder, "served-view.jsonl"),
              "view_markdown": os.path.join(folder, "served-view.md")}
     copy_private(rollout, paths["rollout"])
-    plan = plan_rebuild(home, store, thread_id, policy, new_session_id(), cwd, envelope_from=rollout)
     write_atomic(paths["view_jsonl"], plan.data)
     write_atomic(paths["view_markdown"], served_view_markdown(plan.data, thread_id).encode("utf-8"))
     return paths
@@ -12009,6 +12057,7 @@ class ManagedSession:
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
         self.announced = []               # lines shown on the terminal as they happened
+        self.said_no_room = set()         # targets with no room for a turn, said once each
         self.left_sessions = []           # (thread, session) this Claude process was on before it moved
         self.said_before = set()          # of those, lines also said before Claude started
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
@@ -13039,9 +13088,10 @@ def smart_compact_before_launch(spec, home, policy, capture):
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
                           spec.cwd, envelope_from=None if gone else capture.path, assessment=a,
                           plan_view=plan_view, idle=True, gone=unresumable, manifest=orphan_lines(orphaned))
-    except PruneUnchanged as e:
+    except NoRebuild as e:
         a.outcome(f"no_action: {e}")
-        say(f"Smart Prune: {e}")
+        home.log(e.event, thread=capture.thread_id, why=str(e))
+        say(f"Smart Prune: {e}" if plan_view else f"Smart Compact did not run: {e}; launching on the current session")
         return capture, None
     except LhcError as e:
         # The session Claude was on is still whole: launch on it rather than not at all.
@@ -13868,6 +13918,19 @@ class LiveHandoff:
             return self.JUST_SENT + "; Smart Compact waits for it to be recorded"
         return ""
 
+    def _no_rebuild(self, relay, assessment, e, manual) -> str:
+        """A rebuild that would serve nothing better (NoRebuild): logged, and the reason
+        returned as why it did not start. A target with no room for a turn is said on the
+        terminal too, once a session when Smart Compact asked by itself (it asks again at
+        every seam, and nothing changes until the person does)."""
+        session = self.session
+        assessment.outcome(f"no_action: {e}")
+        session.home.log(e.event, thread=session.capture.thread_id, why=str(e))
+        if isinstance(e, ViewHoldsNoTurn) and not manual and str(e) not in session.said_no_room:
+            session.said_no_room.add(str(e))
+            session.announce(f"Smart Compact did not run: {e}", relay)
+        return str(e)
+
     def _left_behind(self, store, here) -> list:
         """Shell jobs and monitors this Claude process started in a session it has since left
         (a /clear, an in-app /resume): they run on in it, as plain Claude keeps them, and a
@@ -13924,13 +13987,11 @@ class LiveHandoff:
                                   session.policy, spec.cwd, envelope_from=capture.path, assessment=a,
                                   plan_view=prune_planner(prune) if prune is not None else None,
                                   manifest=manifest)
-            except PruneUnchanged as e:
+            except NoRebuild as e:
                 # Nothing was written and nothing swaps: Claude gets its input back.
                 relay.drop_input = False
                 relay.to_child[:0] = held
-                a.outcome(f"no_action: {e}")
-                home.log("prune_unchanged", thread=capture.thread_id, why=str(e))
-                return str(e)
+                return self._no_rebuild(relay, a, e, manual)
         finally:
             store.close()
         pending.descriptor = create_descriptor(home, session.hostdb, capture.thread_id,
@@ -14443,11 +14504,11 @@ class InProcessCompact:
                                        session.policy, spec.cwd, envelope_from=capture.path, assessment=a,
                                        plan_view=prune_planner(prune) if prune is not None else None,
                                        in_process=session.descriptor, instructions=person or "")
-            except PruneUnchanged as e:
+            except NoRebuild as e:
                 relay.drop_input = False
-                a.outcome(f"no_action: {e}")
-                home.log("prune_unchanged", thread=capture.thread_id, why=str(e))
-                return str(e)
+                if early:
+                    self._write_view_state(refused=str(e))  # the waiting hook leaves Claude as it is
+                return self.handoff._no_rebuild(relay, a, e, manual)
             except LhcError as e:
                 relay.drop_input = False
                 if early:
@@ -16521,10 +16582,7 @@ def policy_flag_values(flags: dict) -> dict:
         if field is None:
             continue
         if field in _TOKEN_FIELDS:
-            try:  # (digit groups may be marked: 180,000 or 180_000; other scripts' digits are no number)
-                value = whole_number(str(value).replace("_", "").replace(",", ""))
-            except ValueError:
-                pass  # left as text so the fallback names what was wrong
+            value = token_count_text(str(value))  # (text that is no count: the fallback names it)
         out[field] = (flag, value)
     return out
 
@@ -16638,17 +16696,32 @@ def say(message: str) -> None:
         pass
 
 
+POLICY_PROBLEMS_SHOWN = 8  # configuration problems listed on the terminal; wrapper.log has all
+
+
+def policy_problem_lines(problems, indent="  ") -> list:
+    """The configuration problems as listed for a person: the first POLICY_PROBLEMS_SHOWN,
+    then how many more wrapper.log names (a file of hundreds of unknown fields would
+    bury the fallback line, and Claude's screen with it)."""
+    lines = [f"{indent}{problem}" for problem in problems[:POLICY_PROBLEMS_SHOWN]]
+    if len(problems) > POLICY_PROBLEMS_SHOWN:
+        lines.append(f"{indent}and {len(problems) - POLICY_PROBLEMS_SHOWN} more (wrapper.log names every one)")
+    return lines
+
+
 def announce_policy(policy: Policy, home: StateHome, spec=None) -> None:
     """The configuration fallback said at startup (and, for a launch ``spec``, kept to be
     said again over Claude's screen, which an interactive Claude draws over these lines)."""
     if not policy.fell_back:
         return
     say(MSG_CONFIG_FALLBACK)
-    for problem in policy.problems:
-        say(f"  {problem}")
+    for line in policy_problem_lines(policy.problems):
+        say(line)
     home.log("config_fallback", message=MSG_CONFIG_FALLBACK, problems=policy.problems)
     if spec is not None:
-        spec.said_at_start.append(f"{MSG_CONFIG_FALLBACK} ({'; '.join(policy.problems)})")
+        more = len(policy.problems) - 1
+        spec.said_at_start.append(f"{MSG_CONFIG_FALLBACK} ({policy.problems[0]}"
+                                  + (f"; and {more} more: ctrl-] shows them)" if more else ")"))
 
 
 def _is_terminal(stream) -> bool:
@@ -16755,6 +16828,15 @@ def _take_option(args, name, default=None, cast=str):
         return cast(value)
     except ValueError:
         raise usage_error(f"{name}: {shown_arg(value)} is not valid")
+
+
+def token_count_text(text: str):
+    """A token count as a person writes it: ASCII digits, in groups of three marked by ","
+    or "_" if at all (180000, 180,000, 180_000). Anything else (5,0,0,0; +40000; other
+    scripts' digits) is given back as it is, for the check to name."""
+    if re.fullmatch(r"[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{1,3}(?:_[0-9]{3})+", text):
+        return int(text.replace(",", "").replace("_", ""))
+    return text
 
 
 def whole_number(text: str) -> int:

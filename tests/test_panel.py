@@ -422,3 +422,100 @@ def test_a_smart_compact_asked_as_a_turn_ends_waits_for_it_to_be_over(iso_env, m
     assert panel.cmd_smart_compact([]) == "Smart Compact started" and answers == []
     monkeypatch.setattr(cc_lhc.ControlPanel, "SETTLE_WAIT", 0.3)
     assert panel.cmd_smart_compact([]).startswith(f"Smart Compact did not start: {cc_lhc.UNSETTLED}")
+
+
+def test_allocation_with_more_than_one_name_is_refused(monkeypatch):
+    """/allocation takes one profile: "/allocation balanced historical" set balanced and
+    said nothing of the rest, where /bounds and /smart-prune refuse extra words."""
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d/allocation balanced historical\r")
+    assert "usage: /allocation" in p.output[-1] and "nothing changed" in p.output[-1]
+    assert p.session.policy["profile"] == "default"
+
+
+@pytest.mark.parametrize("target, trigger, ok", [
+    ("150000", "300000", True), ("150,000", "300_000", True), ("1,500,000", "3,000,000", True),
+    ("\uff13\uff10\uff10\uff10\uff10", "100000", False),   # fullwidth digits
+    ("\u0663\u0660\u0660\u0660\u0660", "100000", False),   # Arabic-Indic digits
+    ("+40000", "100000", False), ("5,0,0,0", "100000", False), ("180,00", "300000", False),
+    ("1_5_0_000", "300000", False),
+])
+def test_bounds_read_numbers_as_the_launch_flags_do(monkeypatch, target, trigger, ok):
+    """/bounds takes ASCII digits, in groups of three marked by , or _ if at all, as the
+    launch flags do; other scripts' digits, a sign, or marks that are no grouping of three
+    are refused (5,0,0,0 was read as 5000, 180,00 as 18000)."""
+    p = panel(monkeypatch)
+    p.on_input(f"\x1d/bounds {target} {trigger}\r".encode())
+    if ok:
+        assert p.output[-1].startswith("target ") and p.session.policy["lowerBoundTokens"] == \
+            int(target.replace(",", "").replace("_", ""))
+    else:
+        assert "nothing changed" in p.output[-1] and p.session.policy["lowerBoundTokens"] == 180_000
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("150000", 150000), ("150,000", 150000), ("150_000", 150000),
+    ("5,0,0,0", "5,0,0,0"), ("180,00", "180,00"), ("+40000", "+40000"), ("\uff13\uff10", "\uff13\uff10")])
+def test_launch_flags_read_grouped_digits_only_in_groups_of_three(value, expected):
+    assert cc_lhc.policy_flag_values({"--lhc-target": value}) == {"lowerBoundTokens": ("--lhc-target", expected)}
+    policy = cc_lhc.resolve_policy([("--lhc-target", {"lowerBoundTokens": cc_lhc.token_count_text(value)})])
+    assert policy.fell_back == isinstance(expected, str)
+
+
+def test_bounds_and_status_show_the_target_views_are_built_to(monkeypatch):
+    """With the 50k runway, /bounds 80000 100000 builds views to 50,000: the answer said
+    "target 80,000" and nothing showed the figure in effect."""
+    p = panel(monkeypatch)
+    p.on_input(b"\x1d/bounds 80000 100000\r")
+    assert p.output[-1] == ("target 80,000 (50,000 in effect: the trigger less the runway), "
+                            "trigger 100,000 for the rest of this session")
+    assert cc_lhc.describe_target(p.session.policy) == "80,000 (50,000 in effect: the trigger less the runway)"
+    p.on_input(b"/bounds 40000 100000\r")
+    assert p.output[-1] == "target 40,000, trigger 100,000 for the rest of this session"
+
+
+def test_hundreds_of_configuration_problems_are_listed_in_part(monkeypatch):
+    """A project file of 300 unknown fields listed all 300 at the panel's first opening
+    (cut at the screen's foot, its last line with it) and over Claude's screen (covering it,
+    the fallback sentence scrolled away): the first few are listed, then how many more."""
+    layer = {f"field{i}": i for i in range(300)}
+    layer["x" * 5000] = 1
+    policy = cc_lhc.resolve_policy([("/p/.cc-lhc.json", layer)])
+    assert len(policy.problems) == 301 and all(len(x) < 200 for x in policy.problems)
+    p = panel(monkeypatch, policy=policy)
+    p.on_input(b"\x1d")
+    first = p.output[0].split("\n")
+    assert first[0] == cc_lhc.MSG_CONFIG_FALLBACK and len(first) == 1 + cc_lhc.POLICY_PROBLEMS_SHOWN + 1
+    assert first[-1] == f"  and {301 - cc_lhc.POLICY_PROBLEMS_SHOWN} more (wrapper.log names every one)"
+    assert p.output[-1].startswith("Type a command")
+
+
+def test_a_long_line_over_claudes_screen_takes_a_few_rows_and_says_it_was_cut():
+    from test_relay import _screen_rows
+    out = cc_lhc.overlay_lines([cc_lhc.MSG_CONFIG_FALLBACK + " (" + "problem; " * 500 + ")"], (24, 80))
+    rows = _screen_rows(out, 24, 80)
+    used = [r for r in rows if r]
+    assert len(used) == cc_lhc.OVERLAY_ROWS and used[0].startswith("cc-lhc: " + cc_lhc.MSG_CONFIG_FALLBACK[:40])
+    assert out.endswith("\u2026\x1b[0m\x1b8".encode())  # (its last row marked as cut)
+
+
+def test_a_live_smart_compact_with_no_room_for_a_turn_is_said_once_and_logged_each_time():
+    """At every seam over the trigger Smart Compact asks again; a target too small for a
+    turn is said on the terminal the first time only, and a Smart Compact asked for from
+    the panel answers with the reason instead."""
+    import types
+    said, logged, outcomes = [], [], []
+    session = types.SimpleNamespace(home=types.SimpleNamespace(log=lambda event, **kw: logged.append(event)),
+                                    capture=types.SimpleNamespace(thread_id="t" * 36), said_no_room=set(),
+                                    announce=lambda text, relay=None: said.append(text))
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session = session
+    a = types.SimpleNamespace(outcome=outcomes.append)
+    e = cc_lhc.ViewHoldsNoTurn("a view of thread t within the target of 100 tokens holds no turn")
+    for _ in range(3):
+        assert h._no_rebuild(None, a, e, manual=False) == str(e)
+    assert h._no_rebuild(None, a, e, manual=True) == str(e)
+    assert said == [f"Smart Compact did not run: {e}"]
+    assert logged == ["view_holds_no_turn"] * 4 and len(outcomes) == 4
+    assert h._no_rebuild(None, a, cc_lhc.PruneUnchanged("nothing to prune"), manual=False) == "nothing to prune"
+    assert logged[-1] == "prune_unchanged" and len(said) == 1

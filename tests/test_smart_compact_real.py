@@ -267,6 +267,28 @@ def test_configured_lower_trigger(real_claude, where):
     assert rebuilds(rc) == [(new, old, "accepted")]
 
 
+@pytest.mark.parametrize("cfg, named", [
+    ({"lowerBoundTokens": 1, "upperBoundTokens": 100_000}, "(lowerBoundTokens)"),
+    ({"lowerBoundTokens": 30_000, "upperBoundTokens": 100_000, "minRunwayTokens": 99_900},
+     "upperBoundTokens 100,000 less minRunwayTokens 99,900")])
+def test_a_target_with_no_room_for_a_turn_is_said_and_claude_keeps_its_session(real_claude, cfg, named):
+    """A target too small for any turn beside the view's header (a tiny target, or a runway
+    that leaves the trigger almost nothing) made Smart Compact serve a session holding none
+    of the conversation, without a word. It does not run then: the launch says why, naming
+    the setting, and Claude goes on in the session it was on, the conversation whole."""
+    rc = real_claude
+    old = start_thread(rc, MIDDLE)
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps(cfg))
+    n = len(rc.api.message_requests)
+    p = ok(lhc(rc, "--resume", old, "-p", "what number did I ask you to remember?"))
+    assert "Smart Compact did not run: a view of thread" in p.stderr and "holds no turn" in p.stderr, p.stderr
+    assert named in p.stderr and "launching on the current session" in p.stderr
+    [sent] = rc.api.message_requests[n:]
+    assert sent["session_id"] == old and "hello one" in json.dumps(sent["body"]["messages"])
+    assert rebuilds(rc) == [] and [p.name for p in rc.project_dir.glob("*.jsonl")] == [f"{old}.jsonl"]
+    assert [e["why"] for e in log_events(rc, "view_holds_no_turn")] and threads(rc)[0]["current_session"] == old
+
+
 def test_over_trigger_but_left_mid_turn_launches_on_the_resumed_session(real_claude):
     rc = real_claude
     old = start_thread(rc, SMALL)
