@@ -1500,6 +1500,11 @@ COMMAND_TURN = "command"
 # often a <task-notification>: with no turn open, it opens one the prompt then joins, so
 # the two are one turn, as they are one request.
 COMPANION_TURN = "companion"
+# How the turn of Claude's own compaction summary ends when that compaction cut a turn
+# short (2.1.39's auto-compaction after a tool result, 2.1.328's after a prompt the API
+# found too long): Claude goes on with that turn's work, unasked, so the seam after the
+# summary is no settled one until it does (unsettled_reason).
+COMPACTED_MID_TURN = "compacted_mid_turn"
 LOCAL_OUTPUT_KEY = "local_output:"  # + session id: ParseState.local_output, in the thread's meta
 TURN_END_KEY = "turn_end_due:"  # + session id: ParseState.turn_end_due, the same way
 CHAIN_TIP_KEY = "chain_tip:"  # + session id: ParseState.chain_tip, the same way
@@ -2273,11 +2278,14 @@ class RolloutParser:
         content = message.get("content")
         created = rec.get("timestamp")
         if rec.get("isCompactSummary") and self.agent is None:
-            seq = self.s.next_seq
+            seq, cut, closed = self.s.next_seq, self.s.open_turn, len(self.out.turns_closed)
+            cut = cut if self.s.open_kind != COMMAND_TURN else None  # (a typed /compact's own turn)
             self._open_turn("compact_summary", seq, created)
+            cut = cut is not None and any(t.n == cut and t.status == "interrupted"
+                                          for t in self.out.turns_closed[closed:])
             text = content if isinstance(content, str) else flatten_tool_output(content)
             self._message("user", "compact_summary", text, _dump(content), rec, 0, line_no)
-            self._close_turn(seq, "closed", "compact_summary", created)
+            self._close_turn(seq, "closed", COMPACTED_MID_TURN if cut else "compact_summary", created)
             self.out.events.append(CaptureEvent("native_compact", self.s.next_turn - 1))
             return
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
@@ -3891,9 +3899,10 @@ class ThreadStore:
                          "ORDER BY n DESC LIMIT 1").fetchone()
         if row:
             state.open_turn, state.open_kind, state.turn_first = row[0], row[1], row[2]
-            if row[1] in (COMMAND_TURN, COMPANION_TURN):
-                state.answering = db.execute("SELECT 1 FROM messages WHERE turn = ? AND agent IS NULL AND "
-                                             "role = 'assistant' LIMIT 1", (row[0],)).fetchone() is not None
+            # (whether the model has spoken in it: a command's turn, a companion's and a
+            # continuation's end each depend on that, read in a later batch or not)
+            state.answering = db.execute("SELECT 1 FROM messages WHERE turn = ? AND agent IS NULL AND "
+                                         "role = 'assistant' LIMIT 1", (row[0],)).fetchone() is not None
             seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ? AND agent IS NULL",
                              (row[0],)).fetchone()[0]
             state.segment = seg or 0
@@ -9425,7 +9434,11 @@ def unsettled_reason(store, idle=False) -> str:
     open whose newest response asked for no tool is over: versions that wrote stop_reason
     null and no end-of-turn record (1.0.x) leave their last turn looking like that.
     """
-    row = store.db.execute("SELECT n, status, source_session FROM turns ORDER BY n DESC LIMIT 1").fetchone()
+    row = store.db.execute("SELECT n, status, source_session, stop_reason FROM turns "
+                           "ORDER BY n DESC LIMIT 1").fetchone()
+    if row and row[3] == COMPACTED_MID_TURN and not idle:
+        return (f"Claude compacted the conversation in the middle of t{row[0] - 1} and goes on "
+                "with that turn's work")
     if row and row[1] != "open" and not idle and _stop_hooks_running(store, row[2]):
         return f"Claude's Stop hooks have not reported the end of t{row[0]} yet"
     if not row or row[1] != "open":

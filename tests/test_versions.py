@@ -1001,3 +1001,104 @@ def test_a_prompt_block_kept_whole_behind_its_nul_is_served_by_its_handle(tmp_pa
     assert t.store.db.execute("SELECT substr(CAST(data AS BLOB), 1, 1) FROM messages WHERE seq = 1").fetchone() == (b"\x00",)
     handles = cc_lhc.live_handles(t.store, session)
     assert handles and cc_lhc.HELD_AS_WORDS not in handles.values()
+
+
+# -- Claude's own compaction in the middle of a turn -----------------------------------------
+
+def _compacted_mid_turn(session="21390000-0000-4000-8000-0000000c0de1", version="2.1.39"):
+    """2.1.39's auto-compaction after a tool result: the turn's call and result, the
+    boundary and summary, then Claude goes on unasked and ends the turn (stop_reason null,
+    as that version writes it; then its Stop hooks' report and the turn's duration)."""
+    def rec(n, rtype, parent, **more):
+        return {**_record(session, n, rtype, parent, **more), "version": version}
+    return [
+        rec(1, "user", None, message={"role": "user", "content": "do the work"}),
+        rec(2, "assistant", _uuid(1), message={
+            "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": None,
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]}),
+        rec(3, "user", _uuid(2), message={"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "file.txt"}]}),
+        rec(4, "system", None, subtype="compact_boundary", logicalParentUuid=_uuid(3), content="Conversation compacted",
+            compactMetadata={"trigger": "auto", "preTokens": 160000}),
+        rec(5, "user", _uuid(4), isCompactSummary=True, isVisibleInTranscriptOnly=True,
+            message={"role": "user", "content": "This session is being continued from a previous conversation. "
+                                                "Summary: listing files."}),
+        rec(6, "assistant", _uuid(5), message={"id": "msg_6", "role": "assistant", "model": "m", "stop_reason": None,
+                                               "content": [{"type": "text", "text": "All done: file.txt is there."}]}),
+        rec(7, "system", _uuid(6), subtype="stop_hook_summary", hookCount=1, hookInfos=[{"command": "true"}],
+            hookErrors=[], preventedContinuation=False, stopReason="", hasOutput=False),
+        rec(8, "system", _uuid(7), subtype="turn_duration", durationMs=7000),
+    ]
+
+
+def _grown(where: Path, monkeypatch, session, recs, cuts=(), each=None):
+    """The records into a new thread in a state folder of ``where``'s own, the file growing
+    to each of ``cuts`` records in turn (a capture of its own each time, as after a
+    restart), then to all; ``each(store)`` runs after each read."""
+    monkeypatch.setenv("CC_LHC_HOME", str(where / "lhc"))
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(session, "/home/u/proj", "test")
+    path = where / f"{session}.jsonl"
+    for n in [*cuts, len(recs)]:
+        _write(path, recs[:n])
+        cap = cc_lhc.Capture(home, thread_id, session, str(path))
+        cap.catch_up()
+        cap.stop()
+        if each is not None:
+            each(cc_lhc.ThreadStore(home, thread_id))
+    return Thread(home, thread_id, session, cc_lhc.ThreadStore(home, thread_id))
+
+
+@pytest.mark.parametrize("first", [6, 7])
+def test_the_turn_claude_goes_on_with_after_compacting_ends_on_its_records_read_later(tmp_path, monkeypatch, first):
+    """Read live, 2.1.39's answer after its own mid-turn compaction and the records that end
+    the turn come in different reads (and a restart can fall between): the turn ends on them
+    as in one read (it stayed open, so no seam after it was settled)."""
+    recs = _compacted_mid_turn()
+    session = recs[0]["sessionId"]
+    one = _grown(tmp_path / "one", monkeypatch, session, recs)
+    live = _grown(tmp_path / "live", monkeypatch, session, recs, [first])
+    assert turns(live) == turns(one) and turns(one)[-1][1:] == ("closed", "stop_hook_summary")
+    assert cc_lhc.unsettled_reason(live.store) == ""
+
+
+def test_the_seam_right_after_claudes_own_mid_turn_compaction_is_not_settled(tmp_path, monkeypatch):
+    """Claude compacted in the middle of a turn and goes on with its work unasked: until it
+    does, a running session is not at a settled seam (it read as settled from the summary
+    on, so a swap or a typed note could land while Claude was about to answer)."""
+    recs = _compacted_mid_turn()
+    seen = []
+    _grown(tmp_path, monkeypatch, recs[0]["sessionId"], recs, [5, 6],
+           each=lambda store: seen.append((cc_lhc.unsettled_reason(store), cc_lhc.unsettled_reason(store, idle=True))))
+    assert seen[0] == ("Claude compacted the conversation in the middle of t1 and goes on with that turn's work",
+                       "")  # (idle: no Claude goes on with it, so it is settled)
+    assert seen[1][0].startswith("the transcript was left mid-turn")  # (its answer: the turn is open)
+    assert seen[2] == ("", "")
+
+
+def test_the_seam_after_claudes_reactive_compaction_waits_for_its_answer(tmp_path, monkeypatch):
+    """2.1.328 compacts by itself when the API finds a prompt too long, then sends it again:
+    the prompt's turn goes on after the summary (the real sample, cut before the answer)."""
+    name = next((Path(__file__).parent / "fixtures" / "samples").glob("08_*.jsonl"))
+    lines = name.read_bytes().splitlines(keepends=True)
+    session = json.loads(lines[0]).get("sessionId") or "s"
+    seen = []
+    for n in (41, len(lines)):
+        (tmp_path / str(n)).mkdir()
+        (tmp_path / str(n) / f"{session}.jsonl").write_bytes(b"".join(lines[:n]))
+        monkeypatch.setenv("CC_LHC_HOME", str(tmp_path / str(n) / "lhc"))
+        seen.append(cc_lhc.unsettled_reason(intake(tmp_path / str(n) / f"{session}.jsonl", session).store))
+    assert "compacted the conversation in the middle" in seen[0] and seen[1] == ""
+
+
+def test_a_compaction_between_turns_leaves_the_seam_settled(tmp_path, monkeypatch):
+    """Claude's compaction after a turn that had ended (a typed /compact, which 2.1.328
+    writes before the command's own records) cuts nothing short: the seam stays settled."""
+    recs = _compacted_mid_turn(version="2.1.328")
+    ended = [recs[0], {**recs[5], "parentUuid": recs[0]["uuid"],
+                       "message": {**recs[5]["message"], "stop_reason": "end_turn"}},
+             {**recs[7], "parentUuid": recs[5]["uuid"]}, recs[3], {**recs[4], "uuid": _uuid(9)}]
+    t = _grown(tmp_path, monkeypatch, recs[0]["sessionId"], ended)
+    assert turns(t)[-1][1:] == ("closed", "compact_summary")
+    assert cc_lhc.unsettled_reason(t.store) == ""
