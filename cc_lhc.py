@@ -1972,12 +1972,20 @@ class RolloutParser:
             rec, repaired = _without_lone_surrogates(rec)
             if repaired and text is raw:
                 self._odd.append("text_repaired")
+        messages, chained = len(self.out.messages), len(self.out.chain)
         try:
             self._record(rec, len(raw), line_no, offset)
         except (TypeError, AttributeError, RecursionError) as e:
             # Valid JSON in a shape Claude Code never writes (one flipped byte can make
             # one), or one nested just too deep to write back: a malformed line where it
             # stands, never a capture stalled on it.
+            self._off_tip = False
+            if len(self.out.messages) == messages:
+                # Nothing of it is in the thread, so its uuid names no record there: a
+                # later, readable copy under that uuid is read, not counted as its copy.
+                for row in self.out.chain[chained:]:
+                    self.s.known_uuids.discard(row.uuid)
+                del self.out.chain[chained:]
             self._malformed(raw, line_no, offset, f"a record in a shape this parser does not know ({e})")
             return
         for reason in self._odd:

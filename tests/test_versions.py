@@ -1102,3 +1102,23 @@ def test_a_compaction_between_turns_leaves_the_seam_settled(tmp_path, monkeypatc
     t = _grown(tmp_path, monkeypatch, recs[0]["sessionId"], ended)
     assert turns(t)[-1][1:] == ("closed", "compact_summary")
     assert cc_lhc.unsettled_reason(t.store) == ""
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_readable_copy_of_a_record_kept_only_as_its_line_is_read(tmp_path, monkeypatch, restart):
+    """A record in a shape the parser cannot read is kept as its line; a later copy under
+    the same uuid that can be read is the only readable one, and it was dropped as a copy
+    of the first (a duplicate), its words in no message. It is read now, and the chain
+    goes on from it."""
+    session = "21328000-0000-4000-8000-0000000000f1"
+    bad = _record(session, 1, "user", None, message="error")
+    good = _record(session, 1, "user", None, message={"role": "user", "content": "the readable copy"})
+    answer = _record(session, 2, "assistant", _uuid(1), message={
+        "id": "msg_2", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+        "content": [{"type": "text", "text": "answered"}]})
+    t = _grown(tmp_path, monkeypatch, session, [bad, good, answer], [1] if restart else [])
+    assert [m["text"] for m in t.store.messages()] == ["the readable copy", "answered"]
+    assert t.store.db.execute("SELECT line, reason FROM raw_lines").fetchall() == [(1, "malformed_line")]
+    assert "duplicate_record" not in telemetry(t)
+    problems = [r[0] for r in t.store.db.execute("SELECT kind FROM problems")]
+    assert problems == ["malformed_line"]
