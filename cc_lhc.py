@@ -3860,8 +3860,14 @@ class ThreadStore:
             self.db.executemany("INSERT OR IGNORE INTO chain VALUES (?, ?)",
                                 [(session_id, u) for u in prefix_uuids])
 
-    def parse_state(self, session_id) -> ParseState:
-        """Rebuild the parser's memory from the record (after a restart or a kill)."""
+    def parse_state(self, session_id, kept=None) -> ParseState:
+        """Rebuild the parser's memory from the record (after a restart or a kill).
+
+        ``kept``: the memory of this session's parser after a read that stored everything
+        it parsed, this process's own. What only that parser writes (the session's uuids,
+        its main calls still unanswered, its sidechains: a long session's many rows) is
+        taken from it; the rest, which other writers change too (a subagent file's
+        capture takes labels, a swap ends a turn), is read again."""
         db = self.db
         state = ParseState()
         state.next_seq = (db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0) + 1
@@ -3871,22 +3877,26 @@ class ThreadStore:
             state.closed_response = self._closed_response()
         unanswered = db.execute(
             "SELECT c.agent, c.tool_use_id, c.seq, c.tool_name FROM messages c WHERE c.kind = 'tool_call' "
-            "AND NOT EXISTS "
+            + ("AND c.agent IS NOT NULL " if kept is not None else "") + "AND NOT EXISTS "
             "(SELECT 1 FROM messages r WHERE r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
             "AND r.agent IS c.agent)").fetchall()
         for agent, tool_use_id, seq, tool_name in unanswered:
             (state.agent_calls.setdefault(agent, {}) if agent else state.outstanding)[tool_use_id] = seq
             if not agent and tool_name in RUN_ENDING_TOOLS:
                 state.ending_calls.add(tool_use_id)
-        state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
-                                                      (session_id,))}
-        state.sidechains = dict(db.execute("SELECT source_uuid, agent FROM messages WHERE agent IS NOT "
-                                           "NULL AND source_session = ?", (session_id,)).fetchall())
-        state.sidechains.update((a, a) for (a,) in db.execute(
-            "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
-        prefix = f"{SIDECHAIN_KEY}{session_id}:"
-        state.sidechains.update((key[len(prefix):], agent) for key, agent in db.execute(
-            "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (prefix, prefix + "\uffff")))
+        if kept is not None:
+            state.outstanding, state.ending_calls = kept.outstanding, kept.ending_calls
+            state.known_uuids, state.sidechains = kept.known_uuids, kept.sidechains
+        else:
+            state.known_uuids = {r[0] for r in db.execute("SELECT uuid FROM chain WHERE session = ?",
+                                                          (session_id,))}
+            state.sidechains = dict(db.execute("SELECT source_uuid, agent FROM messages WHERE agent IS NOT "
+                                               "NULL AND source_session = ?", (session_id,)).fetchall())
+            state.sidechains.update((a, a) for (a,) in db.execute(
+                "SELECT agent_id FROM agents WHERE source = ? AND kind = 'sidechain'", (session_id,)))
+            prefix = f"{SIDECHAIN_KEY}{session_id}:"
+            state.sidechains.update((key[len(prefix):], agent) for key, agent in db.execute(
+                "SELECT key, value FROM meta WHERE key >= ? AND key < ?", (prefix, prefix + "\uffff")))
         for field, key, default in PERSISTED_STATE:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key + session_id,)).fetchone()
             setattr(state, field, restored_value(row and row[0], default))
@@ -8614,6 +8624,7 @@ class Capture:
         self.request_handoff = None  # set by an interactive host that can swap children
         self._span = FileSpan(path)   # what this process has verified the transcript holds
         self._agent_spans = {}        # the same for each subagent file, by source key
+        self._kept_state = None       # the parser's memory after a read that stored all it parsed
         self._looked = None           # when _relocated last looked for the transcript elsewhere
         self._legacy_agents = {}      # agent-*.jsonl beside the session -> its entry, or False: not its
         self._legacy_unnamed = {}     # such a file that named no session yet -> its size then
@@ -8835,7 +8846,8 @@ class Capture:
         if size == offset:
             self.caught_up = True
             return 0
-        parser = RolloutParser(self.session_id, store.parse_state(self.session_id),
+        kept, self._kept_state = self._kept_state, None
+        parser = RolloutParser(self.session_id, store.parse_state(self.session_id, kept),
                                segment_soft_bytes(self.policy))
         parser.read_saved = self._saved_reader()
         total = 0
@@ -8859,6 +8871,8 @@ class Capture:
             if long:
                 store.checkpoint_on_commit(True)
                 store.checkpoint_apart()
+        if self.caught_up:  # (cut short, the parser may be a batch ahead of what was stored)
+            self._kept_state = parser.s
         return total
 
     def _caught(self, f, parser, src, packer, prefix):

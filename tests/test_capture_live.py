@@ -1014,3 +1014,37 @@ def test_a_json_schema_run_read_across_a_restart_ends_where_claude_ends_it(tmp_p
     assert cap.store.db.execute("SELECT n, status, stop_reason FROM turns WHERE n = 1").fetchall() == [
         (1, "closed", "structured_output")]
     cap.stop()
+
+
+def test_a_line_added_to_a_long_session_is_read_without_reading_back_all_its_uuids(tmp_path):
+    """Live capture reads a running session a few lines at a time; each read rebuilt the
+    parser's memory from the record, every uuid of the session included, so a read grew
+    with the session (45 ms a line at 50,000 records). The memory its own last read left
+    is used again, and what another writer changes (a subagent's labels, a turn a swap
+    ended) is read again; the record stays as one read of the whole file makes it."""
+    tr = Transcript(SESSION)
+    tool = lambda n: {"type": "tool_use", "id": f"toolu_{n}", "name": "Bash", "input": {"command": "ls"}}  # noqa: E731
+    tr.user("first")
+    tr.assistant(tool(1), stop="tool_use")
+    head = len(tr.lines)
+    tr.tool_result(("toolu_1", "out 1"))
+    tr.assistant(text("answer one"))
+    tr.user("second")
+    tr.assistant(tool(2), stop="tool_use")
+    tr.tool_result(("toolu_2", "out 2"))
+    tr.assistant(text("answer two"))
+    path = tmp_path / "live.jsonl"
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "live"), THREAD, SESSION, str(path), POLICY)
+    reads = []
+    path.write_bytes(b"".join(line + b"\n" for line in tr.lines[:head]))
+    cap.catch_up()
+    cap.store.db.set_trace_callback(lambda sql: reads.append(sql) if "FROM chain WHERE session" in sql else None)
+    for n in range(head + 1, len(tr.lines) + 1):
+        with open(path, "ab") as f:
+            f.write(tr.lines[n - 1] + b"\n")
+        cap.catch_up()
+    assert reads == []  # (the first read alone looked)
+    live = snapshot(cap.store)
+    cap.stop()
+    whole = one_shot(tmp_path, tr.data())[0]
+    assert live == whole
