@@ -3071,6 +3071,8 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
         db.create_function("lhc_no_nul", 1, _no_nul, deterministic=True)
         db.create_function("lhc_values", 1, _call_values, deterministic=True)
         db.create_function("lhc_block_values", 1, _block_values, deterministic=True)
+        db.create_function("lhc_result_body", 2, _result_body, deterministic=True)
+        db.create_function("lhc_block_strings", 1, _block_strings, deterministic=True)
         try:
             db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
@@ -3159,19 +3161,45 @@ EXACT_INDEX_DDL = ("CREATE VIRTUAL TABLE IF NOT EXISTS messages_exact USING fts5
 SEARCH_BODY_SQL = """CASE
  WHEN m.kind = 'tool_call' THEN coalesce(lhc_values(m.text) || char(10), '') || coalesce(m.tool_name, '')
  WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, '"\\u0000cc-lhc:text"')
-   AND json_valid(m.data)
-   THEN coalesce(lhc_text(m.text), '') || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
-   FROM json_each(m.data, '$.content') b, json_tree(b.value) j WHERE b.type = 'object'
-   AND json_extract(b.value, '$.type') IS NOT 'text' AND j.type = 'text'
-   AND j.key NOT IN ('type', 'signature', 'media_type')
-   AND NOT (j.key = 'data' AND json_extract(b.value, j.path || '.type') = 'base64')), '')
+   THEN lhc_result_body(m.text, m.data)
  WHEN m.text IS NOT NULL AND m.data IS NOT NULL AND m.kind IN ('assistant_text', 'user_text', 'user_meta', 'api_error')
    THEN lhc_text(m.text) || coalesce(char(10) || lhc_block_values(m.data), '')
  WHEN m.text IS NOT NULL THEN lhc_text(m.text)
- WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
-   WHERE j.type = 'text' AND j.key IS NOT 'signature'
-   AND NOT (j.key = 'data' AND json_extract(m.data, j.path || '.type') IN ('base64', 'redacted_thinking')))
+ ELSE lhc_block_strings(m.data)
  END"""
+
+
+# Read in Python, one pass over each value: SQLite's json_tree walks a block node by node
+# and looks up each string's neighbour by path, which held 20 times a 60 MB image's size.
+
+def _result_body(text, data):
+    """lhc_result_body() in SQL: a tool output as search reads it, its text and the strings
+    of its blocks other than text (an MCP tool's search_result, a document's title: not
+    their kinds, media types or signatures, nor a base64 source's data), one a line; its
+    text alone when its blocks are no JSON."""
+    body = stored_text(text)
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError, TypeError):
+        return body
+    content = value.get("content") if isinstance(value, dict) else None
+    blocks = content if isinstance(content, list) else list(content.values()) if isinstance(content, dict) else ()
+    out = [part for block in blocks if isinstance(block, dict) and block.get("type") != "text"
+           for part in json_strings(block, skip=NAMING_KEYS, base64=False)]
+    return (body or "") + ("\n" + "\n".join(out) if out else "")
+
+
+def _block_strings(data):
+    """lhc_block_strings() in SQL: a message that has only its blocks (an image, a redacted
+    thinking) as search reads it: their strings, not a signature nor base64 or redacted
+    data; None when there are none, or no JSON."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError, TypeError):
+        return None
+    out = list(json_strings(value, skip=frozenset(("signature",)), base64=False,
+                            opaque=("base64", "redacted_thinking")))
+    return "\n".join(out) if out else None
 
 
 def _block_values(data):
@@ -3219,17 +3247,18 @@ def _call_values(text):
     return "\n".join(out) if out else None
 
 
-def json_strings(value, skip=frozenset(), base64=True):
+def json_strings(value, skip=frozenset(), base64=True, opaque=("base64",)):
     """Every string a JSON value holds but its keys (and the values of keys in ``skip``; with
-    ``base64`` False, the data of a base64 source too), in the order it holds them, without
-    recursion (a value can nest deeper than Python recurses)."""
+    ``base64`` False, the data of a base64 source too, or of an object whose type is in
+    ``opaque``), in the order it holds them, without recursion (a value can nest deeper
+    than Python recurses)."""
     todo = [value]
     while todo:
         item = todo.pop()
         if isinstance(item, str):
             yield item
         elif isinstance(item, dict):
-            binary = not base64 and item.get("type") == "base64"
+            binary = not base64 and item.get("type") in opaque
             todo.extend(v for k, v in reversed(list(item.items())) if k not in skip and not (binary and k == "data"))
         elif isinstance(item, list):
             todo.extend(reversed(item))
@@ -3347,6 +3376,13 @@ def _migrate_words_of_values(db) -> None:
     db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
 
 
+def _migrate_search_view(db) -> None:
+    """The word index's view made again from SEARCH_BODY_SQL, which reads what it read: the
+    index's rows stay as they are."""
+    db.execute("DROP VIEW IF EXISTS messages_plain")
+    db.execute(f"CREATE VIEW messages_plain AS SELECT m.seq AS seq, {SEARCH_BODY_SQL} AS text FROM messages m")
+
+
 def _migrate_values_and_result_blocks(db) -> None:
     """Search reads more of a message now (SEARCH_BODY_SQL: a tool call's numbers, the
     strings of a tool output's blocks other than text): the word index's view is made
@@ -3453,6 +3489,8 @@ ALTER TABLE raw_lines_by_offset RENAME TO raw_lines
     ("012_numbers_as_written", _migrate_values_and_result_blocks),
     # (a call's tool name, a text block's citations, floats as Claude Code spelled them)
     ("013_names_and_citations", _migrate_values_and_result_blocks),
+    # (the same reading, done in Python: the word index's view is made again, its rows kept)
+    ("014_block_strings_in_python", _migrate_search_view),
 ]
 
 REGISTRY_MIGRATIONS = [

@@ -1282,3 +1282,127 @@ def test_a_search_behind_its_index_misses_nothing_the_index_takes_in_meanwhile(t
     finally:
         holder.close()
     assert len(calls) >= 2 and sorted(h.seq for h in hits) == [1, 3], [(h.seq, h.how) for h in hits]
+
+
+INDEX_MEMORY_CHILD = r"""
+import base64, json, os, sys, uuid
+import cc_lhc
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+root, sid = sys.argv[1], "11111111-2222-4333-8444-555555555555"
+path = os.path.join(root, sid + ".jsonl")
+blob = base64.b64encode(os.urandom(12_000_000)).decode()
+base = {"sessionId": sid, "timestamp": "2026-01-01T00:00:00Z"}
+recs = [dict(base, type="user", uuid="u1", parentUuid=None, message={"role": "user", "content": "hi"}),
+        dict(base, type="assistant", uuid="a1", parentUuid="u1", message={
+            "id": "m1", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+            "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "/x.png"}}]}),
+        dict(base, type="user", uuid="u2", parentUuid="a1", message={"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": blob}},
+                {"type": "search_result", "title": "TITLE-OF-THE-RESULT", "source": "https://example.com/x",
+                 "content": [{"type": "text", "text": "what it says"}]}]}]})]
+with open(path, "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in recs))
+home = cc_lhc.StateHome(os.path.join(root, "lhc"))
+home.ensure()
+tid = str(uuid.uuid4())
+cap = cc_lhc.Capture(home, tid, sid, path)
+cap.catch_up(index=False)
+before = hwm()
+cap.store.index_search()
+growth = hwm() - before
+db = cap.store.db
+found = [seq for (seq,) in db.execute("SELECT seq FROM messages_plain WHERE instr(text, ?)",
+                                      ("TITLE-OF-THE-RESULT",))]
+print(json.dumps({"line": len(blob), "growth": growth, "found": found,
+                  "blob_indexed": db.execute("SELECT count(*) FROM messages_plain WHERE instr(text, ?)",
+                                             (blob[5000:5040],)).fetchone()[0]}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_indexing_a_tool_output_with_a_large_image_takes_memory_near_its_size(tmp_path):
+    """The strings of a tool output's other blocks were read by SQLite's json_tree, which
+    held about 12 times the block's size (1.2 GB for a 60 MB image): they are read in one
+    pass now, and still found (the image's base64 data is not searched)."""
+    child = subprocess.run([sys.executable, "-c", INDEX_MEMORY_CHILD, str(tmp_path)], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert child.returncode == 0, child.stderr
+    got = json.loads(child.stdout)
+    assert got["found"] and got["blob_indexed"] == 0
+    assert got["growth"] < 4 * got["line"], got
+
+
+# What the word index's view read before migration 014, in SQLite's JSON functions.
+BODY_BEFORE_014 = """CASE
+ WHEN m.kind = 'tool_call' THEN coalesce(lhc_values(m.text) || char(10), '') || coalesce(m.tool_name, '')
+ WHEN m.kind = 'tool_result' AND instr(m.data, '"content":[{') AND NOT instr(m.data, '"\\u0000cc-lhc:text"')
+   AND json_valid(m.data)
+   THEN coalesce(lhc_text(m.text), '') || coalesce(char(10) || (SELECT group_concat(j.value, char(10))
+   FROM json_each(m.data, '$.content') b, json_tree(b.value) j WHERE b.type = 'object'
+   AND json_extract(b.value, '$.type') IS NOT 'text' AND j.type = 'text'
+   AND j.key NOT IN ('type', 'signature', 'media_type')
+   AND NOT (j.key = 'data' AND json_extract(b.value, j.path || '.type') = 'base64')), '')
+ WHEN m.text IS NOT NULL AND m.data IS NOT NULL AND m.kind IN ('assistant_text', 'user_text', 'user_meta', 'api_error')
+   THEN lhc_text(m.text) || coalesce(char(10) || lhc_block_values(m.data), '')
+ WHEN m.text IS NOT NULL THEN lhc_text(m.text)
+ WHEN json_valid(m.data) THEN (SELECT group_concat(j.value, char(10)) FROM json_tree(m.data) j
+   WHERE j.type = 'text' AND j.key IS NOT 'signature'
+   AND NOT (j.key = 'data' AND json_extract(m.data, j.path || '.type') IN ('base64', 'redacted_thinking')))
+ END"""
+
+
+def test_the_python_reading_of_blocks_is_the_one_sqlite_made(tmp_path):
+    """Migration 014 keeps the indexes because the new reading gives every message the
+    text the old one gave: checked here over every kind of block the tests make."""
+    tr = Transcript()
+    tr.prompt("look it up")
+    tr._record("user", message={"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "document", "title": "Spec \u00e9 \"quoted\"", "source": {"type": "base64", "media_type":
+                                                                       "application/pdf", "data": "JVBERi0x"}}]})
+    tr.response({"type": "redacted_thinking", "data": "EqQBCkgIAR"},
+                {"type": "thinking", "thinking": "weighing it", "signature": "SIG"}, text("ok"))
+    calls = tr.response(tool_use("mcp__x__y", q="z"), stop="tool_use")
+    tr.results((calls[0]["id"], [{"type": "search_result", "title": "T", "source": "s", "content": [
+        {"type": "text", "text": "nested"}, {"type": "text", "text": "twice", "citations": [{"n": 1, "u": "url"}]}],
+        "meta": {"list": ["a", ["b", {"type": "base64", "data": "hidden", "other": "shown"}]]}},
+        {"type": "text", "text": "plain"}, "not a block", 7, {"no_type": "kept"}], False))
+    tr.response(text("done"))
+    (tmp_path / "more").mkdir()
+    more = intake_transcript(tr, tmp_path / "more")
+    thread = _blocks_thread(tmp_path)
+    rows = []
+    for db in (thread.store.db, more.store.db):
+        rows += db.execute(f"SELECT m.seq, {BODY_BEFORE_014}, {cc_lhc.SEARCH_BODY_SQL} FROM messages m").fetchall()
+    assert len(rows) > 12 and [(seq, old) for seq, old, _new in rows] == [(seq, new) for seq, _old, new in rows]
+
+
+def test_a_thread_of_the_version_before_keeps_its_indexes_and_reads_blocks_in_python(tmp_path, monkeypatch,
+                                                                                       capsysbinary):
+    """A thread file of the previous version (migrations up to 013): its word index's view
+    read a tool output's other blocks with SQLite's json_tree; opened now, the view reads
+    them in Python, and the indexes, which held the same text, are kept, not filled again."""
+    thread = _blocks_thread(tmp_path)
+    db = thread.store.db
+    thread.store.index_search()
+    names = [name for name, _ in cc_lhc.THREAD_MIGRATIONS]
+    before = names.index("014_block_strings_in_python")
+    filled = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('fts_upto', 'exact_upto')").fetchall())
+    db.executemany("DELETE FROM migrations WHERE name = ?", [(n,) for n in names[before:]])
+    db.execute(f"PRAGMA user_version = {before}")
+    db.execute("DROP VIEW messages_plain")
+    db.execute(f"CREATE VIEW messages_plain AS SELECT m.seq AS seq, {BODY_BEFORE_014} AS text FROM messages m")
+    thread.store.close()
+    store = cc_lhc.ThreadStore(thread.home, thread.id)
+    view = store.db.execute("SELECT sql FROM sqlite_master WHERE name = 'messages_plain'").fetchone()[0]
+    assert "lhc_result_body" in view and "json_tree" not in view
+    assert dict(store.db.execute("SELECT key, value FROM meta WHERE key IN ('fts_upto', 'exact_upto')")
+                .fetchall()) == filled
+    store.close()
+    grant(thread, monkeypatch)
+    for needle in STRINGS_IN_BLOCKS:
+        status, out, _ = search(capsysbinary, needle)
+        assert hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
