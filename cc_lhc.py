@@ -17165,7 +17165,7 @@ def cmd_export(args) -> int:
         if fmt == "raw-lines":
             for row in store.db.execute("SELECT session, line, offset, reason, raw, created FROM raw_lines "
                                         "ORDER BY created, session, offset"):
-                out.write(one_line_json(raw_line_record(*row)) + "\n")
+                write_raw_line(out, *row)
         elif fmt == "json":
             out.write("[")
             sep = "\n"
@@ -17195,6 +17195,40 @@ def one_line_json(value) -> str:
 
 
 LINE_BREAK_ESCAPES = {0x2028: "\\u2028", 0x2029: "\\u2029", 0x85: "\\u0085"}
+
+
+RAW_LINE_CHUNK = 1 << 20  # bytes of a kept line written at a time
+
+
+def write_raw_line(out, session, line, offset, reason, raw, created) -> None:
+    """raw_line_record's JSON, on one line, written to ``out`` a piece at a time: a kept
+    line can be hundreds of MB (a run of NULs a crash left in the file), and its escapes
+    (six characters for a NUL) would otherwise be made whole, twice, before any went out."""
+    raw = bytes(raw or b"")
+    head = {"session": session, "line": line, "offset": offset, "reason": reason, "created": created}
+    if len(raw) <= RAW_LINE_CHUNK:
+        out.write(one_line_json(raw_line_record(session, line, offset, reason, raw, created)) + "\n")
+        return
+    import codecs
+    check, view = codecs.getincrementaldecoder("utf-8")(), memoryview(raw)
+    try:
+        for at in range(0, len(raw), RAW_LINE_CHUNK):
+            check.decode(view[at:at + RAW_LINE_CHUNK], final=at + RAW_LINE_CHUNK >= len(raw))
+        text = True
+    except UnicodeDecodeError:
+        text = False
+    out.write(one_line_json(head)[:-1] + (', "raw": "' if text else ', "raw_base64": "'))
+    if text:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        for at in range(0, len(raw), RAW_LINE_CHUNK):
+            piece = decoder.decode(view[at:at + RAW_LINE_CHUNK], final=at + RAW_LINE_CHUNK >= len(raw))
+            out.write(one_line_json(piece)[1:-1])
+    else:
+        import base64
+        step = RAW_LINE_CHUNK - RAW_LINE_CHUNK % 3  # (whole groups of three: no padding inside)
+        for at in range(0, len(raw), step):
+            out.write(base64.b64encode(view[at:at + step]).decode("ascii"))
+    out.write('"}\n')
 
 
 def raw_line_record(session, line, offset, reason, raw, created) -> dict:

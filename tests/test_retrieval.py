@@ -802,3 +802,38 @@ def test_retrieval_with_its_output_closed_says_so_without_a_traceback(tmp_path):
                           preexec_fn=lambda: os.close(1), env={**os.environ, "CC_LHC_HOME": str(tmp_path)})
     assert proc.returncode == cc_lhc.EXIT_ERROR and "standard output is closed" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("raw", [
+    b"\x00" * (3 << 20) + b"\n",                                              # a crash's run of NULs
+    ("\u00e9\u4e2d\U0001f389\u2028" * 300_000).encode(),                     # characters split by the pieces
+    b"\xff" + b"\x00" * (2 << 20) + "\u00e9".encode() * 10,                 # not UTF-8: base64
+    b"ok" * 20,
+])
+def test_a_kept_line_of_megabytes_is_written_in_pieces_as_it_would_be_whole(raw):
+    """The raw-lines export writes a large kept line a piece at a time (a 200 MB run of NULs
+    took 2.9 GB, its escapes made whole twice), and the line reads back exactly as the
+    record of it made whole."""
+    import io
+    whole = cc_lhc.one_line_json(cc_lhc.raw_line_record("s", 7, 99, "malformed_line", raw, "t")) + "\n"
+    out = io.StringIO()
+    cc_lhc.write_raw_line(out, "s", 7, 99, "malformed_line", raw, "t")
+    assert out.getvalue() == whole and len(out.getvalue().splitlines()) == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_the_raw_lines_export_of_a_large_kept_line_takes_memory_near_its_size(tmp_path):
+    child = subprocess.run([sys.executable, "-c", r"""
+import io, os, sys
+import cc_lhc
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+raw = b"\x00" * (40 << 20)
+before = hwm()
+with open(os.devnull, "w") as out:
+    cc_lhc.write_raw_line(out, "s", 1, 0, "malformed_line", raw, "t")
+print(hwm() - before)
+"""], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert int(child.stdout) < 2 * (40 << 20)  # (whole, a NUL's six-character escape took 12 times the line)
