@@ -18906,6 +18906,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        _reader_gone()
         return EXIT_ERROR
     except (OSError, sqlite3_errors()) as e:
         # The state folder or a file in it could not be used: say which, not a traceback.
@@ -19017,8 +19018,26 @@ def sqlite3_errors():
     return sqlite3.Error
 
 
+def _reader_gone() -> None:
+    """Standard output's reader has gone (`| head`, `| true`): what is still buffered for
+    it goes nowhere, so the flush at exit does not fail again with a traceback."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def cli() -> None:
-    sys.exit(main())
+    status = main()
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _reader_gone()
+        status = status or EXIT_ERROR
+    sys.exit(status)
 
 
 if _LOADING_INTERRUPT and signal.getsignal(signal.SIGINT) is _interrupted_while_loading:

@@ -905,3 +905,28 @@ def test_a_thread_record_that_is_a_fifo_is_named_as_such_not_as_emptied(iso_env,
         said = out.out + out.err
         assert "is a FIFO (named pipe), not a regular file" in said, (argv, said)
         assert "is empty" not in said
+
+
+@pytest.mark.parametrize("argv", [["--lhc-help"], ["doctor"], ["threads"]])
+def test_a_reader_that_stops_early_ends_cc_lhc_quietly(iso_env, argv):
+    """`cc-lhc --lhc-help | true`: the reader is gone before cc-lhc writes; the flush at
+    exit raised BrokenPipeError again and Python printed it (status 120). Quiet now, 1."""
+    env = {k: v for k, v in iso_env.env.items() if k != "PYTHONUNBUFFERED"}  # (as a person runs it)
+    p = subprocess.Popen([sys.executable, str(CC_LHC), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=iso_env.work)
+    p.stdout.close()  # (the reader gone before a byte is written)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) in (0, 1) and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+
+
+def test_output_left_in_the_buffer_for_a_reader_that_has_gone_ends_quietly(iso_env):
+    """The bundle's `--lhc-help | true` and `doctor | true` ended with status 120 and
+    Python's "Exception ignored ... BrokenPipeError": the answer, still buffered when
+    main() returned, was flushed at exit into a pipe nobody read. cli() flushes it itself."""
+    code = ("import cc_lhc; cc_lhc.main = lambda argv=None: print('answer ' * 50) or 0; cc_lhc.cli()")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**{k: v for k, v in iso_env.env.items() if k != "PYTHONUNBUFFERED"},
+                              "PYTHONPATH": str(REPO)}, cwd=iso_env.work)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 1 and err == "", err
