@@ -336,7 +336,9 @@ def matches_lineage(path, lineage):
 def unproven_reason(row, source, lineages):
     """Why the file at source may not be moved as this rebuild, or None when it may."""
     if not inside_projects(source):
-        return "it is not inside Claude's projects folder (%s)" % os.path.realpath(source)
+        root = os.path.join(claude_config_dir(), "projects")
+        return ("it is not inside Claude's projects folder %s (is CLAUDE_CONFIG_DIR set as it was for "
+                "that session?)" % root)
     if has_rebuild_header(source, row["thread_id"]):
         return None
     if matches_lineage(source, lineages.get(row["session_id"])):

@@ -372,7 +372,8 @@ def test_file_outside_claude_projects_is_not_moved(iso_env, tmp_path):
         db.execute("UPDATE rebuilds SET path = ? WHERE session_id = ?", (str(outside), s.new))
     p = run_script(iso_env, "--apply")
     assert p.returncode == 0, p.stderr
-    assert "not inside Claude's projects folder" in p.stdout
+    projects = os.path.join(iso_env.env["CLAUDE_CONFIG_DIR"], "projects")
+    assert f"not inside Claude's projects folder {projects} (is CLAUDE_CONFIG_DIR set" in p.stdout, p.stdout
     assert "1 not provably a cc-lhc rebuild" in p.stdout
     assert outside.exists() and s.rows()[0] == [(s.new, "pending")]
 
