@@ -39,6 +39,8 @@ Environment:
   CC_LHC_VERSION        same as --version
   CC_LHC_DOWNLOAD_BASE  URL of the folder holding the release assets (mirrors, tests)
   CC_LHC_REPO           GitHub owner/name to download from (default: ${RELEASE_REPO:-none})
+  CC_LHC_DOWNLOAD_STALL_SECONDS
+                        give a download up after this many seconds without data (default 60)
 
 The bundle's SHA-256 must match the release's SHA256SUMS and, in a published installer,
 the checksums embedded in this script; otherwise nothing is installed. A SHA-256 tool
@@ -180,21 +182,25 @@ pick_hasher() {
 }
 
 download() {
+    # A server that accepts the connection and then sends nothing (or stops half-way)
+    # is given up after STALL seconds without data, never waited for forever.
     # Only an https:// source is held to https all the way (no redirect to http).
     case "$1" in
         https://*)
             if [ "$DOWNLOADER" = curl ]; then
                 curl --fail --silent --show-error --location --proto '=https' --tlsv1.2 \
+                    --connect-timeout "$STALL" --speed-limit 1 --speed-time "$STALL" \
                     --retry 2 --output "$2" "$1"
             else
-                wget --quiet --https-only --tries=2 --output-document="$2" "$1"
+                wget --quiet --https-only --tries=2 -T "$STALL" --output-document="$2" "$1"
             fi
             ;;
         *)
             if [ "$DOWNLOADER" = curl ]; then
-                curl --fail --silent --show-error --location --output "$2" "$1"
+                curl --fail --silent --show-error --location \
+                    --connect-timeout "$STALL" --speed-limit 1 --speed-time "$STALL" --output "$2" "$1"
             else
-                wget --quiet --tries=1 --output-document="$2" "$1"
+                wget --quiet --tries=1 -T "$STALL" --output-document="$2" "$1"
             fi
             ;;
     esac
@@ -415,6 +421,7 @@ write_previous() {
 link_is_ours() {
     _t=$(readlink "$1" 2>/dev/null) || return 1
     [ -n "$_t" ] || return 1
+    _t=$(printf '%s\n' "$_t" | tr -s /)
     case "$_t" in
         */../* | */.. | ../* | ..) ;;
         "$INSTALL_DIR"/*) return 0 ;;
@@ -446,21 +453,44 @@ check_command_path() {
     return 0
 }
 
+# When process $1 started, as the system tells it (empty when it cannot): with its pid,
+# it names one process, not whichever later one the pid was given to.
+started_at() {
+    if [ -r "/proc/$1/stat" ]; then
+        # (the fields after the command's name, which is in parentheses and may hold spaces)
+        sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
+    else
+        ps -o lstart= -p "$1" 2>/dev/null || true
+    fi
+}
+
+write_lock_owner() {
+    { echo "$$"; started_at "$$"; } >"$LOCK_DIR/pid"
+}
+
 take_lock() {
     LOCK_DIR="$INSTALL_DIR/.install-lock"
     if mkdir "$LOCK_DIR" 2>/dev/null; then
-        echo "$$" >"$LOCK_DIR/pid"
+        write_lock_owner
         return 0
     fi
-    _holder=$(cat "$LOCK_DIR/pid" 2>/dev/null || true)
-    if [ -n "$_holder" ] && kill -0 "$_holder" 2>/dev/null; then
+    _holder="" _since=""
+    { IFS= read -r _holder && IFS= read -r _since; } <"$LOCK_DIR/pid" 2>/dev/null || true
+    case "$_holder" in
+        '' | *[!0-9]*) _holder="" ;;
+    esac
+    # Held while its installer runs: a pid alive now that started when the lock's owner did
+    # (an owner killed long ago leaves its pid to whatever process gets it next).
+    if [ -n "$_holder" ] && kill -0 "$_holder" 2>/dev/null &&
+        { [ -z "$_since" ] || [ "$(started_at "$_holder")" = "$_since" ]; }; then
+        _lock=$LOCK_DIR
         LOCK_DIR=""
-        err "another cc-lhc install (pid $_holder) is running; try again when it finishes"
+        err "another cc-lhc install (pid $_holder) is running; try again when it finishes (if none is, remove $_lock)"
     fi
     # The holder is gone: the lock is stale.
     rm -rf "$LOCK_DIR"
     mkdir "$LOCK_DIR" 2>/dev/null || { LOCK_DIR=""; err "cannot create $INSTALL_DIR/.install-lock"; }
-    echo "$$" >"$LOCK_DIR/pid"
+    write_lock_owner
 }
 
 # Whether $1 (a folder) is an entry of PATH, however the entry is spelled: with a
@@ -478,6 +508,16 @@ on_path() {
     return 1
 }
 
+# $1 written for the inside of a shell's double quotes ($2: the characters to escape).
+dquoted() {
+    printf '%s' "$1" | sed "s/[$2]/\\\\&/g"
+}
+
+# $1 as one single-quoted shell word, whatever it holds.
+squoted() {
+    printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"
+}
+
 path_hint() {
     case ":${PATH:-}:" in
         *":$BIN_DIR:"*) _on=yes ;;
@@ -492,15 +532,17 @@ path_hint() {
             return 0
             ;;
     esac
+    # (pasted as printed, whatever the folder's name holds: a quote, a $, a backslash)
+    _export="export PATH=\"$(dquoted "$BIN_DIR" '\\"$`'):\$PATH\""
     case "${SHELL:-}" in
-        */fish) _how="fish_add_path \"$BIN_DIR\"" ;;
-        */zsh) _how="echo 'export PATH=\"$BIN_DIR:\$PATH\"' >> ~/.zshrc" ;;
-        */bash) _how="echo 'export PATH=\"$BIN_DIR:\$PATH\"' >> ~/.bashrc" ;;
-        *) _how="echo 'export PATH=\"$BIN_DIR:\$PATH\"' >> ~/.profile" ;;
+        */fish) _how="fish_add_path \"$(dquoted "$BIN_DIR" '\\"$')\"" ;;
+        */zsh) _how="echo $(squoted "$_export") >> ~/.zshrc" ;;
+        */bash) _how="echo $(squoted "$_export") >> ~/.bashrc" ;;
+        *) _how="echo $(squoted "$_export") >> ~/.profile" ;;
     esac
     warn "$BIN_DIR is not on your PATH. To add it, run:
     $_how
-then open a new terminal (or run: export PATH=\"$BIN_DIR:\$PATH\")."
+then open a new terminal (or run: $_export)."
 }
 
 # -- main -------------------------------------------------------------------------
@@ -535,8 +577,16 @@ main() {
     [ -n "${HOME:-}" ] || err "HOME is not set"
     INSTALL_DIR=${CC_LHC_INSTALL_DIR:-$HOME/.local/share/cc-lhc}
     BIN_DIR=${CC_LHC_BIN_DIR:-$HOME/.local/bin}
+    # (one spelling of each: a HOME ending in / made .../home//.local, which the command's
+    # link, written from the folder's own spelling, did not start with)
+    INSTALL_DIR=$(printf '%s\n' "$INSTALL_DIR" | tr -s /)
+    BIN_DIR=$(printf '%s\n' "$BIN_DIR" | tr -s /)
     INSTALL_DIR=${INSTALL_DIR%/}
     BIN_DIR=${BIN_DIR%/}
+    STALL=${CC_LHC_DOWNLOAD_STALL_SECONDS:-60}
+    case "$STALL" in
+        '' | *[!0-9]* | 0) err "CC_LHC_DOWNLOAD_STALL_SECONDS must be a whole number of seconds above 0" ;;
+    esac
 
     need_cmd uname
     need_cmd mkdir
@@ -695,6 +745,8 @@ $_check"
         _previous=$_was
     elif [ -n "$_was" ] && [ ! -f "$INSTALL_DIR/previous" ]; then
         _known=unknown  # installed by an older installer that did not record it
+    elif [ -z "$_was" ] && [ ! -f "$INSTALL_DIR/previous" ]; then
+        write_previous "" || err "cannot write $INSTALL_DIR/previous"  # (a first install: none before it)
     fi
     if [ "$_previous" = "$_name" ]; then
         _previous=""

@@ -234,7 +234,8 @@ def test_clean_install(box, server, tmp_path):
     assert "is not on your PATH" in stderr(proc)
     assert str(box.home / ".local" / "bin") in stderr(proc)
     # No leftovers: staging folders, the lock, the temporary download folder.
-    assert sorted(p.name for p in box.install_dir.iterdir()) == ["current", "versions"]
+    assert sorted(p.name for p in box.install_dir.iterdir()) == ["current", "previous", "versions"]
+    assert (box.install_dir / "previous").read_text() == "\n"  # (a first install: nothing to go back to)
     assert len(box.version_dirs()) == 1
     assert list((box.tmp / "tmpdir").iterdir()) == []
     assert not (box.home / ".cc-lhc").exists()
@@ -765,3 +766,133 @@ def test_slow_real_bundle_installs_and_reports_its_identity(tmp_path, server):
     assert out.stdout.startswith(f"cc-lhc {version} (source ")
     assert "stamped" in out.stdout
     assert time.monotonic() - started < 30
+
+
+# == What a person meets in odd places =========================================
+
+class StallingServer:
+    """Accepts connections and then sends nothing: ``mid_body`` sends headers and half a
+    body first. Every connection stays open until the server closes."""
+
+    def __init__(self, mid_body: bool = False):
+        import socket
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.held, self.mid_body = [], mid_body
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            if self.mid_body:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 500)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/cc-lhc-release"
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize("downloader", ["curl", "wget"])
+@pytest.mark.parametrize("mid_body", [False, True])
+def test_a_server_that_stops_sending_is_given_up(box, tmp_path, downloader, mid_body):
+    """A mirror that accepts the connection and then sends nothing, or stops half-way,
+    held the installer forever (curl) or for 15 minutes (wget)."""
+    if not shutil.which(downloader) or not shutil.which("sha256sum"):
+        pytest.skip(f"{downloader} or sha256sum not on this machine")
+    stalling = StallingServer(mid_body)
+    try:
+        path = private_path(tmp_path, BASE_TOOLS + ["sha256sum", downloader])
+        proc = box.install("--version", "0.1.0", path=path, CC_LHC_DOWNLOAD_BASE=stalling.base,
+                           CC_LHC_DOWNLOAD_STALL_SECONDS="2")
+    finally:
+        stalling.close()
+    assert proc.returncode != 0 and "could not download" in stderr(proc), stderr(proc)
+    assert not box.bin.exists()
+
+
+def test_a_stall_limit_that_is_no_number_is_refused(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    proc = box.install("--version", "0.1.0", CC_LHC_DOWNLOAD_STALL_SECONDS="soon")
+    assert proc.returncode != 0 and "CC_LHC_DOWNLOAD_STALL_SECONDS" in stderr(proc)
+
+
+def test_the_path_hint_pastes_as_printed_whatever_home_holds(box, server, tmp_path):
+    """A HOME holding a quote, a $ or a backslash made a hint that, pasted, left the shell
+    waiting for the end of a quote (o'brien), or added another folder to PATH."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    box.home = tmp_path / "o'brien \"$HOME\" `x` \\ dir"
+    box.home.mkdir()
+    box.install_dir, box.bin = box.home / ".local/share/cc-lhc", box.home / ".local/bin/cc-lhc"
+    proc = box.install("--version", "0.1.0", SHELL="/bin/bash")
+    assert proc.returncode == 0, stderr(proc)
+    hint = next(line.strip() for line in stderr(proc).splitlines() if line.strip().startswith("echo "))
+    assert hint.endswith(" >> ~/.bashrc")
+    rc = tmp_path / "bashrc"
+    pasted = subprocess.run([box.shell, "-c", hint[:-len("~/.bashrc")] + '"$1"', "sh", str(rc)],
+                            capture_output=True, text=True, timeout=30)
+    assert pasted.returncode == 0, pasted.stderr
+    path = subprocess.run([box.shell, "-c", '. "$1"; printf %s "$PATH"', "sh", str(rc)], capture_output=True,
+                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}).stdout
+    assert path == f"{box.home}/.local/bin:/usr/bin:/bin"
+
+
+def _started_at(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(") ", 1)[1].split()[19]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process start times from /proc")
+@pytest.mark.parametrize("holder", ["reused-pid", "running"])
+def test_a_lock_left_by_a_killed_install_is_taken_even_when_its_pid_is_in_use(box, server, tmp_path, holder):
+    """An install killed with SIGKILL leaves its lock; once its pid belongs to another
+    process (after a reboot, in a container) every later install was refused. The lock
+    names when its installer started, so only that very process holds it."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0").returncode == 0
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        lock = box.install_dir / ".install-lock"
+        lock.mkdir()
+        since = "1" if holder == "reused-pid" else _started_at(other.pid)
+        (lock / "pid").write_text(f"{other.pid}\n{since}\n")
+        proc = box.install("--version", "0.1.0")
+    finally:
+        other.kill()
+        other.wait()
+    if holder == "reused-pid":
+        assert proc.returncode == 0, stderr(proc)
+        assert not lock.exists()
+    else:
+        assert proc.returncode != 0
+        assert f"another cc-lhc install (pid {other.pid}) is running" in stderr(proc)
+        assert f"if none is, remove {lock}" in stderr(proc)
+
+
+def test_a_home_ending_in_a_slash_reinstalls_over_its_own_command_link(box, server, tmp_path):
+    """HOME=/x/home/: the installer spelled its folder /x/home//.local/..., and once that
+    folder was gone took its own command link for another installation's."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    assert box.install("--version", "0.1.0", HOME=f"{box.home}/").returncode == 0
+    shutil.rmtree(box.install_dir)
+    proc = box.install("--version", "0.1.0", HOME=f"{box.home}/")
+    assert proc.returncode == 0, stderr(proc)
+    assert box.installed_version() == "0.1.0"
+
+
+def test_running_a_first_install_again_says_nothing_of_unrecorded_versions(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    for _ in range(2):
+        proc = box.install("--version", "0.1.0")
+        assert proc.returncode == 0, stderr(proc)
+        assert "not recorded" not in stderr(proc)
