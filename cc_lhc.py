@@ -4298,23 +4298,28 @@ class ThreadStore:
             self.db.execute("UPDATE sources SET degraded = coalesce(degraded, ?) WHERE session_id = ?",
                             (f"{kind}: {detail}", session_id))
 
-    def index_search(self) -> int:
+    def index_search(self, deadline=None) -> int:
         """Bring the search indexes up to the record; returns rows added to the word index.
 
         Both follow the record by a watermark in meta, so a thread from before an index
-        existed is filled on its first call, and a run killed mid-way resumes there.
+        existed is filled on its first call, and a run killed mid-way resumes there. With
+        a ``deadline`` (time.monotonic) it stops between chunks once that has passed (the
+        next call, or the next search, goes on from there).
         """
+        import time
         db = self.db
         first = int((db.execute("SELECT value FROM meta WHERE key = 'fts_upto'").fetchone() or (0,))[0])
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
         for done, upto in index_chunks(first, top):
+            if deadline is not None and time.monotonic() > deadline:
+                return max(0, done - first)
             with Tx(db):
                 # (NULs kept: the word index's content is messages_plain, and its snippets
                 # must match it; what follows a NUL is found by the substring index)
                 db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages_plain "
                            "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, upto))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(upto),))
-        self._index_exact(top)
+        self._index_exact(top, deadline)
         return max(0, top - first)
 
     def has_exact_index(self) -> bool:
@@ -4322,12 +4327,15 @@ class ThreadStore:
         return trigram_available() and self.db.execute(
             "SELECT 1 FROM sqlite_master WHERE name = 'messages_exact'").fetchone() is not None
 
-    def _index_exact(self, top: int) -> None:
+    def _index_exact(self, top: int, deadline=None) -> None:
+        import time
         db = self.db
         if not trigram_available():
             return  # left where it is: a run on an SQLite with trigrams catches up
         first = int((db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() or (0,))[0])
         for done, upto in index_chunks(first, top):
+            if deadline is not None and time.monotonic() > deadline:
+                return
             self._index_exact_chunk(done, upto)
 
     def _index_exact_chunk(self, done: int, top: int) -> None:
@@ -8716,7 +8724,7 @@ class Capture:
             # records belong to, a SendMessage that resumed it: they wait for the next read)
             total += self._catch_up_agents()
         if index and total:
-            self.store.index_search()
+            self.store.index_search(deadline)  # (what a deadline leaves, the next one or a search takes)
         return total
 
     def _catch_up_main(self, deadline) -> int:

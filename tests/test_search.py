@@ -1406,3 +1406,43 @@ def test_a_thread_of_the_version_before_keeps_its_indexes_and_reads_blocks_in_py
     for needle in STRINGS_IN_BLOCKS:
         status, out, _ = search(capsysbinary, needle)
         assert hits_of(out) and hits_of(out)[0]["how"] == "exact", (needle, out)
+
+
+def test_a_launchs_catch_up_leaves_indexing_past_its_deadline_to_the_next_read(tmp_path, monkeypatch):
+    """A launch bounds its catch-up (CATCHUP_SECONDS) so Claude is not kept waiting; the
+    search indexes it built afterwards were not bounded (a 70 MB first resume started
+    Claude 12.8 s after launch against the 10 s). Past the deadline they stop between
+    chunks, and the next read (a capture opening the thread) goes on from there."""
+    import time
+    tr = Transcript()
+    for i in range(1200):  # (more messages than one chunk of the index)
+        tr.prompt(f"prompt number {i}")
+        tr.response(text(f"answer number {i}"))
+    path = tr.write(tmp_path / f"{tr.session_id}.jsonl")
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread_id = cc_lhc.Registry(home).create_thread(tr.session_id, "/home/u/proj", "test")
+    cap = cc_lhc.Capture(home, thread_id, tr.session_id, str(path))
+    asked = []
+    real = cc_lhc.ThreadStore.index_search
+    monkeypatch.setattr(cc_lhc.ThreadStore, "index_search",
+                        lambda self, deadline=None: asked.append(deadline) or real(self, deadline))
+    deadline = time.monotonic() + 60
+    cap.catch_up(deadline=deadline)
+    cap.stop()
+    assert asked[-1] == deadline
+    monkeypatch.setattr(cc_lhc.ThreadStore, "index_search", real)
+    store = cc_lhc.ThreadStore(home, thread_id)
+    with cc_lhc.Tx(store.db):
+        store.db.execute("DELETE FROM meta WHERE key IN ('fts_upto', 'exact_upto')")
+        store.db.execute("DELETE FROM messages_fts")
+        store.db.execute("INSERT INTO messages_exact (messages_exact) VALUES ('delete-all')")
+    assert store.index_search(deadline=time.monotonic() - 1) == 0  # (past it: not one chunk)
+    assert store.db.execute("SELECT count(*) FROM meta WHERE key IN ('fts_upto', 'exact_upto')").fetchone() == (0,)
+    store.close()
+    again = cc_lhc.Capture(home, thread_id, tr.session_id, str(path))
+    again.catch_up()
+    top = again.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+    marks = dict(again.store.db.execute("SELECT key, value FROM meta WHERE key IN ('fts_upto', 'exact_upto')"))
+    again.stop()
+    assert marks == {"fts_upto": str(top), "exact_upto": str(top)}
