@@ -8661,7 +8661,8 @@ class Capture:
         self.store = None
         self._thread = None
         self._stop = None
-        self.error = None
+        self.error = None             # why the live reads fail, while they do (since error_since)
+        self.error_since = None
         self.lines = 0
         self.lease = None
         self.caught_up = False
@@ -9224,9 +9225,15 @@ class Capture:
                     active_until = time.monotonic() + self.ACTIVE_SECONDS
                     self.catch_up()
                     last = key  # only once read: a failed read is tried again next poll
+                    if self.error is not None:
+                        self.on_event(("capture_recovered", self.error_since), self)
+                    self.error = self.error_since = None
             except FileNotFoundError:
                 pass  # Claude writes the file with the first prompt
             except Exception as e:  # capture must never take the session down
+                if self.error is None:
+                    self.error_since = utc_now_iso()
+                    self.on_event(("capture_failing", str(e)), self)
                 self.error = e
                 self.home.log("capture_error", thread=self.thread_id, error=repr(e))
                 self._stop.wait(1.0)
@@ -11323,9 +11330,13 @@ class ControlPanel:
         finally:
             store.close()
         p = session.policy
+        failing = capture.error
         return "\n".join([
             f"capture: {capture.lines} lines read live, "
-            + (f"DEGRADED ({degraded.get('degraded')})" if degraded.get("degraded") else "healthy"),
+            + (f"FAILING since {capture.error_since[11:19]} UTC ({failing}): what Claude writes "
+               "is read once the state folder takes it again; the context below is from before"
+               if failing else
+               f"DEGRADED ({degraded.get('degraded')})" if degraded.get("degraded") else "healthy"),
             f"retrieval: {'ready' if session.descriptor else 'not available'} "
             f"(cc-lhc get-turns / get-messages / search)",
             f"context: {describe_reading(c)}; state {c['state']}",
@@ -12188,7 +12199,7 @@ class ManagedSession:
         spec, home, capture = self.spec, self.home, self.capture
         self._each_step(
             ("worker", lambda: self.worker and self.worker.stop()),
-            ("capture", lambda: finish_capture(capture, spec, home)),
+            ("capture", lambda: finish_capture(capture, spec, home, at_exit=True)),
             ("counts ahead", lambda: finish_counting_ahead(home)),
             ("pressure", lambda: spec.print_mode or report_pressure_at_exit(capture, spec, home,
                                                                              self.policy)),
@@ -12353,15 +12364,20 @@ def survivor_note(pid: int) -> str:
             "it is still running")
 
 
-def finish_capture(capture, spec, home):
+def finish_capture(capture, spec, home, at_exit=False):
     """Read Claude's last lines into the record before cc-lhc exits (or leaves the session).
 
     A last line Claude left without its newline (killed while writing it), in the session's
     file or a subagent's, is then mended as the next resume would mend it: a whole record
     gets its newline and is read in, a cut-off fragment is kept in the thread
     (keep_cut_line) and trimmed. Otherwise a session never resumed would keep its last
-    record out of the thread for good.
+    record out of the thread for good. ``at_exit``: Claude has ended and the terminal is
+    cc-lhc's own again, so a wait for another process's lock on the thread is said.
     """
+    if at_exit and thread_busy(home, capture.thread_id):
+        # (the last reads wait for it, up to half a minute each: said, not a silent terminal)
+        say(f"waiting for another process that is writing thread {capture.thread_id[:8]} to finish, "
+            "to take in Claude's last lines")
     try:
         capture.stop()
         # The session's own file and its subagents' files alike (a background agent killed
@@ -12832,6 +12848,9 @@ def attach_thread(spec, home, policy):
         lease = Lease(home, thread)
         lease.acquire()
         try:
+            if thread_busy(home, thread):  # (what follows writes the thread: it waits for that)
+                say(f"waiting for another process that is writing thread {thread[:8]} to finish "
+                    "(a search bringing its index up to date, say) before Claude starts")
             refuse_lost_thread(home, hostdb, registry, thread, spec)
             recover_thread(home, registry, hostdb, thread)
             current = registry.current_session(thread)
@@ -13049,6 +13068,15 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path, live=True)
                 spec.session.views_replayed.append(newest or 0)
                 spec.session.wake()
             home.log("in_process_view_captured", thread=capture.thread_id, turn=turn)
+        if kind in ("capture_failing", "capture_recovered"):
+            # (the capture thread: said once a streak, never from each of its retries)
+            note = (f"cc-lhc cannot write its record of this session ({turn}); Claude goes on, and "
+                    "what it writes is taken in once cc-lhc can write again (the control panel's /status)"
+                    if kind == "capture_failing" else
+                    "cc-lhc writes its record of this session again; nothing Claude wrote meanwhile was lost")
+            if spec.session is not None:
+                spec.session.announce(note)
+            return
         if kind == "native_compact":
             note = (f"Claude native Compact ran in session {capture.session_id}; its summary is kept "
                     f"as turn t{turn} and every earlier turn stays in the thread")
@@ -13980,8 +14008,10 @@ class LiveHandoff:
     DIALOG_WAITS = ("a dialog of Claude's is open over its input box (a picker, the ctrl-o transcript); "
                     "Smart Compact waits for it to close")
     JUST_SENT = "a prompt was just sent to Claude"
+    THREAD_BUSY = ("another process is writing this thread (a search bringing its index up to date, "
+                   "say); Smart Compact waits for a seam after it is done")
     # How the reasons for not starting that pass by themselves begin (swap_soon waits them out).
-    PASSING = (UNSETTLED, DRAFT_WAITS, DIALOG_WAITS, JUST_SENT)
+    PASSING = (UNSETTLED, DRAFT_WAITS, DIALOG_WAITS, JUST_SENT, THREAD_BUSY)
 
     def _person_is_writing(self) -> str:
         """Why Smart Compact must not start at this seam because of the person ('' if not)."""
@@ -14042,6 +14072,11 @@ class LiveHandoff:
         session, spec, home = self.session, self.session.spec, self.session.home
         if self.host.stopping is not None:
             return "cc-lhc is stopping"
+        if thread_busy(home, session.capture.thread_id):
+            # (before anything the person types is held back: the rebuild would wait for that
+            # lock, up to half a minute, with their keys going nowhere)
+            home.log("handoff_waits_for_thread", manual=manual)
+            return self.THREAD_BUSY
         if self.inproc.usable and not self.continue_note:
             # In process when the mod is active: no swap unless that is refused.
             why = self.inproc.start(relay, manual, prune)
@@ -14219,6 +14254,18 @@ class LiveHandoff:
 
     # -- the switch, in one step ---------------------------------------------------------
 
+    def _after_switch(self, step: str, fn, *args):
+        """One step after the switch that writes cc-lhc's own state: the person is on the
+        replacement already, so a state folder that cannot take the write (a full disk, a
+        thread locked for long) costs that step, logged, never the session (what is left
+        undone is done by the session's end or the next launch: capture catches up, an
+        unaccepted rebuild Claude works in is accepted)."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self.session.home.log("handoff_step_failed", step=step, error=repr(e))
+            return None
+
     def _switch(self, relay) -> None:
         self.asked = None
         session, spec, home = self.session, self.session.spec, self.session.home
@@ -14226,6 +14273,13 @@ class LiveHandoff:
         old_child, old_capture, old_descriptor = self.host.child, session.capture, session.descriptor
         if not self.survival:
             failpoint("before-switch")
+            try:  # (before the terminal moves: a state folder that cannot take it leaves the old Claude on)
+                fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,
+                                    pending.session_id, pending.path)
+            except Exception as e:
+                self._fail(relay, f"cc-lhc's state folder could not take the new session ({e})",
+                           nonviable=False)
+                return
         relay.remove_reader("candidate")
         relay.timeout = None
         relay.switch_master(new.fd)
@@ -14274,8 +14328,6 @@ class LiveHandoff:
         self.carrying = []
         session.left_sessions = []  # (the replacement is a new process: what it left is carried)
         spec.session_id = spec.resume = pending.session_id
-        fresh = new_capture(spec, home, session.policy, session.hostdb, old_capture.thread_id,
-                            pending.session_id, pending.path)
         fresh.lease = lease
         fresh.request_handoff = old_capture.request_handoff
         session.capture, session.descriptor = fresh, pending.descriptor
@@ -14285,14 +14337,15 @@ class LiveHandoff:
         # reaches the record, and a turn it opened after the seam (a notification that came
         # meanwhile) is known to be over, not left open under every later seam.
         self._end_old(old_child, self.carry.end_signal())
-        finish_capture(old_capture, spec, home)
-        self._interrupt_left_turn(old_capture)
-        self._tell_after_seam(old_capture)
+        self._after_switch("finish_capture", finish_capture, old_capture, spec, home)
+        self._after_switch("interrupt_left_turn", self._interrupt_left_turn, old_capture)
+        self._after_switch("tell_after_seam", self._tell_after_seam, old_capture)
         fresh.start()
-        remove_descriptor(home, session.hostdb, old_descriptor, "handed off")
+        self._after_switch("remove_descriptor", remove_descriptor, home, session.hostdb, old_descriptor,
+                           "handed off")
         home.log("handoff_switched", thread=fresh.thread_id, new_session=spec.session_id,
                  old_pid=old_child.pid, new_pid=new.pid)
-        self.carry.carry_journals(old_capture.path, pending.path)
+        self._after_switch("carry_journals", self.carry.carry_journals, old_capture.path, pending.path)
         self.host.watch(new.pid)
         if carried:
             session.announce(carried, relay)
@@ -14309,8 +14362,9 @@ class LiveHandoff:
             home.log("too_long_continued", session=spec.session_id)
         for waiting in [p for p in (session.pending, pending) if p]:
             if os.path.getsize(waiting.path) > waiting.prefix:
-                accept(home, fresh.thread_id, waiting)
-                if waiting is session.pending:
+                if self._after_switch("accept", accept, home, fresh.thread_id, waiting) is None:
+                    session.pending = waiting  # (it failed: tried again when the session ends)
+                elif waiting is session.pending:
                     session.pending = None
             else:
                 session.pending = waiting  # settled when the session ends
@@ -14468,9 +14522,14 @@ class LiveHandoff:
         if self.candidate is not None:
             _close_child(self.candidate)
         if self.pending:
-            remove_descriptor(home, self.session.hostdb, self.pending.descriptor, "nonviable")
-            abandon(home, Registry(home), self.pending.session_id, why)
-            Receipts(self.session.hostdb, home).outcome(self.pending.receipt, f"failed: {why}")
+            # (each on its own: a state folder that takes no write leaves the record pending,
+            # which the thread's next launch rolls back, and the session goes on all the same)
+            pending = self.pending
+            self._after_switch("revoke_descriptor", remove_descriptor, home, self.session.hostdb,
+                               pending.descriptor, "nonviable")
+            self._after_switch("abandon", abandon, home, Registry(home), pending.session_id, why)
+            self._after_switch("receipt", Receipts(self.session.hostdb, home).outcome, pending.receipt,
+                               f"failed: {why}")
         self.candidate, self.pending = None, None
         self.continue_note = None
         self.carrying = []
@@ -17415,9 +17474,16 @@ def _record_impression(store, session, command, labels, turns, size):
                              "VALUES (?, ?, ?, ?, ?, ?)",
                              (session, command, ",".join(labels), ",".join(str(t) for t in sorted(turns)),
                               size, utc_now_iso()))
-    if not written_briefly(store.db, note, IMPRESSION_LOCK_WAIT_MS):
-        StateHome().log("impression_not_recorded", thread=store.thread_id, command=command,
-                        reason="the thread was locked by another process")
+    import sqlite3
+    try:
+        if written_briefly(store.db, note, IMPRESSION_LOCK_WAIT_MS):
+            return
+        reason = "the thread was locked by another process"
+    except (sqlite3.Error, OSError) as e:  # (a full disk, a folder made read-only: the answer stands)
+        if store.db.in_transaction:
+            store.db.execute("ROLLBACK")
+        reason = f"the thread could not be written: {e}"
+    StateHome().log("impression_not_recorded", thread=store.thread_id, command=command, reason=reason)
 
 
 def _retrieve(args, letter: str, command: str, render) -> int:
@@ -17896,6 +17962,28 @@ def raw_line_hits(store, text: str, limit: int) -> list:
             if len(hits) >= limit:
                 break
     return hits
+
+
+THREAD_BUSY_WAIT_SECONDS = 1.0
+
+
+def thread_busy(home, thread_id) -> bool:
+    """Whether another process holds the thread file's write lock (waited for at most
+    THREAD_BUSY_WAIT_SECONDS: a commit of this process's own capture is over by then)."""
+    import sqlite3
+    try:
+        db = sqlite3.connect(home.path("threads", f"{thread_id}.sqlite"), timeout=THREAD_BUSY_WAIT_SECONDS,
+                             isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as e:
+        return "locked" in str(e) or "busy" in str(e)
+    finally:
+        db.close()
 
 
 def written_briefly(db, work, wait_ms=None) -> bool:
