@@ -13916,7 +13916,7 @@ class LiveHandoff:
         self.retry_until = None     # and until when
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
-        self.sent_mark = 0          # the newest recorded prompt when the person last sent one
+        self.sent_mark = ""         # when the person last sent a prompt (UTC, as records stamp it)
         self.missed = None          # (kind, prune target) a seam asked for while one was under way
         self.held = None            # the prune target (or False) of an automatic one a draft held back
         self.asked = None           # "Smart Compact" / "Smart Prune" the person asked for (the panel)
@@ -14025,7 +14025,7 @@ class LiveHandoff:
         if self.draft.pending:
             return self.DRAFT_WAITS
         if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS
-                and (self._last_prompt() or 0) <= self.sent_mark):
+                and (self._last_prompt_at() or "") < self.sent_mark):
             return self.JUST_SENT + "; Smart Compact waits for it to be recorded"
         return ""
 
@@ -14383,8 +14383,10 @@ class LiveHandoff:
             self.last_input = time.monotonic()
             out = inner(data) if inner else data
             if out and not relay.drop_input and self.draft.feed(out, self.last_input):
-                # (what is dropped never reached the box) a prompt went: the next one recorded
-                self.sent_mark = self._last_prompt() or 0
+                # (what is dropped never reached the box) a prompt went: Claude's record of it
+                # is written after this moment (by the clock both read), so it is told from a
+                # prompt captured late that was sent before (cc-lhc stopped, or far behind)
+                self.sent_mark = utc_now_iso()
                 self.held = None  # (the seam it held back is gone: the next one asks again)
             return out
 
@@ -14433,6 +14435,10 @@ class LiveHandoff:
         """The newest message the person sent that capture has recorded: a prompt opens a
         turn with one, a message sent while Claude works joins the running turn as one."""
         return self._newest("SELECT max(seq) FROM messages WHERE kind = 'user_text' AND agent IS NULL")
+
+    def _last_prompt_at(self):
+        """When Claude wrote the newest such message (its record's timestamp)."""
+        return self._newest("SELECT max(created) FROM messages WHERE kind = 'user_text' AND agent IS NULL")
 
     def _newest(self, sql):
         store = ThreadStore(self.session.home, self.session.capture.thread_id)

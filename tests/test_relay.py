@@ -473,17 +473,18 @@ def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch,
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.candidate, h.submit_at, h.continue_note = session, None, None, None
     h.inproc = types.SimpleNamespace(pending=None, usable=False)
-    h.draft, h.sent_mark, turns = cc_lhc.DraftWatch(), 4, [4]
-    h._last_prompt = lambda: turns[0]
+    # (when Claude stamped the newest prompt capture holds: one from before the send first)
+    h.draft, h.sent_mark, turns = cc_lhc.DraftWatch(), "2026-12-07T10:00:00.000Z", ["2026-12-07T09:59:59.000Z"]
+    h._last_prompt_at = lambda: turns[0]
     begun = []
     h._begin = lambda relay, manual, prune: begun.append(manual)
     h.draft.feed(b"half a thought", 0.0)
     assert h.start(None) == cc_lhc.LiveHandoff.DRAFT_WAITS and h.start(None, manual=True) and not begun
     h.draft.feed(b"\r", time.monotonic())
     assert "just sent" in h.start(None) and not begun  # its turn is not recorded yet
-    turns[0] = 5  # now it is (and answered: a settled seam again)
+    turns[0] = "2026-12-07T10:00:00.250Z"  # now it is (and answered: a settled seam again)
     assert h.start(None) == "" and begun == [False]
-    turns[0], begun[:] = 4, []
+    turns[0], begun[:] = "2026-12-07T09:59:59.000Z", []
     h.draft.sent_at -= cc_lhc.LiveHandoff.SENT_SETTLE_SECONDS  # or no turn came in time
     assert h.start(None) == "" and begun == [False]
     h.continue_note = "[runtime note] ..."  # the too-long recovery does not wait

@@ -239,3 +239,46 @@ def test_a_wait_for_another_process_writing_the_thread_is_said(real_claude, tmux
     finally:
         release()
     t.wait_for("EXIT=0", timeout=60)
+
+
+def test_a_prompt_typed_while_cc_lhc_was_stopped_is_in_the_session_it_swaps_to(real_claude, tmux):
+    """cc-lhc stopped (SIGSTOP) while Claude answered over the trigger, and a prompt typed
+    meanwhile: on SIGCONT the prompt went to Claude, but the seam before it, captured only
+    then, was taken for settled (the prompt "just sent" looked recorded: a prompt, the one
+    before it, had come in since the send), and the swap's session held neither the prompt
+    nor its answer. A prompt counts as recorded only once Claude's record of it is newer
+    than the send."""
+    import os
+    import signal
+    from realcli import requests_holding, running
+    rc = real_claude
+    rc.api.script(["ANSWER-ONE"])
+    rc.api.responder = lambda body: text_reply("DEFAULT-ANSWER", usage=SMALL)
+    t = start(rc, tmux)
+    type_line(t, "first prompt")
+    t.wait_for("ANSWER-ONE", timeout=30)
+    time.sleep(1)
+    (pid,) = running("cc_lhc.py")
+    hold = threading.Event()
+    rc.api.script([dict(text_reply("ANSWER-BIG", usage=OVER_USAGE), hold=hold), "ANSWER-TYPED"])
+    type_line(t, "second prompt")
+    rc.api.wait_for_requests(2, answered=False)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        hold.set()
+        wait_until(lambda: "ANSWER-BIG" in (rc.project_dir / f"{rc.api.message_requests[-1]['session_id']}.jsonl")
+                   .read_text(), "Claude writing its answer while cc-lhc is stopped")
+        type_line(t, "TYPED-WHILE-STOPPED")
+        time.sleep(2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: requests_holding(rc, "TYPED-WHILE-STOPPED"), "the typed prompt reaching Claude")
+    t.wait_for("ANSWER-TYPED", timeout=30)
+    time.sleep(3)  # (a swap at the seam after it, if one is due, is under way by now)
+    rc.api.script(["ANSWER-LAST"])
+    type_line(t, "last prompt")
+    t.wait_for("ANSWER-LAST", timeout=60)
+    body = json.dumps(requests_holding(rc, "last prompt")[-1]["body"]["messages"])
+    assert "TYPED-WHILE-STOPPED" in body and "ANSWER-TYPED" in body
+    type_line(t, "/exit")
+    t.wait_for("EXIT=0", timeout=60)
