@@ -1972,7 +1972,9 @@ class RolloutParser:
             rec, repaired = _without_lone_surrogates(rec)
             if repaired and text is raw:
                 self._odd.append("text_repaired")
-        messages, chained = len(self.out.messages), len(self.out.chain)
+        out = self.out
+        before = (len(out.messages), len(out.turns_opened), len(out.turns_closed))
+        chained = len(out.chain)
         try:
             self._record(rec, len(raw), line_no, offset)
         except (TypeError, AttributeError, RecursionError) as e:
@@ -1980,9 +1982,11 @@ class RolloutParser:
             # one), or one nested just too deep to write back: a malformed line where it
             # stands, never a capture stalled on it.
             self._off_tip = False
-            if len(self.out.messages) == messages:
+            if (len(out.messages), len(out.turns_opened), len(out.turns_closed)) == before:
                 # Nothing of it is in the thread, so its uuid names no record there: a
                 # later, readable copy under that uuid is read, not counted as its copy.
+                # (one that got as far as opening a turn leaves it: read again, the copy
+                # would open a second, empty one before its own)
                 for row in self.out.chain[chained:]:
                     self.s.known_uuids.discard(row.uuid)
                 del self.out.chain[chained:]
@@ -3369,8 +3373,7 @@ def _migrate_words_of_values(db) -> None:
     string values, decoded, not its JSON (whose keys made every Bash call a hit for
     "command description"); it is filled again on the next index_search."""
     db.execute("DROP TABLE IF EXISTS messages_fts")
-    db.execute("DROP VIEW IF EXISTS messages_plain")
-    db.execute(f"CREATE VIEW messages_plain AS SELECT m.seq AS seq, {SEARCH_BODY_SQL} AS text FROM messages m")
+    _migrate_search_view(db)
     db.execute("CREATE VIRTUAL TABLE messages_fts USING fts5 (text, content='messages_plain', "
                "content_rowid='seq')")
     db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
@@ -4234,17 +4237,23 @@ class ThreadStore:
         run writes belongs to the turn of that call (see RolloutParser)."""
         return [(created, turn) for created, turn, _seq, _id in self.agent_sends(agent_id)]
 
-    def agent_sends(self, agent_id) -> list:
+    def agent_sends(self, agent_id, sends=None) -> list:
         """(timestamp, turn, seq, tool_use_id) of each SendMessage call of the main
         conversation to this agent, oldest first. A call names the agent by its id or by
         the name its Agent call gave it; its acknowledgement, once written, names the id
-        it resumed."""
+        it resumed. ``sends``: send_messages(), read once for many agents."""
         names = {agent_id}
         started = self.db.execute(f"SELECT ({STARTING_CALL_SQL.format(column='text')}) FROM agents a "
                                   "WHERE a.agent_id = ?", (agent_id,)).fetchone()
         name = _json_object(started[0]).get("name") if started and started[0] else None
         if isinstance(name, str) and name:
             names.add(name)
+        return [(created, turn, seq, call_id) for to, resumed, created, turn, seq, call_id
+                in (self.send_messages() if sends is None else sends) if to in names or agent_id in resumed]
+
+    def send_messages(self) -> list:
+        """Every SendMessage call of the main conversation, oldest first: (whom its input
+        names, the ids its acknowledgement says it resumed, timestamp, turn, seq, tool_use_id)."""
         found = []
         for text, created, turn, seq, call_id, ack in self.db.execute(
                 "SELECT c.text, c.created, c.turn, c.seq, c.tool_use_id, lhc_text(r.text) FROM messages c "
@@ -4252,9 +4261,10 @@ class ThreadStore:
                 "AND r.agent IS NULL WHERE c.kind = 'tool_call' AND c.agent IS NULL "
                 "AND c.tool_name = 'SendMessage' ORDER BY c.seq"):
             answer = _json_object(ack) if ack else {}
-            resumed = {answer.get("resumedAgentId"), answer.get("revivedAgentId")}
-            if isinstance(created, str) and (_json_object(text).get("to") in names or agent_id in resumed):
-                found.append((created, turn, seq, call_id))
+            if isinstance(created, str):
+                found.append((_json_object(text).get("to"),
+                              {answer.get("resumedAgentId"), answer.get("revivedAgentId")} - {None},
+                              created, turn, seq, call_id))
         return found
 
     def linked_call(self, agent_id):
@@ -4281,8 +4291,10 @@ class ThreadStore:
         rows = self.db.execute(
             f"SELECT a.agent_id, a.kind, a.tool_use_id, a.source, ({STARTING_CALL_SQL.format(column='seq')}) "
             "FROM agents a").fetchall()
+        sends = self.send_messages() if any(r[1] == "subagent" for r in rows) else []
         return {r[0]: {"kind": r[1], "tool_use_id": r[2], "source": r[3], "call": r[4],
-                       "sends": self.agent_sends(r[0]) if r[1] == "subagent" else []} for r in rows}
+                       "sends": self.agent_sends(r[0], sends) if r[1] == "subagent" and sends else []}
+                for r in rows}
 
     def keep_raw_line(self, session_id, line, offset, reason, raw) -> None:
         """One transcript line kept byte for byte outside the parse (see RawLine), counted."""
@@ -6237,8 +6249,10 @@ def no_turn_fits(thread_id, policy, budget, view) -> ViewHoldsNoTurn:
     which = ("lowerBoundTokens" if budget >= target else
              f"the trigger less the minimum runway: upperBoundTokens {policy['upperBoundTokens']:,} "
              f"less minRunwayTokens {policy['minRunwayTokens']:,}")
-    return ViewHoldsNoTurn(f"a view of thread {thread_id} within the target of {budget:,} tokens holds no "
-                           f"turn (its header alone is {view.tokens:,}); give a larger target ({which})")
+    e = ViewHoldsNoTurn(f"a view of thread {thread_id} within the target of {budget:,} tokens holds no "
+                        f"turn (its header alone is {view.tokens:,}); give a larger target ({which})")
+    e.budget = budget
+    return e
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
@@ -11330,7 +11344,7 @@ class ControlPanel:
         finally:
             store.close()
         p = session.policy
-        failing = capture.error
+        failing = getattr(capture, "error", None)  # (the preview's stand-in capture has none)
         return "\n".join([
             f"capture: {capture.lines} lines read live, "
             + (f"FAILING since {capture.error_since[11:19]} UTC ({failing}): what Claude writes "
@@ -12149,7 +12163,7 @@ class ManagedSession:
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
         self.announced = []               # lines shown on the terminal as they happened
-        self.said_no_room = set()         # targets with no room for a turn, said once each
+        self.said_no_room = set()         # budgets with no room for a turn, said once each
         self.left_sessions = []           # (thread, session) this Claude process was on before it moved
         self.said_before = set()          # of those, lines also said before Claude started
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
@@ -13197,12 +13211,19 @@ def smart_compact_before_launch(spec, home, policy, capture):
         pending = rebuild(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
                           spec.cwd, envelope_from=None if gone else capture.path, assessment=a,
                           plan_view=plan_view, idle=True, gone=unresumable, manifest=orphan_lines(orphaned))
-    except NoRebuild as e:
-        a.outcome(f"no_action: {e}")
-        home.log(e.event, thread=capture.thread_id, why=str(e))
-        say(f"Smart Prune: {e}" if plan_view else f"Smart Compact did not run: {e}; launching on the current session")
-        return capture, None
     except LhcError as e:
+        if isinstance(e, NoRebuild):
+            a.outcome(f"no_action: {e}")
+            home.log(e.event, thread=capture.thread_id, why=str(e))
+        if unresumable:
+            # (no session to fall back on: Claude could not go on with the one it was on)
+            raise LhcError(f"session {spec.session_id} has to be written again from thread "
+                           f"{capture.thread_id[:8]} for Claude to go on with it, and it could not be: {e}",
+                           e.status) from e
+        if isinstance(e, NoRebuild):
+            say(f"Smart Prune: {e}" if plan_view else
+                f"Smart Compact did not run: {e}; launching on the current session")
+            return capture, None
         # The session Claude was on is still whole: launch on it rather than not at all.
         say(f"{e}; launching on the current session")
         return capture, None
@@ -13913,6 +13934,7 @@ class LiveHandoff:
         self.told_at_turn = None    # a note was typed: the next one waits for a newer settled turn
         self.last_input = 0.0       # when the person last typed (monotonic)
         self.retry_at = None        # swap_soon: when to try the waiting swap again (monotonic)
+        self.no_room = None         # (target, why) when no turn fitted its view (_no_rebuild)
         self.retry_until = None     # and until when
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
@@ -14037,9 +14059,13 @@ class LiveHandoff:
         session = self.session
         assessment.outcome(f"no_action: {e}")
         session.home.log(e.event, thread=session.capture.thread_id, why=str(e))
-        if isinstance(e, ViewHoldsNoTurn) and not manual and str(e) not in session.said_no_room:
-            session.said_no_room.add(str(e))
-            session.announce(f"Smart Compact did not run: {e}", relay)
+        if isinstance(e, ViewHoldsNoTurn):
+            # (the header only grows: until the target changes, later seams are spared the
+            # attempt, and the in-process one its /compact typed into Claude each time)
+            self.no_room = (e.budget, str(e))
+            if not manual and e.budget not in session.said_no_room:
+                session.said_no_room.add(e.budget)
+                session.announce(f"Smart Compact did not run: {e}", relay)
         return str(e)
 
     def _left_behind(self, store, here) -> list:
@@ -14072,6 +14098,8 @@ class LiveHandoff:
         session, spec, home = self.session, self.session.spec, self.session.home
         if self.host.stopping is not None:
             return "cc-lhc is stopping"
+        if prune is None and self.no_room is not None and self.no_room[0] == session.policy.effective_target:
+            return self.no_room[1]  # (see _no_rebuild)
         if thread_busy(home, session.capture.thread_id):
             # (before anything the person types is held back: the rebuild would wait for that
             # lock, up to half a minute, with their keys going nowhere)
@@ -14654,7 +14682,7 @@ class InProcessCompact:
                 relay.drop_input = False
                 if early:
                     self._write_view_state(refused=str(e))  # the waiting hook leaves Claude as it is
-                return self.handoff._no_rebuild(relay, a, e, manual)
+                return self.handoff._no_rebuild(relay, a, e, manual or person is not None)
             except LhcError as e:
                 relay.drop_input = False
                 if early:
@@ -17234,7 +17262,7 @@ def cmd_export(args) -> int:
                          else f"it holds t{low}\u2013t{high}")
                 asked = " ".join(f"{flag} t{n}" for flag, n in (("--from", first), ("--to", last)) if n is not None)
                 raise usage_error(f"thread {thread_id[:8]} has no turn in {asked}: {holds}")
-        agents = store.agents()
+        agents = store.agents() if fmt != "raw-lines" else {}
         if fmt == "raw-lines":
             for row in store.db.execute("SELECT session, line, offset, reason, raw, created FROM raw_lines "
                                         "ORDER BY created, session, offset"):
@@ -17977,9 +18005,11 @@ def thread_busy(home, thread_id) -> bool:
     """Whether another process holds the thread file's write lock (waited for at most
     THREAD_BUSY_WAIT_SECONDS: a commit of this process's own capture is over by then)."""
     import sqlite3
-    try:
-        db = sqlite3.connect(home.path("threads", f"{thread_id}.sqlite"), timeout=THREAD_BUSY_WAIT_SECONDS,
-                             isolation_level=None)
+    import urllib.parse
+    path = home.path("threads", f"{thread_id}.sqlite")
+    try:  # (mode=rw: a thread file that is not there is not made here)
+        db = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=rw", uri=True,
+                             timeout=THREAD_BUSY_WAIT_SECONDS, isolation_level=None)
     except sqlite3.Error:
         return False
     try:

@@ -475,7 +475,7 @@ take_lock() {
         return 0
     fi
     _holder="" _since=""
-    { IFS= read -r _holder && IFS= read -r _since; } <"$LOCK_DIR/pid" 2>/dev/null || true
+    { IFS= read -r _holder && IFS= read -r _since; } 2>/dev/null <"$LOCK_DIR/pid" || true
     case "$_holder" in
         '' | *[!0-9]*) _holder="" ;;
     esac
@@ -540,9 +540,10 @@ path_hint() {
         */bash) _how="echo $(squoted "$_export") >> ~/.bashrc" ;;
         *) _how="echo $(squoted "$_export") >> ~/.profile" ;;
     esac
+    # (typed at a prompt: single quotes, where an interactive bash or zsh expands no `!`)
     warn "$BIN_DIR is not on your PATH. To add it, run:
     $_how
-then open a new terminal (or run: $_export)."
+then open a new terminal (or run: export PATH=$(squoted "$BIN_DIR"):\"\$PATH\")."
 }
 
 # -- main -------------------------------------------------------------------------

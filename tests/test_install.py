@@ -831,7 +831,7 @@ def test_the_path_hint_pastes_as_printed_whatever_home_holds(box, server, tmp_pa
     """A HOME holding a quote, a $ or a backslash made a hint that, pasted, left the shell
     waiting for the end of a quote (o'brien), or added another folder to PATH."""
     server.serve(make_release(tmp_path, "0.1.0"))
-    box.home = tmp_path / "o'brien \"$HOME\" `x` \\ dir"
+    box.home = tmp_path / "o'brien \"$HOME\" `x` \\ we!rd dir"
     box.home.mkdir()
     box.install_dir, box.bin = box.home / ".local/share/cc-lhc", box.home / ".local/bin/cc-lhc"
     proc = box.install("--version", "0.1.0", SHELL="/bin/bash")
@@ -845,6 +845,12 @@ def test_the_path_hint_pastes_as_printed_whatever_home_holds(box, server, tmp_pa
     path = subprocess.run([box.shell, "-c", '. "$1"; printf %s "$PATH"', "sh", str(rc)], capture_output=True,
                           text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}).stdout
     assert path == f"{box.home}/.local/bin:/usr/bin:/bin"
+    # the line to type at the prompt for now, as an interactive bash reads it (`!` expands there)
+    now = stderr(proc).split("(or run: ", 1)[1].rsplit(").", 1)[0]
+    out = tmp_path / "path-now"
+    typed = subprocess.run(["bash", "--norc", "--noprofile", "-i"], input=f'{now}\nprintf %s "$PATH" > {out}\n',
+                           capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.read_text() == f"{box.home}/.local/bin:/usr/bin:/bin", typed.stderr
 
 
 def _started_at(pid: int) -> str:

@@ -512,6 +512,7 @@ def test_a_live_smart_compact_with_no_room_for_a_turn_is_said_once_and_logged_ea
     h.session = session
     a = types.SimpleNamespace(outcome=outcomes.append)
     e = cc_lhc.ViewHoldsNoTurn("a view of thread t within the target of 100 tokens holds no turn")
+    e.budget = 100
     for _ in range(3):
         assert h._no_rebuild(None, a, e, manual=False) == str(e)
     assert h._no_rebuild(None, a, e, manual=True) == str(e)
@@ -519,3 +520,29 @@ def test_a_live_smart_compact_with_no_room_for_a_turn_is_said_once_and_logged_ea
     assert logged == ["view_holds_no_turn"] * 4 and len(outcomes) == 4
     assert h._no_rebuild(None, a, cc_lhc.PruneUnchanged("nothing to prune"), manual=False) == "nothing to prune"
     assert logged[-1] == "prune_unchanged" and len(said) == 1
+    # the header grows with the thread: the same target, a larger header, still said once
+    e2 = cc_lhc.ViewHoldsNoTurn("a view of thread t within the target of 100 tokens holds no turn (its header "
+                                "alone is 199)")
+    e2.budget = 100
+    h._no_rebuild(None, a, e2, manual=False)
+    assert len(said) == 1 and h.no_room == (100, str(e2))
+
+
+def test_a_target_known_to_hold_no_turn_is_not_tried_again_at_each_seam(monkeypatch, tmp_path):
+    """Once no turn fitted the view at a target, later seams answer at once, until the
+    target changes: the in-process attempt typed /compact into Claude (clearing what the
+    person had in its box) at every seam, to be refused each time."""
+    import types
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    policy = cc_lhc.resolve_policy([("test", {"lowerBoundTokens": 100, "upperBoundTokens": 100_000})])
+    tried = []
+    session = types.SimpleNamespace(home=cc_lhc.StateHome(), policy=policy, capture=types.SimpleNamespace(
+        thread_id="t" * 36), spec=types.SimpleNamespace(session_id="s"))
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.host, h.continue_note = session, types.SimpleNamespace(stopping=None), None
+    h.inproc = types.SimpleNamespace(usable=True, start=lambda relay, manual, prune: tried.append(1) or "tried")
+    h.no_room = (100, "no turn fits 100")
+    assert h._begin(None) == "no turn fits 100" and tried == []
+    assert h._begin(None, prune=50_000) == "tried"  # (Smart Prune's own target)
+    policy.values["lowerBoundTokens"] = 5_000  # (/bounds changed it)
+    assert h._begin(None) == "tried" and len(tried) == 2

@@ -289,6 +289,23 @@ def test_a_target_with_no_room_for_a_turn_is_said_and_claude_keeps_its_session(r
     assert [e["why"] for e in log_events(rc, "view_holds_no_turn")] and threads(rc)[0]["current_session"] == old
 
 
+def test_a_session_to_write_again_with_no_room_for_a_turn_is_refused_not_launched(real_claude):
+    """A session whose transcript Claude Code deleted is written again from its thread; with
+    a target that holds no turn, the launch said "launching on the current session", and
+    Claude, given a session that no longer exists, ended with "No conversation found". It is
+    refused before Claude starts (exit 2), naming the setting, and the thread is kept."""
+    rc = real_claude
+    old = start_thread(rc, SMALL)
+    (rc.project_dir / f"{old}.jsonl").unlink()
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps({"lowerBoundTokens": 1, "upperBoundTokens": 100_000}))
+    n = len(rc.api.message_requests)
+    p = lhc(rc, "--resume", old, "-p", "what number did I ask you to remember?")
+    assert p.returncode == 2, p.stderr
+    assert f"session {old} has to be written again from thread" in p.stderr and "holds no turn" in p.stderr
+    assert "launching on the current session" not in p.stderr and len(rc.api.message_requests) == n
+    assert any("777" in (m.get("text") or "") for m in export(rc, threads(rc)[0]["id"]))
+
+
 def test_over_trigger_but_left_mid_turn_launches_on_the_resumed_session(real_claude):
     rc = real_claude
     old = start_thread(rc, SMALL)

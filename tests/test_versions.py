@@ -1122,3 +1122,23 @@ def test_a_readable_copy_of_a_record_kept_only_as_its_line_is_read(tmp_path, mon
     assert "duplicate_record" not in telemetry(t)
     problems = [r[0] for r in t.store.db.execute("SELECT kind FROM problems")]
     assert problems == ["malformed_line"]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_record_that_failed_after_opening_its_turn_leaves_no_empty_turn_for_its_copy(tmp_path, monkeypatch,
+                                                                                      restart):
+    """A prompt whose block the parser cannot read gets as far as opening its turn: a copy
+    of it read again under its uuid would open a second turn before its own, empty and
+    misnumbered. Its uuid stays taken then: the thread keeps the turns one prompt makes."""
+    session = "21328000-0000-4000-8000-0000000000f2"
+    said = lambda n, parent, role, text: _record(session, n, role, parent, message=(  # noqa: E731
+        {"role": "user", "content": text} if role == "user" else
+        {"id": f"msg_{n}", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+         "content": [{"type": "text", "text": text}]}))
+    recs = [said(10, None, "user", "earlier prompt"), said(11, _uuid(10), "assistant", "earlier answer"),
+            _record(session, 1, "user", _uuid(11), message={"role": "user", "content": [{"type": "text", "text": 5}]}),
+            said(1, _uuid(11), "user", "the readable copy"), said(2, _uuid(1), "assistant", "answered")]
+    t = _grown(tmp_path, monkeypatch, session, recs, [3] if restart else [])
+    assert [n for n, _s, _r in turns(t)] == [1, 2]
+    firsts = t.store.db.execute("SELECT first_seq, last_seq FROM turns ORDER BY n").fetchall()
+    assert all(first <= last for first, last in firsts), firsts
