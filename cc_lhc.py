@@ -185,6 +185,7 @@ LABEL_NUMBER_MAX = (1 << 63) - 1
 
 def label_number(digits: str, label: str) -> int:
     """The number of a tN/mN label; a usage error when no thread could hold it."""
+    digits = digits.lstrip("0") or "0"  # (t0001 is t1: only the value counts)
     if len(digits) > len(str(LABEL_NUMBER_MAX)) or int(digits) > LABEL_NUMBER_MAX:
         raise usage_error(f"{shown_arg(label)} is out of range: label numbers stop at {LABEL_NUMBER_MAX:,}")
     return int(digits)
@@ -301,6 +302,20 @@ def whole_record(raw: bytes, any_value: bool = False) -> bool:
         return False
     except UnicodeDecodeError:
         return whole(raw.decode("utf-8", "replace"))
+
+
+def record_time(stamp):
+    """A record's timestamp as seconds since the epoch (any ISO 8601 offset, "Z" too), or
+    None when it is none."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(stamp[:-1] + "+00:00" if stamp.endswith("Z") else stamp)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
 
 
 def utc_now_iso() -> str:
@@ -7839,9 +7854,11 @@ def check_descriptor(home) -> dict:
     owner, or a session that is no longer the thread's current one is a refusal.
     """
     path = os.environ.get(RUNTIME_ENV)
-    if not path:
+    if path is None:
         raise refuse(f"{RUNTIME_ENV} is not set; retrieval runs inside a cc-lhc session, "
                      "where Claude calls it through Bash")
+    if not path:
+        raise refuse(f"{RUNTIME_ENV} is set but empty: it names no session's descriptor")
     runtime = os.path.realpath(home.path("runtime"))
     real = os.path.realpath(path)
     if os.path.dirname(real) != runtime:
@@ -8696,15 +8713,16 @@ class Capture:
         self.take_unended = False
         self.cut_tail = 0  # with take_unended: bytes the file ends on that are no whole record
 
-    def _open(self):
+    def _open(self, deadline=None):
         if self.store is None:
             self.store = ThreadStore(self.home, self.thread_id)
             if self.store.source(self.session_id) is None:
                 self.store.add_source(self.session_id, self.path, self.start_offset,
                                       self._prefix_uuids())
             # A run killed between storing a batch and indexing it left the search index
-            # behind, and no new line may ever come to trigger it: catch up here.
-            self.store.index_search()
+            # behind, and no new line may ever come to trigger it: catch up here (within a
+            # launch's deadline: the live capture's first read takes the rest).
+            self.store.index_search(deadline)
 
     def _prefix_uuids(self):
         """uuids of the replayed prefix cc-lhc wrote: Claude's next records chain onto them."""
@@ -8744,7 +8762,7 @@ class Capture:
 
     def _catch_up_main(self, deadline) -> int:
         self.caught_up = self.cut_short = False
-        self._open()
+        self._open(deadline)
         try:
             f = open_regular(self.path)
         except FileNotFoundError:
@@ -11344,10 +11362,12 @@ class ControlPanel:
         finally:
             store.close()
         p = session.policy
-        failing = getattr(capture, "error", None)  # (the preview's stand-in capture has none)
+        # (read once each: the capture thread clears both when a read works again; the
+        # preview's stand-in capture has neither)
+        failing, since = getattr(capture, "error", None), getattr(capture, "error_since", None) or "?" * 19
         return "\n".join([
             f"capture: {capture.lines} lines read live, "
-            + (f"FAILING since {capture.error_since[11:19]} UTC ({failing}): what Claude writes "
+            + (f"FAILING since {since[11:19]} UTC ({failing}): what Claude writes "
                "is read once the state folder takes it again; the context below is from before"
                if failing else
                f"DEGRADED ({degraded.get('degraded')})" if degraded.get("degraded") else "healthy"),
@@ -12163,7 +12183,7 @@ class ManagedSession:
         self.control_r = self.control_w = None  # the capture thread asks for a live handoff here
         self.survivors, self.alarms, self.notices = [], [], []
         self.announced = []               # lines shown on the terminal as they happened
-        self.said_no_room = set()         # budgets with no room for a turn, said once each
+        self.said_no_room = set()         # (thread, budget) with no room for a turn, said once each
         self.left_sessions = []           # (thread, session) this Claude process was on before it moved
         self.said_before = set()          # of those, lines also said before Claude started
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
@@ -13934,11 +13954,11 @@ class LiveHandoff:
         self.told_at_turn = None    # a note was typed: the next one waits for a newer settled turn
         self.last_input = 0.0       # when the person last typed (monotonic)
         self.retry_at = None        # swap_soon: when to try the waiting swap again (monotonic)
-        self.no_room = None         # (target, why) when no turn fitted its view (_no_rebuild)
+        self.no_room = None         # (thread, target, newest turn, why) when no turn fitted (_no_rebuild)
         self.retry_until = None     # and until when
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
-        self.sent_mark = ""         # when the person last sent a prompt (UTC, as records stamp it)
+        self.sent_mark = (0, 0.0)   # (newest recorded prompt, time.time()) when the person last sent one
         self.missed = None          # (kind, prune target) a seam asked for while one was under way
         self.held = None            # the prune target (or False) of an automatic one a draft held back
         self.asked = None           # "Smart Compact" / "Smart Prune" the person asked for (the panel)
@@ -14015,7 +14035,7 @@ class LiveHandoff:
             return self.session.detached
         self.asked = ("Smart Prune" if prune is not None else "Smart Compact") if manual else None
         try:
-            return self._begin(relay, manual, prune) or ""
+            return self._begin(relay, manual, prune, urgent=urgent) or ""
         except Exception as e:  # a failed attempt must never take the session down
             self.session.home.log("handoff_error", error=repr(e))
             self._fail(relay, f"could not prepare the rebuild: {e}", spawned=self.candidate is not None)
@@ -14047,7 +14067,7 @@ class LiveHandoff:
         if self.draft.pending:
             return self.DRAFT_WAITS
         if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS
-                and (self._last_prompt_at() or "") < self.sent_mark):
+                and not self._sent_prompt_recorded()):
             return self.JUST_SENT + "; Smart Compact waits for it to be recorded"
         return ""
 
@@ -14060,13 +14080,20 @@ class LiveHandoff:
         assessment.outcome(f"no_action: {e}")
         session.home.log(e.event, thread=session.capture.thread_id, why=str(e))
         if isinstance(e, ViewHoldsNoTurn):
-            # (the header only grows: until the target changes, later seams are spared the
-            # attempt, and the in-process one its /compact typed into Claude each time)
-            self.no_room = (e.budget, str(e))
-            if not manual and e.budget not in session.said_no_room:
-                session.said_no_room.add(e.budget)
+            # (until the target, the thread or its newest turn changes, later seams are spared
+            # the attempt, and the in-process one its /compact typed into Claude each time)
+            self.no_room = (*self._room_key(), str(e))
+            said = (session.capture.thread_id, e.budget)
+            if not manual and said not in session.said_no_room:
+                session.said_no_room.add(said)
                 session.announce(f"Smart Compact did not run: {e}", relay)
         return str(e)
+
+    def _room_key(self) -> tuple:
+        """What decides whether a view has room for a turn: the thread, its target, and its
+        newest turn (the header grows with the thread; a small newest turn may fit)."""
+        session = self.session
+        return session.capture.thread_id, session.policy.effective_target, self._last_turn()
 
     def _left_behind(self, store, here) -> list:
         """Shell jobs and monitors this Claude process started in a session it has since left
@@ -14094,15 +14121,16 @@ class LiveHandoff:
                 other.close()
         return items
 
-    def _begin(self, relay, manual=False, prune=None):
+    def _begin(self, relay, manual=False, prune=None, urgent=False):
         session, spec, home = self.session, self.session.spec, self.session.home
         if self.host.stopping is not None:
             return "cc-lhc is stopping"
-        if prune is None and self.no_room is not None and self.no_room[0] == session.policy.effective_target:
-            return self.no_room[1]  # (see _no_rebuild)
-        if thread_busy(home, session.capture.thread_id):
+        if prune is None and self.no_room is not None and self.no_room[:3] == self._room_key():
+            return self.no_room[3]  # (see _no_rebuild)
+        if not (urgent or self.continue_note) and thread_busy(home, session.capture.thread_id):
             # (before anything the person types is held back: the rebuild would wait for that
-            # lock, up to half a minute, with their keys going nowhere)
+            # lock, up to half a minute, with their keys going nowhere; a recovery after the
+            # API refused a request does not wait for a later seam: it waits for the lock)
             home.log("handoff_waits_for_thread", manual=manual)
             return self.THREAD_BUSY
         if self.inproc.usable and not self.continue_note:
@@ -14295,7 +14323,6 @@ class LiveHandoff:
             return None
 
     def _switch(self, relay) -> None:
-        self.asked = None
         session, spec, home = self.session, self.session.spec, self.session.home
         new, pending = self.candidate, self.pending
         old_child, old_capture, old_descriptor = self.host.child, session.capture, session.descriptor
@@ -14306,8 +14333,9 @@ class LiveHandoff:
                                     pending.session_id, pending.path)
             except Exception as e:
                 self._fail(relay, f"cc-lhc's state folder could not take the new session ({e})",
-                           nonviable=False)
+                           nonviable=False)  # (told, when the person asked for it)
                 return
+        self.asked = None
         relay.remove_reader("candidate")
         relay.timeout = None
         relay.switch_master(new.fd)
@@ -14411,10 +14439,10 @@ class LiveHandoff:
             self.last_input = time.monotonic()
             out = inner(data) if inner else data
             if out and not relay.drop_input and self.draft.feed(out, self.last_input):
-                # (what is dropped never reached the box) a prompt went: Claude's record of it
-                # is written after this moment (by the clock both read), so it is told from a
-                # prompt captured late that was sent before (cc-lhc stopped, or far behind)
-                self.sent_mark = utc_now_iso()
+                # (what is dropped never reached the box) a prompt went: the next one recorded
+                # is newer than the newest now, and Claude wrote it after this moment (by the
+                # clock both read here): a prompt captured late, sent before, is not it
+                self.sent_mark = (self._last_prompt() or 0, time.time())
                 self.held = None  # (the seam it held back is gone: the next one asks again)
             return out
 
@@ -14464,9 +14492,23 @@ class LiveHandoff:
         turn with one, a message sent while Claude works joins the running turn as one."""
         return self._newest("SELECT max(seq) FROM messages WHERE kind = 'user_text' AND agent IS NULL")
 
-    def _last_prompt_at(self):
-        """When Claude wrote the newest such message (its record's timestamp)."""
-        return self._newest("SELECT max(created) FROM messages WHERE kind = 'user_text' AND agent IS NULL")
+    def _sent_prompt_recorded(self) -> bool:
+        """Whether the prompt last sent is recorded: a message of the person's newer than
+        the newest at the send, written by Claude at or after it. (A prompt sent before,
+        captured only since, is newer too: cc-lhc stopped or far behind while it went.)"""
+        seq, sent = self.sent_mark
+        store = ThreadStore(self.session.home, self.session.capture.thread_id)
+        try:
+            row = store.db.execute("SELECT seq, created FROM messages WHERE kind = 'user_text' AND "
+                                   "agent IS NULL ORDER BY seq DESC LIMIT 1").fetchone()
+        finally:
+            store.close()
+        if row is None or row[0] <= seq:
+            return False
+        written = record_time(row[1])
+        return written is None or written >= sent - self.SENT_CLOCK_SLACK
+
+    SENT_CLOCK_SLACK = 0.05  # seconds: Claude stamps its records to the millisecond
 
     def _newest(self, sql):
         store = ThreadStore(self.session.home, self.session.capture.thread_id)
@@ -18069,7 +18111,7 @@ def cmd_search(args) -> int:
     text = " ".join(args + text_args)
     if not text:
         raise usage_error(SEARCH_USAGE)
-    if not os.environ.get(RUNTIME_ENV):
+    if os.environ.get(RUNTIME_ENV) is None:  # (set but empty names no session: refused below)
         if start is not None or through is not None:
             raise usage_error(f"search: {'--from' if start is not None else '--through'} continues a search "
                               "inside a session; outside one the whole answer is printed")

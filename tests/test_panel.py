@@ -510,6 +510,7 @@ def test_a_live_smart_compact_with_no_room_for_a_turn_is_said_once_and_logged_ea
                                     announce=lambda text, relay=None: said.append(text))
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session = session
+    h._room_key = lambda: ("t" * 36, 100, 3)
     a = types.SimpleNamespace(outcome=outcomes.append)
     e = cc_lhc.ViewHoldsNoTurn("a view of thread t within the target of 100 tokens holds no turn")
     e.budget = 100
@@ -525,7 +526,7 @@ def test_a_live_smart_compact_with_no_room_for_a_turn_is_said_once_and_logged_ea
                                 "alone is 199)")
     e2.budget = 100
     h._no_rebuild(None, a, e2, manual=False)
-    assert len(said) == 1 and h.no_room == (100, str(e2))
+    assert len(said) == 1 and h.no_room == ("t" * 36, 100, 3, str(e2))
 
 
 def test_a_target_known_to_hold_no_turn_is_not_tried_again_at_each_seam(monkeypatch, tmp_path):
@@ -541,8 +542,37 @@ def test_a_target_known_to_hold_no_turn_is_not_tried_again_at_each_seam(monkeypa
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.host, h.continue_note = session, types.SimpleNamespace(stopping=None), None
     h.inproc = types.SimpleNamespace(usable=True, start=lambda relay, manual, prune: tried.append(1) or "tried")
-    h.no_room = (100, "no turn fits 100")
+    newest = [3]
+    h._last_turn = lambda: newest[0]
+    h.no_room = ("t" * 36, 100, 3, "no turn fits 100")
     assert h._begin(None) == "no turn fits 100" and tried == []
     assert h._begin(None, prune=50_000) == "tried"  # (Smart Prune's own target)
-    policy.values["lowerBoundTokens"] = 5_000  # (/bounds changed it)
+    newest[0] = 4  # (a new turn, which may be small enough to fit)
     assert h._begin(None) == "tried" and len(tried) == 2
+    newest[0] = 3
+    policy.values["lowerBoundTokens"] = 5_000  # (/bounds changed it)
+    assert h._begin(None) == "tried" and len(tried) == 3
+    policy.values["lowerBoundTokens"] = 100
+    session.capture.thread_id = "u" * 36  # (a /clear: another thread)
+    assert h._begin(None) == "tried" and len(tried) == 4
+
+
+@pytest.mark.parametrize("how", ["seam", "too-long", "thinking"])
+def test_a_recovery_after_a_refused_request_does_not_wait_for_a_thread_another_process_writes(
+        monkeypatch, tmp_path, how):
+    """A seam met while another process writes the thread waits for a later one; a rebuild
+    after the API refused a request (too long, replayed thinking refused) cannot: nothing
+    goes on in that session until it is rebuilt, and it was dropped, said as under way."""
+    import types
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    monkeypatch.setattr(cc_lhc, "thread_busy", lambda home, thread: True)
+    monkeypatch.setattr(cc_lhc, "assess", lambda *a, **k: types.SimpleNamespace(go=False, reason="went on"))
+    session = types.SimpleNamespace(home=cc_lhc.StateHome(), policy=cc_lhc.resolve_policy([]), hostdb=None,
+                                    capture=types.SimpleNamespace(thread_id="t" * 36),
+                                    spec=types.SimpleNamespace(session_id="s"))
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.host, h.no_room = session, types.SimpleNamespace(stopping=None), None
+    h.continue_note = "[runtime note] continue" if how == "too-long" else None
+    h.inproc = types.SimpleNamespace(usable=True, start=lambda relay, manual, prune: "went on")
+    assert h._begin(None, manual=how != "seam", urgent=how == "thinking") == (
+        cc_lhc.LiveHandoff.THREAD_BUSY if how == "seam" else "went on")

@@ -473,18 +473,17 @@ def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch,
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.candidate, h.submit_at, h.continue_note = session, None, None, None
     h.inproc = types.SimpleNamespace(pending=None, usable=False)
-    # (when Claude stamped the newest prompt capture holds: one from before the send first)
-    h.draft, h.sent_mark, turns = cc_lhc.DraftWatch(), "2026-12-07T10:00:00.000Z", ["2026-12-07T09:59:59.000Z"]
-    h._last_prompt_at = lambda: turns[0]
+    h.draft, recorded = cc_lhc.DraftWatch(), [False]
+    h._sent_prompt_recorded = lambda: recorded[0]
     begun = []
-    h._begin = lambda relay, manual, prune: begun.append(manual)
+    h._begin = lambda relay, manual, prune, urgent=False: begun.append(manual)
     h.draft.feed(b"half a thought", 0.0)
     assert h.start(None) == cc_lhc.LiveHandoff.DRAFT_WAITS and h.start(None, manual=True) and not begun
     h.draft.feed(b"\r", time.monotonic())
     assert "just sent" in h.start(None) and not begun  # its turn is not recorded yet
-    turns[0] = "2026-12-07T10:00:00.250Z"  # now it is (and answered: a settled seam again)
+    recorded[0] = True  # now it is (and answered: a settled seam again)
     assert h.start(None) == "" and begun == [False]
-    turns[0], begun[:] = "2026-12-07T09:59:59.000Z", []
+    recorded[0], begun[:] = False, []
     h.draft.sent_at -= cc_lhc.LiveHandoff.SENT_SETTLE_SECONDS  # or no turn came in time
     assert h.start(None) == "" and begun == [False]
     h.continue_note = "[runtime note] ..."  # the too-long recovery does not wait
@@ -651,3 +650,68 @@ def test_cc_lhcs_lines_over_claudes_screen_stack_wrap_and_leave_the_cursor():
     rows = _screen_rows(bytes(relay.to_user), 10, 60)
     assert rows[-2:] == ["cc-lhc: input typed during compaction was not delivered",
                          "cc-lhc: Smart Compact did not complete"]
+
+
+@pytest.mark.parametrize("newest, stamp, recorded", [
+    (4, "2026-12-07T10:00:00.250Z", False),        # no prompt newer than the one at the send
+    (5, "2026-12-07T09:59:40.000Z", False),        # newer, but sent before: captured late (cc-lhc stopped)
+    (5, "2026-12-07T10:00:00.250Z", True),         # the prompt just sent
+    (5, "2026-12-07T12:00:00.250+02:00", True),    # the same moment written with an offset
+    (5, "2026-12-07T11:59:40.000+02:00", False),
+    (5, "not a time", True),                       # (no time to tell by: newer is enough)
+])
+def test_a_prompt_just_sent_is_recorded_once_claude_wrote_it_after_the_send(tmp_path, monkeypatch, newest,
+                                                                              stamp, recorded):
+    """The prompt sent is recorded once capture holds a prompt newer than the newest at the
+    send that Claude wrote at or after it; a prompt from before the send that capture took in
+    only since (cc-lhc stopped while it went) is not it."""
+    import datetime
+    import types
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    home = cc_lhc.StateHome()
+    home.ensure()
+    store = cc_lhc.ThreadStore(home, "thread")
+    with cc_lhc.Tx(store.db) as db:
+        db.execute("INSERT INTO turns (n, kind, first_seq) VALUES (1, 'prompt', 4)")
+        for seq, created in ((4, "2026-12-07T09:59:00.000Z"), (newest, stamp)):
+            db.execute("INSERT OR REPLACE INTO messages (seq, turn, segment, role, kind, text, created) "
+                       "VALUES (?, 1, 0, 'user', 'user_text', 'p', ?)", (seq, created))
+    store.close()
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session = types.SimpleNamespace(home=home, capture=types.SimpleNamespace(thread_id="thread"))
+    sent = datetime.datetime(2026, 12, 7, 10, 0, 0, tzinfo=datetime.timezone.utc).timestamp()
+    h.sent_mark = (4, sent)
+    assert h._sent_prompt_recorded() == recorded
+
+
+def test_a_swap_the_person_asked_for_given_up_before_the_switch_is_said(tmp_path, monkeypatch):
+    """A state folder that cannot take the new session gives the swap up before the terminal
+    moves; a Smart Compact asked for from the panel says it did not complete (the request
+    was forgotten before the step that failed, and the screen cleared for the switch stayed
+    blank)."""
+    import sqlite3
+    import types
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    said = []
+
+    def full(*_a, **_k):
+        raise sqlite3.OperationalError("database or disk is full")
+    monkeypatch.setattr(cc_lhc, "new_capture", full)
+    monkeypatch.setattr(cc_lhc, "_close_child", lambda child: None)
+    monkeypatch.setattr(cc_lhc, "remove_descriptor", lambda *a, **k: None)
+    monkeypatch.setattr(cc_lhc, "abandon", lambda *a, **k: None)
+    monkeypatch.setattr(cc_lhc, "Receipts", lambda *a, **k: types.SimpleNamespace(outcome=lambda *a: None))
+    session = types.SimpleNamespace(home=cc_lhc.StateHome(), hostdb=None, policy=None, descriptor=None,
+                                    spec=types.SimpleNamespace(), capture=types.SimpleNamespace(thread_id="t" * 36),
+                                    announce=lambda text, relay=None: said.append(text))
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.survival, h.asked = session, False, "Smart Compact"
+    h.candidate = types.SimpleNamespace(fd=-1, pid=1)
+    h.pending = types.SimpleNamespace(session_id="p", path="x", descriptor=None, receipt=None)
+    h.host = types.SimpleNamespace(child=types.SimpleNamespace(pid=2))
+    h.continue_note, h.carrying, h.failures, h.unprepared = None, [], 0, 0
+    h._repaint = lambda: None
+    relay = types.SimpleNamespace(remove_reader=lambda name: None, timeout=None, drop_input=True, dropped=0)
+    h._switch(relay)
+    assert h.candidate is None and h.failures == 0  # (the replacement was not at fault)
+    assert [s for s in said if s.startswith("Smart Compact did not complete (cc-lhc's state folder")], said

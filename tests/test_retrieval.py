@@ -837,3 +837,21 @@ print(hwm() - before)
 """], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert child.returncode == 0, child.stderr
     assert int(child.stdout) < 2 * (40 << 20)  # (whole, a NUL's six-character escape took 12 times the line)
+
+
+@pytest.mark.parametrize("label", ["t00000000000000000001", "m" + "0" * 40 + "2"])
+def test_a_zero_padded_label_is_read_by_its_value(label):
+    """Leading zeros counted toward the length past which a label is out of range: a
+    20-digit t00000000000000000001 was refused, as if past 9,223,372,036,854,775,807."""
+    assert cc_lhc.parse_labels([label], label[0]) == [int(label[1:])]
+
+
+@pytest.mark.parametrize("command", ["get-turns", "get-messages", "search"])
+def test_a_descriptor_variable_set_but_empty_is_refused(iso_env, monkeypatch, capsysbinary, command):
+    """CC_LHC_RUNTIME_DESCRIPTOR set to nothing was "not set" to get-turns and get-messages,
+    and made search a person's search of this folder's threads (from inside Claude's
+    session, another thread's text): it names no session, and every retrieval refuses it."""
+    monkeypatch.setenv(cc_lhc.RUNTIME_ENV, "")
+    status = cc_lhc.main([command, "t1" if command == "get-turns" else "m1" if command == "get-messages" else "x"])
+    out, err = capsysbinary.readouterr()
+    assert status == cc_lhc.EXIT_USAGE and out == b"" and b"is set but empty" in err, err

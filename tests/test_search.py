@@ -1440,9 +1440,22 @@ def test_a_launchs_catch_up_leaves_indexing_past_its_deadline_to_the_next_read(t
     assert store.index_search(deadline=time.monotonic() - 1) == 0  # (past it: not one chunk)
     assert store.db.execute("SELECT count(*) FROM meta WHERE key IN ('fts_upto', 'exact_upto')").fetchone() == (0,)
     store.close()
+    store = cc_lhc.ThreadStore(home, thread_id)
+    top = store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
+    with cc_lhc.Tx(store.db):  # (the word index whole, the substring index not begun)
+        store.db.execute("INSERT INTO meta VALUES ('fts_upto', ?)", (str(top),))
+    store.index_search(deadline=time.monotonic() - 1)
+    assert store.db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() is None
+    with cc_lhc.Tx(store.db):
+        store.db.execute("DELETE FROM meta WHERE key = 'fts_upto'")
+    store.close()
+    # a capture that opens the thread within a launch's deadline, already over: nothing built
+    late = cc_lhc.Capture(home, thread_id, tr.session_id, str(path))
+    late.catch_up(deadline=time.monotonic() - 1)
+    assert late.store.db.execute("SELECT count(*) FROM meta WHERE key IN ('fts_upto', 'exact_upto')").fetchone() == (0,)
+    late.stop()
     again = cc_lhc.Capture(home, thread_id, tr.session_id, str(path))
     again.catch_up()
-    top = again.store.db.execute("SELECT max(seq) FROM messages").fetchone()[0]
     marks = dict(again.store.db.execute("SELECT key, value FROM meta WHERE key IN ('fts_upto', 'exact_upto')"))
     again.stop()
     assert marks == {"fts_upto": str(top), "exact_upto": str(top)}
