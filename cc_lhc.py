@@ -6266,7 +6266,7 @@ def no_turn_fits(thread_id, policy, budget, view) -> ViewHoldsNoTurn:
              f"less minRunwayTokens {policy['minRunwayTokens']:,}")
     e = ViewHoldsNoTurn(f"a view of thread {thread_id} within the target of {budget:,} tokens holds no "
                         f"turn (its header alone is {view.tokens:,}); give a larger target ({which})")
-    e.budget = budget
+    e.budget, e.header = budget, view.tokens
     return e
 
 
@@ -14081,8 +14081,10 @@ class LiveHandoff:
         session.home.log(e.event, thread=session.capture.thread_id, why=str(e))
         if isinstance(e, ViewHoldsNoTurn):
             # (until the target, the thread or its newest turn changes, later seams are spared
-            # the attempt, and the in-process one its /compact typed into Claude each time)
-            self.no_room = (*self._room_key(), str(e))
+            # the attempt, and the in-process one its /compact typed into Claude each time; a
+            # header over the target alone leaves no room for any turn, however small)
+            thread, budget, newest = self._room_key()
+            self.no_room = (thread, budget, None if getattr(e, "header", 0) >= budget else newest, str(e))
             said = (session.capture.thread_id, e.budget)
             if not manual and said not in session.said_no_room:
                 session.said_no_room.add(said)
@@ -14125,8 +14127,10 @@ class LiveHandoff:
         session, spec, home = self.session, self.session.spec, self.session.home
         if self.host.stopping is not None:
             return "cc-lhc is stopping"
-        if prune is None and self.no_room is not None and self.no_room[:3] == self._room_key():
-            return self.no_room[3]  # (see _no_rebuild)
+        if prune is None and self.no_room is not None:
+            thread, budget, newest, why = self.no_room
+            if (thread, budget) == self._room_key()[:2] and (newest is None or newest == self._last_turn()):
+                return why  # (see _no_rebuild)
         if not (urgent or self.continue_note) and thread_busy(home, session.capture.thread_id):
             # (before anything the person types is held back: the rebuild would wait for that
             # lock, up to half a minute, with their keys going nowhere; a recovery after the
@@ -14442,7 +14446,11 @@ class LiveHandoff:
                 # (what is dropped never reached the box) a prompt went: the next one recorded
                 # is newer than the newest now, and Claude wrote it after this moment (by the
                 # clock both read here): a prompt captured late, sent before, is not it
-                self.sent_mark = (self._last_prompt() or 0, time.time())
+                try:
+                    newest = self._last_prompt() or 0
+                except Exception:  # (a thread file that cannot be read now: the keys still go)
+                    newest = self.sent_mark[0]
+                self.sent_mark = (newest, time.time())
                 self.held = None  # (the seam it held back is gone: the next one asks again)
             return out
 

@@ -555,6 +555,15 @@ def test_a_target_known_to_hold_no_turn_is_not_tried_again_at_each_seam(monkeypa
     policy.values["lowerBoundTokens"] = 100
     session.capture.thread_id = "u" * 36  # (a /clear: another thread)
     assert h._begin(None) == "tried" and len(tried) == 4
+    # a header over the target on its own: no newer turn can fit, so none is tried for
+    h.no_room, newest[0] = ("u" * 36, 100, None, "the header alone is over 100"), 9
+    assert h._begin(None) == "the header alone is over 100" and len(tried) == 4
+    h._room_key = lambda: ("u" * 36, 100, 9)
+    e = cc_lhc.ViewHoldsNoTurn("its header alone is 250")
+    e.budget, e.header = 100, 250
+    session.announce, session.said_no_room = (lambda text, relay=None: None), set()
+    h._no_rebuild(None, types.SimpleNamespace(outcome=lambda why: None), e, manual=False)
+    assert h.no_room == ("u" * 36, 100, None, str(e))
 
 
 @pytest.mark.parametrize("how", ["seam", "too-long", "thinking"])

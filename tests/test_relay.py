@@ -715,3 +715,20 @@ def test_a_swap_the_person_asked_for_given_up_before_the_switch_is_said(tmp_path
     h._switch(relay)
     assert h.candidate is None and h.failures == 0  # (the replacement was not at fault)
     assert [s for s in said if s.startswith("Smart Compact did not complete (cc-lhc's state folder")], said
+
+
+def test_a_prompt_sent_while_the_thread_file_cannot_be_read_still_reaches_claude():
+    """Noting a prompt as sent reads the thread; a thread file another tool holds locked
+    for long made that read raise on the relay's path, which would end the session. The
+    keys go on to Claude, and the mark keeps the newest prompt it knew."""
+    import types
+
+    def locked():
+        raise cc_lhc.LhcError("thread.sqlite cannot be opened (database is locked)")
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.draft, h.sent_mark, h.held, h.last_input = cc_lhc.DraftWatch(), (7, 0.0), None, 0.0
+    h._last_prompt = locked
+    relay = types.SimpleNamespace(on_input=None, drop_input=False)
+    h.listen(relay)
+    assert relay.on_input(b"a prompt\r") == b"a prompt\r"
+    assert h.sent_mark[0] == 7 and h.sent_mark[1] > 0
