@@ -947,11 +947,15 @@ def test_a_background_agent_a_killed_one_shot_left_running_is_named_in_the_sessi
                    "the answer after the launch written")
         wait_until(lambda: [r for r in rc.api.message_requests if task in json.dumps(r["body"]["messages"][:1])],
                    "the agent at work")
+        wait_until(lambda: list(rc.project_dir.glob("*/subagents/agent-a*.jsonl")), "the agent's transcript begun")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         busy.set()
-    agent = _agent_id(rc)
+    # (by its transcript's name: killed at once, cc-lhc may not have read that file yet; the
+    # next launch does, and the main transcript's acknowledgement names the agent anyway)
+    (started,) = rc.project_dir.glob("*/subagents/agent-a*.jsonl")
+    agent = started.stem[len("agent-"):]
     n = len(rc.api.message_requests)
     rc.api.responder = lambda body: "noted"
     p = rc.run_lhc("-c", "-p", "anything new?")
