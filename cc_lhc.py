@@ -3189,7 +3189,7 @@ SEARCH_BODY_SQL = """CASE
 
 
 # Read in Python, one pass over each value: SQLite's json_tree walks a block node by node
-# and looks up each string's neighbour by path, which held 20 times a 60 MB image's size.
+# and looks up each string's neighbour by path (indexing a 60 MB image took 805 MB more).
 
 def _result_body(text, data):
     """lhc_result_body() in SQL: a tool output as search reads it, its text and the strings
@@ -3204,7 +3204,7 @@ def _result_body(text, data):
     content = value.get("content") if isinstance(value, dict) else None
     blocks = content if isinstance(content, list) else list(content.values()) if isinstance(content, dict) else ()
     out = [part for block in blocks if isinstance(block, dict) and block.get("type") != "text"
-           for part in json_strings(block, skip=NAMING_KEYS, base64=False)]
+           for part in json_strings(block, skip=NAMING_KEYS, opaque=("base64",))]
     return (body or "") + ("\n" + "\n".join(out) if out else "")
 
 
@@ -3216,8 +3216,7 @@ def _block_strings(data):
         value = json.loads(data)
     except (ValueError, RecursionError, TypeError):
         return None
-    out = list(json_strings(value, skip=frozenset(("signature",)), base64=False,
-                            opaque=("base64", "redacted_thinking")))
+    out = list(json_strings(value, skip=frozenset(("signature",)), opaque=("base64", "redacted_thinking")))
     return "\n".join(out) if out else None
 
 
@@ -3266,18 +3265,17 @@ def _call_values(text):
     return "\n".join(out) if out else None
 
 
-def json_strings(value, skip=frozenset(), base64=True, opaque=("base64",)):
-    """Every string a JSON value holds but its keys (and the values of keys in ``skip``; with
-    ``base64`` False, the data of a base64 source too, or of an object whose type is in
-    ``opaque``), in the order it holds them, without recursion (a value can nest deeper
-    than Python recurses)."""
+def json_strings(value, skip=frozenset(), opaque=()):
+    """Every string a JSON value holds but its keys (and the values of keys in ``skip``, and
+    the data of an object whose type is in ``opaque``: a base64 source's, say), in the order
+    it holds them, without recursion (a value can nest deeper than Python recurses)."""
     todo = [value]
     while todo:
         item = todo.pop()
         if isinstance(item, str):
             yield item
         elif isinstance(item, dict):
-            binary = not base64 and item.get("type") in opaque
+            binary = item.get("type") in opaque
             todo.extend(v for k, v in reversed(list(item.items())) if k not in skip and not (binary and k == "data"))
         elif isinstance(item, list):
             todo.extend(reversed(item))
@@ -3299,11 +3297,13 @@ EXACT_SCAN_KEY = "exact_scan:"
 INDEX_CHUNK_ROWS = 1000  # messages a search index takes in one transaction
 
 
-def index_chunks(done: int, top: int):
+def index_chunks(done: int, top: int, deadline=None):
     """(after, upto) seq ranges of at most INDEX_CHUNK_ROWS from done to top: an index is
     filled a transaction each (its watermark moved with it), so a thread's first fill
-    never holds the write lock for long and a run stopped part-way resumes there."""
-    while done < top:
+    never holds the write lock for long and a run stopped part-way resumes there. With a
+    ``deadline`` (time.monotonic) no chunk begins once it has passed."""
+    import time
+    while done < top and (deadline is None or time.monotonic() <= deadline):
         upto = min(top, done + INDEX_CHUNK_ROWS)
         yield done, upto
         done = upto
@@ -4333,21 +4333,19 @@ class ThreadStore:
         a ``deadline`` (time.monotonic) it stops between chunks once that has passed (the
         next call, or the next search, goes on from there).
         """
-        import time
         db = self.db
         first = int((db.execute("SELECT value FROM meta WHERE key = 'fts_upto'").fetchone() or (0,))[0])
         top = db.execute("SELECT max(seq) FROM messages").fetchone()[0] or 0
-        for done, upto in index_chunks(first, top):
-            if deadline is not None and time.monotonic() > deadline:
-                return max(0, done - first)
+        reached = first
+        for done, reached in index_chunks(first, top, deadline):
             with Tx(db):
                 # (NULs kept: the word index's content is messages_plain, and its snippets
                 # must match it; what follows a NUL is found by the substring index)
                 db.execute("INSERT INTO messages_fts (rowid, text) SELECT seq, text FROM messages_plain "
-                           "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, upto))
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(upto),))
+                           "WHERE seq > ? AND seq <= ? AND text IS NOT NULL", (done, reached))
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('fts_upto', ?)", (str(reached),))
         self._index_exact(top, deadline)
-        return max(0, top - first)
+        return max(0, reached - first)
 
     def has_exact_index(self) -> bool:
         """Whether the substring index exists here and this SQLite can read it."""
@@ -4355,14 +4353,11 @@ class ThreadStore:
             "SELECT 1 FROM sqlite_master WHERE name = 'messages_exact'").fetchone() is not None
 
     def _index_exact(self, top: int, deadline=None) -> None:
-        import time
         db = self.db
         if not trigram_available():
             return  # left where it is: a run on an SQLite with trigrams catches up
         first = int((db.execute("SELECT value FROM meta WHERE key = 'exact_upto'").fetchone() or (0,))[0])
-        for done, upto in index_chunks(first, top):
-            if deadline is not None and time.monotonic() > deadline:
-                return
+        for done, upto in index_chunks(first, top, deadline):
             self._index_exact_chunk(done, upto)
 
     def _index_exact_chunk(self, done: int, top: int) -> None:
@@ -5280,7 +5275,7 @@ def other_blocks(m) -> tuple:
         if isinstance(part, dict) and part.get("type") == "image":
             images += 1
         elif isinstance(part, dict) and part.get("type") != "text":
-            strings += json_strings(part, skip=NAMING_KEYS, base64=False)
+            strings += json_strings(part, skip=NAMING_KEYS, opaque=("base64",))
     return "\n".join(strings), images
 
 
@@ -6254,8 +6249,15 @@ class ViewHoldsNoTurn(NoRebuild):
 
     event = "view_holds_no_turn"
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, budget: int, header: int):
         super().__init__(message, EXIT_USAGE)
+        self.budget, self.header = budget, header  # (the view's target; its header's tokens)
+
+
+def note_no_rebuild(home, thread_id, assessment, e) -> None:
+    """A NoRebuild's receipt (no action) and its line in the log."""
+    assessment.outcome(f"no_action: {e}")
+    home.log(e.event, thread=thread_id, why=str(e))
 
 
 def no_turn_fits(thread_id, policy, budget, view) -> ViewHoldsNoTurn:
@@ -6264,10 +6266,9 @@ def no_turn_fits(thread_id, policy, budget, view) -> ViewHoldsNoTurn:
     which = ("lowerBoundTokens" if budget >= target else
              f"the trigger less the minimum runway: upperBoundTokens {policy['upperBoundTokens']:,} "
              f"less minRunwayTokens {policy['minRunwayTokens']:,}")
-    e = ViewHoldsNoTurn(f"a view of thread {thread_id} within the target of {budget:,} tokens holds no "
-                        f"turn (its header alone is {view.tokens:,}); give a larger target ({which})")
-    e.budget, e.header = budget, view.tokens
-    return e
+    return ViewHoldsNoTurn(f"a view of thread {thread_id} within the target of {budget:,} tokens holds no "
+                           f"turn (its header alone is {view.tokens:,}); give a larger target ({which})",
+                           budget, view.tokens)
 
 
 def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=None,
@@ -12408,10 +12409,8 @@ def finish_capture(capture, spec, home, at_exit=False):
     record out of the thread for good. ``at_exit``: Claude has ended and the terminal is
     cc-lhc's own again, so a wait for another process's lock on the thread is said.
     """
-    if at_exit and thread_busy(home, capture.thread_id):
-        # (the last reads wait for it, up to half a minute each: said, not a silent terminal)
-        say(f"waiting for another process that is writing thread {capture.thread_id[:8]} to finish, "
-            "to take in Claude's last lines")
+    if at_exit:  # (the last reads wait for such a lock, up to half a minute each)
+        say_if_thread_busy(home, capture.thread_id, "to take in Claude's last lines")
     try:
         capture.stop()
         # The session's own file and its subagents' files alike (a background agent killed
@@ -12882,9 +12881,7 @@ def attach_thread(spec, home, policy):
         lease = Lease(home, thread)
         lease.acquire()
         try:
-            if thread_busy(home, thread):  # (what follows writes the thread: it waits for that)
-                say(f"waiting for another process that is writing thread {thread[:8]} to finish "
-                    "(a search bringing its index up to date, say) before Claude starts")
+            say_if_thread_busy(home, thread, "before Claude starts")  # (what follows writes the thread)
             refuse_lost_thread(home, hostdb, registry, thread, spec)
             recover_thread(home, registry, hostdb, thread)
             current = registry.current_session(thread)
@@ -13233,8 +13230,7 @@ def smart_compact_before_launch(spec, home, policy, capture):
                           plan_view=plan_view, idle=True, gone=unresumable, manifest=orphan_lines(orphaned))
     except LhcError as e:
         if isinstance(e, NoRebuild):
-            a.outcome(f"no_action: {e}")
-            home.log(e.event, thread=capture.thread_id, why=str(e))
+            note_no_rebuild(home, capture.thread_id, a, e)
         if unresumable:
             # (no session to fall back on: Claude could not go on with the one it was on)
             raise LhcError(f"session {spec.session_id} has to be written again from thread "
@@ -14077,25 +14073,18 @@ class LiveHandoff:
         terminal too, once a session when Smart Compact asked by itself (it asks again at
         every seam, and nothing changes until the person does)."""
         session = self.session
-        assessment.outcome(f"no_action: {e}")
-        session.home.log(e.event, thread=session.capture.thread_id, why=str(e))
+        note_no_rebuild(session.home, session.capture.thread_id, assessment, e)
         if isinstance(e, ViewHoldsNoTurn):
             # (until the target, the thread or its newest turn changes, later seams are spared
             # the attempt, and the in-process one its /compact typed into Claude each time; a
             # header over the target alone leaves no room for any turn, however small)
-            thread, budget, newest = self._room_key()
-            self.no_room = (thread, budget, None if getattr(e, "header", 0) >= budget else newest, str(e))
+            self.no_room = (session.capture.thread_id, session.policy.effective_target,
+                            None if e.header >= e.budget else self._last_turn(), str(e))
             said = (session.capture.thread_id, e.budget)
             if not manual and said not in session.said_no_room:
                 session.said_no_room.add(said)
                 session.announce(f"Smart Compact did not run: {e}", relay)
         return str(e)
-
-    def _room_key(self) -> tuple:
-        """What decides whether a view has room for a turn: the thread, its target, and its
-        newest turn (the header grows with the thread; a small newest turn may fit)."""
-        session = self.session
-        return session.capture.thread_id, session.policy.effective_target, self._last_turn()
 
     def _left_behind(self, store, here) -> list:
         """Shell jobs and monitors this Claude process started in a session it has since left
@@ -14129,7 +14118,8 @@ class LiveHandoff:
             return "cc-lhc is stopping"
         if prune is None and self.no_room is not None:
             thread, budget, newest, why = self.no_room
-            if (thread, budget) == self._room_key()[:2] and (newest is None or newest == self._last_turn()):
+            if ((thread, budget) == (session.capture.thread_id, session.policy.effective_target)
+                    and (newest is None or newest == self._last_turn())):
                 return why  # (see _no_rebuild)
         if not (urgent or self.continue_note) and thread_busy(home, session.capture.thread_id):
             # (before anything the person types is held back: the rebuild would wait for that
@@ -18067,9 +18057,22 @@ def thread_busy(home, thread_id) -> bool:
         db.execute("ROLLBACK")
         return False
     except sqlite3.OperationalError as e:
-        return "locked" in str(e) or "busy" in str(e)
+        return lock_error(e)
     finally:
         db.close()
+
+
+def say_if_thread_busy(home, thread_id, until: str) -> None:
+    """Say, before a wait for it, that another process holds the thread's write lock: the
+    terminal is otherwise silent for as long as that lasts."""
+    if thread_busy(home, thread_id):
+        say(f"waiting for another process that is writing thread {thread_id[:8]} to finish (a search "
+            f"bringing its index up to date, say) {until}")
+
+
+def lock_error(e) -> bool:
+    """Whether an SQLite error is another connection holding the lock asked for."""
+    return "locked" in str(e) or "busy" in str(e)
 
 
 def written_briefly(db, work, wait_ms=None) -> bool:
@@ -18083,7 +18086,7 @@ def written_briefly(db, work, wait_ms=None) -> bool:
         work()
         return True
     except sqlite3.OperationalError as e:
-        if "locked" not in str(e) and "busy" not in str(e):
+        if not lock_error(e):
             raise
         if db.in_transaction:  # (a COMMIT that could not get the lock leaves its transaction open)
             db.execute("ROLLBACK")

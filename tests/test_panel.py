@@ -507,13 +507,13 @@ def test_a_live_smart_compact_with_no_room_for_a_turn_is_said_once_and_logged_ea
     said, logged, outcomes = [], [], []
     session = types.SimpleNamespace(home=types.SimpleNamespace(log=lambda event, **kw: logged.append(event)),
                                     capture=types.SimpleNamespace(thread_id="t" * 36), said_no_room=set(),
-                                    announce=lambda text, relay=None: said.append(text))
+                                    announce=lambda text, relay=None: said.append(text),
+                                    policy=cc_lhc.resolve_policy([("test", {"lowerBoundTokens": 100})]))
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session = session
-    h._room_key = lambda: ("t" * 36, 100, 3)
+    h._last_turn = lambda: 3
     a = types.SimpleNamespace(outcome=outcomes.append)
-    e = cc_lhc.ViewHoldsNoTurn("a view of thread t within the target of 100 tokens holds no turn")
-    e.budget = 100
+    e = cc_lhc.ViewHoldsNoTurn("a view of thread t within the target of 100 tokens holds no turn", 100, 80)
     for _ in range(3):
         assert h._no_rebuild(None, a, e, manual=False) == str(e)
     assert h._no_rebuild(None, a, e, manual=True) == str(e)
@@ -523,8 +523,7 @@ def test_a_live_smart_compact_with_no_room_for_a_turn_is_said_once_and_logged_ea
     assert logged[-1] == "prune_unchanged" and len(said) == 1
     # the header grows with the thread: the same target, a larger header, still said once
     e2 = cc_lhc.ViewHoldsNoTurn("a view of thread t within the target of 100 tokens holds no turn (its header "
-                                "alone is 199)")
-    e2.budget = 100
+                                "alone is 90)", 100, 90)
     h._no_rebuild(None, a, e2, manual=False)
     assert len(said) == 1 and h.no_room == ("t" * 36, 100, 3, str(e2))
 
@@ -558,9 +557,7 @@ def test_a_target_known_to_hold_no_turn_is_not_tried_again_at_each_seam(monkeypa
     # a header over the target on its own: no newer turn can fit, so none is tried for
     h.no_room, newest[0] = ("u" * 36, 100, None, "the header alone is over 100"), 9
     assert h._begin(None) == "the header alone is over 100" and len(tried) == 4
-    h._room_key = lambda: ("u" * 36, 100, 9)
-    e = cc_lhc.ViewHoldsNoTurn("its header alone is 250")
-    e.budget, e.header = 100, 250
+    e = cc_lhc.ViewHoldsNoTurn("its header alone is 250", 100, 250)
     session.announce, session.said_no_room = (lambda text, relay=None: None), set()
     h._no_rebuild(None, types.SimpleNamespace(outcome=lambda why: None), e, manual=False)
     assert h.no_room == ("u" * 36, 100, None, str(e))
@@ -585,3 +582,15 @@ def test_a_recovery_after_a_refused_request_does_not_wait_for_a_thread_another_p
     h.inproc = types.SimpleNamespace(usable=True, start=lambda relay, manual, prune: "went on")
     assert h._begin(None, manual=how != "seam", urgent=how == "thinking") == (
         cc_lhc.LiveHandoff.THREAD_BUSY if how == "seam" else "went on")
+
+
+def test_the_fallback_said_over_claudes_screen_names_the_first_problem_and_how_many_more(monkeypatch, tmp_path):
+    """Said again over Claude's screen at startup, the fallback held every problem joined
+    in one line (300 unknown fields covered the screen): the first, then how many more."""
+    import types
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    for layer, said in (({"a": 1}, "a from p: unknown field)"),
+                        ({"a": 1, "b": 2, "c": 3}, "a from p: unknown field; and 2 more: ctrl-] shows them)")):
+        spec = types.SimpleNamespace(said_at_start=[])
+        cc_lhc.announce_policy(cc_lhc.resolve_policy([("p", layer)]), cc_lhc.StateHome(), spec)
+        assert spec.said_at_start == [f"{cc_lhc.MSG_CONFIG_FALLBACK} ({said}"]
