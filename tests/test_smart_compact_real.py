@@ -922,6 +922,11 @@ def test_the_newest_of_outputs_claude_asked_for_at_once_reach_the_rebuilt_sessio
              " ".join(x.get("text", "") for x in b["content"])
              for m in body["messages"] if m["role"] == "user" and isinstance(m["content"], list)
              for b in m["content"] if b.get("type") == "tool_result"}
-    older, newest = (shown[c["id"]] for c in calls)
-    assert "105000\n" in newest and "108000" in newest
+    # (the newest output is the one Claude Code wrote last: it writes each as its call
+    # finishes, and the two commands race)
+    results = [m for m in export(rc, threads(rc)[0]["id"]) if m["kind"] == "tool_result"]
+    written = [m["tool_use_id"] for m in results if m["tool_use_id"] in {c["id"] for c in calls}]
+    older, newest = (shown[i] for i in written)
+    last = calls[[c["id"] for c in calls].index(written[-1])]["input"]["command"].split()
+    assert f"{last[1]}\n" in newest and last[2] in newest
     assert "cc-lhc get-messages" in older and len(older) < 200
