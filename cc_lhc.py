@@ -475,12 +475,11 @@ def _gram_masks(order=sys.byteorder):
     return (8).__rrshift__, (8).__rrshift__
 
 
-def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
-    """The byte 4-grams of the texts' distinct words (as ints read natively), and how many
-    bytes those words are; None when they are more than ``limit`` bytes (too many for an
-    encoder of their own to pay off)."""
-    from array import array
-    if array("I").itemsize != 4 or sum(map(len, texts)) > SUBSET_TEXT_LIMIT:
+def text_words(texts):
+    """The texts' distinct words (their UTF-8 bytes cut at ASCII whitespace, as tiktoken's
+    pieces never join two of them), or None when the texts are more than SUBSET_TEXT_LIMIT
+    characters (too many for an encoder of their own to pay off)."""
+    if sum(map(len, texts)) > SUBSET_TEXT_LIMIT:
         return None
     words = set()
     for text in texts:
@@ -488,6 +487,15 @@ def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
             words.update(text.encode("utf-8").split())
         except UnicodeEncodeError:
             words.update(core_text(text).encode("utf-8").split())
+    return words
+
+
+def word_grams(words, limit=SUBSET_WORDS_LIMIT):
+    """The byte 4-grams of these words (as ints read natively), and how many bytes the
+    words are; None when they are more than ``limit`` bytes."""
+    from array import array
+    if array("I").itemsize != 4:
+        return None
     corpus = b" ".join(words) + b"    "  # padded: a word's last bytes start a 4-gram too
     if len(corpus) > limit:
         return None
@@ -495,6 +503,12 @@ def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
     for start in range(4):
         grams.update(view[start:start + (len(corpus) - start) // 4 * 4].cast("I"))
     return grams, len(corpus)
+
+
+def text_grams(texts, limit=SUBSET_WORDS_LIMIT):
+    """word_grams of the texts' words; None when there are too many (see both)."""
+    words = text_words(texts)
+    return None if words is None else word_grams(words, limit)
 
 
 def parse_rank_file(data: bytes) -> dict:
@@ -979,7 +993,7 @@ class TokenCounter:
         self._ahead = None  # texts waiting for count_ahead's thread
         self.ahead_error = None  # count_ahead's last failure (it goes on; the session's end logs it)
         self._whole_wanted = False  # a process that counts for long builds the whole encoder
-        # (encoder, the 4-grams it covers, their words' bytes, its tokens) built for texts at hand
+        # (encoder, the words it covers, their bytes, its tokens) built for texts at hand
         self._for_texts = []
         self._index = None  # VocabIndex, once loaded (False: it cannot be had)
         self._numbers = None  # _number_ranks, once picked
@@ -1091,35 +1105,41 @@ class TokenCounter:
         with self._lock:
             if self._whole_wanted or self._loaded:
                 return self.encoding()
-            found = text_grams(texts)
+            words = text_words(texts)
+            if words is None:
+                return self.encoding()
+            for encoder, covered, _size, _tokens in self._for_texts:
+                if words <= covered:
+                    return encoder
+            if self._for_texts and self._vocab_index():
+                # A batch of words mostly seen (a view's header again, with other label
+                # numbers and paths) needs no encoder of its own when one built before holds
+                # every rank its new words can use: looking those up is a fraction of
+                # looking up all of its words.
+                encoder, covered, _size, tokens = min(self._for_texts, key=lambda e: len(words - e[1]))
+                new = words - covered
+                if sum(map(len, new)) <= SMALL_BATCH:
+                    found = word_grams(new)
+                    if found is not None and self._index.ranks_for(found[0]).keys() <= tokens:
+                        return encoder
+            found = word_grams(words)
             if found is None:
                 return self.encoding()
             grams, size = found
-            for encoder, covered, _size, _tokens in self._for_texts:
-                if grams <= covered:
-                    return encoder
             small = sum(map(len, texts)) <= SMALL_BATCH
-            picked = None
-            if small and self._for_texts and self._vocab_index():
-                # A short batch (a view's header again, with other label numbers) needs no
-                # encoder of its own when one built before holds every rank it can use.
-                picked = self._index.ranks_for(grams)
-                for encoder, _covered, _size, tokens in self._for_texts:
-                    if picked.keys() <= tokens:
-                        return encoder
             if (self._small_builds >= SMALL_BUILDS if small else
                     len(self._for_texts) - self._small_builds >= SUBSET_BUILDS
-                    or size + sum(n for _e, _g, n, _t in self._for_texts) > SUBSET_WORDS_LIMIT):
+                    or size + sum(n for _e, _w, n, _t in self._for_texts) > SUBSET_WORDS_LIMIT):
                 return self.encoding()
             core = self._core() if self._vocab_index() else None
             if core is None:  # (encoding() then builds the whole one, or says why it cannot)
                 return self.encoding()
-            ranks = picked if picked is not None else self._index.ranks_for(grams)
+            ranks = self._index.ranks_for(grams)
             if small:  # (with every number's ranks: the next header differs in its numbers)
                 ranks = {**self._number_ranks(), **ranks}
             encoder = core.CoreBPE(ranks, O200K_SPECIAL, O200K_PATTERN)
             self._small_builds += small
-            self._for_texts.append((encoder, grams, size, ranks.keys()))
+            self._for_texts.append((encoder, words, size, ranks.keys()))
             return encoder
 
     def _number_ranks(self) -> dict:

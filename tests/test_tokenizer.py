@@ -141,15 +141,17 @@ COUNTS = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     import cc_lhc
     built = []  # encoders built: the whole one, or one for the texts at hand
-    real, for_texts = cc_lhc.TokenCounter._load, cc_lhc.VocabIndex.ranks_for
+    real, for_texts = cc_lhc.TokenCounter._load, cc_lhc.TokenCounter._encoder_for
     def spy(self):
         built.append("whole")
         return real(self)
-    def spy_for_texts(self, grams):
-        built.append("for texts")
-        return for_texts(self, grams)
+    def spy_for_texts(self, texts):
+        n = len(self._for_texts)
+        encoder = for_texts(self, texts)
+        built.extend(["for texts"] * (len(self._for_texts) - n))
+        return encoder
     cc_lhc.TokenCounter._load = spy
-    cc_lhc.VocabIndex.ranks_for = spy_for_texts
+    cc_lhc.TokenCounter._encoder_for = spy_for_texts
     {body}
     if not globals().get("saved_later"):
         cc_lhc.TOKENS.save()
@@ -579,6 +581,33 @@ def test_one_off_counts_build_encoders_for_their_texts_then_the_whole_one(tmp_pa
     assert report["out"] == direct["out"] and direct["encoders"] == ["whole"]
 
 
+def test_a_batch_of_words_mostly_seen_reuses_the_encoder_whose_ranks_its_new_words_need(tmp_path):
+    """A later batch made of a session's words plus a few new ones (a view's header with
+    new labels, numbers and paths, however long) is counted with the encoder built for the
+    session when that holds every rank the new words can use; new words needing ranks it
+    lacks get an encoder of their own. Every count is the whole encoder's."""
+    pytest.importorskip("tiktoken")
+    import cc_lhc
+    (tmp_path / "state").mkdir()
+    session = [line for path in sorted(SAMPLES_DIR.glob("*.jsonl"))
+               for line in path.read_text(encoding="utf-8").splitlines()] + ["t1 t2 m10 m20 /home/user/a.py"]
+    words = " ".join(session).split()[:3000]
+    assert not any("日本" in w for w in words)
+    header = " ".join(words) + " t3 m21 m22 /home/user/b.py"  # long: no short batch
+    assert len(header) > cc_lhc.SMALL_BATCH
+    batches = [session, [header], [header + " 日本語のテキスト"]]
+    listed = tmp_path / "batches.json"
+    listed.write_text(json.dumps(batches))
+    (tmp_path / "again").mkdir()
+    direct = run_counts(tmp_path / "again", f"enc = cc_lhc.TOKENS.encoding(); out = [[cc_lhc._token_count(enc, t) "
+                                             f"for t in b] for b in json.load(open({str(listed)!r}))]")
+    steps = run_counts(tmp_path, "batches = json.load(open({!r}))\nout = []\nfor b in batches:\n"
+                       "    n = len(cc_lhc.TOKENS._for_texts)\n    c = cc_lhc.TOKENS.count_many(b)\n"
+                       "    out.append([c, len(cc_lhc.TOKENS._for_texts) - n])".format(str(listed)))
+    assert [c for c, _n in steps["out"]] == direct["out"]
+    assert [n for _c, n in steps["out"]] == [1, 0, 1]  # the header reuses the session's; the CJK one cannot
+
+
 def test_encoders_for_texts_at_hand_stop_at_a_bound_on_their_words(tmp_path):
     """Two large batches of different words: building a second encoder for them would cost
     more than the whole one, which is built instead."""
@@ -693,8 +722,8 @@ def test_a_named_rank_file_that_fails_its_checksum_is_not_vouched_for_by_an_inde
 
 def test_short_batches_get_encoders_of_their_own_and_never_the_whole_one(tmp_path):
     """A view's header is counted once per try at fitting the view, each time a little
-    different: each gets an encoder of the ranks found in it (exact), and a few such never
-    make a process build the whole encoder."""
+    different: each gets an encoder of the ranks found in it (exact) when none built before
+    holds them, and a few such never make a process build the whole encoder."""
     pytest.importorskip("tiktoken")
     import cc_lhc
     (tmp_path / "state").mkdir()
@@ -703,7 +732,8 @@ def test_short_batches_get_encoders_of_their_own_and_never_the_whole_one(tmp_pat
     listed = tmp_path / "batches.json"
     listed.write_text(json.dumps(batches))
     report = run_counts(tmp_path, FOR_TEXTS.format(listed=str(listed)))
-    assert report["encoders"] == ["for texts"] * (1 + cc_lhc.SMALL_BUILDS)
+    # (one each, unless an encoder built before holds every rank its new words can use)
+    assert "whole" not in report["encoders"] and 2 <= len(report["encoders"]) <= 1 + cc_lhc.SMALL_BUILDS
     (tmp_path / "again").mkdir()
     direct = run_counts(tmp_path / "again", f"enc = cc_lhc.TOKENS.encoding(); out = [[cc_lhc._token_count(enc, t) "
                                              f"for t in b] for b in json.load(open({str(listed)!r}))]")
