@@ -16955,7 +16955,7 @@ def announce_policy(policy: Policy, home: StateHome, spec=None) -> None:
     if spec is not None:
         more = len(policy.problems) - 1
         spec.said_at_start.append(f"{MSG_CONFIG_FALLBACK} ({policy.problems[0]}"
-                                  + (f"; and {more} more: ctrl-] shows them)" if more else ")"))
+                                  + (f"; and {more} more: {leader_key()[1]} shows them)" if more else ")"))
 
 
 def _is_terminal(stream) -> bool:

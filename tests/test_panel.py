@@ -594,3 +594,8 @@ def test_the_fallback_said_over_claudes_screen_names_the_first_problem_and_how_m
         spec = types.SimpleNamespace(said_at_start=[])
         cc_lhc.announce_policy(cc_lhc.resolve_policy([("p", layer)]), cc_lhc.StateHome(), spec)
         assert spec.said_at_start == [f"{cc_lhc.MSG_CONFIG_FALLBACK} ({said}"]
+    # the key that opens the panel is the one the person chose
+    monkeypatch.setenv("CC_LHC_LEADER", "ctrl-g")
+    spec = types.SimpleNamespace(said_at_start=[])
+    cc_lhc.announce_policy(cc_lhc.resolve_policy([("p", {"a": 1, "b": 2})]), cc_lhc.StateHome(), spec)
+    assert spec.said_at_start[0].endswith("; and 1 more: ctrl-g shows them)")
