@@ -3020,6 +3020,9 @@ class StoredMessage(dict):
     def __len__(self):
         return dict.__len__(self.whole())
 
+    def __bool__(self):  # (a row is never empty: a test of one need not put its data together)
+        return True
+
     def __eq__(self, other):
         if isinstance(other, StoredMessage):
             other.whole()
@@ -4841,7 +4844,8 @@ def turn_parts(turn: Turn, soft_tokens: int):
             continue
         segment = m["segment"] or 0
         unit.append(m)
-        size += segment_size(m["kind"], m["text"], m["data"])
+        # (only a call's size reads its block JSON, which a stored message puts together)
+        size += segment_size(m["kind"], m["text"], m["data"] if m["kind"] == "tool_call" else None)
         if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
             waiting.add(m["tool_use_id"])
         elif m["kind"] == "tool_result":
@@ -6397,8 +6401,12 @@ def thinking_arm(store, policy) -> str:
 
 
 def thread_summaries(store, turns) -> dict:
-    """turn -> (text, source): model-written where there is one, else extractive."""
-    return {t.n: turn_summary(store, t.n, t.messages) for t in turns}
+    """turn -> (text, source): model-written where there is one, else extractive (as
+    turn_summary gives them, the model-written ones read in one query)."""
+    written = dict(store.db.execute("SELECT turn, text FROM derivations WHERE kind = ? AND source = 'model' "
+                                    "ORDER BY id", (SUMMARY_KIND,)))  # (the newest last: it is kept)
+    return {t.n: (written[t.n], "model") if t.n in written else (extractive_summary(t.messages), "extractive")
+            for t in turns}
 
 
 def recent_impression_turns(store, limit=20):

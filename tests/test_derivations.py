@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 import subprocess
 import sys
 import time
@@ -187,6 +188,12 @@ def test_queue_claim_finish_and_summary_sources(home):
     assert cc_lhc.derivation_cost(store) == {"calls": 1, "input_tokens": 120, "output_tokens": 30}
     assert work_row(store, 1)["status"] == "done"
     assert cc_lhc.queue_summaries(store, turns=[1, 2]) == 0
+    # a view reads them all at once, as turn_summary gives each: the newest model-written one
+    store.db.execute("INSERT INTO derivations (turn, kind, text, source) VALUES (1, ?, 'Newer summary.', 'model')",
+                     (cc_lhc.SUMMARY_KIND,))
+    turns = [types.SimpleNamespace(n=n, messages=sample_turn(n, s)) for n, s in ((1, 1), (2, 20))]
+    assert cc_lhc.thread_summaries(store, turns) == {1: ("Newer summary.", "model"), 2: (text, "extractive")}
+    assert cc_lhc.turn_summary(store, 1) == ("Newer summary.", "model")
 
 
 def test_claims_of_dead_owners_are_retried_once_then_failed_with_a_warning(home):

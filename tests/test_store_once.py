@@ -481,3 +481,31 @@ def test_measure_says_both_counts_under_its_table(exact_tokens, capsys):
     out = capsys.readouterr().out
     assert out.count("the safe estimate used without the tokenizer counts") == 1
     assert f"counts these sessions {sum(r['estimate']['tokens'] for r in sessions):,} tokens" in out
+
+
+def test_weighing_a_thread_for_a_view_puts_no_text_messages_block_json_together(tmp_path, monkeypatch):
+    """A stored message's block JSON is put together from its text only when something reads
+    it: weighing every turn of a long thread for a view (cutting parts, testing a message,
+    summarising, the model-written summaries read in one query) reads only a tool call's,
+    whose size is its JSON. Putting every message's together made a view of 20,000 turns
+    a second slower."""
+    tr = Transcript()
+    for i in range(6):
+        tr.prompt(f"question {i}")
+        tr.response(text(f"answer {i}"))
+    tr.prompt("list it")
+    (call,) = tr.response(tool_use("Bash", command="ls"), stop="tool_use")
+    tr.results((call["id"], "a\nb", False))
+    tr.response(text("two files"))
+    thread = intake_transcript(tr, tmp_path)
+    turns = cc_lhc.load_turns(thread.store)
+    assembled = []
+    real = cc_lhc.StoredMessage.__missing__
+    monkeypatch.setattr(cc_lhc.StoredMessage, "__missing__",
+                        lambda self, key: assembled.append(dict.get(self, "kind")) or real(self, key))
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    for t in turns:
+        cc_lhc.turn_parts(t, 10_000)
+        assert all(m for m in t.messages)
+    assert set(assembled) <= {"tool_call"}
+    assert summaries[turns[0].n] == (cc_lhc.extractive_summary(turns[0].messages), "extractive")
