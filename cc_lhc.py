@@ -5335,10 +5335,10 @@ def view_tokens(view, header, turns, counter) -> dict:
     shown = [(turn, turn_items(view, turn)) for turn in turns
              if view.bands.get(turn.n, "omitted") not in ("omitted", "summary")]
     counter.prime((pair for _, (_, items) in shown for pair in items),
-                  [header, VIEW_CLOSING_TEXT] + [note for _, (note, _) in shown if note])
+                  [header, VIEW_CLOSING_TEXT] + [note for _, (notes, _) in shown for _at, note in notes])
     out = {"header": counter.text(header), "full": 0, "lean": 0, "notes": 0}
-    for turn, (note, items) in shown:
-        if note:
+    for turn, (notes, items) in shown:
+        for _at, note in notes:
             out["notes"] += counter.text(note) + MESSAGE_TOKENS
         for m, stub in items:
             out[view.band_of(turn.n, m["seq"])] += counter.message(m, stub)
@@ -5555,8 +5555,10 @@ def _header_reserve(thread_id, turns, by_turn, profile, files, fell_back) -> int
         if len(parts) > 1:
             a, b = parts[0].first, parts[-1].last
             widest = [(a, b, band) for band in BANDS + ("omitted",)]
-            reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))
-                                       + bridge_note(turn.n, a, b)) + 8
+            # (a note for each run left out: at most every other part)
+            notes = (len(parts) + 1) // 2
+            reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))) + 4 + notes * (
+                estimate_tokens(bridge_note(turn.n, a, b, first=False)) + 4)
     return reserve
 
 
@@ -5699,33 +5701,46 @@ def split_lines(n: int, runs):
     return lines
 
 
-def bridge_note(n: int, a: int, b: int, native: bool = False) -> str:
-    """Where a long turn resumes after its oldest messages were left out or summarised
-    (``native``: named by the cc-lhc mod's tool, as the header names it)."""
-    return (f"[cc-lhc] t{n} continues here. Its earlier messages m{a}\u2013m{b} are not shown "
-            f"(the opening message says what became of them); "
+def bridge_note(n: int, a: int, b: int, native: bool = False, first: bool = True) -> str:
+    """What stands where messages a..b of a long turn were left out or summarised: where it
+    resumes after its oldest ones (``first``), or the run it skips further on (an exchange
+    too large for the view in the middle of work that is in view). ``native``: named by
+    the cc-lhc mod's tool, as the header names it."""
+    span = f"m{a}" if a == b else f"m{a}\u2013m{b}"
+    where = (f"t{n} continues here. Its earlier messages {span} are not shown" if first else
+             f"t{n} goes on here after {span}, which {'is' if a == b else 'are'} not shown")
+    return (f"[cc-lhc] {where} (the opening message says what became of them); "
             f"{'lhc_get_messages' if native else 'cc-lhc get-messages'} "
             f"{message_request(a, b)} reads them back exactly.")
 
 
 def turn_items(view: View, turn: Turn, arm=None, native=False):
-    """(bridge note or None, visible (message, stub) items) of a turn as the view serves it."""
+    """(notes, visible (message, stub) items) of a turn as the view serves it. A long turn
+    whose parts are in different bands has a note for each run of its messages the view
+    does not show, as (where in the items it stands, its text): a run left out between
+    two shown is named where it was, not with the oldest."""
     band = view.bands.get(turn.n)
     if band in ("full", "lean"):
-        return None, visible_messages(turn, band, arm, native=native)
+        return [], visible_messages(turn, band, arm, native=native)
     if band != SPLIT:
-        return None, []
+        return [], []
     tools = _tool_context(turn)
-    runs = view.pieces[turn.n]
-    items, note = [], None
-    for a, b, band in runs:
+    items, notes, hidden = [], [], None
+    for a, b, band in view.pieces[turn.n]:
         if band in ("full", "lean"):
             chosen = [m for m in turn.messages if a <= m["seq"] <= b]
-            items += visible_messages(turn, band, arm, chosen, tools, native)
-    hidden = [(a, b) for a, b, band in runs if band not in ("full", "lean")]
-    if items and hidden:
-        note = bridge_note(turn.n, hidden[0][0], hidden[-1][1], native)
-    return note, items
+            shown = visible_messages(turn, band, arm, chosen, tools, native)
+            if shown and hidden:
+                notes.append((len(items), bridge_note(turn.n, *hidden, native, first=not items)))
+                hidden = None
+            items += shown
+        elif hidden is None:
+            hidden = (a, b)
+        else:
+            hidden = (hidden[0], b)
+    if hidden and items:  # (the newest run out of view: one exchange too large, at the end)
+        notes.append((len(items), bridge_note(turn.n, *hidden, native, first=False)))
+    return notes, items
 
 
 # How the header names the way back when the cc-lhc mod is active: its tools, each line
@@ -5900,14 +5915,21 @@ def view_records(view: View, turns, header: str, session_id: str, cwd: str, now:
         role = "assistant" if m["role"] == "assistant" else "user"
         return role, m["response_id"] if role == "assistant" else m["source_uuid"]
 
-    for turn in turns:
-        note, visible = turn_items(view, turn, arm, native)
+    def runs_of(turn):
+        """A turn's visible items in runs, each after the note (or None) that stands before it."""
+        notes, visible = turn_items(view, turn, arm, native)
+        cuts = [0] + [at for at, _note in notes] + [len(visible)]
+        texts = [None] + [note for _at, note in notes]
+        return [(text, visible[a:b], visible[a - 1] if a else None) for text, a, b in zip(texts, cuts, cuts[1:])]
+
+    for note, visible, near in (run for turn in turns for run in runs_of(turn)):
         if note:
-            # A long turn whose oldest part is out of view resumes after a user-side note,
-            # so its next response does not follow the previous one with nothing between.
+            # Where a long turn's messages are out of view (its oldest, or a run further on)
+            # a user-side note stands in for them, so the next response does not follow
+            # the one before with nothing between.
             rec = common("user", now)
             rec.update({"message": {"role": "user", "content": note}, "uuid": next_uuid(),
-                        "timestamp": visible[0][0]["created"] or now})
+                        "timestamp": (visible[0] if visible else near)[0]["created"] or now})
             emit(rec)
         for (role, _), items in itertools.groupby(visible, key=source_record):
             group = list(items)

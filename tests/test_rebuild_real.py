@@ -779,3 +779,51 @@ def test_a_killed_rollout_write_claude_then_worked_in_is_taken_up_wherever_it_wa
         assert json.loads(p.stdout)["session_id"] == sid, p.stderr
     else:  # (where Claude does not look: the conversation is written again from the thread)
         assert "where Claude Code does not look" in p.stderr
+
+
+@pytest.mark.real_cli
+def test_a_run_summarised_in_the_middle_of_a_long_turn_is_noted_where_it_was_in_what_claude_is_sent(real_claude):
+    """A long turn whose large middle exchange is summarised while the calls before and after
+    it stay verbatim: the real CLI, resumed on the rebuilt session, sends the turn's prompt,
+    the first call and its result, then the note naming the run left out, then the last call."""
+    rc, api = real_claude, real_claude.api
+    api.script([text_reply("first answer")])
+    sid = json.loads(lhc(rc, "-p", "first prompt", "--output-format", "json").stdout)["session_id"]
+    big = "true # " + " ".join(f"word{i}" for i in range(6000))
+    api.script([bash("echo small-one"), bash(big), bash("echo small-two"), text_reply("LAST-ANSWER done")])
+    lhc(rc, "--resume", sid, "-p", "PROMPT-OF-LONG-TURN go", "--allowedTools", "Bash")
+    assert api.pending == 0
+    home = cc_lhc.StateHome(str(rc.iso.lhc))
+    tid = the_thread(home)
+    store = cc_lhc.ThreadStore(home, tid)
+    turns = cc_lhc.load_turns(store)
+    summaries = cc_lhc.thread_summaries(store, turns)
+    chosen = None
+    for budget in range(1_500, 12_000, 100):  # a target that keeps the first call and leaves out the big one
+        view, _header = cc_lhc.serve_view(tid, turns, budget, "default", summaries)
+        runs = view.pieces.get(turns[-1].n)
+        if runs and runs[0][2] == "full" and any(band not in ("full", "lean") for _a, _b, band in runs):
+            chosen = budget
+            break
+    store.close()
+    assert chosen, "no target splits the turn that way"
+    (rc.cwd / ".cc-lhc.json").write_text(json.dumps(
+        {"lowerBoundTokens": chosen + 200, "upperBoundTokens": 1_000_000, "minRunwayTokens": 1_000}))
+    new_sid = str(uuid.uuid4())
+    lhc(rc, "rollout", "write", "--thread-id", tid[:8], "--session-id", new_sid,
+        "--envelope-from", str(rc.project_dir / f"{sid}.jsonl"))
+    before = len(api.message_requests)
+    api.script(["resumed fine"])
+    proc = rc.run_claude("--resume", new_sid, "-p", "next")
+    assert proc.returncode == 0 and "resumed fine" in proc.stdout, proc.stderr
+    (request,) = api.message_requests[before:]
+    messages = request["body"]["messages"]
+    assert_api_pairs(messages)
+    said = [(m["role"], b.get("text") or json.dumps(b.get("content") or b.get("input"))) for m in messages
+            for b in blocks(m)]
+    note = next(i for i, (_r, t) in enumerate(said) if t.startswith("[cc-lhc] t2 goes on here after m"))
+    prompt = next(i for i, (_r, t) in enumerate(said) if "PROMPT-OF-LONG-TURN" in t)
+    first = next(i for i, (_r, t) in enumerate(said) if "small-one" in t and _r == "user")
+    last = next(i for i, (_r, t) in enumerate(said) if "echo small-two" in t)
+    assert prompt < first < note < last
+    assert not any(t.startswith("[cc-lhc] t2 continues here") for _r, t in said)

@@ -271,8 +271,8 @@ def test_views_are_within_budget_by_exact_count(tmp_path, exact_tokens):
         view, header = cc_lhc.serve_view(thread.id, turns, budget, "default", summaries, counter=counter)
         exact = exact_tokens.count(header) + exact_tokens.count(cc_lhc.VIEW_CLOSING_TEXT) + cc_lhc.MESSAGE_TOKENS
         for t in turns:
-            note, items = cc_lhc.turn_items(view, t)
-            exact += (exact_tokens.count(note) + cc_lhc.MESSAGE_TOKENS) if note else 0
+            notes, items = cc_lhc.turn_items(view, t)
+            exact += sum(exact_tokens.count(note) + cc_lhc.MESSAGE_TOKENS for _at, note in notes)
             exact += sum(exact_tokens.count(stub if stub is not None else (m["text"] or m["data"] or ""))
                          + exact_tokens.count(_ids_of(m)) + cc_lhc.MESSAGE_TOKENS for m, stub in items)
         assert view.tokens == exact <= budget, (budget, exact)

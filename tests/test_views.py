@@ -940,8 +940,8 @@ def _named_and_retrievable(thread, budget, profile, capsysbinary):
                 stubs.update(int(s) for s in re.findall(r"\u00b7 cc-lhc get-messages m(\d+)\]$", content))
     # what a lean part replaced is named by its stub; a long turn resumes after a note
     for t in turns:
-        note, items = cc_lhc.turn_items(view, t)
-        if note:
+        notes, items = cc_lhc.turn_items(view, t)
+        for _at, note in notes:
             assert json.dumps(note, ensure_ascii=False)[1:-1] in data
         for m, stub in items:
             if stub is not None:
@@ -1054,9 +1054,9 @@ def served(thread, budget, profile="default"):
     view, header = cc_lhc.serve_view(thread.id, turns, budget, profile, summaries)
     records = cc_lhc.view_records(view, turns, header, "11111111-2222-4333-8444-555555555555",
                                   "/home/u/proj", NOW)
-    notes = [cc_lhc.turn_items(view, t)[0] for t in turns]
+    notes = [note for t in turns for _at, note in cc_lhc.turn_items(view, t)[0]]
     tokens = (view.costs["full"] + view.costs["lean"] + cc_lhc.estimate_tokens(header)
-              + sum(cc_lhc.estimate_tokens(n) + 4 for n in notes if n))
+              + sum(cc_lhc.estimate_tokens(n) + 4 for n in notes))
     return turns, view, header, records, tokens
 
 
@@ -1120,9 +1120,9 @@ def test_a_turn_far_over_the_target_gives_a_valid_view_with_a_verbatim_tail(
         omitted = [r for r in splits[turn.n] if r[2] == "omitted"]
         if budget == 8_000:
             assert omitted and any(b == "summary" for _, _, b in runs)
-            note = cc_lhc.turn_items(view, turn)[0]
-            assert note and f"m{runs[0][0]}\u2013" in note and "cc-lhc get-messages m" in note
-            native = cc_lhc.turn_items(view, turn, native=True)[0]  # the mod active: its tool, as the header
+            [(at, note)] = cc_lhc.turn_items(view, turn)[0]
+            assert at == 0 and f"m{runs[0][0]}\u2013" in note and "cc-lhc get-messages m" in note
+            [(_at, native)] = cc_lhc.turn_items(view, turn, native=True)[0]  # the mod active: its tool, as the header
             assert "lhc_get_messages m" in native and "cc-lhc get-messages" not in native
             assert any(r["type"] == "user" and r["message"]["content"] == note for r in records)
             a, b, _band, request = omitted[0]
@@ -1242,7 +1242,7 @@ def test_a_views_header_and_notes_are_counted_in_the_batch_of_its_messages(tmp_p
     turns = thread.turns
     summaries = cc_lhc.thread_summaries(thread.store, turns)
     view, header = cc_lhc.serve_view(thread.id, turns, 8_000, "default", summaries)
-    notes = [n for n in (cc_lhc.turn_items(view, t)[0] for t in turns) if n]
+    notes = [note for t in turns for _at, note in cc_lhc.turn_items(view, t)[0]]
     assert notes  # the long turn resumes after a note
 
     class Batches:
@@ -1370,3 +1370,52 @@ def test_a_long_turns_view_fills_its_target_and_grows_with_it(tmp_path):
         assert view.tokens >= max(served, default=0) * 0.98, (target, view.tokens, served)
         served.append(view.tokens)
 
+
+
+def test_a_run_left_out_between_two_shown_is_noted_where_it_was(tmp_path):
+    """An exchange too large for the view in the middle of a long turn (a 200 KB Write) is
+    summarised while the work before and after it stays verbatim: the note naming it stands
+    where it was, after the result before it, not before the turn's prompt (where it said
+    the turn "continues here" after messages that came later)."""
+    tr = Transcript()
+    tr.envelope()
+    tr.prompt("first turn prompt")
+    tr.response(text("first answer"))
+    tr.prompt("PROMPT-OF-LONG-TURN please write the big file")
+    (c1,) = tr.response(tool_use("Bash", command="ls small"), stop="tool_use")
+    tr.results((c1["id"], "small-output", False))
+    big = "\n".join(f"line {i} " + "lorem ipsum dolor sit amet " * 6 for i in range(400))
+    (c2,) = tr.response(tool_use("Write", file_path="/home/u/proj/big.txt", content=big), stop="tool_use")
+    tr.results((c2["id"], "File created successfully", False))
+    (c3,) = tr.response(tool_use("Bash", command="echo done"), stop="tool_use")
+    tr.results((c3["id"], "done", False))
+    tr.response(text("LAST-ANSWER all finished"))
+    thread = intake_transcript(tr, tmp_path)
+    turns = thread.turns
+    view, header = cc_lhc.serve_view(thread.id, turns, 4_000, "default",
+                                     cc_lhc.thread_summaries(thread.store, turns))
+    turn = turns[-1]
+    runs = view.pieces[turn.n]
+    shown = [b in ("full", "lean") for _a, _b, b in runs]
+    assert shown[0] and shown[-1] and not all(shown), runs
+    hidden = [(a, b) for a, b, band in runs if band not in ("full", "lean")]
+    [(at, note)] = cc_lhc.turn_items(view, turn)[0]
+    a, b = hidden[0][0], hidden[-1][1]
+    assert note.startswith(f"[cc-lhc] t{turn.n} goes on here after m{a}\u2013m{b}, which are not shown")
+    assert f"cc-lhc get-messages m{a}-m{b} " in note
+    records = cc_lhc.view_records(view, turns, header, "11111111-1111-4111-8111-111111111111", "/home/u/proj", NOW)
+    assert_chain(records)
+    assert_tool_blocks_paired(records)
+    said = [(r["type"], b.get("text") or b.get("content") or b.get("name")) for r in records for b in blocks_of(r)]
+    where = said.index(("user", note))
+    assert said[where - 1] == ("user", "small-output")  # after the result of the call before it
+    assert said[where + 1] == ("assistant", "Bash")  # and before the call after it
+    assert [i for i, (_r, t) in enumerate(said) if str(t).startswith("PROMPT-OF-LONG-TURN")][0] < where
+    assert view_tokens_match(view, header, turns)
+
+
+def view_tokens_match(view, header, turns):
+    """Whether a view's count holds each of its notes once."""
+    counted = cc_lhc.view_tokens(view, header, turns, cc_lhc.ViewCounter())
+    notes = [note for t in turns for _at, note in cc_lhc.turn_items(view, t)[0]]
+    return counted["notes"] == sum(cc_lhc.ViewCounter().text(n) + cc_lhc.MESSAGE_TOKENS for n in notes) > 0
