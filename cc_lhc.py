@@ -2754,12 +2754,18 @@ def _require_text(*values):
 def segment_size(kind, text, data) -> int:
     """What one message adds to its segment's size; the store rebuilds it the same way.
 
-    Counted on the whole block JSON, so a block stored once weighs what it always did.
+    Counted on the whole block JSON, so a block stored once weighs what it always did. An
+    image (pasted, or in a tool's output) weighs what a view counts it, IMAGE_TOKENS, in
+    the bytes segments are measured in: its text says only "[image]".
     """
     if data and kind == "tool_call":
         return len(text or "") + len(full_block_json(text, data))
     if kind == SAVED_OUTPUT:
         return 0  # never in a view: it weighs nothing there
+    if kind == "user_image":
+        return IMAGE_TOKENS * 4
+    if kind == "tool_result" and data:
+        return len(text or "") + IMAGE_TOKENS * 4 * data_images(data)
     return len(text or "")
 
 
@@ -4708,12 +4714,21 @@ def tool_stub(m: dict, tool_name: str, native: bool = False) -> str:
     text = m["text"] or ""
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     size = _human_size(utf8_len(text))
-    return f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size} · {read_back(m['seq'], native)}]"
+    data = block_data(m)
+    images = data_images(data) if data else 0
+    pictures = f", {images} image{'s' if images > 1 else ''}" if images else ""
+    return (f"[output of {tool_name or 'tool'} m{m['seq']}: {lines} lines, {size}{pictures} · "
+            f"{read_back(m['seq'], native)}]")
 
 
 def _keeps_verbatim(m: dict) -> bool:
+    """Whether a tool output is short enough for the lean band to keep as it is (an image
+    in it never is: it weighs IMAGE_TOKENS, not the word its text names it by)."""
     size = utf8_len(m["text"] or "")
-    return size <= STUB_KEEP_BYTES or (bool(m["is_error"]) and size <= ERROR_KEEP_BYTES)
+    if size > ERROR_KEEP_BYTES or (size > STUB_KEEP_BYTES and not m["is_error"]):
+        return False
+    data = block_data(m)
+    return not (data and data_images(data))
 
 
 def paired_tool_ids(messages) -> set:
@@ -4844,8 +4859,8 @@ def turn_parts(turn: Turn, soft_tokens: int):
             continue
         segment = m["segment"] or 0
         unit.append(m)
-        # (only a call's size reads its block JSON, which a stored message puts together)
-        size += segment_size(m["kind"], m["text"], m["data"] if m["kind"] == "tool_call" else None)
+        # (only a call's size reads its whole block JSON, which a stored message puts together)
+        size += segment_size(m["kind"], m["text"], m["data"] if m["kind"] == "tool_call" else block_data(m))
         if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
             waiting.add(m["tool_use_id"])
         elif m["kind"] == "tool_result":
@@ -5303,12 +5318,29 @@ def other_blocks(m) -> tuple:
     return "\n".join(strings), images
 
 
+def block_data(m):
+    """A message's block JSON as the store keeps it (its text a stand-in), read without
+    putting the whole one together when the message is a stored one."""
+    return m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m.get("data")
+
+
+def data_images(data) -> int:
+    """How many images a tool output's block JSON (stored or whole) holds."""
+    if '"image"' not in data:  # (base64 holds no quote, and a quote in a text is escaped)
+        return 0
+    return sum(1 for part in data_blocks(data) or () if isinstance(part, dict) and part.get("type") == "image")
+
+
 def result_blocks(m):
     """A tool output's list of blocks as the record holds it; None for one that is a string or
     one text block (kept as the text column, its place in the block JSON a stand-in)."""
     if m["kind"] != "tool_result":
         return None
-    data = m._stored_data if isinstance(m, StoredMessage) and not dict.__contains__(m, "data") else m.get("data")
+    return data_blocks(block_data(m))
+
+
+def data_blocks(data):
+    """result_blocks of a tool output's block JSON (stored or whole)."""
     whole = bool(data) and data.startswith(KEPT_WHOLE)
     if not data or '"content":[' not in data or (not whole and MARKER_JSON[PAYLOAD_AS_STRING] in data):
         return None

@@ -509,3 +509,53 @@ def test_weighing_a_thread_for_a_view_puts_no_text_messages_block_json_together(
         assert all(m for m in t.messages)
     assert set(assembled) <= {"tool_call"}
     assert summaries[turns[0].n] == (cc_lhc.extractive_summary(turns[0].messages), "extractive")
+
+
+def _screenshots_turn(tr, count):
+    picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                           "data": "iVBORw0KGgo" + "B" * 4_000}}
+    tr.prompt(f"NEWEST: read {count} screenshots")
+    for i in range(count):
+        (call,) = tr.response(tool_use("Read", file_path=f"/srv/shot{i}.png"), stop="tool_use")
+        tr.results((call["id"], [picture], False))
+    tr.response(text("NEWEST-ANSWER: all of them read"))
+
+
+def test_a_long_turn_of_images_is_cut_by_what_they_weigh_and_its_newest_ones_are_served(tmp_path):
+    """A turn that reads 130 screenshots (each output's text only "[image]", each image
+    1,600 tokens): capture closes its segments by the images' weight, and Smart Compact's
+    view at the default target holds its newest outputs verbatim, images included, the
+    older ones as stubs that say an image is there. It summarised the whole turn (839 of
+    180,000 tokens served), every segment and stub weighing the seven bytes of "[image]"."""
+    tr = Transcript()
+    tr.prompt("old prompt")
+    tr.response(text("old answer"))
+    _screenshots_turn(tr, 130)
+    thread = intake_transcript(tr, tmp_path)
+    turns = thread.turns
+    newest = turns[-1]
+    assert len({m["segment"] for m in newest.messages}) > 2
+    plan = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, cc_lhc.resolve_policy([]),
+                               str(uuid.uuid4()), "/home/u/proj", projects_root=str(tmp_path / "p"))
+    records = [json.loads(line) for line in plan.data.decode().splitlines()]
+    results = [b for r in records if r.get("type") == "user" and isinstance(r["message"]["content"], list)
+               for b in r["message"]["content"] if b.get("type") == "tool_result"]
+    pictures = [b for b in results if isinstance(b["content"], list)
+                and any(part.get("type") == "image" for part in b["content"])]
+    stubs = [b["content"] for b in results if isinstance(b["content"], str)]
+    assert "NEWEST-ANSWER" in plan.data.decode()
+    assert 50 <= len(pictures) < 130 and len(pictures) + len(stubs) == 130
+    assert all(", 1 image · cc-lhc get-messages m" in stub for stub in stubs)
+    assert results[-1] in pictures  # the newest output is verbatim
+    assert 100_000 < plan.view.tokens <= cc_lhc.resolve_policy([]).effective_target
+
+
+def test_a_short_output_holding_an_image_is_stubbed_in_lean(tmp_path):
+    """The lean band keeps a short output as it is; one holding an image is not short."""
+    tr = Transcript()
+    _screenshots_turn(tr, 1)
+    thread = intake_transcript(tr, tmp_path)
+    (turn,) = thread.turns
+    lean = dict((m["kind"], stub) for m, stub in cc_lhc.visible_messages(turn, "lean"))
+    assert lean["tool_result"].startswith("[output of Read m") and ", 1 image · " in lean["tool_result"]
+    assert cc_lhc.band_cost(turn, "lean") < cc_lhc.IMAGE_TOKENS < cc_lhc.band_cost(turn, "full")
