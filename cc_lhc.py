@@ -5025,6 +5025,8 @@ def _allocate(parts, budget, profile, summaries, memo=None):
             text, source, cost = memo[key]
             if cost is None:
                 break  # no summary to stand in for it
+            if not cost:
+                continue  # the band would show none of it (a call that never got its result)
             if alone is None and _fits(empty, caps, k, cost):
                 alone = k
             if _fits(used, caps, k, cost):
@@ -6380,7 +6382,8 @@ def plan_rebuild(home, store, thread_id, policy, session_id, cwd, projects_root=
         view, header = serve_view(thread_id, turns, budget - reserve, policy["profile"],
                                   thread_summaries(store, turns), recent_impression_turns(store),
                                   policy.fell_back, boundary=boundary, counter=counter, native=native)
-        if view.empty and view.bands:  # (turns it could have held, all left out)
+        # (turns it could have held, all left out; or, the header alone over it, nothing fitted)
+        if view.bands and (view.empty or view.tokens > budget - reserve):
             raise no_turn_fits(thread_id, policy, budget, view)
     else:
         view, header, new_boundary = fitted_prune_view(thread_id, turns, boundary, budget - reserve,

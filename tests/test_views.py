@@ -1419,3 +1419,65 @@ def view_tokens_match(view, header, turns):
     counted = cc_lhc.view_tokens(view, header, turns, cc_lhc.ViewCounter())
     notes = [note for t in turns for _at, note in cc_lhc.turn_items(view, t)[0]]
     return counted["notes"] == sum(cc_lhc.ViewCounter().text(n) + cc_lhc.MESSAGE_TOKENS for n in notes) > 0
+
+
+def _interrupted_call_thread(tmp_path):
+    """A turn that ends on a call Claude was killed in (no result: the view can never show
+    it), then one more turn."""
+    tr = Transcript()
+    tr.envelope()
+    tr.prompt("first prompt")
+    (call,) = tr.response(tool_use("Bash", command="seq 1 3000"), stop="tool_use")
+    tr.results((call["id"], "\n".join(str(i) for i in range(3000)), False))
+    tr.response(tool_use("Bash", command="sleep 1000"), stop="tool_use")
+    tr.prompt("second prompt")
+    tr.response(text("second answer"))
+    return intake_transcript(tr, tmp_path)
+
+
+def test_a_part_the_view_can_show_nothing_of_is_never_named_in_view(tmp_path):
+    """A call that never got its result is never served (the API refuses a call without its
+    result), so the run holding it alone costs nothing in full or lean: it took "full", and
+    the header said "m4 verbatim" about a message that is not there."""
+    thread = _interrupted_call_thread(tmp_path)
+    turns = thread.turns
+    view, header = cc_lhc.serve_view(thread.id, turns, 1_200, "default",
+                                     cc_lhc.thread_summaries(thread.store, turns), counter=cc_lhc.ViewCounter())
+    served = {m["seq"] for t in turns for m, _stub in cc_lhc.turn_items(view, t)[1]}
+    assert view.pieces, "the first turn comes in parts"
+    for n, runs in view.pieces.items():
+        for a, b, band in runs:
+            if band in ("full", "lean"):
+                assert any(a <= seq <= b for seq in served), (n, a, b, band, header)
+
+
+def test_a_target_under_the_header_is_refused_whatever_the_thread_ends_on(tmp_path):
+    """With a target smaller than the header, no turn fits: Smart Compact does not run. A
+    thread ending on an interrupted call got a view of its header alone, over the target,
+    written as if it held something (its zero-cost part counted as in view)."""
+    thread = _interrupted_call_thread(tmp_path)
+    policy = cc_lhc.resolve_policy([("project", {"lowerBoundTokens": 150, "upperBoundTokens": 100_000,
+                                                 "minRunwayTokens": 1_000})])
+    with pytest.raises(cc_lhc.ViewHoldsNoTurn):
+        cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, policy, str(uuid.uuid4()), "/home/u/proj",
+                            projects_root=str(tmp_path / "p"))
+
+
+def test_small_targets_give_views_within_them_or_none(tmp_path):
+    """Random threads at targets of a few hundred tokens: each view is within its target by
+    its own count, counted again the same, and valid; or it holds no turn at all."""
+    for seed in range(9):
+        folder = tmp_path / str(seed)
+        folder.mkdir()
+        thread = intake_transcript(random_transcript(seed, turns=12), folder)
+        turns = thread.turns
+        summaries = cc_lhc.thread_summaries(thread.store, turns)
+        for budget in (300, 700, 1_500):
+            view, header = cc_lhc.serve_view(thread.id, turns, budget, "default", summaries,
+                                             counter=cc_lhc.ViewCounter())
+            again = cc_lhc.view_tokens(view, header, turns, cc_lhc.ViewCounter())["total"]
+            records = cc_lhc.view_records(view, turns, header, "11111111-1111-4111-8111-111111111111", "/x", NOW)
+            assert_chain(records)
+            assert_tool_blocks_paired(records)
+            assert view.empty or view.tokens == again <= budget, (seed, budget, view.tokens, again)
+        thread.store.close()
