@@ -15014,9 +15014,11 @@ class InProcessCompact:
         else:
             self.session.announce(self.PERSON, relay)
 
-    def close(self) -> None:
-        """The session ends: a view Claude installed stands (its transcript holds it and a
-        resume continues from it); one it never took is settled as unused."""
+    def close(self, relay=None, why="the session ended before Claude took the view") -> None:
+        """The session ends, or Claude leaves it (/clear, an in-app /resume; with ``relay``):
+        a view Claude installed stands (its transcript holds it and a resume continues from
+        it); one it never took is settled as unused. Either way no compaction is under way
+        any more, and input reaches Claude."""
         if self.pending is None:
             return
         pending, self.pending = self.pending, None
@@ -15024,7 +15026,9 @@ class InProcessCompact:
         if self.replayed is not None:
             accept_in_process(home, self.session.capture.thread_id, pending, self.replayed)
         else:
-            abandon(home, Registry(home), pending.session_id, "the session ended before Claude took the view")
+            abandon(home, Registry(home), pending.session_id, why)
+        if relay is not None:
+            self._release(relay)
 
 
 CLEAR_COMMAND = "<command-name>/clear</command-name>"
@@ -15124,6 +15128,10 @@ class SessionFollower:
             lease.release()
             raise
         session.hostdb.note_session(new_sid, thread, path, spec.cwd)
+        # An in-process compaction of the old session is settled with the old thread: Claude
+        # will never send a request on that conversation again, and the new one is governed
+        # from its first line (it was refused as "already under way" for good).
+        self.handoff.inproc.close(relay, "Claude left the session before it took the view")
         fresh = new_capture(spec, home, session.policy, session.hostdb, thread, new_sid, path)
         fresh.lease = lease
         fresh.request_handoff = old.request_handoff

@@ -402,6 +402,33 @@ def test_after_clear_the_new_conversation_is_compacted_without_claudes_own_summa
     assert log_events(rc, "mod_unbound") and not log_events(rc, "native_compact")
     assert not log_events(rc, "in_process_compact_started")
 
+def test_a_clear_right_after_an_in_process_compact_leaves_the_new_conversation_governed(real_claude, tmux):
+    """A Smart Compact served in process, then /clear before any request on it: Claude will
+    never send one on that conversation, so the compaction is settled with the old thread
+    then; the new conversation is governed from its first line. It stayed "already under
+    way" for good: the new thread went far over the trigger and nothing ever ran, and the
+    old thread's compaction was accepted under the new thread's id at exit."""
+    from fakeapi import text_reply
+    rc = real_claude
+    rc.api.script([text_reply("first answer, big", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("later answer, big", usage=OVER_USAGE)
+    t = with_the_mod(rc, tmux, "one", "first answer, big")
+    wait_for_log(rc, "in_process_compact_served")
+    (first,) = log_events(rc, "in_process_compact_started")
+    t.wait_for("Compacted")
+    type_line(t, "/clear")
+    wait_for_log(rc, "session_followed")
+    (followed,) = log_events(rc, "session_followed")
+    t.wait_for(PROMPT)
+    type_line(t, "two")
+    t.wait_for("later answer, big")
+    wait_until(lambda: len(log_events(rc, "in_process_compact_started") + log_events(rc, "handoff_switched")) >= 2,
+               "a Smart Compact of the new conversation")
+    exit_cleanly(t)
+    accepted = [e for e in log_events(rc, "smart_compact_accepted") if e.get("key") == first["key"]]
+    assert [e["thread"] for e in accepted] == [first["thread"]] != [followed["thread"]]
+
+
 def test_after_clear_a_persons_own_compact_still_goes_through_the_hook(real_claude, tmux):
     """/clear gives no handshake, but the mod's compact hook asking for a view for the new
     session through its descriptor shows the mod serves it: the person's /compact is
