@@ -12437,12 +12437,24 @@ class ManagedSession:
             self.on_screen.append((now, text))
             fresh = True
         if fresh:
-            # Written together with those of the last few seconds, each over its own rows: a
-            # second line a moment later does not write over the first.
-            while self.on_screen and now - self.on_screen[0][0] > self.ON_SCREEN_SECONDS:
-                self.on_screen.popleft()
-            relay.to_user += overlay_lines([text for _at, text in self.on_screen],
-                                           relay.get_size() if relay.get_size else None)
+            relay.to_user += self._recent_lines(now, relay.get_size() if relay.get_size else None)
+
+    def _recent_lines(self, now, size) -> bytes:
+        """The lines of the last few seconds written together, each over its own rows: a
+        second line a moment later does not write over the first."""
+        while self.on_screen and now - self.on_screen[0][0] > self.ON_SCREEN_SECONDS:
+            self.on_screen.popleft()
+        return overlay_lines([text for _at, text in self.on_screen], size)
+
+    def shown_in_frame(self, text, size) -> bytes:
+        """A line the caller writes in a frame of its own (a swap's first one), as
+        show_notices writes one: kept with the recent ones, so a line said a moment later
+        (what the swap carried) is written together with it, not over it."""
+        import time
+        now = time.monotonic()
+        self.announced.append(text)
+        self.on_screen.append((now, text))
+        return self._recent_lines(now, size)
 
     def wake(self) -> None:
         """From another thread: have the relay tick now rather than at its next timeout."""
@@ -14437,7 +14449,7 @@ class LiveHandoff:
             # On the alternate screen Claude draws on, nothing scrolls into history: the
             # notice is also written over the replacement's bottom line, where it stands
             # until Claude next draws that line (the cursor put back where Claude left it).
-            frame += overlay_lines([self.NOTICE], (rows, cols))
+            frame += session.shown_in_frame(self.NOTICE, (rows, cols))
         if relay.hold_output:
             # The panel is open: the old Claude's held output belongs to a screen that is
             # gone, so the replacement's first frame is what the panel's closing shows.

@@ -117,6 +117,22 @@ def test_a_background_shell_job_outlives_the_swap_and_its_result_reaches_the_rep
     assert not running(f"echo {marker}")
 
 
+def test_keys_dropped_by_a_swap_that_carries_a_job_are_said_beside_what_it_carried(real_claude, tmux):
+    """Keys typed while a swap that carries a job runs are dropped, and the screen says so
+    together with what the swap carried. The dropped line was written over by the carried
+    one a moment later, so the person never saw it."""
+    release = real_claude.cwd / "release-keys"
+    t = start_in_background(real_claude, tmux, f"{until_released(release)}echo KEYS-DONE")
+    _wait_for_log(real_claude, "handoff_spawned")
+    t.send_text("typed during the swap")
+    _wait_for_log(real_claude, "handoff_switched")
+    assert [e for e in log_events(real_claude, "notice") if e["text"].startswith("input typed during")]
+    t.wait_for(re.compile(r"not delivered.*carried across the swap", re.S))
+    release.touch()
+    type_line(t, "/exit")
+    assert t.wait_exit() == 0
+
+
 def test_a_job_started_before_a_clear_outlives_the_new_conversations_swap(real_claude, tmux):
     """A background job runs on after /clear in the same Claude, as plain Claude keeps it;
     the new conversation's first Smart Compact carries it too (it was killed with the old

@@ -650,6 +650,16 @@ def test_cc_lhcs_lines_over_claudes_screen_stack_wrap_and_leave_the_cursor():
     rows = _screen_rows(bytes(relay.to_user), 10, 60)
     assert rows[-2:] == ["cc-lhc: input typed during compaction was not delivered",
                          "cc-lhc: Smart Compact did not complete"]
+    # a line a swap writes in its own first frame stacks with one said a moment later (what
+    # the swap carried), which wrote over it before
+    session.on_screen.clear()
+    frame = session.shown_in_frame("input typed during compaction was not delivered", (10, 60))
+    relay.to_user[:] = frame
+    session._to_show.append("carried across the swap: shell b1")
+    session.show_notices(relay)
+    rows = _screen_rows(bytes(relay.to_user), 10, 60)
+    assert rows[-2:] == ["cc-lhc: input typed during compaction was not delivered",
+                         "cc-lhc: carried across the swap: shell b1"]
 
 
 @pytest.mark.parametrize("newest, stamp, recorded", [
