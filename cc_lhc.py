@@ -89,6 +89,11 @@ MSG_PIPED_INPUT = ("input is a pipe, not a terminal: Claude takes it as the prom
 MSG_UNGOVERNED = ("--no-session-persistence: Claude keeps no transcript, so cc-lhc cannot capture "
                   "or Smart Compact this session; it runs unmanaged, with Claude's own "
                   "compaction left on")
+# --bg hands the session to Claude's own background daemon, under a session id of its own,
+# after this launch has ended: nothing of cc-lhc is there to capture or compact it.
+MSG_BACKGROUND = ("--bg: Claude runs this session in its own background process, beyond cc-lhc's "
+                  "reach, so cc-lhc cannot capture or Smart Compact it; it runs unmanaged, with "
+                  "Claude's own compaction left on (`cc-lhc --resume <id>` later captures what it wrote)")
 
 # Claude Code subcommands: a launch naming one of these is not a session, so it is
 # passed through untouched (no session id, no capture). `doctor` is ours, and Claude's
@@ -12908,12 +12913,14 @@ def attach_thread(spec, home, policy):
     are resolved here, before spawn. Interrupted Smart Compacts of the thread are
     settled before anything else touches it.
     """
-    if spec.found.get("no_persistence"):
-        # No transcript means nothing to capture or rebuild from, so cc-lhc must not also
-        # switch off Claude's own compaction: the session would then have none at all.
+    if spec.found.get("no_persistence") or spec.found.get("background"):
+        # No transcript (or one only Claude's daemon writes, after this launch ends) means
+        # nothing to capture or rebuild from, so cc-lhc must not also switch off Claude's own
+        # compaction: the session would then have none at all.
         spec.governed = False
-        say(MSG_UNGOVERNED)
-        home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript")
+        say(MSG_UNGOVERNED if spec.found.get("no_persistence") else MSG_BACKGROUND)
+        home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript"
+                 if spec.found.get("no_persistence") else "--bg: Claude's background daemon runs the session")
         return None
     registry, hostdb = Registry(home), HostDB(home)
     sweep_unfinished_forks(home, registry, hostdb)
@@ -13625,6 +13632,8 @@ def replacement_args(args):
             i += 1
             continue
         name, eq, _value = a.partition("=")
+        if not a.startswith("--") and len(a) > 2 and CLAUDE_VALUE_OPTIONS.get(a[:2]) in ("value", "optional"):
+            name, eq = a[:2], "="  # its value written onto it (-nfoo): the boundary is the argument's end
         kind = CLAUDE_VALUE_OPTIONS.get(name)
         if name in _NOT_INHERITED:
             i += 1
@@ -16739,7 +16748,8 @@ def scan_claude_args(args):
     """
     found = {"print_mode": False, "resume": None, "continue_": False, "session_id": None,
              "fork": False, "autocompact": False, "help_or_version": False,
-             "positionals": [], "selectors": [], "fork_args": [], "no_persistence": False}
+             "positionals": [], "selectors": [], "fork_args": [], "no_persistence": False,
+             "background": False}
     i = 0
     while i < len(args):
         a = args[i]
@@ -16751,9 +16761,11 @@ def scan_claude_args(args):
             i += 1
             continue
         name, eq, inline = a.partition("=")
-        if (not a.startswith("--") and len(a) > 2 and a[2] != "="
+        if (not a.startswith("--") and len(a) > 2
                 and CLAUDE_VALUE_OPTIONS.get(a[:2]) in ("value", "optional")):
-            name, eq, inline = a[:2], "=", a[2:]  # a short option's value written onto it: -r<id>
+            # A short option's value written onto it (-r<id>): all of the rest, as Claude reads
+            # it, an "=" included (-n=x names the session "=x").
+            name, eq, inline = a[:2], "=", a[2:]
         kind = CLAUDE_VALUE_OPTIONS.get(name)
         value = inline if eq else None
         consumed = 1
@@ -16772,6 +16784,11 @@ def scan_claude_args(args):
             found["selectors"].append((i, consumed))
             if found["resume"] is not None:
                 raise usage_error("--resume is given more than once")
+            if name == "-r" and value is not None and a.startswith("-r="):
+                meant = value[1:] if len(value) <= 65 and value.isprintable() and " " not in value \
+                    else shown_arg(value[1:])
+                raise usage_error(f"-r={meant}: Claude reads all that follows -r as its value, its \"=\" "
+                                  f"too, which names no session; write -r {meant} or --resume={meant}")
             found["resume"] = value if value is not None else True
         elif name in ("-c", "--continue"):
             found["selectors"].append((i, consumed))
@@ -16791,6 +16808,8 @@ def scan_claude_args(args):
             found["autocompact_arg"] = " ".join(args[i:i + consumed])  # as given, for /details
         elif name == "--no-session-persistence":
             found["no_persistence"] = True
+        elif name in ("--bg", "--background"):
+            found["background"] = True
         elif name in ("-h", "--help", "-v", "--version"):
             found["help_or_version"] = True
         i += consumed

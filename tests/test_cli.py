@@ -567,6 +567,28 @@ def test_no_session_persistence_runs_unmanaged_with_claude_compaction_on(fake_cl
     assert "--no-session-persistence" in launch["argv"]
 
 
+@pytest.mark.parametrize("args", [["--bg", "do it"], ["--background", "--resume", "6f3c1a8e-1111-4222-8333-444455556666"]])
+def test_a_session_claude_runs_in_the_background_is_unmanaged_with_claude_compaction_on(fake_claude, args):
+    """--bg hands the session to Claude's own daemon once the launch has ended: no cc-lhc is
+    there to capture or compact it, so Claude's own compaction must stay on (with it off,
+    the session had no compaction at all), and no descriptor of an ended cc-lhc is left."""
+    p = lhc(fake_claude, *args)
+    assert p.returncode == 0, err(p)
+    launch = only_launch(fake_claude)
+    assert "DISABLE_AUTO_COMPACT" not in launch["env"] and cc_lhc.RUNTIME_ENV not in launch["env"]
+    assert err(p).count(cc_lhc.MSG_BACKGROUND) == 1 and launch["retrieval_rules"] == []
+    assert args[0] in launch["argv"]
+
+
+@pytest.mark.parametrize("arg", ["-r=6f3c1a8e-1111-4222-8333-444455556666", "-pr=6f3c1a8e-1111-4222-8333-444455556666"])
+def test_r_with_an_equals_sign_is_refused_as_claude_would_read_it(fake_claude, arg):
+    """Claude reads everything after -r as its value, the "=" too: "-r=<id>" names no session
+    (Claude opened its own picker, and cc-lhc had bound the thread of <id> meanwhile)."""
+    p = lhc(fake_claude, arg)
+    assert p.returncode == 2 and not fake_claude.launches()
+    assert "write -r 6f3c1a8e-1111-4222-8333-444455556666 or --resume=6f3c1a8e-1111-4222-8333-444455556666" in err(p)
+
+
 RETRIEVAL_RULES = ["--allowedTools=Bash(cc-lhc get-turns:*)", "--allowedTools=Bash(cc-lhc get-messages:*)",
                    "--allowedTools=Bash(cc-lhc search:*)"]
 

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+import cc_lhc
 from conftest import CC_LHC
 from fakeapi import DEFAULT_TEXT, error_reply, user_texts
 
@@ -221,3 +222,34 @@ def test_oneshot_exit_status_passes_through(fake_claude, status):
     p = fake_claude.run_lhc("-p", "hello")
     assert p.returncode == status, p.stderr
     assert p.stdout == "claude says hi\n"
+
+
+def test_a_session_sent_to_the_background_keeps_claudes_own_compaction(real_claude):
+    """--bg: Claude's daemon runs the session after cc-lhc has ended. It must not inherit
+    cc-lhc's switch-off of Claude's own compaction (nor a descriptor of a cc-lhc that is
+    gone): with it, the session had no compaction of any kind."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+    from realcli import running
+    real_claude.api.responder = lambda body: DEFAULT_TEXT
+    p = real_claude.run_lhc("--bg", "do the thing")
+    try:
+        assert p.returncode == 0, p.stderr
+        assert cc_lhc.MSG_BACKGROUND in p.stderr and "Traceback" not in p.stderr
+        deadline = time.monotonic() + 30
+        while not running("daemon") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        daemons = running("daemon")
+        assert daemons, "no background daemon of Claude's to look at"
+        for pid in daemons:
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            env = dict(x.decode("utf-8", "replace").split("=", 1) for x in raw if b"=" in x)
+            assert "DISABLE_AUTO_COMPACT" not in env and cc_lhc.RUNTIME_ENV not in env
+    finally:
+        for pid in running("claude"):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass

@@ -39,6 +39,12 @@ import cc_lhc
      ["--add-dir=/a b", "--model", "m", "--disallowedTools=WebFetch"], []),
     # ... while their =value form carries through
     (["--debug=api", "--allowedTools=Bash,Edit"], ["--debug=api", "--allowedTools=Bash,Edit"], []),
+    # a short option's value written onto it is bounded by the argument's end: it carries
+    (["-nfoo", "-dapi", "-wtree", "--verbose"], ["-nfoo", "-dapi", "-wtree", "--verbose"], []),
+    (["-n=x"], ["-n=x"], []),  # (Claude names the session "=x": carried as written)
+    (["-r6f3c1a8e-1111-4222-8333-444455556666", "-nfoo"], ["-nfoo"], []),
+    # --bg starts no conversation the replacement could continue
+    (["--bg", "--model", "m"], ["--model", "m"], []),
     # an option this table does not know is left out in space form, kept with =
     (["--brand-new-option", "x"], [], ["--brand-new-option"]),
     (["--brand-new-option=x"], ["--brand-new-option=x"], []),
