@@ -11600,8 +11600,10 @@ class ControlPanel:
         session = self.session
         store = self._store()
         try:
+            mod = session.spec.mod
             paths = write_session_export(session.home, store, session.capture.thread_id,
-                                         session.policy, session.capture.path, session.spec.cwd)
+                                         session.policy, session.capture.path, session.spec.cwd,
+                                         in_process=bool(mod and mod.active and session.descriptor))
         finally:
             store.close()
         session.home.log("panel_export", thread=session.capture.thread_id, **paths)
@@ -11768,20 +11770,23 @@ def cmd_preview(args) -> int:
     return EXIT_OK
 
 
-def write_session_export(home, store, thread_id, policy, rollout, cwd) -> dict:
+def write_session_export(home, store, thread_id, policy, rollout, cwd, in_process=False) -> dict:
     """Copy the live transcript and dump the view Smart Compact would serve now.
 
     Everything goes to a new folder under exports/ (0700, files 0600), never into
     Claude's projects folder, so Claude can never pick a dump up as a session. The view
     is built exactly as a rebuild builds it (same policy, same envelope), but no
-    rebuild is recorded and no session is made current.
+    rebuild is recorded and no session is made current. ``in_process``: the cc-lhc mod
+    is active, so the view is the one it would install in the running Claude (naming its
+    tools, carrying no file-state pairs: that Claude still knows what it read).
     """
     import time
     if not os.path.isfile(rollout):
         raise LhcError("nothing to export yet: Claude has not written this session's transcript "
                        "(it does with the first prompt)")
     # (planned first: a view that cannot be made leaves no half-written export behind)
-    plan = plan_rebuild(home, store, thread_id, policy, new_session_id(), cwd, envelope_from=rollout)
+    plan = plan_rebuild(home, store, thread_id, policy, new_session_id(), cwd, envelope_from=rollout,
+                        **({"native": True, "sources": []} if in_process else {}))
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = f"{thread_id[:8]}-{stamp}-{os.getpid()}"
     home.ensure("exports")

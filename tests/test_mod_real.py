@@ -429,6 +429,25 @@ def test_a_clear_right_after_an_in_process_compact_leaves_the_new_conversation_g
     assert [e["thread"] for e in accepted] == [first["thread"]] != [followed["thread"]]
 
 
+def test_the_panels_export_with_the_mod_active_writes_the_view_it_would_install(real_claude, tmux):
+    """/export writes the view Smart Compact would serve now: with the mod active that is
+    the one installed in the running Claude, which names the mod's tools."""
+    rc = real_claude
+    rc.api.script(["the answer is 4242"])
+    t = with_the_mod(rc, tmux, "what is the answer?", "the answer is 4242")
+    wait_until(lambda: thread_turns(rc)[0], "the answer captured")
+    t.send_keys("C-]")
+    t.wait_for("cc-lhc control panel")
+    type_line(t, "/export")
+    t.wait_for("served view, to read")
+    (event,) = log_events(rc, "panel_export")
+    view = Path(event["view_markdown"]).read_text(encoding="utf-8")
+    assert "lhc_get_turns" in view and "run these through Bash" not in view
+    t.send_keys("Escape")
+    t.wait_for(PROMPT)
+    exit_cleanly(t)
+
+
 def test_after_clear_a_persons_own_compact_still_goes_through_the_hook(real_claude, tmux):
     """/clear gives no handshake, but the mod's compact hook asking for a view for the new
     session through its descriptor shows the mod serves it: the person's /compact is

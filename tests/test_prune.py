@@ -313,3 +313,18 @@ def test_a_prune_to_less_than_the_newest_part_says_what_is_left_not_that_it_fits
             cc_lhc._set_meta(thread.store, cc_lhc.BOUNDARY_KEY, plan.boundary)
     said = str(refused.value)
     assert "always stays in view" in said and "over 50" in said and "already fits" not in said
+
+
+def test_the_panels_export_with_the_mod_active_is_the_view_it_would_install(thread, tmp_path):
+    """With the cc-lhc mod active, Smart Compact installs its view in the running Claude,
+    naming the mod's tools: /export writes that view, not the one a swap would serve
+    (which tells Claude to run cc-lhc through Bash)."""
+    rollout = tmp_path / "session.jsonl"
+    rollout.write_text('{"type":"user"}\n')
+    swap = cc_lhc.write_session_export(thread.home, thread.store, thread.id, _policy(), str(rollout), "/w")
+    inside = cc_lhc.write_session_export(thread.home, thread.store, thread.id, _policy(), str(rollout), "/w",
+                                         in_process=True)
+    said = {name: open(paths["view_markdown"], encoding="utf-8").read() for name, paths in
+            (("swap", swap), ("inside", inside))}
+    assert "run these through Bash" in said["swap"] and "lhc_get_turns" not in said["swap"]
+    assert "call these tools" in said["inside"] and "lhc_get_turns" in said["inside"]
