@@ -10661,6 +10661,8 @@ class Relay:
         self.on_tick = None
         self.drop_input = False
         self.dropped = 0
+        self.last_drop = None   # when typing was last dropped (see _goes_on_dropped)
+        self.tail_dropped = 0   # bytes dropped as the tail of a dropped run
         self._sel = None
         # The control panel: input passes through on_input first, and while the panel
         # is open the child's output is held back and shown when it closes.
@@ -10787,7 +10789,12 @@ class Relay:
                         # (the panel still takes its keys while Claude's are dropped)
                         data = self.on_input(data) if self.on_input else data
                         if self.drop_input:
-                            self.dropped += typed_bytes(data)  # (a focus or mouse report is no typing)
+                            typed = typed_bytes(data)  # (a focus or mouse report is no typing)
+                            self.dropped += typed
+                            if typed:
+                                self.last_drop = time.monotonic()
+                        elif self._goes_on_dropped(data):
+                            self.tail_dropped += len(data)
                         else:
                             self.to_child += data
                             if self.on_suspend and any(k in data for k in self.SUSPEND_KEYS):
@@ -10799,6 +10806,25 @@ class Relay:
             if self.on_tick:
                 self.on_tick(self)
         self._flush_user()
+
+    DROP_PAUSE_SECONDS = 1.0
+
+    def _goes_on_dropped(self, data) -> bool:
+        """Whether keys typed once dropping has ended go on with what was dropped: a
+        sentence typed through a compaction is dropped whole (Enter too), not delivered
+        from the middle on into Claude's box, where it could be sent clipped. It goes on
+        until the person stops typing for DROP_PAUSE_SECONDS."""
+        import time
+        if self.last_drop is None:
+            return False
+        now = time.monotonic()
+        if now - self.last_drop > self.DROP_PAUSE_SECONDS:
+            self.last_drop = None
+            return False
+        if typed_bytes(data) or any(key in data for key in (b"\r", b"\x7f", b"\x08")):
+            self.last_drop = now
+            return True
+        return False  # (a report the terminal sent: no typing)
 
     def _ask_suspend(self, force: bool) -> None:
         import time

@@ -448,6 +448,33 @@ def test_the_panels_export_with_the_mod_active_writes_the_view_it_would_install(
     exit_cleanly(t)
 
 
+def test_a_sentence_typed_through_the_start_of_a_compaction_is_dropped_whole(real_claude, tmux):
+    """A person types a sentence at an even pace as cc-lhc starts compacting in process
+    after an answer that went over the trigger: its first keys are dropped, and so is the rest,
+    typed on without a pause; Claude's box is left empty and the person is asked to
+    resend. The rest used to land in the box ("eck the deploy script now"), ready to be
+    sent clipped."""
+    import time
+    rc = real_claude
+    rc.api.script([text_reply("first answer, big", usage=OVER_USAGE)])
+    rc.api.responder = lambda body: text_reply("small", usage=SMALL_USAGE)
+    t = with_the_mod(rc, tmux, "one", "first answer, big")
+    # (typed from the moment it starts: a draft typed before would hold it back until sent)
+    wait_for_log(rc, "in_process_compact_started")
+    sentence = "please also check the deploy script and the release notes now"
+    for ch in sentence:
+        t.send_text(ch)
+        time.sleep(0.05)
+    wait_for_log(rc, "in_process_compact_served")
+    assert [e for e in log_events(rc, "notice") if e["text"] == cc_lhc.LiveHandoff.NOTICE]
+    time.sleep(cc_lhc.Relay.DROP_PAUSE_SECONDS + 0.5)
+    box = [row for row in t.capture().splitlines() if row.startswith("\u276f")][-1]
+    assert box[1:].strip() == "", box
+    type_line(t, "resent")  # after a pause, typing reaches Claude again
+    t.wait_for("small")
+    exit_cleanly(t)
+
+
 def test_after_clear_a_persons_own_compact_still_goes_through_the_hook(real_claude, tmux):
     """/clear gives no handshake, but the mod's compact hook asking for a view for the new
     session through its descriptor shows the mod serves it: the person's /compact is

@@ -742,3 +742,26 @@ def test_a_prompt_sent_while_the_thread_file_cannot_be_read_still_reaches_claude
     h.listen(relay)
     assert relay.on_input(b"a prompt\r") == b"a prompt\r"
     assert h.sent_mark[0] == 7 and h.sent_mark[1] > 0
+
+
+def test_keys_typed_on_from_a_dropped_run_are_dropped_until_the_person_pauses(monkeypatch):
+    """A sentence typed through the start of a compaction: its first keys are dropped while
+    the compaction runs, and the rest, typed on without a pause once it ends, went into
+    Claude's box ("eck the deploy script now"), to be sent clipped with one Enter. The run
+    is dropped whole, Enter too, until the person stops typing for a moment; a report the
+    terminal sends meanwhile is no typing and passes."""
+    import time
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    relay = Relay.__new__(Relay)
+    relay.last_drop = None
+    assert not relay._goes_on_dropped(b"x")  # nothing was dropped: keys pass
+    relay.last_drop = 100.0  # a key dropped during the compaction
+    for key in (b"e", b"c", b"k", b" ", b"\x7f", b"now", b"\r"):
+        clock[0] += 0.15
+        assert relay._goes_on_dropped(key), key
+    clock[0] += 0.1
+    assert not relay._goes_on_dropped(b"\x1b[I")  # a focus report: passes, and is no typing
+    clock[0] += relay.DROP_PAUSE_SECONDS + 0.01  # the person stopped, read the notice
+    assert not relay._goes_on_dropped(b"resend") and relay.last_drop is None
+    assert not relay._goes_on_dropped(b"more")
