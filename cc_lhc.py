@@ -12310,6 +12310,7 @@ class ManagedSession:
         self.said_before = set()          # of those, lines also said before Claude started
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
         self.on_screen = collections.deque(maxlen=6)  # (when, line) written over Claude's screen lately
+        self.overlay_until = None  # when the lines written over Claude's screen have had their time
         self.detached = ""                # why cc-lhc no longer follows this Claude, if so
         self.native_compacts = []         # (turn, when) of each Claude native Compact seen
         self.views_replayed = []          # newest seq when capture saw a view served in process
@@ -12480,7 +12481,18 @@ class ManagedSession:
         second line a moment later does not write over the first."""
         while self.on_screen and now - self.on_screen[0][0] > self.ON_SCREEN_SECONDS:
             self.on_screen.popleft()
+        if self.on_screen:
+            self.overlay_until = now + self.ON_SCREEN_SECONDS
         return overlay_lines([text for _at, text in self.on_screen], size)
+
+    def overlay_done(self, now) -> bool:
+        """Once, when the lines written over Claude's screen have had their time: Claude
+        redraws only the cells it changes, so what is left of them stays mixed into its
+        own rows until it draws its whole screen again."""
+        if self.overlay_until is None or now < self.overlay_until:
+            return False
+        self.overlay_until = None
+        return True
 
     def shown_in_frame(self, text, size) -> bytes:
         """A line the caller writes in a frame of its own (a swap's first one), as
@@ -14387,7 +14399,8 @@ class LiveHandoff:
     @property
     def wants_tick(self) -> bool:
         return (self.candidate is not None or self.submit_at is not None or self.retry_at is not None
-                or self.repaint_at is not None or self.reshow_at is not None or self.inproc.wants_tick)
+                or self.repaint_at is not None or self.reshow_at is not None or self.inproc.wants_tick
+                or self.session.overlay_until is not None)
 
     def _repaint(self) -> None:
         import time
@@ -14402,6 +14415,12 @@ class LiveHandoff:
         import time
         self.inproc.on_tick(relay)
         now = time.monotonic()
+        if self.session.overlay_done(now) and relay.child_alt_screen and not relay.hold_output \
+                and self.candidate is None and self.repaint_at is None:
+            # cc-lhc's lines have had their time: Claude draws its whole screen again, with
+            # nothing of them left in its rows (on the alternate screen, which it draws whole)
+            relay.to_user += b"\x1b[H\x1b[2J"
+            self._repaint()
         if self.repaint_at is not None and now >= self.repaint_at:
             self.repaint_at = None
             try:

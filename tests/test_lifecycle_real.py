@@ -673,3 +673,29 @@ def test_resume_back_after_a_smart_compact_before_the_launch(real_claude, tmux):
     assert "ONE-AGAIN" in written and "REBUILT-TURN" not in written
     assert followed.get("off_branch"), followed
     assert "REBUILT-TURN" not in now, now
+
+
+def test_cc_lhcs_line_over_claudes_screen_leaves_nothing_behind_once_its_time_is_up(real_claude, tmux):
+    """The line saying /clear started a new thread is written over Claude's bottom rows.
+    Claude redraws only the cells it changes, so pieces of it stayed mixed into its own
+    rows for many prompts ("…4c)        · ? for shortcuts"): once the line has had its
+    time, Claude draws its whole screen again."""
+    import time
+    rc = real_claude
+    rc.api.responder = lambda body: text_reply("plain answer")
+    t = tmux([sys.executable, CC_LHC, "--permission-mode", "default"], cols=120, rows=36, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "one")
+    t.wait_for("plain answer")
+    type_line(t, "/clear")
+    wait_for_log(rc, "session_followed")
+    t.wait_for("follows it as")
+    time.sleep(cc_lhc.ManagedSession.ON_SCREEN_SECONDS + 1.5)
+    for word in ("two", "three"):
+        type_line(t, word)
+        time.sleep(1.5)
+    screen = t.capture()
+    assert "cc-lhc:" not in screen and "follows it as" not in screen, screen
+    bad = [row for row in screen.splitlines() if "for shortcuts" in row and row.lstrip()[:1] not in ("⏸", "?", "⏵")]
+    assert not bad, screen
+    exit_cleanly(t)
