@@ -54,6 +54,7 @@ except ValueError:  # (imported in a thread other than the main one: signals are
     _LOADING_INTERRUPT = False
 
 import collections  # noqa: E402 - (after the handler: a ctrl-c while these load ends quietly)
+import collections.abc  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import itertools  # noqa: E402
@@ -4915,7 +4916,7 @@ class View:
         self.counting = None
 
     def turns_in(self, band):
-        return [n for n, b in sorted(self.bands.items()) if b == band]
+        return sorted(n for n, b in self.bands.items() if b == band)
 
     def omitted_ranges(self):
         return label_ranges(self.turns_in("omitted"))
@@ -4993,6 +4994,12 @@ def _part_summary(part: Part, summaries):
     return extractive_summary(part.messages, part=True), "extractive"
 
 
+# Once this many parts in a row found no band with room, the older ones are left out without
+# weighing each: the room left is less than any of those took, and a thread of 20,000 turns
+# spent seconds weighing (and summarising) turns that could never fit.
+OMITTED_RUN = 256
+
+
 def _allocate(parts, budget, profile, summaries, memo=None):
     """Bands for parts, newest first: each takes the best band that still has room, where
     a band's room is its profile share plus whatever the better bands left unused.
@@ -5005,7 +5012,8 @@ def _allocate(parts, budget, profile, summaries, memo=None):
     parts before it to nothing: the work that led up to it stays verbatim as far as
     there is room. Returns ({(n, first seq): band}, used tokens per band, part summaries).
     ``memo`` keeps each part's cost in each band (and its summary) for the next allocation
-    over the same turns: a part is the same run of messages whatever the budget.
+    over the same turns: a part is the same run of messages whatever the budget. After
+    OMITTED_RUN parts in a row that had no room, the older ones are left out unweighed.
     """
     memo = {} if memo is None else memo
     shares = PROFILE_SHARES[profile]
@@ -5015,23 +5023,40 @@ def _allocate(parts, budget, profile, summaries, memo=None):
         caps.append(total)
     used, empty = [0] * len(BANDS), [0] * len(BANDS)
     placed, floor, texts, tools = {}, {}, {}, {}
-    for part in reversed(parts):
+
+    def weighed(part, name):
+        """(summary text, its source, cost) of a part in a band; cost None: no summary."""
+        key = (part.n, part.first, part.last, name)
+        if key not in memo:
+            if part.n not in tools:
+                tools[part.n] = _tool_context(part.turn)
+            text, source = _part_summary(part, summaries) if name == "summary" else ("", "")
+            cost = band_cost(part.turn, name, text, part.messages, tools[part.n]) \
+                if text or name != "summary" else None
+            memo[key] = (text, source, cost)
+        return memo[key]
+
+    missed = 0  # parts in a row no band had room for
+    unseen = set()  # parts the view can show nothing of (a call that never got its result)
+    lean_unseen = set()  # parts that did not fit in full, and lean shows nothing of
+    for i in range(len(parts) - 1, -1, -1):
+        part = parts[i]
+        if missed >= OMITTED_RUN:
+            placed[(part.n, part.first)] = "omitted"  # (what room is left is less than any of them took)
+            continue
+        if not weighed(part, "full")[2]:
+            unseen.add(i)  # (it takes a neighbour's band below: on its own it would be named in view)
+            continue
         band, alone = "omitted", None  # (alone: the best band its cost fits in an empty view)
-        if part.n not in tools:
-            tools[part.n] = _tool_context(part.turn)
         for k in range(floor.get(part.n, 0), len(BANDS)):
             name = BANDS[k]
-            key = (part.n, part.first, part.last, name)
-            if key not in memo:
-                text, source = _part_summary(part, summaries) if name == "summary" else ("", "")
-                cost = band_cost(part.turn, name, text, part.messages, tools[part.n]) \
-                    if text or name != "summary" else None
-                memo[key] = (text, source, cost)
-            text, source, cost = memo[key]
+            text, source, cost = weighed(part, name)
             if cost is None:
                 break  # no summary to stand in for it
-            if not cost:
-                continue  # the band would show none of it (a call that never got its result)
+            if not cost:  # (lean shows nothing of a run of thinking): no band of its own either
+                band = None
+                lean_unseen.add(i)
+                break
             if alone is None and _fits(empty, caps, k, cost):
                 alone = k
             if _fits(used, caps, k, cost):
@@ -5040,10 +5065,32 @@ def _allocate(parts, budget, profile, summaries, memo=None):
                 if name == "summary":
                     texts[(part.n, part.first)] = (text, source, cost)
                 break
+        if band is None:
+            continue
         placed[(part.n, part.first)] = band
+        missed = missed + 1 if band == "omitted" else 0
         if alone is not None and RANK[band] > alone:  # (it fell for what newer parts took)
             floor[part.n] = RANK[band]
+    for i in sorted(unseen | lean_unseen):
+        band = _neighbour_band(parts, i, unseen | lean_unseen, placed)
+        # (one that did not fit in full is never made verbatim by a verbatim neighbour; next
+        # to a summary it is out of view: a summary of the runs beside it does not cover it)
+        placed[(parts[i].n, parts[i].first)] = ("lean" if band == "full" and i in lean_unseen else
+                                                band if band in ("full", "lean") else "omitted")
     return placed, dict(zip(BANDS, used)), texts
+
+
+def _neighbour_band(parts, i, unseen, placed) -> str:
+    """The band of the part beside parts[i] in its turn, the older one first (a run the
+    view can show nothing of goes with the run next to it); "omitted" when it is alone."""
+    n = parts[i].n
+    for step in (-1, 1):
+        j = i + step
+        while 0 <= j < len(parts) and parts[j].n == n:
+            if j not in unseen:
+                return placed[(n, parts[j].first)]
+            j += step
+    return "omitted"
 
 
 def build_view(thread_id, turns, budget, profile, summaries=None, favoured=(), soft_tokens=None):
@@ -6462,13 +6509,34 @@ def thinking_arm(store, policy) -> str:
     return _meta(store, THINKING_KEY) or policy.values.get("thinkingReplay", THINKING_REBUILD_ARM)
 
 
-def thread_summaries(store, turns) -> dict:
-    """turn -> (text, source): model-written where there is one, else extractive (as
-    turn_summary gives them, the model-written ones read in one query)."""
+class ThreadSummaries(collections.abc.Mapping):
+    """turn -> (text, source) as turn_summary gives them: the model-written ones read at
+    once, an extractive one made when it is first asked for (a view of a long thread asks
+    for those of the turns it weighs, not of every turn)."""
+
+    def __init__(self, written: dict, turns):
+        self._made = {n: (text, "model") for n, text in written.items()}
+        self._turns = {t.n: t for t in turns}
+
+    def __getitem__(self, n):
+        found = self._made.get(n)
+        if found is None:
+            found = self._made[n] = (extractive_summary(self._turns[n].messages), "extractive")
+        return found
+
+    def __iter__(self):
+        return iter(self._turns)
+
+    def __len__(self):
+        return len(self._turns)
+
+
+def thread_summaries(store, turns) -> ThreadSummaries:
+    """turn -> (text, source): model-written where there is one, else extractive (the
+    model-written ones read in one query)."""
     written = dict(store.db.execute("SELECT turn, text FROM derivations WHERE kind = ? AND source = 'model' "
                                     "ORDER BY id", (SUMMARY_KIND,)))  # (the newest last: it is kept)
-    return {t.n: (written[t.n], "model") if t.n in written else (extractive_summary(t.messages), "extractive")
-            for t in turns}
+    return ThreadSummaries(written, turns)
 
 
 def recent_impression_turns(store, limit=20):
@@ -10793,7 +10861,8 @@ class Relay:
                             self.dropped += typed
                             if typed:
                                 self.last_drop = time.monotonic()
-                        elif self._goes_on_dropped(data):
+                        elif self.in_drop_tail(data):
+                            self.last_drop = time.monotonic()
                             self.tail_dropped += len(data)
                         else:
                             self.to_child += data
@@ -10809,22 +10878,15 @@ class Relay:
 
     DROP_PAUSE_SECONDS = 1.0
 
-    def _goes_on_dropped(self, data) -> bool:
-        """Whether keys typed once dropping has ended go on with what was dropped: a
-        sentence typed through a compaction is dropped whole (Enter too), not delivered
-        from the middle on into Claude's box, where it could be sent clipped. It goes on
-        until the person stops typing for DROP_PAUSE_SECONDS."""
+    def in_drop_tail(self, data) -> bool:
+        """Whether keys typed once dropping has ended go on with what was dropped (the
+        relay then drops them too, and the draft watch never sees them): a sentence typed
+        through a compaction is dropped whole (Enter too), not delivered from the middle on
+        into Claude's box, where it could be sent clipped. It goes on until the person
+        stops typing for DROP_PAUSE_SECONDS; a report the terminal sends is no typing."""
         import time
-        if self.last_drop is None:
-            return False
-        now = time.monotonic()
-        if now - self.last_drop > self.DROP_PAUSE_SECONDS:
-            self.last_drop = None
-            return False
-        if typed_bytes(data) or any(key in data for key in (b"\r", b"\x7f", b"\x08")):
-            self.last_drop = now
-            return True
-        return False  # (a report the terminal sent: no typing)
+        return (self.last_drop is not None and time.monotonic() - self.last_drop <= self.DROP_PAUSE_SECONDS
+                and bool(typed_bytes(data) or any(key in data for key in (b"\r", b"\x7f", b"\x08"))))
 
     def _ask_suspend(self, force: bool) -> None:
         import time
@@ -12956,14 +13018,17 @@ def attach_thread(spec, home, policy):
     are resolved here, before spawn. Interrupted Smart Compacts of the thread are
     settled before anything else touches it.
     """
-    if spec.found.get("no_persistence") or spec.found.get("background"):
+    unmanaged = ((MSG_UNGOVERNED, "--no-session-persistence: Claude writes no transcript")
+                 if spec.found.get("no_persistence") else
+                 (MSG_BACKGROUND, "--bg: Claude's background daemon runs the session")
+                 if spec.found.get("background") else None)
+    if unmanaged:
         # No transcript (or one only Claude's daemon writes, after this launch ends) means
         # nothing to capture or rebuild from, so cc-lhc must not also switch off Claude's own
         # compaction: the session would then have none at all.
         spec.governed = False
-        say(MSG_UNGOVERNED if spec.found.get("no_persistence") else MSG_BACKGROUND)
-        home.log("capture_off", reason="--no-session-persistence: Claude writes no transcript"
-                 if spec.found.get("no_persistence") else "--bg: Claude's background daemon runs the session")
+        say(unmanaged[0])
+        home.log("capture_off", reason=unmanaged[1])
         return None
     registry, hostdb = Registry(home), HostDB(home)
     sweep_unfinished_forks(home, registry, hostdb)
@@ -13675,8 +13740,8 @@ def replacement_args(args):
             i += 1
             continue
         name, eq, _value = a.partition("=")
-        if not a.startswith("--") and len(a) > 2 and CLAUDE_VALUE_OPTIONS.get(a[:2]) in ("value", "optional"):
-            name, eq = a[:2], "="  # its value written onto it (-nfoo): the boundary is the argument's end
+        if value_attached(a):
+            name, eq = a[:2], "="  # (the value's end is the argument's)
         kind = CLAUDE_VALUE_OPTIONS.get(name)
         if name in _NOT_INHERITED:
             i += 1
@@ -14588,7 +14653,7 @@ class LiveHandoff:
         def heard(data):
             self.last_input = time.monotonic()
             out = inner(data) if inner else data
-            if out and not relay.drop_input and self.draft.feed(out, self.last_input):
+            if out and not (relay.drop_input or relay.in_drop_tail(out)) and self.draft.feed(out, self.last_input):
                 # (what is dropped never reached the box) a prompt went: the next one recorded
                 # is newer than the newest now, and Claude wrote it after this moment (by the
                 # clock both read here): a prompt captured late, sent before, is not it
@@ -16811,10 +16876,7 @@ def scan_claude_args(args):
             i += 1
             continue
         name, eq, inline = a.partition("=")
-        if (not a.startswith("--") and len(a) > 2
-                and CLAUDE_VALUE_OPTIONS.get(a[:2]) in ("value", "optional")):
-            # A short option's value written onto it (-r<id>): all of the rest, as Claude reads
-            # it, an "=" included (-n=x names the session "=x").
+        if value_attached(a):
             name, eq, inline = a[:2], "=", a[2:]
         kind = CLAUDE_VALUE_OPTIONS.get(name)
         value = inline if eq else None
@@ -16835,9 +16897,10 @@ def scan_claude_args(args):
             if found["resume"] is not None:
                 raise usage_error("--resume is given more than once")
             if name == "-r" and value is not None and a.startswith("-r="):
-                meant = value[1:] if len(value) <= 65 and value.isprintable() and " " not in value \
-                    else shown_arg(value[1:])
-                raise usage_error(f"-r={meant}: Claude reads all that follows -r as its value, its \"=\" "
+                meant = (value[1:] if len(value) <= 65 and value.isprintable() and " " not in value
+                         else shown_arg(value[1:])) or "<session id>"
+                given = a if len(a) <= 68 and a.isprintable() else shown_arg(a)
+                raise usage_error(f"{given}: Claude reads all that follows -r as its value, its \"=\" "
                                   f"too, which names no session; write -r {meant} or --resume={meant}")
             found["resume"] = value if value is not None else True
         elif name in ("-c", "--continue"):
@@ -16864,6 +16927,13 @@ def scan_claude_args(args):
             found["help_or_version"] = True
         i += consumed
     return found
+
+
+def value_attached(arg: str) -> bool:
+    """Whether an argument is a short option with its value written onto it (-r<id>,
+    -nfoo): all of the rest is the value, as Claude reads it, an "=" included (-n=x names
+    the session "=x")."""
+    return not arg.startswith("--") and len(arg) > 2 and CLAUDE_VALUE_OPTIONS.get(arg[:2]) in ("value", "optional")
 
 
 def normalize_session(spec: LaunchSpec, found: dict) -> None:

@@ -738,7 +738,7 @@ def test_a_prompt_sent_while_the_thread_file_cannot_be_read_still_reaches_claude
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.draft, h.sent_mark, h.held, h.last_input = cc_lhc.DraftWatch(), (7, 0.0), None, 0.0
     h._last_prompt = locked
-    relay = types.SimpleNamespace(on_input=None, drop_input=False)
+    relay = types.SimpleNamespace(on_input=None, drop_input=False, in_drop_tail=lambda data: False)
     h.listen(relay)
     assert relay.on_input(b"a prompt\r") == b"a prompt\r"
     assert h.sent_mark[0] == 7 and h.sent_mark[1] > 0
@@ -755,13 +755,30 @@ def test_keys_typed_on_from_a_dropped_run_are_dropped_until_the_person_pauses(mo
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     relay = Relay.__new__(Relay)
     relay.last_drop = None
-    assert not relay._goes_on_dropped(b"x")  # nothing was dropped: keys pass
-    relay.last_drop = 100.0  # a key dropped during the compaction
+    assert not relay.in_drop_tail(b"x")  # nothing was dropped: keys pass
     for key in (b"e", b"c", b"k", b" ", b"\x7f", b"now", b"\r"):
+        relay.last_drop = clock[0]  # (the relay notes each key it drops)
         clock[0] += 0.15
-        assert relay._goes_on_dropped(key), key
+        assert relay.in_drop_tail(key), key
     clock[0] += 0.1
-    assert not relay._goes_on_dropped(b"\x1b[I")  # a focus report: passes, and is no typing
-    clock[0] += relay.DROP_PAUSE_SECONDS + 0.01  # the person stopped, read the notice
-    assert not relay._goes_on_dropped(b"resend") and relay.last_drop is None
-    assert not relay._goes_on_dropped(b"more")
+    assert not relay.in_drop_tail(b"\x1b[I")  # a focus report: passes, and is no typing
+    clock[0] += relay.DROP_PAUSE_SECONDS  # the person stopped, read the notice
+    assert not relay.in_drop_tail(b"resend")
+
+
+def test_keys_dropped_as_the_tail_of_a_drop_are_no_draft_in_claudes_box(monkeypatch):
+    """The draft watch hears only keys that reach Claude: keys dropped as the tail of a drop
+    made cc-lhc believe Claude's box held a draft (holding Smart Compact back), or, with
+    their Enter, that a prompt had just been sent."""
+    import types
+    handoff = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    handoff.draft = cc_lhc.DraftWatch()
+    handoff.last_input = 0
+    relay = types.SimpleNamespace(on_input=None, drop_input=False, in_drop_tail=lambda data: True)
+    handoff.listen(relay)
+    for key in (b"e", b"c", b"k", b"\r"):
+        assert relay.on_input(key) == key  # (the relay drops it)
+    assert not handoff.draft.pending and handoff.draft.sent_at is None
+    relay.in_drop_tail = lambda data: False
+    relay.on_input(b"hi")
+    assert handoff.draft.pending

@@ -1437,18 +1437,46 @@ def _interrupted_call_thread(tmp_path):
 
 def test_a_part_the_view_can_show_nothing_of_is_never_named_in_view(tmp_path):
     """A call that never got its result is never served (the API refuses a call without its
-    result), so the run holding it alone costs nothing in full or lean: it took "full", and
-    the header said "m4 verbatim" about a message that is not there."""
+    result), so the run holding it alone costs nothing: it goes with the run beside it. It
+    took "full" on its own, and the header said "m4 verbatim" about a message that is not
+    there; skipping the bands it cost nothing in, it was summarised on its own instead, the
+    turn cut in two and noted, with all the room in the world."""
     thread = _interrupted_call_thread(tmp_path)
     turns = thread.turns
-    view, header = cc_lhc.serve_view(thread.id, turns, 1_200, "default",
-                                     cc_lhc.thread_summaries(thread.store, turns), counter=cc_lhc.ViewCounter())
-    served = {m["seq"] for t in turns for m, _stub in cc_lhc.turn_items(view, t)[1]}
-    assert view.pieces, "the first turn comes in parts"
-    for n, runs in view.pieces.items():
-        for a, b, band in runs:
-            if band in ("full", "lean"):
-                assert any(a <= seq <= b for seq in served), (n, a, b, band, header)
+    summaries = cc_lhc.thread_summaries(thread.store, turns)
+    for budget in (900, 1_200, 2_000, 5_000, 400_000):
+        view, header = cc_lhc.serve_view(thread.id, turns, budget, "default", summaries, counter=cc_lhc.ViewCounter())
+        served = {m["seq"] for t in turns for m, _stub in cc_lhc.turn_items(view, t)[1]}
+        for t in turns:
+            runs = view.pieces.get(t.n) or [(t.messages[0]["seq"], t.messages[-1]["seq"], view.bands[t.n])]
+            for a, b, band in runs:
+                if band in ("full", "lean"):
+                    assert any(a <= seq <= b for seq in served), (budget, t.n, a, b, band, header)
+        if budget == 400_000:  # room for all of it: each turn whole and verbatim, no note
+            assert view.bands == {t.n: "full" for t in turns} and not view.pieces
+            assert not any(cc_lhc.turn_items(view, t)[0] for t in turns)
+
+
+def test_a_long_turn_ending_on_an_interrupted_call_is_served_whole_when_there_is_room(tmp_path):
+    """Capture closed a segment of a long turn before the call Claude was killed in, so that
+    call is a run of its own, which the view can show nothing of: with room for the whole
+    thread the turn is served whole and verbatim (it was cut in two, the lone call
+    summarised, with a note that the turn went on after it)."""
+    tr = Transcript()
+    tr.envelope()
+    tr.prompt("first prompt")
+    for k in range(6):
+        (call,) = tr.response(tool_use("Bash", command=f"seq {k} 3000"), stop="tool_use")
+        tr.results((call["id"], "\n".join(f"{k} line {i}" for i in range(3000)), False))
+    tr.response(tool_use("Bash", command="sleep 1000"), stop="tool_use")
+    tr.prompt("second prompt")
+    tr.response(text("second answer"))
+    thread = intake_transcript(tr, tmp_path)
+    assert len({m["segment"] for m in thread.turns[0].messages}) > 1
+    plan = cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, cc_lhc.resolve_policy([]),
+                               str(uuid.uuid4()), "/home/u/proj", projects_root=str(tmp_path / "p"))
+    assert plan.view.bands == {1: "full", 2: "full"} and not plan.view.pieces
+    assert "goes on here after" not in plan.data.decode()
 
 
 def test_a_target_under_the_header_is_refused_whatever_the_thread_ends_on(tmp_path):
@@ -1481,3 +1509,26 @@ def test_small_targets_give_views_within_them_or_none(tmp_path):
             assert_tool_blocks_paired(records)
             assert view.empty or view.tokens == again <= budget, (seed, budget, view.tokens, again)
         thread.store.close()
+
+
+def test_a_long_thread_is_weighed_only_as_far_as_any_part_could_still_fit(tmp_path, monkeypatch):
+    """A thread of 1,500 short turns at a small target: once OMITTED_RUN parts in a row found
+    no room, the older turns are left out without being weighed or summarised; the view is
+    the one weighing every turn gives. (Weighing all of them took seconds at 20,000 turns.)"""
+    tr = Transcript()
+    for i in range(1_500):
+        tr.prompt(f"question {i}: what does item {i * 7} do?")
+        tr.response(text(f"answer {i}: item {i * 7} reads the header, then the body. " * 3))
+    thread = intake_transcript(tr, tmp_path)
+    turns = thread.turns
+    made = []
+    real = cc_lhc.extractive_summary
+    monkeypatch.setattr(cc_lhc, "extractive_summary", lambda *a, **k: made.append(1) or real(*a, **k))
+    view, header = cc_lhc.serve_view(thread.id, turns, 12_000, "default", cc_lhc.thread_summaries(thread.store, turns))
+    weighed = len(made)
+    monkeypatch.setattr(cc_lhc, "OMITTED_RUN", 10 ** 9)
+    every, every_header = cc_lhc.serve_view(thread.id, turns, 12_000, "default",
+                                            cc_lhc.thread_summaries(thread.store, turns))
+    assert view.bands == every.bands and header == every_header and view.tokens == every.tokens
+    assert sum(b == "omitted" for b in view.bands.values()) > 1_000
+    assert weighed < 1_500 / 2 < len(made) - weighed
