@@ -5641,10 +5641,10 @@ def _header_reserve(thread_id, turns, by_turn, profile, files, fell_back) -> int
         if len(parts) > 1:
             a, b = parts[0].first, parts[-1].last
             widest = [(a, b, band) for band in BANDS + ("omitted",)]
-            # (a note for each run left out: at most every other part)
-            notes = (len(parts) + 1) // 2
-            reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))) + 4 + notes * (
-                estimate_tokens(bridge_note(turn.n, a, b, first=False)) + 4)
+            # (one note, where the turn resumes after its oldest runs: a run left out further
+            # on is rare, and the view's exact count makes room for its note when there is one)
+            reserve += estimate_tokens("\n".join(split_lines(turn.n, widest))) + 4 + max(
+                estimate_tokens(bridge_note(turn.n, a, b, first=first)) for first in (True, False)) + 4
     return reserve
 
 
