@@ -7946,12 +7946,22 @@ def refuse_running_session(session_id: str) -> None:
                           "Claude on it (nothing was queued). Close it there, or wait until it is done.")
 
 
+# A withdrawn descriptor's row says why to a Claude still holding it (_withdrawn); after
+# this long none does, and a launch a minute (a CI job) would otherwise add rows for ever.
+DESCRIPTOR_ROWS_KEPT_DAYS = 30
+
+
 def remove_stale_descriptors(home, hostdb) -> int:
     """Launch-time sweep: descriptors whose owning process is gone are removed.
 
     Both what cc-lhc.sqlite lists and what lies in runtime/: a wrapper killed between
-    writing its descriptor and recording it leaves a file no row names.
+    writing its descriptor and recording it leaves a file no row names. Rows of
+    descriptors withdrawn more than DESCRIPTOR_ROWS_KEPT_DAYS ago go too.
     """
+    cutoff = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=DESCRIPTOR_ROWS_KEPT_DAYS))
+    with Tx(hostdb.db) as db:  # (revoked begins with the time it was written: ISO text orders as time)
+        db.execute("DELETE FROM descriptors WHERE revoked IS NOT NULL AND revoked < ?",
+                   (cutoff.isoformat(timespec="milliseconds").replace("+00:00", "Z"),))
     removed = 0
     for token, path, owner in hostdb.db.execute(
             "SELECT token, path, owner FROM descriptors WHERE revoked IS NULL").fetchall():

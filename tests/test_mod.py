@@ -147,6 +147,24 @@ def test_a_rebound_descriptor_keeps_its_shim_folder_and_a_dead_owners_is_removed
     assert not os.path.exists(first["shim_dir"]) and not os.path.exists(first["path"])
 
 
+def test_rows_of_descriptors_withdrawn_long_ago_go_at_a_launch(iso_env):
+    """Every launch records a descriptor and withdraws it at its end: a launch a minute (a CI
+    job) added rows for ever. Those withdrawn more than DESCRIPTOR_ROWS_KEPT_DAYS ago go;
+    a recent one still tells a Claude holding it why retrieval was withdrawn."""
+    home = cc_lhc.StateHome()
+    hostdb = cc_lhc.HostDB(home)
+    old, recent = (cc_lhc.create_descriptor(home, hostdb, "thread", sid) for sid in ("sid-1", "sid-2"))
+    for d in (old, recent):
+        cc_lhc.revoke_descriptor(home, hostdb, d, "the session ended")
+    hostdb.db.execute("UPDATE descriptors SET revoked = '2026-01-01T00:00:00.000Z the session ended' "
+                      "WHERE token = ?", (old["token"],))
+    hostdb.db.commit()
+    cc_lhc.remove_stale_descriptors(home, hostdb)
+    left = [token for (token,) in hostdb.db.execute("SELECT token FROM descriptors")]
+    assert left == [recent["token"]]
+    assert "the session ended" in cc_lhc._withdrawn(home, [recent["path"]])
+
+
 # -- In-process Smart Compact: the pure parts ------------------------------------------
 
 def _rec(rtype, content, **extra):
