@@ -10749,6 +10749,7 @@ class Relay:
         self.held = bytearray()
         self.child_alt_screen = False  # whether the child itself drew on the alternate screen
         self.child_output_at = None    # time.monotonic() of the child's newest output
+        self.child_cleared_at = None   # ... of its newest whole-screen clear (a first frame, say)
         self.modes = TerminalModes()    # what the bytes written to the person's terminal switched on
         # Job control. Claude runs in a session of its own, so the SIGTSTP it sends itself
         # on ctrl-z is discarded by the kernel (an orphaned process group may not stop):
@@ -10847,6 +10848,8 @@ class Relay:
                             self.child_output_at = time.monotonic()
                             if b"\x1b[?10" in data:
                                 self._note_alt_screen(data)
+                            if b"\x1b[2J" in data or b"\x1b[?1049h" in data:
+                                self.child_cleared_at = self.child_output_at
                             if self.hold_output:
                                 self.held += data
                             else:
@@ -12383,6 +12386,7 @@ class ManagedSession:
         self._to_show = collections.deque()  # lines waiting for the relay (any thread adds)
         self.on_screen = collections.deque(maxlen=6)  # (when, line) written over Claude's screen lately
         self.overlay_until = None  # when the lines written over Claude's screen have had their time
+        self.overlay_drawn_at = None  # when they were last written
         self.detached = ""                # why cc-lhc no longer follows this Claude, if so
         self.native_compacts = []         # (turn, when) of each Claude native Compact seen
         self.views_replayed = []          # newest seq when capture saw a view served in process
@@ -12555,7 +12559,18 @@ class ManagedSession:
             self.on_screen.popleft()
         if self.on_screen:
             self.overlay_until = now + self.ON_SCREEN_SECONDS
+            self.overlay_drawn_at = now
         return overlay_lines([text for _at, text in self.on_screen], size)
+
+    def overlay_cleared(self, relay) -> bool:
+        """Once per clear: whether Claude cleared its whole screen (its late first frame, say)
+        after cc-lhc's lines were written, while they still have time to stand."""
+        cleared_at = relay.child_cleared_at
+        if cleared_at is None or self.overlay_until is None or self.overlay_drawn_at is None \
+                or cleared_at <= self.overlay_drawn_at:
+            return False
+        self.overlay_drawn_at = cleared_at
+        return True
 
     def overlay_done(self, now) -> bool:
         """Once, when the lines written over Claude's screen have had their time: Claude
@@ -14496,6 +14511,10 @@ class LiveHandoff:
             # nothing of them left in its rows (on the alternate screen, which it draws whole)
             relay.to_user += b"\x1b[H\x1b[2J"
             self._repaint()
+        if self.reshow_at is None and self.session.overlay_cleared(relay) and not relay.hold_output:
+            # Claude drew its whole screen over lines that still have time to stand (the
+            # startup lines, when its first frame comes late): written again once it is done
+            self.reshow_at = now + self.RESHOW_SECONDS
         if self.repaint_at is not None and now >= self.repaint_at:
             self.repaint_at = None
             try:

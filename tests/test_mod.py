@@ -361,7 +361,8 @@ def _waiting_handoff(tmp_path, monkeypatch, answers):
     home.ensure()
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.candidate, h.submit_at = SimpleNamespace(home=home, overlay_until=None,
-                                                          overlay_done=lambda now: False), None, None
+                                                          overlay_done=lambda now: False,
+                                                          overlay_cleared=lambda at: False), None, None
     h.retry_at = h.retry_until = None
     h.held = None  # (no automatic Smart Compact a draft held back)
     h.inproc = SimpleNamespace(on_tick=lambda relay: None, wants_tick=False)

@@ -782,3 +782,49 @@ def test_keys_dropped_as_the_tail_of_a_drop_are_no_draft_in_claudes_box(monkeypa
     relay.in_drop_tail = lambda data: False
     relay.on_input(b"hi")
     assert handoff.draft.pending
+
+
+def test_lines_claude_clears_its_screen_over_while_they_stand_are_written_again(monkeypatch):
+    """cc-lhc's lines over Claude's screen (the startup ones, said once Claude has gone quiet)
+    were lost when Claude then drew its whole screen anew (a first frame that came late on
+    a loaded machine): written again once, after such a clear, while they still have time
+    to stand; not for a clear before them, nor once their time is up, nor over the panel."""
+    import collections
+    import time
+    import types
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    session = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
+    session._to_show, session.announced = collections.deque(), []
+    session.on_screen = collections.deque(maxlen=6)
+    session.overlay_until = session.overlay_drawn_at = None
+    session.home = types.SimpleNamespace(log=lambda *a, **k: None)
+    relay = types.SimpleNamespace(to_user=bytearray(), get_size=lambda: (10, 60), child_cleared_at=99.0,
+                                  hold_output=False, child_alt_screen=True)
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.candidate, h.submit_at, h.retry_at, h.repaint_at, h.reshow_at = session, None, None, None, None, None
+    h.held, h.draft, h.last_input = None, cc_lhc.DraftWatch(), 0
+    h.inproc = types.SimpleNamespace(on_tick=lambda relay: None)
+    h._tell_carried = lambda relay: None
+    session._to_show.append("Invalid compact configuration. Default configuration used.")
+    session.show_notices(relay)  # at 100.0, after Claude's clear at 99.0: nothing to write again
+    written = bytes(relay.to_user)
+    h.on_tick(relay)
+    clock[0] += 1
+    h.on_tick(relay)
+    assert bytes(relay.to_user) == written
+    relay.child_cleared_at = 101.5  # Claude's first whole frame, late
+    clock[0] = 101.6
+    h.on_tick(relay)
+    clock[0] += h.RESHOW_SECONDS
+    h.on_tick(relay)
+    assert bytes(relay.to_user).count(b"Invalid compact configuration") == 2
+    clock[0] += 1
+    h.on_tick(relay)  # (once per clear)
+    assert bytes(relay.to_user).count(b"Invalid compact configuration") == 2
+    relay.hold_output, relay.child_cleared_at = True, 102.5  # the panel is open: not over it
+    clock[0] = 102.6
+    h.on_tick(relay)
+    clock[0] += h.RESHOW_SECONDS
+    h.on_tick(relay)
+    assert bytes(relay.to_user).count(b"Invalid compact configuration") == 2
