@@ -15853,6 +15853,20 @@ class BackgroundCarry:
             delay = 60.0
         return math.ceil((self._launched_at(item, store) + min(3600.0, max(60.0, delay))) / 60) * 60
 
+    def _recorded_at(self, item):
+        """When the item's launch was recorded (epoch seconds), or None when that is unknown."""
+        try:
+            store = ThreadStore(self.session.home, self.thread_id)
+        except LhcError:
+            return None
+        try:
+            row = store.db.execute("SELECT created FROM messages WHERE seq = ?", (item.seq,)).fetchone()
+        except Exception:  # (a thread that cannot be read now: no time to tell by)
+            return None
+        finally:
+            store.close()
+        return record_time(row[0]) if row else None
+
     def _launched_at(self, item, store=None) -> float:
         """When the item's launch was recorded (``store``: the thread's, when one is open)."""
         own = store is None
@@ -15868,9 +15882,11 @@ class BackgroundCarry:
             import time
             return time.time()
 
-    @staticmethod
-    def _agent_report(item, old_session, old_path) -> str:
-        """An agent's final answer if its own transcript shows one, else how to resume it."""
+    def _agent_report(self, item, old_session, old_path) -> str:
+        """An agent's final answer if its own transcript shows one written since this launch
+        of it (a SendMessage runs a finished agent again, and its transcript holds the
+        answer of the run before until the new run's first records are written), else how
+        to resume it."""
         name = f"background agent {item.task_id or item.label}"
         path = os.path.join(os.path.dirname(old_path), old_session, "subagents",
                             f"agent-{item.task_id}.jsonl")
@@ -15884,7 +15900,9 @@ class BackgroundCarry:
         except OSError:
             pass
         message = (last or {}).get("message") or {}
-        if (last or {}).get("type") == "assistant" and message.get("stop_reason") == "end_turn":
+        launched = self._recorded_at(item)
+        if (last or {}).get("type") == "assistant" and message.get("stop_reason") == "end_turn" and not (
+                launched is not None and (record_time(last.get("timestamp")) or launched) < launched):
             answer = " ".join(b.get("text", "") for b in message.get("content") or []
                               if isinstance(b, dict) and b.get("type") == "text")
             return f"{name} had finished; its final result: {answer.strip()}"

@@ -3,6 +3,7 @@ records Claude Code 2.1.328 writes (tests/fixtures/background/)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -659,3 +660,31 @@ def test_subagent_transcripts_are_copied_into_a_rebuilt_session_without_taking_a
     (tmp_path / "old" / "subagents" / "agent-a1.jsonl").write_bytes(b"1\n2\n3\n4\n")
     assert cc_lhc.carry_subagents(home, [str(old)], str(new)) == 0
     assert (copied / "agent-a1.jsonl").read_bytes() == b"1\n2\nR\n"
+
+
+def test_an_agent_run_again_is_not_taken_for_finished_by_the_answer_of_its_run_before(tmp_path):
+    """SendMessage runs a finished agent again; until the new run's first records are
+    written, its transcript ends on the answer of the run before. Built at that moment, a
+    swap's manifest said the agent "had finished" while the carry, a moment later, offered
+    to resume it. An answer older than the agent's launch is not this run's."""
+    t = Transcript()
+    launch(t, "toolu_agent", "Agent", AGENT_ACK, prompt="look around", description="d")
+    cap = captured(tmp_path, t)
+    (item,) = cc_lhc.background_items(cap.store)
+    launched = cc_lhc.record_time(cap.store.db.execute("SELECT created FROM messages WHERE seq = ?",
+                                                       (item.seq,)).fetchone()[0])
+    cap.stop()
+    carry = cc_lhc.BackgroundCarry(a_session(cc_lhc.StateHome(tmp_path / "lhc")))
+    old = tmp_path / "projects" / "s.jsonl"
+    folder = old.parent / "s" / "subagents"
+    folder.mkdir(parents=True)
+
+    def answered_at(when):
+        stamp = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+        (folder / f"agent-{item.task_id}.jsonl").write_text(json.dumps(
+            {"type": "assistant", "timestamp": stamp, "message": {"role": "assistant", "stop_reason": "end_turn",
+                                                                  "content": [{"type": "text", "text": "FOUND IT"}]}})
+            + "\n")
+        return carry._agent_report(item, "s", str(old))
+    assert answered_at(launched + 5).endswith("had finished; its final result: FOUND IT")
+    assert "was interrupted by the swap" in answered_at(launched - 60)  # the run before's answer
