@@ -325,7 +325,12 @@ def record_time(stamp):
 
 
 def utc_now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_iso(datetime.datetime.now(datetime.timezone.utc))
+
+
+def utc_iso(when) -> str:
+    """A UTC time as cc-lhc writes times: ISO 8601 to the millisecond, with "Z"."""
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 TOKENIZER_FILE_NAME = "o200k_base.tiktoken"
@@ -4865,8 +4870,7 @@ def turn_parts(turn: Turn, soft_tokens: int):
             continue
         segment = m["segment"] or 0
         unit.append(m)
-        # (only a call's size reads its whole block JSON, which a stored message puts together)
-        size += segment_size(m["kind"], m["text"], m["data"] if m["kind"] == "tool_call" else block_data(m))
+        size += segment_size(m["kind"], m["text"], block_data(m))  # (never put together for this)
         if m["kind"] == "tool_call" and m["tool_use_id"] in paired:
             waiting.add(m["tool_use_id"])
         elif m["kind"] == "tool_result":
@@ -5071,8 +5075,9 @@ def _allocate(parts, budget, profile, summaries, memo=None):
         missed = missed + 1 if band == "omitted" else 0
         if alone is not None and RANK[band] > alone:  # (it fell for what newer parts took)
             floor[part.n] = RANK[band]
-    for i in sorted(unseen | lean_unseen):
-        band = _neighbour_band(parts, i, unseen | lean_unseen, placed)
+    quiet = unseen | lean_unseen
+    for i in sorted(quiet):
+        band = _neighbour_band(parts, i, quiet, placed)
         # (one that did not fit in full is never made verbatim by a verbatim neighbour; next
         # to a summary it is out of view: a summary of the runs beside it does not cover it)
         placed[(parts[i].n, parts[i].first)] = ("lean" if band == "full" and i in lean_unseen else
@@ -7958,10 +7963,9 @@ def remove_stale_descriptors(home, hostdb) -> int:
     writing its descriptor and recording it leaves a file no row names. Rows of
     descriptors withdrawn more than DESCRIPTOR_ROWS_KEPT_DAYS ago go too.
     """
-    cutoff = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=DESCRIPTOR_ROWS_KEPT_DAYS))
+    cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=DESCRIPTOR_ROWS_KEPT_DAYS)
     with Tx(hostdb.db) as db:  # (revoked begins with the time it was written: ISO text orders as time)
-        db.execute("DELETE FROM descriptors WHERE revoked IS NOT NULL AND revoked < ?",
-                   (cutoff.isoformat(timespec="milliseconds").replace("+00:00", "Z"),))
+        db.execute("DELETE FROM descriptors WHERE revoked IS NOT NULL AND revoked < ?", (utc_iso(cutoff),))
     removed = 0
     for token, path, owner in hostdb.db.execute(
             "SELECT token, path, owner FROM descriptors WHERE revoked IS NULL").fetchall():
@@ -10739,7 +10743,7 @@ class Relay:
         self.on_tick = None
         self.drop_input = False
         self.dropped = 0
-        self.last_drop = None   # when typing was last dropped (see _goes_on_dropped)
+        self.last_drop = None   # when typing was last dropped (see in_drop_tail)
         self.tail_dropped = 0   # bytes dropped as the tail of a dropped run
         self._sel = None
         # The control panel: input passes through on_input first, and while the panel
@@ -10848,7 +10852,7 @@ class Relay:
                             self.child_output_at = time.monotonic()
                             if b"\x1b[?10" in data:
                                 self._note_alt_screen(data)
-                            if b"\x1b[2J" in data or b"\x1b[?1049h" in data:
+                            if b"\x1b[2J" in data:
                                 self.child_cleared_at = self.child_output_at
                             if self.hold_output:
                                 self.held += data
@@ -10944,6 +10948,8 @@ class Relay:
         off = max(data.rfind(b"\x1b[?1049l"), data.rfind(b"\x1b[?1047l"))
         if on != off:
             self.child_alt_screen = on > off
+        if on >= 0:  # (a switch to the alternate screen shows it blank: a whole-screen clear)
+            self.child_cleared_at = self.child_output_at
 
     def remove_reader(self, tag) -> None:
         fd, _cb = self.readers.pop(tag, (None, None))
@@ -11887,7 +11893,7 @@ def write_session_export(home, store, thread_id, policy, rollout, cwd, in_proces
                        "(it does with the first prompt)")
     # (planned first: a view that cannot be made leaves no half-written export behind)
     plan = plan_rebuild(home, store, thread_id, policy, new_session_id(), cwd, envelope_from=rollout,
-                        **({"native": True, "sources": []} if in_process else {}))
+                        native=in_process, sources=[] if in_process else None)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = f"{thread_id[:8]}-{stamp}-{os.getpid()}"
     home.ensure("exports")
@@ -15853,10 +15859,12 @@ class BackgroundCarry:
             delay = 60.0
         return math.ceil((self._launched_at(item, store) + min(3600.0, max(60.0, delay))) / 60) * 60
 
-    def _recorded_at(self, item):
-        """When the item's launch was recorded (epoch seconds), or None when that is unknown."""
+    def _recorded_at(self, item, store=None):
+        """When the item's launch was recorded (epoch seconds; ``store``: the thread's, when
+        one is open), or None when that cannot be told."""
+        own = store is None
         try:
-            store = ThreadStore(self.session.home, self.thread_id)
+            store = store or ThreadStore(self.session.home, self.thread_id)
         except LhcError:
             return None
         try:
@@ -15864,23 +15872,15 @@ class BackgroundCarry:
         except Exception:  # (a thread that cannot be read now: no time to tell by)
             return None
         finally:
-            store.close()
+            if own:
+                store.close()
         return record_time(row[0]) if row else None
 
     def _launched_at(self, item, store=None) -> float:
-        """When the item's launch was recorded (``store``: the thread's, when one is open)."""
-        own = store is None
-        store = store or ThreadStore(self.session.home, self.thread_id)
-        try:
-            row = store.db.execute("SELECT created FROM messages WHERE seq = ?", (item.seq,)).fetchone()
-        finally:
-            if own:
-                store.close()
-        try:
-            return datetime.datetime.fromisoformat(str(row[0]).replace("Z", "+00:00")).timestamp()
-        except (TypeError, ValueError):
-            import time
-            return time.time()
+        """_recorded_at, or now when that cannot be told."""
+        import time
+        launched = self._recorded_at(item, store)
+        return time.time() if launched is None else launched
 
     def _agent_report(self, item, old_session, old_path) -> str:
         """An agent's final answer if its own transcript shows one written since this launch

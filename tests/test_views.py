@@ -1534,3 +1534,20 @@ def test_a_long_thread_is_weighed_only_as_far_as_any_part_could_still_fit(tmp_pa
     assert view.bands == every.bands and header == every_header and view.tokens == every.tokens
     assert sum(b == "omitted" for b in view.bands.values()) > 1_000
     assert weighed < 1_500 / 2 < len(made) - weighed
+
+
+def test_a_view_over_its_target_is_never_written_even_when_it_names_a_turn(tmp_path, monkeypatch):
+    """The fitting's last resort (an allocation of nothing) can give a view over its target
+    that still names a run in a band: Smart Compact is refused then, as for a view holding
+    no turn, never written over its target."""
+    thread = _interrupted_call_thread(tmp_path)
+    real = cc_lhc.serve_view
+
+    def over(thread_id, turns, budget, *a, **k):
+        view, header = real(thread_id, turns, budget, *a, **k)
+        view.tokens = budget + 100
+        return view, header
+    monkeypatch.setattr(cc_lhc, "serve_view", over)
+    with pytest.raises(cc_lhc.ViewHoldsNoTurn):
+        cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, cc_lhc.resolve_policy([]), str(uuid.uuid4()),
+                            "/home/u/proj", projects_root=str(tmp_path / "p"))
