@@ -13943,6 +13943,7 @@ class DraftWatch:
 
     def __init__(self):
         self.sent_at = None       # monotonic time of the last prompt sent (not a /command)
+        self.compact_sent_at = None  # monotonic time the person sent a /compact of their own
         self.began_at = None      # wall-clock time (time.time()) the draft in the box began
         self.clear()
 
@@ -14083,6 +14084,9 @@ class DraftWatch:
                     self.dialog = False  # Enter picks in the dialog and closes it
                 elif self.pending and (not self._slash or self.recalled or self.unseen):
                     self.sent_at, sent = now, True
+                elif self._slash and not self.lines and (self._command == b"/compact"
+                                                         or self._command.startswith(b"/compact\0")):
+                    self.compact_sent_at = now  # (Claude runs it now, or queues it until its turn ends)
                 elif (self._slash and not self.lines and not self.recalled and not self.unseen
                         and self._command in self.DIALOG_BYTES):
                     self.dialog = True
@@ -14156,6 +14160,7 @@ class LiveHandoff:
     MAX_FAILURES = 3
     NOTICE = "input typed during compaction was not delivered \u2014 please resend"
     asked = repaint_at = reshow_at = None  # (see __init__)
+    compact_mark, compact_looked = (0.0, None), 0.0
     RESHOW_SECONDS = 0.4  # after a repaint nudge, when Claude has drawn its screen again
     RUNTIME_NOTE = ("[runtime note] The API rejected your last request as too long, so cc-lhc rebuilt "
                     "this session (Smart Compact); nothing was lost. Tool calls that had already run "
@@ -14200,6 +14205,8 @@ class LiveHandoff:
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
         self.sent_mark = (0, 0.0)   # (newest recorded prompt, time.time()) when the person last sent one
+        self.compact_mark = (0.0, None)  # (time.time() of the person's /compact, the first seam it held)
+        self.compact_looked = 0.0   # when on_tick last looked whether that /compact came
         self.missed = None          # (kind, prune target) a seam asked for while one was under way
         self.held = None            # the prune target (or False) of an automatic one a draft held back
         self.asked = None           # "Smart Compact" / "Smart Prune" the person asked for (the panel)
@@ -14265,7 +14272,7 @@ class LiveHandoff:
             why = self._person_is_writing()
             if why:
                 self.session.home.log("handoff_waits_for_person", why=why, manual=manual)
-                if not manual and why in (self.DRAFT_WAITS, self.DIALOG_WAITS):
+                if not manual and why in (self.DRAFT_WAITS, self.DIALOG_WAITS, self.PERSON_COMPACT):
                     self.held = prune if prune is not None else False  # (asked again once it is gone)
                 return why
         if self.submit_at is not None:
@@ -14291,10 +14298,17 @@ class LiveHandoff:
     DIALOG_WAITS = ("a dialog of Claude's is open over its input box (a picker, the ctrl-o transcript); "
                     "Smart Compact waits for it to close")
     JUST_SENT = "a prompt was just sent to Claude"
+    # The person's own /compact, sent while Claude worked, waits in Claude's queue until the
+    # turn ends: the seam that ends it is theirs (through the mod's hook, as a Smart Compact
+    # with their words; without the mod, Claude's own summary). cc-lhc's own /compact or a
+    # swap there would run over it. Held until the hook asks or capture records a turn newer
+    # than the send, for at most this long from the first seam it held back.
+    PERSON_COMPACT = "your /compact is on its way to Claude; this seam is left to it"
+    PERSON_COMPACT_SECONDS = 30.0
     THREAD_BUSY = ("another process is writing this thread (a search bringing its index up to date, "
                    "say); Smart Compact waits for a seam after it is done")
     # How the reasons for not starting that pass by themselves begin (swap_soon waits them out).
-    PASSING = (UNSETTLED, DRAFT_WAITS, DIALOG_WAITS, JUST_SENT, THREAD_BUSY)
+    PASSING = (UNSETTLED, DRAFT_WAITS, DIALOG_WAITS, JUST_SENT, PERSON_COMPACT, THREAD_BUSY)
 
     def _person_is_writing(self) -> str:
         """Why Smart Compact must not start at this seam because of the person ('' if not)."""
@@ -14310,7 +14324,51 @@ class LiveHandoff:
         if (self.draft.sent_at is not None and time.monotonic() - self.draft.sent_at < self.SENT_SETTLE_SECONDS
                 and not self._sent_prompt_recorded()):
             return self.JUST_SENT + "; Smart Compact waits for it to be recorded"
+        if self._person_compact_due():
+            return self.PERSON_COMPACT
         return ""
+
+    def _person_compact_due(self) -> bool:
+        """Whether a /compact the person sent has yet to reach Claude's compaction (see
+        PERSON_COMPACT); once it has, or the wait ran out, it is forgotten."""
+        import time
+        sent = self.draft.compact_sent_at
+        if sent is None:
+            return False
+        now = time.monotonic()
+        sent_at, since = self.compact_mark
+        if since is None:
+            since = now
+            self.compact_mark = (sent_at, since)
+        try:
+            # (by the clock both read: capture may not have recorded the turn it was typed
+            # during when it was sent, so a count of turns then would not do)
+            written = record_time(self._newest(
+                "SELECT m.created FROM turns t JOIN messages m ON m.seq = t.first_seq "
+                "WHERE t.kind = 'command' ORDER BY t.n DESC LIMIT 1"))
+            recorded = written is not None and written >= sent_at - self.SENT_CLOCK_SLACK
+        except Exception:  # (a thread file that cannot be read now: the wait below still ends)
+            recorded = False
+        if not recorded and now - since < self.PERSON_COMPACT_SECONDS:
+            return True
+        if not recorded:
+            self.session.home.log("person_compact_not_seen", waited=round(now - since, 1))
+        self.person_compact_done()
+        return False
+
+    def _person_compact_gone(self, now) -> bool:
+        """Whether no /compact of the person's holds a seam back (looked at twice a second)."""
+        if self.draft.compact_sent_at is None:
+            return True
+        if now < self.compact_looked + 0.5:
+            return False
+        self.compact_looked = now
+        return not self._person_compact_due()
+
+    def person_compact_done(self) -> None:
+        """The person's /compact reached Claude's compaction (or is given up on)."""
+        self.draft.compact_sent_at = None
+        self.compact_mark = (0.0, None)
 
     def _no_rebuild(self, relay, assessment, e, manual) -> str:
         """A rebuild that would serve nothing better (NoRebuild): logged, and the reason
@@ -14539,9 +14597,10 @@ class LiveHandoff:
             relay.to_child += b"\r"
         if self.candidate is None:
             if (self.held is not None and not self.draft.pending
-                    and now - self.last_input >= self.QUIET_SECONDS):
+                    and now - self.last_input >= self.QUIET_SECONDS and self._person_compact_gone(now)):
                 # The draft (or dialog) that held an automatic Smart Compact back was erased
-                # (or closed) without a send: the seam it held back is asked again.
+                # (or closed) without a send, or the person's /compact never came: the seam
+                # it held back is asked again.
                 held, self.held = self.held, None
                 self.start(relay, prune=held if held is not False else None)
             self._tell_carried(relay)
@@ -14688,7 +14747,9 @@ class LiveHandoff:
         def heard(data):
             self.last_input = time.monotonic()
             out = inner(data) if inner else data
-            if out and not (relay.drop_input or relay.in_drop_tail(out)) and self.draft.feed(out, self.last_input):
+            delivered = out and not (relay.drop_input or relay.in_drop_tail(out))
+            compact_sent = self.draft.compact_sent_at
+            if delivered and self.draft.feed(out, self.last_input):
                 # (what is dropped never reached the box) a prompt went: the next one recorded
                 # is newer than the newest now, and Claude wrote it after this moment (by the
                 # clock both read here): a prompt captured late, sent before, is not it
@@ -14698,6 +14759,8 @@ class LiveHandoff:
                     newest = self.sent_mark[0]
                 self.sent_mark = (newest, time.time())
                 self.held = None  # (the seam it held back is gone: the next one asks again)
+            if delivered and self.draft.compact_sent_at != compact_sent:
+                self.compact_mark = (time.time(), None)  # (the command turn Claude writes comes after)
             return out
 
         relay.on_input = heard
@@ -15154,6 +15217,9 @@ class InProcessCompact:
             os.unlink(os.path.join(folder, MOD_REQUEST_FILE))
         except OSError:
             pass
+        # (the person's /compact has come: the seam it held back is its own)
+        self.handoff.person_compact_done()
+        self.handoff.held = None
         why = ""
         if self.pending is not None:
             # Installed a moment ago and not yet sent: there is nothing older to compact, and

@@ -958,3 +958,48 @@ def test_a_background_agent_that_ran_a_tool_leaves_the_in_process_smart_compact_
     assert not log_events(rc, "in_process_compact_refused")
     assert not log_events(rc, "handoff_spawned")
     exit_cleanly(t)
+
+
+def test_a_compact_the_person_queued_while_claude_answered_is_the_one_that_runs(real_claude, tmux):
+    """A /compact typed while Claude streams an answer that takes the session over the
+    trigger waits in Claude's queue until that answer ends, at the very seam cc-lhc would
+    compact. cc-lhc typed its own /compact there too: the hook served cc-lhc's view for the
+    person's command (their words left out of the header), and cc-lhc's own then ran as a
+    second command the person never typed ("Not compacted"). The seam is now theirs: one
+    compaction, through the hook, with their words."""
+    import threading
+    import time
+    rc = real_claude
+    hold = threading.Event()
+
+    def respond(body):
+        said = new_input({"body": body})
+        if "second prompt" in said:
+            return dict(thinking_reply("t-two", "second answer", signature="SIG-B", usage=OVER_USAGE), hold=hold)
+        if "first prompt" in said:
+            return thinking_reply("t-one", "first answer", signature="SIG-A", usage=SMALL_USAGE)
+        return text_reply("THIRD-ANSWER" if "third prompt" in said else "UNEXPECTED-REQUEST", usage=SMALL_USAGE)
+    rc.api.responder = respond
+    t = with_the_mod(rc, tmux, "first prompt", "first answer")
+    type_line(t, "second prompt")
+    rc.api.wait_for_requests(2, answered=False)
+    type_line(t, "/compact keep the auth notes")  # (Claude queues it)
+    time.sleep(0.3)
+    hold.set()
+    t.wait_for("second answer")
+    wait_for_log(rc, "in_process_compact_served")
+    t.wait_for(PROMPT)
+    type_line(t, "third prompt")
+    t.wait_for("THIRD-ANSWER")
+    requests = rc.api.message_requests
+    assert [new_input(r) for r in requests[2:] if "third prompt" not in json.dumps(r["body"])] == []
+    (third,) = [r for r in requests if "third prompt" in json.dumps(r["body"]["messages"])]
+    first = third["body"]["messages"][0]["content"]
+    first = first if isinstance(first, str) else first[0]["text"]
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and "keep the auth notes" in first
+    body = json.dumps(third["body"]["messages"])
+    assert body.count("second answer") == 1 and body.count(cc_lhc.REBUILT_MARKER) == 1
+    assert "Not compacted" not in body
+    assert len(log_events(rc, "in_process_compact_served")) == 1 and not log_events(rc, "person_compact_skipped")
+    assert cc_lhc.InProcessCompact.PERSON in [e["text"] for e in log_events(rc, "notice")]
+    exit_cleanly(t)

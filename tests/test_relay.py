@@ -507,6 +507,76 @@ def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch,
     assert told and relay.to_child == b"[runtime note] x"
 
 
+def test_the_persons_own_compact_holds_the_seam_until_claude_takes_it(monkeypatch, tmp_path):
+    """A /compact the person sent while Claude was answering waits in Claude's queue until
+    the turn ends. cc-lhc typed its own /compact at that seam too: the mod's hook served
+    cc-lhc's view for the person's command (their words lost), and cc-lhc's then ran as a
+    second command, "Not compacted". The seam is left to the person's /compact until the
+    hook asks for it or a turn newer than the send is recorded, for at most
+    PERSON_COMPACT_SECONDS."""
+    import time
+    import types
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
+    d = cc_lhc.DraftWatch()
+    for keys, taken in ((b"/compact keep the auth notes\r", True), (b"/compact\r", True),
+                        (b"/compactify\r", False), (b"/clear\r", False), (b"compact\r", False),
+                        (b"/compact\x7f\x7f\x7f\x7f\x7f\x7f\x7fclear\r", False),
+                        (b"/compact a\x1b\rb\r", False), (b"\x1b[A\r", False)):
+        d.compact_sent_at = None
+        d.feed(keys, 5.0)
+        assert (d.compact_sent_at == 5.0) is taken, keys
+    session = types.SimpleNamespace(home=cc_lhc.StateHome(), detached="",
+                                    spec=types.SimpleNamespace(mod=None, session_id="s"))
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.session, h.candidate, h.submit_at, h.continue_note, h.held = session, None, None, None, None
+    h.retry_at = h.repaint_at = h.reshow_at = None
+    h.inproc = types.SimpleNamespace(pending=None, usable=False, on_tick=lambda relay: None)
+    h.draft, h.last_input, h.sent_mark = cc_lhc.DraftWatch(), 0.0, (0, 0.0)
+    command = [None]  # the newest command turn's first record's timestamp
+    h._newest = lambda sql: command[0] if "command" in sql else 0
+    h._last_prompt = lambda: 0
+    begun = []
+    h._begin = lambda relay, manual, prune, urgent=False: begun.append(manual)
+    h._tell_carried = lambda relay: None
+    relay = types.SimpleNamespace(on_input=None, drop_input=False, in_drop_tail=lambda data: False,
+                                  to_user=bytearray(), hold_output=False, child_alt_screen=False)
+    session.overlay_done = session.overlay_cleared = lambda *a: False
+    h.listen(relay)
+    command[0] = cc_lhc.utc_now_iso()  # (a /context run before)
+    time.sleep(0.1)
+    relay.on_input(b"/compact keep the auth notes\r")  # (Claude is answering: it queues it)
+    clock[0] += 20
+    assert h.start(relay) == h.PERSON_COMPACT and not begun and h.held is False
+    clock[0] += h.QUIET_SECONDS
+    h.on_tick(relay)
+    assert not begun  # not asked again while it is on its way
+    command[0] = cc_lhc.utc_now_iso()  # Claude ran it: its records are a command turn of their own
+    clock[0] += 1
+    h.on_tick(relay)
+    assert begun == [False] and h.draft.compact_sent_at is None  # (that seam is asked again)
+    assert h.start(relay) == "" and begun == [False, False]
+    # one that never comes (eaten by a dialog, say) holds the seams back only so long
+    time.sleep(0.1)  # (a command turn written before the send is not it)
+    relay.on_input(b"/compact\r")
+    assert h.start(relay) == h.PERSON_COMPACT
+    clock[0] += h.PERSON_COMPACT_SECONDS - 1
+    assert h.start(relay) == h.PERSON_COMPACT
+    clock[0] += 1
+    assert h.start(relay) == "" and len(begun) == 3
+    assert (tmp_path / "wrapper.log").read_text().count('"person_compact_not_seen"') == 1
+    # the mod's hook asking for the person's view is their /compact come
+    relay.on_input(b"/compact\r")
+    assert h.start(relay) == h.PERSON_COMPACT
+    h.person_compact_done()
+    assert h.start(relay) == "" and len(begun) == 4
+    # keys dropped during a compaction never reached Claude: no /compact of theirs is coming
+    relay.drop_input = True
+    relay.on_input(b"/compact\r")
+    assert h.draft.compact_sent_at is None
+
+
 def test_the_draft_watch_reads_the_keyboard_encodings_claude_turns_on_and_cut_reads():
     d = cc_lhc.DraftWatch()
     d.feed(b"one\x1b\r", 0.0)  # alt- or shift-Enter as ESC CR: a new line
