@@ -7517,6 +7517,58 @@ def _death_link_preexec(parent_pid: int):
     return link
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Take in the processes a Claude child leaves behind when it ends (Linux): a background
+    command it ran, carried across a swap that ended that Claude, then ends as a child of
+    cc-lhc, whose wait gives its exit status, as Claude's own would have. Whether it holds."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def exit_status_of(pid: int):
+    """The exit status of a process cc-lhc took in (a carried job's shell) once it has
+    ended, collected here; None when it is not cc-lhc's to wait for or has not ended."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return None
+    return os.waitstatus_to_exitcode(status) if got == pid else None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def reap_taken_in(sessions) -> None:
+    """Collect the ended processes cc-lhc took in from these sessions (an ended Claude's and
+    its carried jobs'), so none stays a zombie under it; never one cc-lhc started itself
+    (those lead sessions of their own, or are in cc-lhc's), which their own waits collect."""
+    if not sessions or not os.path.isdir("/proc/self"):
+        return
+    me = os.getpid()
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            state, ppid, session = fields[0], int(fields[1]), int(fields[3])
+        except (OSError, ValueError, IndexError):
+            continue
+        pid = int(name)
+        if state == "Z" and ppid == me and session in sessions and session != pid:
+            exit_status_of(pid)
+
+
 def start_watchdog(child_pid: int):
     """Where the kernel cannot tie a child to us (macOS), a small process does it.
 
@@ -9491,20 +9543,30 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
     # the oversized one it replaced, so before its first answer it is "not observed".
     # Claude's own notice of a failed request (model <synthetic>, a usage of zeros) is no
     # provider reading: after a "prompt is too long" it would read a full session as empty.
-    rows = db.execute("SELECT input, cache_creation, cache_read, seq FROM usage WHERE source_session = ? "
-                      "AND coalesce(model, '') != '<synthetic>' ORDER BY seq DESC", (session_id,)).fetchall()
+    rows = db.execute("SELECT input, cache_creation, cache_read, seq, output, response_id FROM usage "
+                      "WHERE source_session = ? AND coalesce(model, '') != '<synthetic>' ORDER BY seq DESC",
+                      (session_id,)).fetchall()
     latest = rows[0] if rows else None
     last_valid = next((r for r in rows if provider_context(r) is not None), None)
     unread = newest_response_without_usage(db, session_id)
     if unread is not None and (latest is None or unread[0] > latest[3]):
-        latest = (None, None, None, unread[0])  # (its usage missing: no reading, as an unusable one)
+        latest = (None, None, None, unread[0], None, None)  # (its usage missing: no reading, as an unusable one)
 
-    def after(row):
-        seq = row[3] if row else 0
+    def payload(where, *args):
         # Bytes, as estimate_tokens counts them (length() of text would count characters).
         total = db.execute("SELECT coalesce(sum(length(CAST(coalesce(lhc_text(text), data) AS BLOB))), 0) "
-                           "FROM messages WHERE seq > ? AND agent IS NULL", (seq,)).fetchone()[0]
+                           f"FROM messages WHERE {where} AND agent IS NULL", args).fetchone()[0]
         return (total + 3) // 4
+
+    def after(row):
+        """What the next request holds beyond what ``row``'s response was sent: that
+        response itself (its output_tokens when usable, else its own bytes / 4) and
+        everything captured after it."""
+        if row is None:
+            return payload("seq > 0")
+        output = row[4] if row[4] is not None or row[5] is None else \
+            payload("response_id = ? AND seq <= ?", row[5], row[3])
+        return (output or 0) + payload("seq > ?", row[3])
 
     # Claude's own compaction since the newest response (a /compact, or its reaction to a
     # "prompt is too long") replaced the conversation with its summary: what that response
@@ -9513,7 +9575,7 @@ def governor_reading(store, session_id, prompt_estimate=0) -> dict:
                               "AND kind = 'compact_summary'", (session_id,)).fetchone()
     if compacted is not None and (latest is None or compacted > latest[3]):
         return {"source": STATE_NOT_OBSERVED, "provider_tokens": None,
-                "estimate_tokens": after((None, None, None, compacted - 1)) + prompt_estimate, "pressure": None}
+                "estimate_tokens": payload("seq >= ?", compacted) + prompt_estimate, "pressure": None}
     return measure_pressure(latest, last_valid, after(latest), after(last_valid), prompt_estimate)
 
 
@@ -12169,6 +12231,7 @@ class InteractiveHost:
             raise LhcError("interactive sessions need the ptyprocess package "
                            "(pip install ptyprocess==0.7.0)")
         spec, home = self.spec, self.home
+        become_subreaper()  # (before the first Claude: what any of them leaves behind comes to us)
         try:
             argv = spec.mod.argv(spec.child_argv) if spec.mod else spec.child_argv
             self.child = ptyprocess.PtyProcess.spawn(
@@ -12796,14 +12859,17 @@ def discard_thread(home, registry, hostdb, thread_id, session) -> None:
 TOO_LONG = re.compile(r"too long", re.I)
 
 
-def rejected_too_long(store):
-    """The newest turn, when the API rejected it as too long: (turn, tool calls that ran)."""
+def rejected_too_long(store, session_id=None):
+    """The newest turn, when the API rejected it as too long: (turn, tool calls that ran).
+    With ``session_id``, only a rejection on that session (a rebuild since has answered it)."""
     row = store.db.execute("SELECT n, status FROM turns ORDER BY n DESC LIMIT 1").fetchone()
     if not row or row[1] == "open":
         return None
-    last = store.db.execute("SELECT kind, text FROM messages WHERE turn = ? AND agent IS NULL "
+    last = store.db.execute("SELECT kind, text, source_session FROM messages WHERE turn = ? AND agent IS NULL "
                             "ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
     if not last or last[0] != "api_error" or not TOO_LONG.search(last[1] or ""):
+        return None
+    if session_id is not None and last[2] != session_id:
         return None
     ran = [f"{name} m{seq}" for seq, name in store.db.execute(
         "SELECT c.seq, c.tool_name FROM messages c WHERE c.turn = ? AND c.kind = 'tool_call' AND "
@@ -13450,9 +13516,18 @@ def smart_compact_before_launch(spec, home, policy, capture):
         say(f"the API refused the thinking replayed into rebuilt session {refused}; rebuilding "
             "without it (thinking replay: omit for this thread from now on), nothing is lost")
         home.log("thinking_refused", thread=capture.thread_id, session=refused)
+    too_long = None if refused else rejected_too_long(capture.store, spec.session_id)
+    if too_long is not None:
+        # The API refused this session's last request as too long (a one-shot's, which never
+        # continues by itself): whatever the last reading said, it is rebuilt before Claude
+        # is started on it again. Nothing is sent for the refused turn.
+        say(f"the API rejected this session's last request as too long (t{too_long[0]}); Smart "
+            "Compact rebuilds it before Claude starts")
+        home.log("too_long_rejection", thread=capture.thread_id, turn=too_long[0], ran=too_long[1],
+                 before_launch=True)
     a = assess(home, hostdb, capture.store, capture.thread_id, spec.session_id, policy,
-               prompt_estimate=prompt_estimate(spec), idle=True, manual=bool(refused),
-               gone=unresumable)
+               prompt_estimate=prompt_estimate(spec), idle=True,
+               manual=bool(refused) or too_long is not None, gone=unresumable)
     home.log("governor", thread=capture.thread_id, session=spec.session_id, **a.c)
     plan_view = None
     if not a.go and automatic_prune_due(policy, a.c):
@@ -15514,6 +15589,14 @@ def _holders(path: str) -> list:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
+def _leads_session(pid: int) -> bool:
+    """Whether pid leads a session of its own (as Claude starts each background command)."""
+    try:
+        return os.getsid(pid) == pid
+    except (OSError, AttributeError):  # (gone; or no sessions here)
+        return False
+
+
 def _alive(pid: int, start=None) -> bool:
     """Whether pid still runs (and, given its start time, is still that same process)."""
     if start is not None and process_start_time(pid) != start:
@@ -15574,6 +15657,11 @@ class CarriedJob:
         self.starts = {}            # pid -> start time, when seen
         self.thread = None          # the thread whose swap carried it: its notes go there
         self.watch(pids)            # each process holding its output file (or our monitor)
+        # The shell Claude ran the command in (it leads a session of its own): the job is over
+        # when it ends, as Claude tells it, though a process it started in the background
+        # (`server &`) still holds the output file. None when no holder leads one.
+        self.root = next((pid for pid in self.pids if _leads_session(pid)), None)
+        self.status = None          # the root's exit status (Linux), once it ended under cc-lhc
 
     def watch(self, pids) -> None:
         """Take these pids as the job's, remembering each one's start time: a pid is
@@ -15648,6 +15736,7 @@ class BackgroundCarry:
         self._saved = None         # what undelivered.json holds now (see _persist)
         self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
         self.wakeups = []          # (due, item) the wrapper fires itself
+        self.claude_sessions = set()  # the sessions of the Claude processes swaps ended (their pids)
         self.notes = collections.deque()
         self.next_poll = 0.0
         self.stops_seen = 0        # the newest TaskStop call looked at for carried jobs
@@ -15795,6 +15884,8 @@ class BackgroundCarry:
         self.journals += [i for i in self.recarry if i not in self.journals]
         self.recarry = []
         self.carried_items += items
+        if old_pid:
+            self.claude_sessions.add(old_pid)  # (its processes left behind: reaped as they end)
         self._record_carried(items, old_session)
         for job in self.jobs:
             job.thread = job.thread or self.thread_id  # (a later /clear or /resume does not move it)
@@ -16003,6 +16094,7 @@ class BackgroundCarry:
         for job in self.jobs:
             if not job.finished:
                 self._poll_job(job, now)
+        reap_taken_in(self.claude_sessions | {job.root for job in self.jobs if job.root is not None})
         for due, item in list(self.wakeups):
             if now >= due:
                 self.wakeups.remove((due, item))
@@ -16053,7 +16145,9 @@ class BackgroundCarry:
         else:
             job.watch([p for p in job.pids if job.alive(p)]
                       or [p for p in _holders(job.output) if _alive(p)])
-            running = bool(job.pids)
+            running = bool(job.pids) if job.root is None or job.item.kind == "monitor" else job.alive(job.root)
+            if job.root is not None and not running and job.status is None:
+                job.status = exit_status_of(job.root)  # (taken in when its Claude ended: see become_subreaper)
         if job.item.kind != "monitor":
             if not running:
                 job.finished = True
@@ -16100,8 +16194,11 @@ class BackgroundCarry:
         except OSError as e:
             size, tail = 0, f"(its output file could not be read: {e})"
         shown = ("the end of its output" if size > self.TAIL_BYTES else "its output") + f":\n{tail}"
+        status = job.status
+        how = ("" if status is None else f" with exit code {status}" if status >= 0
+               else f", ended by signal {_signal_name(-status)}")
         return (f"[runtime note] The background command {item.task_id} ({item.command}), carried "
-                f"across a Smart Compact swap, has finished. Its output file is "
+                f"across a Smart Compact swap, has finished{how}. Its output file is "
                 f"{item.output_file}; {shown}")
 
     def next_note(self, settled) -> str:
@@ -16151,10 +16248,12 @@ class BackgroundCarry:
         """Stop what cc-lhc carried (nobody asked for it to outlive the session) and keep
         what Claude was not told yet, for the next launch of the thread."""
         self.poll()
+        stopped = []
         for job in self.jobs:
             if job.finished:
                 continue
             self._stop(job)
+            stopped.append(f"{job.item.kind} {job.name}")
             for event in self._read_from(job):  # written between the last poll and the stop
                 self.notes.append(f"[runtime note] monitor {job.name} ({job.item.command}) "
                                   f"event: {event}")
@@ -16169,6 +16268,13 @@ class BackgroundCarry:
         self.jobs, self.wakeups = [], []
         self._persist()
         self.guard.end()
+        if stopped:
+            # (the replacement Claude has no task list of them, so no exit dialog of its own
+            # asked whether to stop them)
+            self.session.notices.append(self.STOPPED_AT_END.format(n=len(stopped), jobs=", ".join(stopped)))
+
+    STOPPED_AT_END = ("stopped {n} background job(s) carried across a Smart Compact swap as the session "
+                      "ended ({jobs}); the next launch of this thread tells Claude so, with their output")
 
     def _pending_wakeup_notes(self) -> list:
         return [f"[runtime note] a wake-up was still pending when the previous session ended "
@@ -16257,11 +16363,14 @@ def typeable(text: str) -> str:
     Claude) or tabs; those become a newline, a visible escape and spaces. An @ that starts
     a word (Claude reads `@path` in a prompt as "attach that file") is escaped as \\@, so
     the output is read as words, not as files to attach (Claude drops a zero-width space
-    typed before it)."""
+    typed before it). A last backslash gets a space after it: Claude takes backslash-Enter
+    for a new line, so the Enter typed after the text would leave it in the box, unsent,
+    for the person's next words to join."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\t", "    ")
     text = MENTION.sub(r"\1\\@", text)
-    return "".join(ch if ch == "\n" or not (ord(ch) < 32 or 127 <= ord(ch) < 160)
+    text = "".join(ch if ch == "\n" or not (ord(ch) < 32 or 127 <= ord(ch) < 160)
                    else f"\\x{ord(ch):02x}" for ch in text)
+    return text + " " if text.endswith("\\") else text
 
 
 MENTION = re.compile(r"(^|\s)@", re.M)  # (as Claude Code finds a file mention in a prompt)

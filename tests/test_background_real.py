@@ -351,6 +351,8 @@ def test_the_session_end_stops_carried_jobs_and_keeps_what_was_not_told(real_cla
     (kept,) = home.glob("continuity/*/undelivered.json")
     notes = json.loads(kept.read_text())
     assert any("was stopped when the previous cc-lhc session ended" in n for n in notes)
+    # said on the terminal as the session ends: the replacement had no exit dialog to ask
+    assert "stopped 1 background job(s) carried across a Smart Compact swap" in t.capture(history=True)
 
 
 def test_a_too_long_rejection_while_a_job_runs_is_compacted_continued_once_and_carries_it(
@@ -1124,3 +1126,40 @@ def test_a_catch_up_cut_short_leaves_the_agents_for_the_next_one(real_claude, mo
     again = next(m for m in record if (m.get("agent") or {}).get("id") == rc.agent
                  and "AGENT-RESUMED-OK" in (m.get("text") or ""))
     assert again["turn"] == send["turn"]
+
+
+def test_a_job_whose_shell_ended_is_told_at_once_with_its_exit_code_and_a_last_backslash(
+        real_claude, tmux):
+    """A carried command that started a process of its own in the background and returned
+    (`server &`) was taken to run on until that process ended, as it still held the output
+    file; it failed, and the note said only "has finished". And its result, ending in a
+    backslash, was typed but never sent: Claude took the Enter after it for a new line, and
+    the person's next words joined the note."""
+    rc = real_claude
+    release = rc.cwd / "release-5c1"
+    t = start_in_background(rc, tmux, f"{until_released(release)}(sleep 200; echo LATE-5c1) & "
+                                      "echo 'dir is C:\\temp\\'; exit 3")
+    _wait_for_log(rc, "handoff_switched")
+    first = rc.api.message_requests[0]["session_id"]
+    release.touch()
+    try:
+        (told,) = wait_until(lambda: [r for r in requests_holding(rc, "has finished") if r["session_id"] != first],
+                             "the result reaching the replacement")
+        texts = [c if isinstance(c, str) else b.get("text", "") for m in told["body"]["messages"]
+                 for c in [m["content"]] for b in ([None] if isinstance(c, str) else c)]
+        note = [x for x in texts if "has finished" in x][-1]
+        assert note.rstrip().endswith("dir is C:\\temp\\")  # (sent, its backslash kept)
+        # its shell ended under cc-lhc (Linux), which tells how, as Claude would have
+        assert "has finished with exit code 3." in note
+        assert running("sleep 200")  # (its own process runs on: the job itself is over)
+        t.wait_for(PROMPT)
+        type_line(t, "what is the weather")
+        (asked,) = wait_until(lambda: requests_holding(rc, "what is the weather"), "the next prompt")
+        last = asked["body"]["messages"][-1]["content"]
+        assert [last] == ["what is the weather"] or {"type": "text", "text": "what is the weather",
+                                                     "cache_control": {"type": "ephemeral"}} in last
+        type_line(t, "/exit")
+        assert t.wait_exit() == 0
+    finally:
+        for pid in running("sleep 200"):
+            os.kill(pid, 9)

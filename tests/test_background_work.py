@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import re
+import sys
 import types
 from pathlib import Path
 
@@ -688,3 +689,83 @@ def test_an_agent_run_again_is_not_taken_for_finished_by_the_answer_of_its_run_b
         return carry._agent_report(item, "s", str(old))
     assert answered_at(launched + 5).endswith("had finished; its final result: FOUND IT")
     assert "was interrupted by the swap" in answered_at(launched - 60)  # the run before's answer
+
+
+def test_a_note_ending_in_a_backslash_is_sent_by_the_enter_after_it():
+    """Claude takes backslash-Enter for a new line: a job's output ending in one (a path,
+    a continued command line) left the note unsent in the box, and the person's next words
+    joined it. A space after the last backslash lets the Enter send it; others stay."""
+    assert cc_lhc.typeable("dir is C:\\temp\\") == "dir is C:\\temp\\ "
+    assert cc_lhc.typeable("gcc -o app main.c \\\n  -lm") == "gcc -o app main.c \\\n  -lm"
+    assert cc_lhc.typeable("done") == "done"
+
+
+@pytest.mark.skipif(not hasattr(os, "getsid"), reason="POSIX sessions")
+def test_a_carried_job_is_over_when_its_shell_ends_though_a_process_it_started_runs_on(tmp_path):
+    """A command that starts something in the background and returns (`server &`): the
+    process it left holds the output file for long after, and the job was taken to run on
+    until that ended (plain Claude tells it done when its shell ends)."""
+    import subprocess
+    home = a_home(tmp_path)
+    carry = cc_lhc.BackgroundCarry(a_session(home))
+    out, release = tmp_path / "b1.output", tmp_path / "release"
+    with open(out, "wb") as f:
+        shell = subprocess.Popen(["sh", "-c", f"while [ ! -e {release} ]; do sleep 0.05; done; "
+                                  "(sleep 30; echo LATE) & echo PARENT-DONE-77"],
+                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        item = cc_lhc.BackgroundItem("shell", "Bash", 3, "toolu_bg", {"command": "serve"}, task_id="b1",
+                                     output_file=str(out))
+        job = cc_lhc.CarriedJob(item, cc_lhc._holders(str(out)), output=str(out))
+        assert job.root == shell.pid
+        carry.jobs.append(job)
+        carry._poll_job(job, 0.0)
+        assert not job.finished and not carry.notes
+        release.touch()
+        shell.wait(timeout=10)
+        assert any(cc_lhc._alive(p) for p in cc_lhc._holders(str(out)))  # (the sleep holds it still)
+        carry._poll_job(job, 0.0)
+        assert job.finished and "PARENT-DONE-77" in carry.notes[-1] and "has finished" in carry.notes[-1]
+    finally:
+        for pid in cc_lhc._holders(str(out)):
+            cc_lhc._stop_job(pid, None)
+        shell.wait(timeout=10)
+
+
+SUBREAPER_SCRIPT = r"""
+import os, signal, subprocess, sys, time
+import cc_lhc
+assert cc_lhc.become_subreaper()
+# a stand-in for Claude: it starts a background command in a session of its own (which
+# starts a helper of its own in the background) and a server in its own session, then dies
+claude = subprocess.Popen([sys.executable, "-c", '''
+import subprocess, sys, time
+job = subprocess.Popen(["sh", "-c", "sleep 1.5 & sleep 0.5; exit 3"], start_new_session=True)
+helper = subprocess.Popen(["sleep", "0.5"])
+print(job.pid, helper.pid, flush=True)
+time.sleep(60)
+'''], stdout=subprocess.PIPE, start_new_session=True)
+job, helper = map(int, claude.stdout.readline().split())
+claude.kill()
+claude.wait()
+time.sleep(2)
+status = cc_lhc.exit_status_of(job)
+zombies = lambda: [p for p in (helper,) if os.path.exists(f"/proc/{p}") and
+                   open(f"/proc/{p}/stat").read().rpartition(")")[2].split()[0] == "Z"]
+left = zombies()
+cc_lhc.reap_taken_in({claude.pid, job})
+print(status, bool(left), zombies())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_a_carried_command_ends_under_cc_lhc_which_tells_its_exit_status_and_leaves_no_zombie(tmp_path):
+    """Claude, ended by a swap, leaves its background command running; the command then
+    failed, and with no parent of cc-lhc's its exit status was lost (the note said only "has
+    finished"). cc-lhc takes such processes in (a child subreaper), reads the status of the
+    command's shell, and collects the others the ended Claude left, so none stays a zombie."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", SUBREAPER_SCRIPT], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(Path(cc_lhc.__file__).parent)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "True", "[]"]

@@ -143,7 +143,7 @@ def test_governor_reading_from_the_record(store):
     add_message(store, 3, "c" * 40)
     r = cc_lhc.governor_reading(store, "s1", prompt_estimate=5)
     assert r["source"] == "last_known" and r["provider_tokens"] == 900_000
-    assert r["estimate_tokens"] == 110 + 5           # (400 + 40) / 4 after r1, + the prompt
+    assert r["estimate_tokens"] == 1 + 110 + 5       # r1's output, (400 + 40) / 4 after it, + the prompt
     assert classify(r, TRIGGER, True)["state"] == cc_lhc.STATE_OVER_SETTLED
 
 
@@ -152,7 +152,25 @@ def test_governor_estimate_counts_bytes_like_estimate_tokens(store):
     add_usage(store, "r1", 1, 1_000, 0, 0)
     add_message(store, 2, "é" * 400)                 # 800 bytes of UTF-8
     r = cc_lhc.governor_reading(store, "s1")
-    assert r["estimate_tokens"] == cc_lhc.estimate_tokens("é" * 400) == 200
+    assert r["estimate_tokens"] == 1 + cc_lhc.estimate_tokens("é" * 400) == 201  # (r1's output, 1 token)
+
+
+def test_the_newest_answer_itself_is_in_the_predicted_pressure(store):
+    """A response's usage says what its request held; the answer it gave goes into the next
+    request too. Counted by its output_tokens (or its own bytes / 4 where the provider gave
+    none): a large answer just under the trigger was left out, and Smart Compact ran a turn
+    late (355,000 + 0 read healthy against 360,000)."""
+    add_message(store, 1, "prompt")
+    add_message(store, 2, "x" * 100_000)
+    with cc_lhc.Tx(store.db):
+        store.db.execute("INSERT INTO usage VALUES ('r1', 's1', 2, 355000, 0, 0, 30000, 'm', '')")
+    r = cc_lhc.governor_reading(store, "s1")
+    assert (r["provider_tokens"], r["estimate_tokens"], r["pressure"]) == (355_000, 30_000, 385_000)
+    assert classify(r, 360_000, True)["state"] == cc_lhc.STATE_OVER_SETTLED
+    with cc_lhc.Tx(store.db):  # no output_tokens given: the answer's bytes / 4 (its response's messages)
+        store.db.execute("UPDATE usage SET output = NULL")
+        store.db.execute("UPDATE messages SET response_id = 'r1' WHERE seq = 2")
+    assert cc_lhc.governor_reading(store, "s1")["estimate_tokens"] == 25_000
 
 
 def test_governor_reading_counts_only_this_session(store):

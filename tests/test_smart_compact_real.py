@@ -930,3 +930,45 @@ def test_the_newest_of_outputs_claude_asked_for_at_once_reach_the_rebuilt_sessio
     last = calls[[c["id"] for c in calls].index(written[-1])]["input"]["command"].split()
     assert f"{last[1]}\n" in newest and last[2] in newest
     assert "cc-lhc get-messages" in older and len(older) < 200
+
+
+def _one_shot_session(p) -> str:
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["session_id"]
+
+
+def test_a_large_answer_is_in_the_pressure_the_next_one_shot_reads(real_claude):
+    """The usage of a response is what its request held; its answer goes into the next
+    request too. An answer of 30,000 output tokens on a request of 355,000 puts the next one
+    at 385,000, over the 360,000 trigger: it was read as 355,000 (healthy), one turn late."""
+    rc = real_claude
+    rc.api.script(["one"])
+    sid = _one_shot_session(rc.run_lhc("-p", "turn one", "--output-format", "json"))
+    big = " ".join(f"word{i}" for i in range(12000))
+    rc.api.script([text_reply(big, usage={"input_tokens": 355_000, "output_tokens": 30_000})])
+    assert rc.run_lhc("--resume", sid, "-p", "write a lot").returncode == 0
+    rc.api.script(["three"])
+    p = rc.run_lhc("--resume", sid, "-p", "turn three", "--output-format", "json")
+    assert "Smart Compact: provider-reported context 355,000 + LHC estimated tokens 30,0" in p.stderr, p.stderr
+    assert _one_shot_session(p) != sid
+
+
+def test_a_one_shot_the_api_rejected_as_too_long_is_rebuilt_at_the_next_launch(real_claude):
+    """A one-shot never continues by itself after a too-long rejection, but the next launch
+    must not start Claude on the session the API refused again: it was resumed as it was
+    (the last reading healthy), to be refused again, launch after launch."""
+    rc = real_claude
+    rc.api.script(["one"])
+    sid = _one_shot_session(rc.run_lhc("-p", "turn one", "--output-format", "json"))
+    rc.api.script([error_reply()] * 3)
+    assert rc.run_lhc("--resume", sid, "-p", "turn two").returncode == 1
+    n = len(rc.api.message_requests)
+    rc.api.script(["three"])
+    p = rc.run_lhc("--resume", sid, "-p", "turn three", "--output-format", "json")
+    assert "rejected this session's last request as too long" in p.stderr, p.stderr
+    rebuilt = _one_shot_session(p)
+    assert rebuilt != sid
+    (request,) = rc.api.message_requests[n:]  # the person's prompt, nothing sent on its own before it
+    assert "turn three" in json.dumps(request["body"]["messages"])
+    rc.api.script(["four"])  # the rebuilt session goes on as it is: no rebuild at every launch
+    assert _one_shot_session(rc.run_lhc("--resume", rebuilt, "-p", "turn four", "--output-format", "json")) == rebuilt
