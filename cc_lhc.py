@@ -10797,6 +10797,10 @@ class Relay:
         self.to_child = bytearray()
         self.to_user = bytearray()
         self.input_open = in_fd is not None
+        # The end of a terminal's input is its hangup (in raw mode no key gives an end of
+        # file): the terminal is gone though no SIGHUP came (a shell that ignores it kept it
+        # from us), and Claude is ended as SIGHUP would end it. A pipe's end is only its end.
+        self.input_tty = in_fd is not None and os.isatty(in_fd)
         self.always_ready = {}  # tag -> wanted events, for fds the selector refuses
         # Hooks for a live handoff: extra descriptors to read, a periodic tick, and input
         # that is dropped (and counted) rather than delivered while a swap is under way.
@@ -10932,6 +10936,8 @@ class Relay:
                     if not data:
                         self.input_open = False
                         self._interest(sel, self.in_fd, 0, "in")
+                        if self.input_tty and self.on_signal:
+                            self.on_signal(signal.SIGHUP, self)
                     else:
                         # (the panel still takes its keys while Claude's are dropped)
                         data = self.on_input(data) if self.on_input else data

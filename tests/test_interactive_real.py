@@ -894,3 +894,32 @@ def test_a_prompt_piped_into_an_interactive_launch_is_answered_and_the_keyboard_
     texts = [m["text"] for m in record if m["kind"] in ("user_text", "assistant_text")]
     assert texts == ["the piped prompt\n", "answered the piped prompt", "typed at the keyboard",
                      "answered from the keyboard"]
+
+
+def test_a_terminal_closed_under_a_shell_that_ignores_sighup_ends_the_session(real_claude, tmux, tmp_path):
+    """The shell cc-lhc runs under ignores SIGHUP (trap : HUP), so none reaches cc-lhc when
+    the terminal closes; plain claude sees its terminal gone and exits. cc-lhc ran on with
+    its Claude for good, and the thread stayed held: `cc-lhc -c` was refused."""
+    import shlex
+    from fakeapi import text_reply
+    rc = real_claude
+    rc.api.responder = lambda body: text_reply("answered")
+    status = tmp_path / "status"
+    t = tmux(f"trap : HUP; {shlex.quote(sys.executable)} {shlex.quote(CC_LHC)}; echo $? > {shlex.quote(str(status))}",
+             env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT, timeout=60)
+    type_line(t, "hello")
+    t.wait_for("answered")
+    (child,) = log_events(rc, "child_started")
+    t._tmux("kill-server", check=False)  # the terminal is gone
+    try:
+        wait_until(lambda: status.exists() and status.read_text().strip(), "cc-lhc to end", 30)
+        wait_until(lambda: log_events(rc, "child_exited"), "its Claude to end", 10)
+        rc.api.script([text_reply("again")])
+        p = rc.run_lhc("-c", "-p", "once more")
+        assert p.returncode == 0 and "again" in p.stdout, p.stderr
+    finally:
+        try:
+            os.kill(child["child_pid"], 9)
+        except ProcessLookupError:
+            pass

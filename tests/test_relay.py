@@ -198,6 +198,48 @@ def test_child_exit_ends_the_relay_while_input_stays_open():
     assert [signal.getsignal(s) for s in watched] == before, "signal handlers not restored"
 
 
+def test_a_terminal_that_goes_away_without_a_sighup_ends_the_session_as_one_would():
+    """A shell that ignores SIGHUP (trap : HUP, a disowned job) keeps it from cc-lhc when its
+    terminal closes; reads of the terminal then fail. cc-lhc took that for input that had
+    ended (as a pipe's does) and ran on with its Claude for good, holding the thread. The
+    end of a terminal's input is its hangup: on_signal hears SIGHUP; a pipe's end is not."""
+    import pty
+    child = spawn([{"print": "READY"}, {"sleep": None}])
+    master, slave = pty.openpty()
+    sink = Sink()
+    heard = []
+
+    def on_signal(signum, relay):
+        heard.append(signum)
+        child.kill(signal.SIGHUP)
+
+    def hang_up():
+        if sink.wait_for(b"READY", 20):
+            os.close(master)  # the terminal window is closed
+        else:
+            child.kill(signal.SIGKILL)
+
+    closer = threading.Thread(target=hang_up, daemon=True)
+    closer.start()
+    try:
+        Relay(child.fd, slave, sink.w, on_signal=on_signal).run()
+    finally:
+        child.kill(signal.SIGKILL) if child.isalive() else None
+        os.close(slave)
+    sink.close()
+    assert heard == [signal.SIGHUP]
+    child2 = spawn([{"print": "READY"}, {"exit": 0}])
+    in_r, in_w = os.pipe()
+    os.close(in_w)  # `cc-lhc < /dev/null`-like: input over at once, no hangup
+    heard.clear()
+    sink = Sink()
+    try:
+        Relay(child2.fd, in_r, sink.w, on_signal=on_signal).run()
+    finally:
+        os.close(in_r)
+    assert b"READY" in sink.close() and heard == []
+
+
 def test_regular_files_as_terminal_input_and_output(tmp_path):
     # `cc-lhc < file > log`: epoll refuses regular files; the relay must still work.
     (tmp_path / "in").write_bytes(b"from a file\n\x04")
