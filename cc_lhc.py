@@ -15408,12 +15408,12 @@ class SessionFollower:
         session, spec, home = self.session, self.session.spec, self.session.home
         old_sid, old = spec.session_id, session.capture
         path = rollout_path(new_sid, spec.cwd)
-        cleared = starts_a_conversation(path)
+        registry = Registry(home)
+        thread = registry.thread_for_session(new_sid)
+        cleared = thread is None and starts_a_conversation(path)  # (a session cc-lhc knows is resumed)
         if self.left is None:
             self._let_go(old_sid)
             self.left = old_sid  # until another binding is taken (a failure below keeps it)
-        registry = Registry(home)
-        thread = registry.thread_for_session(new_sid)
         created = thread is None
         if created:
             thread = registry.create_thread(new_sid, spec.cwd, "fresh" if cleared else "adopted")
@@ -15540,30 +15540,41 @@ def starts_a_conversation(path: str, lines: int = 40) -> bool:
 
     Claude names the new session in its pid file a moment before it writes the file, so
     a file not there yet is new; so is one holding nothing but bookkeeping and the /clear
-    command itself (and perhaps the first prompt after it). Any earlier prompt or answer,
-    or an answer after the /clear (a session /clear began long ago, reopened), means a
-    resumed conversation.
+    command itself (and perhaps the first prompt after it). Any earlier prompt or answer
+    means a resumed conversation; so does an answer after the /clear, unless the /clear
+    itself is recent (a prompt sent at once after it can be answered before cc-lhc looks):
+    a session /clear began long ago, reopened.
     """
+    import time
     try:
         f = open_regular(path)
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    cleared = False
+    cleared = None  # the /clear's time, once met
     with f:
         for _ in range(lines):
             line = f.readline(1 << 20)
             if not line:
                 return True
             if CLEAR_COMMAND.encode() in line:
-                cleared = True
+                if cleared is None:  # (the requests Claude logs after it quote it again)
+                    try:
+                        cleared = record_time(json.loads(line).get("timestamp")) or 0.0
+                    except (ValueError, AttributeError):
+                        cleared = 0.0
                 continue
             said = re.search(rb'"type":\s*"(user|assistant)"', line)
             if said and b'"isMeta":true' not in line and b'"isMeta": true' not in line:
-                if not cleared or said.group(1) == b"assistant":
+                if cleared is None:
                     return False
-    return cleared
+                if said.group(1) == b"assistant":
+                    return time.time() - cleared < CLEAR_FRESH_SECONDS
+    return cleared is not None
+
+
+CLEAR_FRESH_SECONDS = 30.0  # a /clear this recent is the one Claude just ran
 
 
 # == 16. Background work carried across a swap ==================================

@@ -242,6 +242,34 @@ def test_a_session_file_is_new_until_it_holds_an_earlier_prompt(tmp_path):
     assert not cc_lhc.starts_a_conversation(str(path))             # one /clear began long ago, reopened
     path.write_text('{"type":"user","message":{"content":"an earlier prompt"}}\n')
     assert not cc_lhc.starts_a_conversation(str(path))             # a resumed conversation
+    # a prompt sent at once after the /clear, answered before cc-lhc looked: the /clear is new
+    just_now = clear.replace('{"type":"user",', f'{{"type":"user","timestamp":"{cc_lhc.utc_now_iso()}",')
+    path.write_text(caveat + just_now + prompt + answer)
+    assert cc_lhc.starts_a_conversation(str(path))
+    long_ago = clear.replace('{"type":"user",', '{"type":"user","timestamp":"2026-01-02T03:04:05.678Z",')
+    path.write_text(caveat + long_ago + prompt + answer)
+    assert not cc_lhc.starts_a_conversation(str(path))
+
+
+def test_a_prompt_sent_at_once_after_clear_leaves_it_said_as_a_clear(real_claude, tmux):
+    """A prompt typed straight after /clear can be answered before cc-lhc looks at the new
+    session file (twice a second): the answer after the /clear read as a session /clear began
+    long ago, reopened, and the new conversation was said to be an in-app /resume."""
+    rc = real_claude
+    rc.api.responder = lambda body: text_reply("answered " + ("second" if "PB1" in json.dumps(body) else "first"))
+    t = tmux([sys.executable, CC_LHC], cols=110, rows=32, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT, timeout=30)
+    type_line(t, "PA1")
+    t.wait_for("answered first")
+    type_line(t, "/clear")
+    type_line(t, "PB1")
+    t.wait_for("answered second", timeout=30)
+    wait_for_log(rc, "session_followed")
+    exit_cleanly(t)
+    (followed,) = log_events(rc, "session_followed")
+    notices = [e["text"] for e in log_events(rc, "notice")]
+    assert followed["kind"] == "clear", notices
+    assert any(n.startswith("/clear started a new conversation") for n in notices), notices
 
 
 def _shell(real_claude, tmux):
