@@ -15741,6 +15741,7 @@ class BackgroundCarry:
     """
 
     POLL_SECONDS = 0.5
+    REAP_SECONDS = 5.0
     TAIL_BYTES = 4000
 
     def __init__(self, session):
@@ -15754,6 +15755,7 @@ class BackgroundCarry:
         self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.claude_sessions = set()  # the sessions of the Claude processes swaps ended (their pids)
+        self.reap_at = 0.0            # when to look for what they left behind and has ended (time.time)
         self.notes = collections.deque()
         self.next_poll = 0.0
         self.stops_seen = 0        # the newest TaskStop call looked at for carried jobs
@@ -16111,7 +16113,10 @@ class BackgroundCarry:
         for job in self.jobs:
             if not job.finished:
                 self._poll_job(job, now)
-        reap_taken_in(self.claude_sessions | {job.root for job in self.jobs if job.root is not None})
+        if self.claude_sessions and now >= self.reap_at:
+            # (a look through /proc: every few seconds, and only once a swap ended a Claude)
+            self.reap_at = now + self.REAP_SECONDS
+            reap_taken_in(self.claude_sessions | {job.root for job in self.jobs if job.root is not None})
         for due, item in list(self.wakeups):
             if now >= due:
                 self.wakeups.remove((due, item))
