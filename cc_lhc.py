@@ -16443,14 +16443,16 @@ def give_kept_notes_to_prompt(spec, home, thread_id):
     if not os.path.isdir(home.path("continuity", thread_id)):
         return None
     notes, guards = kept_notes(home, thread_id)
-    prompt = spec.positionals[-1] if spec.positionals else None
-    if not notes or prompt is None:
+    # (where the prompt is in the argv Claude gets, as Claude reads it: never an option's
+    # value that happens to read the same)
+    at = scan_claude_args(spec.child_argv[1:])["positional_at"]
+    if not notes or not at:
         if notes:
             say(f"{len(notes)} note(s) about stopped background work wait for this thread's next launch "
                 "that takes its prompt as an argument")
         return None
-    at = len(spec.child_argv) - 1 - spec.child_argv[::-1].index(prompt)
-    spec.child_argv[at] = "\n".join(notes) + "\n\n" + prompt
+    at = at[-1] + 1
+    spec.child_argv[at] = "\n".join(notes) + "\n\n" + spec.child_argv[at]
     home.log("kept_notes_given", thread=thread_id, notes=len(notes), mode="oneshot")
     return [kept_notes_path(home, thread_id)] + guards, notes[0]
 
@@ -17017,13 +17019,30 @@ CLAUDE_VALUE_OPTIONS = {
         "--permission-prompts", "--plugin-dir", "--plugin-url",
         "--remote-control-session-name-prefix", "--session-id", "--setting-sources",
         "--settings", "--system-prompt", "--system-prompt-snapshot", "--system-prompt-file",
-        "--append-system-prompt-file")},
+        "--append-system-prompt-file",
+        # options `claude --help` does not list, which take a value all the same (2.1.328):
+        # the Agent SDK's argv holds some (--permission-prompt-tool stdio, --max-turns 3)
+        "--accept-command", "--advisor", "--agent-color", "--agent-id", "--agent-name",
+        "--agent-type", "--append-subagent-system-prompt", "--append-subagent-system-prompt-file",
+        "--attach-serve", "--client-data-url", "--correlation-id", "--deep-link-cwd-b64",
+        "--deep-link-last-fetch", "--deep-link-repo", "--event", "--fast-mode",
+        "--forward-home-settings", "--inherit-permission-mode", "--initialize-fields",
+        "--lead-verify-key", "--list", "--managed-settings", "--max-cost", "--max-thinking-tokens",
+        "--max-turns", "--messaging-socket-path", "--metadata", "--on-branch", "--output",
+        "--parent-session-id", "--permission-prompt-tool", "--plan-mode-instructions",
+        "--plugin-dir-no-mcp", "--pool", "--prefill", "--prefill-b64", "--proactivity", "--profile",
+        "--project-config-root", "--ref", "--result-format", "--resume-drops-turn",
+        "--resume-session-at", "--review-md", "--rewind-files", "--runner-declares", "--sdk-url",
+        "--session-began-as-copy", "--task-budget", "--team-name", "--teammate-mode", "--thinking",
+        "--thinking-display", "--transport", "--watch-artifact", "--watch-artifact-no-autoreact",
+        "--workload")},
     **{o: "optional" for o in (
         "-r", "--resume", "-d", "--debug", "--cloud", "--from-pr", "--prompt-suggestions",
-        "--remote-control", "--teleport", "-w", "--worktree")},
+        "--remote-control", "--teleport", "-w", "--worktree", "--rc", "--remote")},
     **{o: "variadic" for o in (
         "--add-dir", "--allowedTools", "--allowed-tools", "--betas", "--disallowedTools",
-        "--disallowed-tools", "--file", "--mcp-config", "--tools")},
+        "--disallowed-tools", "--file", "--mcp-config", "--tools", "--channels",
+        "--dangerously-load-development-channels")},
 }
 
 
@@ -17107,16 +17126,18 @@ def scan_claude_args(args):
     """
     found = {"print_mode": False, "resume": None, "continue_": False, "session_id": None,
              "fork": False, "autocompact": False, "help_or_version": False,
-             "positionals": [], "selectors": [], "fork_args": [], "no_persistence": False,
-             "background": False}
+             "positionals": [], "positional_at": [], "selectors": [], "fork_args": [],
+             "no_persistence": False, "background": False}
     i = 0
     while i < len(args):
         a = args[i]
         if a == "--":
             found["positionals"].extend(args[i + 1:])
+            found["positional_at"].extend(range(i + 1, len(args)))
             break
         if not a.startswith("-") or a == "-":
             found["positionals"].append(a)
+            found["positional_at"].append(i)
             i += 1
             continue
         name, eq, inline = a.partition("=")

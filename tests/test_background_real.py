@@ -789,12 +789,13 @@ def test_notes_kept_for_the_next_launch_reach_a_one_shots_claude(real_claude):
     note = cc_lhc.stopped_note("shell", "b1", "sleep 300", "/tmp/out.b1")
     kept.write_text(json.dumps([note]))
     rc.api.script([text_reply("from stdin")])
-    p = subprocess.run([sys.executable, CC_LHC, "-c", "-p"], input="prompt on stdin", env=rc.env, cwd=rc.cwd,
-                       capture_output=True, text=True, timeout=90)
+    # (an option cc-lhc once did not know to take a value: its value is no prompt)
+    p = subprocess.run([sys.executable, CC_LHC, "-c", "-p", "--max-turns", "3"], input="prompt on stdin",
+                       env=rc.env, cwd=rc.cwd, capture_output=True, text=True, timeout=90)
     assert p.returncode == 0 and "wait for this thread's next launch" in p.stderr, p.stderr
     assert kept.exists() and note not in json.dumps(rc.api.message_requests[-1]["body"]["messages"])
     rc.api.script([text_reply("second reply")])
-    p = rc.run_lhc("-c", "-p", "hello again")
+    p = rc.run_lhc("-c", "-p", "hello again", "--max-turns", "3")
     assert p.returncode == 0 and "second reply" in p.stdout, p.stderr
     said = new_input(rc.api.message_requests[-1])
     assert note in said and said.index(note) < said.index("hello again")

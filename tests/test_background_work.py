@@ -769,3 +769,28 @@ def test_a_carried_command_ends_under_cc_lhc_which_tells_its_exit_status_and_lea
                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path(cc_lhc.__file__).parent)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3", "True", "[]"]
+
+
+@pytest.mark.parametrize("argv, at", [
+    (["-p", "--max-turns", "3"], None),                                   # the prompt on stdin
+    (["--continue", "--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
+      "--permission-prompt-tool", "stdio", "-p"], None),                 # the Agent SDK's argv
+    (["-p", "hi", "-n", "hi"], 1),                                        # a value that reads the same
+    (["--resume", "0b0e6a52-37a3-4a35-9e37-7e16b4a3b0c8", "-p", "--max-turns", "3", "do it"], 5),
+    (["-p", "--", "-x looks like an option"], 2),
+])
+def test_kept_notes_go_ahead_of_the_prompt_never_into_an_options_value(tmp_path, argv, at):
+    """The notes kept for a thread's next launch go ahead of a one-shot's prompt. They were
+    put in front of the last argument that read as a prompt: with an option cc-lhc did not
+    know to take a value (--max-turns 3, --permission-prompt-tool stdio), into its value,
+    and Claude failed ("must be a number", "MCP tool ... not found")."""
+    home = a_home(tmp_path)
+    Path(cc_lhc.kept_notes_path(home, "thread-1")).write_text(json.dumps(["[runtime note] stopped"]))
+    spec = types.SimpleNamespace(child_argv=["claude", *argv])
+    given = cc_lhc.give_kept_notes_to_prompt(spec, home, "thread-1")
+    if at is None:
+        assert given is None and spec.child_argv == ["claude", *argv]  # kept for a launch that can say them
+        return
+    assert given is not None
+    changed = [i for i, (a, b) in enumerate(zip(spec.child_argv[1:], argv)) if a != b]
+    assert changed == [at] and spec.child_argv[at + 1] == f"[runtime note] stopped\n\n{argv[at]}"
