@@ -13174,14 +13174,23 @@ def attach_thread(spec, home, policy):
         if current and current != spec.resume:
             _resume_session(spec, current)
         spec.resume = None
+    adopted_at = None
     if spec.resume:
         thread = registry.thread_for_session(spec.resume)
         if thread is None:
             refuse_running_session(spec.resume)  # (one cc-lhc knows is refused by its lease, below)
             path = _session_rollout(hostdb, spec.session_id, spec.cwd)
             if not os.path.exists(path):
-                home.log("capture_off", reason=f"no transcript at {path} to adopt")
-                return None
+                # Claude finds a session it wrote in another folder's projects folder too (and
+                # goes on writing it there): adopted where it is.
+                adopted_at = transcript_elsewhere(path)
+                if adopted_at is None:
+                    # (Claude will say it finds no such session: with nothing to capture, its
+                    # own compaction stays on)
+                    spec.governed = False
+                    home.log("capture_off", reason=f"no transcript at {path} to adopt")
+                    return None
+                path = adopted_at
             refuse_irregular_transcript(path, spec.session_id, home)
             refuse_orphan(path, spec, home, registry)
             import sqlite3
@@ -13205,7 +13214,7 @@ def attach_thread(spec, home, policy):
                     "resuming that")
                 _resume_session(spec, current)
             refuse_running_session(spec.resume)  # (a Claude on it that no cc-lhc runs)
-            path = _session_rollout(hostdb, spec.session_id, spec.cwd)
+            path = adopted_at or _session_rollout(hostdb, spec.session_id, spec.cwd)
             refuse_irregular_transcript(path, spec.session_id, home)
             repair_torn_tail(path, home, spec.session_id, keep_cut_line(home, thread, spec.session_id, path))
         except BaseException:

@@ -972,3 +972,34 @@ def test_a_one_shot_the_api_rejected_as_too_long_is_rebuilt_at_the_next_launch(r
     assert "turn three" in json.dumps(request["body"]["messages"])
     rc.api.script(["four"])  # the rebuilt session goes on as it is: no rebuild at every launch
     assert _one_shot_session(rc.run_lhc("--resume", rebuilt, "-p", "turn four", "--output-format", "json")) == rebuilt
+
+
+def test_a_plain_claude_session_resumed_from_another_folder_is_adopted_where_it_is(real_claude):
+    """Claude finds a session it wrote under another folder's projects folder and goes on
+    writing it there; cc-lhc looked only in this folder's, captured nothing, said nothing, and
+    had still switched Claude's own compaction off: no compaction at all."""
+    rc = real_claude
+    other = rc.iso.root / "other"
+    other.mkdir()
+    p = rc.run_claude("-p", "plain session", "--output-format", "json")
+    session = json.loads(p.stdout)["session_id"]
+    path = rc.project_dir / f"{session}.jsonl"
+    rc.api.script(["adopted"])
+    p = rc.run_lhc("--resume", session, "-p", "from the other folder", "--output-format", "json", cwd=other)
+    assert _one_shot_session(p) == session
+    assert "from the other folder" in path.read_text()  # (Claude wrote on in the original file)
+    (thread,) = json.loads(rc.run_lhc("threads", "--json").stdout)
+    record = json.loads(rc.run_lhc("export", thread["id"], "--format", "json").stdout)
+    texts = [m.get("text") or "" for m in record]
+    assert "plain session" in texts and "from the other folder" in texts and "adopted" in texts
+
+
+def test_a_resume_of_a_session_claude_cannot_find_leaves_its_own_compaction_on(real_claude):
+    rc = real_claude
+    wrapper = rc.iso.root / "claude-env"
+    seen = rc.iso.root / "seen"
+    wrapper.write_text(f"#!/bin/sh\necho \"${{DISABLE_AUTO_COMPACT:-unset}}\" > {seen}\nexec {rc.claude} \"$@\"\n")
+    wrapper.chmod(0o755)
+    p = rc.run_lhc("--resume", str(uuid.uuid4()), "-p", "hello", env={"CC_LHC_CLAUDE_BIN": str(wrapper)})
+    assert p.returncode != 0  # (Claude finds no such conversation)
+    assert seen.read_text().strip() == "unset"
