@@ -16177,8 +16177,11 @@ class BackgroundCarry:
             job.watch([p for p in job.pids if job.alive(p)]
                       or [p for p in _holders(job.output) if _alive(p)])
             running = bool(job.pids) if job.root is None or job.item.kind == "monitor" else job.alive(job.root)
-            if job.root is not None and not running and job.status is None:
-                job.status = exit_status_of(job.root)  # (taken in when its Claude ended: see become_subreaper)
+            if (job.root is not None and not running and job.status is None
+                    and process_start_time(job.root) == job.starts.get(job.root)):
+                # (taken in when its Claude ended, see become_subreaper; a zombie keeps its start
+                # time, and a pid another process has since taken is never waited for)
+                job.status = exit_status_of(job.root)
         if job.item.kind != "monitor":
             if not running:
                 job.finished = True
