@@ -11200,6 +11200,10 @@ def overlay_lines(texts, size) -> bytes:
         rest, own = escape_controls(f"{PROG}: {text}"), []
         while rest:
             piece = cells_prefix(rest, width) or rest[:1]
+            if len(piece) < len(rest) and rest[len(piece)] != " ":
+                cut = piece.rfind(" ")  # (between words, when a word does not take most of the row)
+                if cut >= len(piece) // 2:
+                    piece = piece[:cut + 1]
             own.append(piece)
             rest = rest[len(piece):]
         if len(own) > OVERLAY_ROWS:  # (its start says what it is; its end is marked as cut)

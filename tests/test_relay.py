@@ -753,6 +753,10 @@ def test_cc_lhcs_lines_over_claudes_screen_stack_wrap_and_leave_the_cursor():
     rows = _screen_rows(out, 10, 40)
     assert rows[6] == "cc-lhc: first notice" and "".join(rows[7:]).count("x") == 100
     assert b"\x1b[24;1H" in cc_lhc.overlay_lines(["no size"], (0, 0))
+    # a long line is cut between words, not in one (a task id split over two rows)
+    said = "carried across the swap: shell b332equbj (pid 1217, 1318), monitor bq8x2k (relaunched)"
+    rows = [r for r in _screen_rows(cc_lhc.overlay_lines([said], (10, 40)), 10, 40) if r]
+    assert " ".join(rows) == "cc-lhc: " + said and all(len(r) <= 39 for r in rows)
     session = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
     session._to_show, session.announced = __import__("collections").deque(), []
     session.on_screen = __import__("collections").deque(maxlen=6)
