@@ -7520,17 +7520,32 @@ def _death_link_preexec(parent_pid: int):
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Take in the processes a Claude child leaves behind when it ends (Linux): a background
-    command it ran, carried across a swap that ended that Claude, then ends as a child of
-    cc-lhc, whose wait gives its exit status, as Claude's own would have. Whether it holds."""
+def set_subreaper(on: bool) -> bool:
+    """Whether cc-lhc now takes in (or, ``on`` false, no longer takes in) the processes its
+    descendants leave when they end (Linux; see LiveHandoff._end_old). Whether it holds."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def children_of(parent: int) -> dict:
+    """pid -> start time of each process ``parent`` started that still runs (Linux /proc)."""
+    found = {}
+    if not os.path.isdir("/proc/self"):
+        return found
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == parent:
+                found[int(name)] = process_start_time(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def exit_status_of(pid: int):
@@ -7550,23 +7565,15 @@ def _signal_name(signum: int) -> str:
         return str(signum)
 
 
-def reap_taken_in(sessions) -> None:
-    """Collect the ended processes cc-lhc took in from these sessions (an ended Claude's and
-    its carried jobs'), so none stays a zombie under it; never one cc-lhc started itself
-    (those lead sessions of their own, or are in cc-lhc's), which their own waits collect."""
-    if not sessions or not os.path.isdir("/proc/self"):
-        return
-    me = os.getpid()
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            state, ppid, session = fields[0], int(fields[1]), int(fields[3])
-        except (OSError, ValueError, IndexError):
-            continue
-        pid = int(name)
-        if state == "Z" and ppid == me and session in sessions and session != pid:
-            exit_status_of(pid)
+def reap_taken_in(taken: dict, codes: dict) -> None:
+    """Collect each process cc-lhc took in (pid -> start time) once it has ended, so none
+    stays a zombie under it: its exit status into ``codes``; gone from ``taken`` then."""
+    for pid, start in list(taken.items()):
+        if process_start_time(pid) != start:
+            del taken[pid]  # (collected already, or never ours)
+        elif not _alive(pid, start):
+            codes[pid] = exit_status_of(pid)
+            del taken[pid]
 
 
 def start_watchdog(child_pid: int):
@@ -12241,7 +12248,6 @@ class InteractiveHost:
             raise LhcError("interactive sessions need the ptyprocess package "
                            "(pip install ptyprocess==0.7.0)")
         spec, home = self.spec, self.home
-        become_subreaper()  # (before the first Claude: what any of them leaves behind comes to us)
         try:
             argv = spec.mod.argv(spec.child_argv) if spec.mod else spec.child_argv
             self.child = ptyprocess.PtyProcess.spawn(
@@ -14984,14 +14990,26 @@ class LiveHandoff:
             self.session.home.log("after_seam_told", thread=old_capture.thread_id, note=note[:200])
 
     def _end_old(self, old_child, first=None) -> None:
+        taking = False
         if first is not None:
             # Claude ends its background jobs on SIGTERM and SIGHUP (a closing terminal);
-            # only SIGKILL leaves the jobs the replacement's session carries running.
+            # only SIGKILL leaves the jobs the replacement's session carries running. What
+            # it started (the carried jobs' shells among them) is taken in by cc-lhc as it
+            # ends (Linux), so a job's exit status is read when it ends, as Claude would have;
+            # only for that moment: what those processes leave later goes to init as before.
+            left = children_of(old_child.pid)
+            taking = bool(left) and set_subreaper(True)
+            if taking:
+                self.carry.taken_in.update(left)
             try:
                 os.kill(old_child.pid, first)
             except OSError:
                 pass
-        _close_child(old_child)
+        try:
+            _close_child(old_child)
+        finally:
+            if taking:
+                set_subreaper(False)
         if old_child.isalive():
             self.session.home.log("old_child_survived", pid=old_child.pid)
             self.session.survivors.append(old_child.pid)
@@ -15767,8 +15785,9 @@ class BackgroundCarry:
         self._saved = None         # what undelivered.json holds now (see _persist)
         self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
         self.wakeups = []          # (due, item) the wrapper fires itself
-        self.claude_sessions = set()  # the sessions of the Claude processes swaps ended (their pids)
-        self.reap_at = 0.0            # when to look for what they left behind and has ended (time.time)
+        self.taken_in = {}          # pid -> start time: what a Claude a swap ended left to cc-lhc
+        self.exit_codes = {}        # pid -> exit status of those, once collected
+        self.reap_at = 0.0          # when to look for those that ended (time.time)
         self.notes = collections.deque()
         self.next_poll = 0.0
         self.stops_seen = 0        # the newest TaskStop call looked at for carried jobs
@@ -15916,8 +15935,6 @@ class BackgroundCarry:
         self.journals += [i for i in self.recarry if i not in self.journals]
         self.recarry = []
         self.carried_items += items
-        if old_pid:
-            self.claude_sessions.add(old_pid)  # (its processes left behind: reaped as they end)
         self._record_carried(items, old_session)
         for job in self.jobs:
             job.thread = job.thread or self.thread_id  # (a later /clear or /resume does not move it)
@@ -16126,10 +16143,9 @@ class BackgroundCarry:
         for job in self.jobs:
             if not job.finished:
                 self._poll_job(job, now)
-        if self.claude_sessions and now >= self.reap_at:
-            # (a look through /proc: every few seconds, and only once a swap ended a Claude)
+        if self.taken_in and now >= self.reap_at:
             self.reap_at = now + self.REAP_SECONDS
-            reap_taken_in(self.claude_sessions | {job.root for job in self.jobs if job.root is not None})
+            reap_taken_in(self.taken_in, self.exit_codes)
         for due, item in list(self.wakeups):
             if now >= due:
                 self.wakeups.remove((due, item))
@@ -16181,11 +16197,11 @@ class BackgroundCarry:
             job.watch([p for p in job.pids if job.alive(p)]
                       or [p for p in _holders(job.output) if _alive(p)])
             running = bool(job.pids) if job.root is None or job.item.kind == "monitor" else job.alive(job.root)
-            if (job.root is not None and not running and job.status is None
-                    and process_start_time(job.root) == job.starts.get(job.root)):
-                # (taken in when its Claude ended, see become_subreaper; a zombie keeps its start
-                # time, and a pid another process has since taken is never waited for)
-                job.status = exit_status_of(job.root)
+            if job.root is not None and not running and job.status is None:
+                # (taken in when its Claude ended: LiveHandoff._end_old)
+                if job.root in self.taken_in:
+                    reap_taken_in({job.root: self.taken_in.pop(job.root)}, self.exit_codes)
+                job.status = self.exit_codes.pop(job.root, None)
         if job.item.kind != "monitor":
             if not running:
                 job.finished = True
