@@ -14184,8 +14184,7 @@ class DraftWatch:
                     self.dialog = False  # Enter picks in the dialog and closes it
                 elif self.pending and (not self._slash or self.recalled or self.unseen):
                     self.sent_at, sent = now, True
-                elif self._slash and not self.lines and (self._command == b"/compact"
-                                                         or self._command.startswith(b"/compact\0")):
+                elif self._slash and not self.lines and self._names_compact():
                     self.compact_sent_at = now  # (Claude runs it now, or queues it until its turn ends)
                 elif (self._slash and not self.lines and not self.recalled and not self.unseen
                         and self._command in self.DIALOG_BYTES):
@@ -14229,6 +14228,13 @@ class DraftWatch:
             self._last = b
             i += 1
         return sent
+
+    def _names_compact(self) -> bool:
+        """Whether the command sent is /compact: as typed (with or without words after it), or
+        begun (/comp) and finished by Claude's menu, which Enter or Tab takes from."""
+        word = self._command.partition(b"\0")[0]
+        return word == b"/compact" or (not self._command.endswith(b"\0") and word == self._command
+                                       and len(word) >= 4 and b"/compact".startswith(word))
 
     def _esc(self) -> None:
         """The Esc key: Claude empties its box on the second of two in a row."""
@@ -14400,11 +14406,13 @@ class LiveHandoff:
     JUST_SENT = "a prompt was just sent to Claude"
     # The person's own /compact, sent while Claude worked, waits in Claude's queue until the
     # turn ends: the seam that ends it is theirs (through the mod's hook, as a Smart Compact
-    # with their words; without the mod, Claude's own summary). cc-lhc's own /compact or a
-    # swap there would run over it. Held until the hook asks or capture records a turn newer
-    # than the send, for at most this long from the first seam it held back.
+    # with their words; without the mod, Claude's own summary, which writes nothing until
+    # its summary is back). cc-lhc's own /compact or a swap there would run over it. Held
+    # until the hook asks, capture records a command turn begun after the send (by the
+    # clock both read: a turn Claude had begun before may be recorded after it), or the
+    # person sends a prompt, for at most this long from the first seam it held back.
     PERSON_COMPACT = "your /compact is on its way to Claude; this seam is left to it"
-    PERSON_COMPACT_SECONDS = 30.0
+    PERSON_COMPACT_SECONDS = 300.0
     THREAD_BUSY = ("another process is writing this thread (a search bringing its index up to date, "
                    "say); Smart Compact waits for a seam after it is done")
     # How the reasons for not starting that pass by themselves begin (swap_soon waits them out).
@@ -14447,6 +14455,8 @@ class LiveHandoff:
                 "SELECT m.created FROM turns t JOIN messages m ON m.seq = t.first_seq "
                 "WHERE t.kind = 'command' ORDER BY t.n DESC LIMIT 1"))
             recorded = written is not None and written >= sent_at - self.SENT_CLOCK_SLACK
+            # (or the person has sent a prompt since: they went on, whatever became of it)
+            recorded = recorded or (self.draft.sent_at is not None and self.draft.sent_at > sent)
         except Exception:  # (a thread file that cannot be read now: the wait below still ends)
             recorded = False
         if not recorded and now - since < self.PERSON_COMPACT_SECONDS:

@@ -960,7 +960,8 @@ def test_a_background_agent_that_ran_a_tool_leaves_the_in_process_smart_compact_
     exit_cleanly(t)
 
 
-def test_a_compact_the_person_queued_while_claude_answered_is_the_one_that_runs(real_claude, tmux):
+@pytest.mark.parametrize("typed", ["/compact keep the auth notes", "/compac"])  # (the menu finishes it)
+def test_a_compact_the_person_queued_while_claude_answered_is_the_one_that_runs(real_claude, tmux, typed):
     """A /compact typed while Claude streams an answer that takes the session over the
     trigger waits in Claude's queue until that answer ends, at the very seam cc-lhc would
     compact. cc-lhc typed its own /compact there too: the hook served cc-lhc's view for the
@@ -983,7 +984,7 @@ def test_a_compact_the_person_queued_while_claude_answered_is_the_one_that_runs(
     t = with_the_mod(rc, tmux, "first prompt", "first answer")
     type_line(t, "second prompt")
     rc.api.wait_for_requests(2, answered=False)
-    type_line(t, "/compact keep the auth notes")  # (Claude queues it)
+    type_line(t, typed)  # (Claude queues it)
     time.sleep(0.3)
     hold.set()
     t.wait_for("second answer")
@@ -996,7 +997,7 @@ def test_a_compact_the_person_queued_while_claude_answered_is_the_one_that_runs(
     (third,) = [r for r in requests if "third prompt" in json.dumps(r["body"]["messages"])]
     first = third["body"]["messages"][0]["content"]
     first = first if isinstance(first, str) else first[0]["text"]
-    assert first.startswith(cc_lhc.REBUILT_MARKER) and "keep the auth notes" in first
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and ("keep the auth notes" in first) == (" " in typed)
     body = json.dumps(third["body"]["messages"])
     assert body.count("second answer") == 1 and body.count(cc_lhc.REBUILT_MARKER) == 1
     assert "Not compacted" not in body

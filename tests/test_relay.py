@@ -564,6 +564,8 @@ def test_the_persons_own_compact_holds_the_seam_until_claude_takes_it(monkeypatc
     monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
     d = cc_lhc.DraftWatch()
     for keys, taken in ((b"/compact keep the auth notes\r", True), (b"/compact\r", True),
+                        (b"/compac\r", True), (b"/comp\t\r", True),  # (Claude's menu finishes it)
+                        (b"/co\r", False), (b"/comp x\r", False),
                         (b"/compactify\r", False), (b"/clear\r", False), (b"compact\r", False),
                         (b"/compact\x7f\x7f\x7f\x7f\x7f\x7f\x7fclear\r", False),
                         (b"/compact a\x1b\rb\r", False), (b"\x1b[A\r", False)):
@@ -609,6 +611,15 @@ def test_the_persons_own_compact_holds_the_seam_until_claude_takes_it(monkeypatc
     clock[0] += 1
     assert h.start(relay) == "" and len(begun) == 3
     assert (tmp_path / "wrapper.log").read_text().count('"person_compact_not_seen"') == 1
+    # a prompt sent after it: the person went on, whatever became of it
+    relay.on_input(b"/compact\r")
+    assert h.start(relay) == h.PERSON_COMPACT
+    clock[0] += 1
+    relay.on_input(b"what now\r")
+    h.sent_mark = (0, 0.0)
+    h._sent_prompt_recorded = lambda: True
+    assert h.start(relay) == "" and len(begun) == 4
+    begun.pop()
     # the mod's hook asking for the person's view is their /compact come
     relay.on_input(b"/compact\r")
     assert h.start(relay) == h.PERSON_COMPACT
