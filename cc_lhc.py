@@ -7532,8 +7532,31 @@ def set_subreaper(on: bool) -> bool:
         return False
 
 
-def children_of(parent: int) -> dict:
-    """pid -> start time of each process ``parent`` started that still runs (Linux /proc)."""
+def clock_ticks():
+    """Now, in the clock ticks since boot that process start times are counted in (Linux), or None."""
+    try:
+        with open("/proc/uptime") as f:
+            return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")) + 1
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _wait_dead(pid: int, seconds: float = 2.0) -> None:
+    """Until a child of cc-lhc has ended (bounded), leaving it to be collected by its owner."""
+    import time
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return
+        except (ChildProcessError, AttributeError, OSError):
+            return
+        time.sleep(0.002)
+
+
+def children_of(parent: int, sessions=None) -> dict:
+    """pid -> start time of each child of ``parent`` (Linux /proc), ended or not; with
+    ``sessions``, only those in one of them."""
     found = {}
     if not os.path.isdir("/proc/self"):
         return found
@@ -7541,8 +7564,9 @@ def children_of(parent: int) -> dict:
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()
-            if int(stat[stat.rindex(b")") + 2:].split()[1]) == parent:
-                found[int(name)] = process_start_time(int(name))
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if int(fields[1]) == parent and (sessions is None or int(fields[3]) in sessions):
+                found[int(name)] = int(fields[19])
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -11212,7 +11236,7 @@ def overlay_lines(texts, size) -> bytes:
                 if cut >= len(piece) // 2:
                     piece = piece[:cut + 1]
             own.append(piece)
-            rest = rest[len(piece):]
+            rest = rest[len(piece):].lstrip(" ") if len(piece) < len(rest) else ""
         if len(own) > OVERLAY_ROWS:  # (its start says what it is; its end is marked as cut)
             own = own[:OVERLAY_ROWS]
             own[-1] = cells_prefix(own[-1], width - 1) + "…"
@@ -14213,6 +14237,10 @@ class DraftWatch:
                 self._erase_word()
             elif b in (0x7F, 0x08):
                 self._backspace()
+            elif b == 0x09 and self._completes_to_compact():
+                # Tab: Claude's menu puts "/compact " in the box, and words may follow it
+                self._text[:] = b"/compact "
+                self._command, self.chars = b"/compact\0", len(b"/compact ")
             elif b >= 0x20:
                 self._text.append(b)
                 if not 0x80 <= b < 0xC0:  # (a UTF-8 character once, by its first byte)
@@ -14228,6 +14256,12 @@ class DraftWatch:
             self._last = b
             i += 1
         return sent
+
+    def _completes_to_compact(self) -> bool:
+        """Whether the box holds only a command's first word that begins /compact (/comp)."""
+        word = self._command
+        return (self._slash and not (self.lines or self.recalled or self.unseen) and self.chars == len(word)
+                and bytes(self._text) == word and len(word) >= 4 and b"/compact".startswith(word))
 
     def _names_compact(self) -> bool:
         """Whether the command sent is /compact: as typed (with or without words after it), or
@@ -14408,9 +14442,10 @@ class LiveHandoff:
     # turn ends: the seam that ends it is theirs (through the mod's hook, as a Smart Compact
     # with their words; without the mod, Claude's own summary, which writes nothing until
     # its summary is back). cc-lhc's own /compact or a swap there would run over it. Held
-    # until the hook asks, capture records a command turn begun after the send (by the
-    # clock both read: a turn Claude had begun before may be recorded after it), or the
-    # person sends a prompt, for at most this long from the first seam it held back.
+    # until the hook asks or capture records a command turn begun after the send (by the
+    # clock both read: a turn Claude had begun before may be recorded after it; a command
+    # the menu made of a /com... that was not /compact is one too), for at most this long
+    # from the first seam it held back.
     PERSON_COMPACT = "your /compact is on its way to Claude; this seam is left to it"
     PERSON_COMPACT_SECONDS = 300.0
     THREAD_BUSY = ("another process is writing this thread (a search bringing its index up to date, "
@@ -14454,9 +14489,8 @@ class LiveHandoff:
             written = record_time(self._newest(
                 "SELECT m.created FROM turns t JOIN messages m ON m.seq = t.first_seq "
                 "WHERE t.kind = 'command' ORDER BY t.n DESC LIMIT 1"))
+            # (a prompt sent after it is no sign: Claude queues it behind the /compact)
             recorded = written is not None and written >= sent_at - self.SENT_CLOCK_SLACK
-            # (or the person has sent a prompt since: they went on, whatever became of it)
-            recorded = recorded or (self.draft.sent_at is not None and self.draft.sent_at > sent)
         except Exception:  # (a thread file that cannot be read now: the wait below still ends)
             recorded = False
         if not recorded and now - since < self.PERSON_COMPACT_SECONDS:
@@ -15013,13 +15047,22 @@ class LiveHandoff:
                 self.carry.taken_in.update(left)
             try:
                 os.kill(old_child.pid, first)
+                if taking:
+                    _wait_dead(old_child.pid)  # (its children are taken in as it dies: then no more)
             except OSError:
                 pass
-        try:
-            _close_child(old_child)
-        finally:
+            finally:
+                if taking:
+                    set_subreaper(False)
             if taking:
-                set_subreaper(False)
+                # As it died, the hangup of its terminal ended what ran in its foreground, and
+                # what those had started came to cc-lhc too, some a moment later: found by
+                # their sessions (its own, its jobs'), started before now (no process cc-lhc
+                # starts from now on is taken for one, should it get a pid of theirs).
+                sessions = {old_child.pid} | {pid for pid in left if _leads_session(pid)}
+                self.carry.taken_sessions.append((frozenset(sessions), clock_ticks()))
+                self.carry.take_in_left()
+        _close_child(old_child)
         if old_child.isalive():
             self.session.home.log("old_child_survived", pid=old_child.pid)
             self.session.survivors.append(old_child.pid)
@@ -15796,6 +15839,7 @@ class BackgroundCarry:
         self.inflight = []         # [note, transcript, offset]: typed, not yet seen as a prompt
         self.wakeups = []          # (due, item) the wrapper fires itself
         self.taken_in = {}          # pid -> start time: what a Claude a swap ended left to cc-lhc
+        self.taken_sessions = []    # (its sessions, the clock tick it ended by): see LiveHandoff._end_old
         self.exit_codes = {}        # pid -> exit status of those, once collected
         self.reap_at = 0.0          # when to look for those that ended (time.time)
         self.notes = collections.deque()
@@ -16153,9 +16197,12 @@ class BackgroundCarry:
         for job in self.jobs:
             if not job.finished:
                 self._poll_job(job, now)
-        if self.taken_in and now >= self.reap_at:
+        if (self.taken_in or self.taken_sessions) and now >= self.reap_at:
             self.reap_at = now + self.REAP_SECONDS
+            self.take_in_left()
             reap_taken_in(self.taken_in, self.exit_codes)
+            roots = {job.root for job in self.jobs if not job.finished}
+            self.exit_codes = {pid: code for pid, code in self.exit_codes.items() if pid in roots}
         for due, item in list(self.wakeups):
             if now >= due:
                 self.wakeups.remove((due, item))
@@ -16164,6 +16211,14 @@ class BackgroundCarry:
                                   f"{item.args.get('prompt') or ''}")
         self.guard.sync(self.jobs)
         self._persist()
+
+    def take_in_left(self) -> None:
+        """Add to taken_in what cc-lhc took in from an ended Claude's sessions (see
+        LiveHandoff._end_old); each is collected as it ends."""
+        for sessions, by in self.taken_sessions:
+            for pid, start in children_of(os.getpid(), sessions).items():
+                if by is not None and start <= by:
+                    self.taken_in.setdefault(pid, start)
 
     def _stops_asked(self) -> None:
         """Claude's TaskStop (KillShell) of a carried job's id: since the swap the job runs

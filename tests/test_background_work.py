@@ -806,3 +806,50 @@ def test_kept_notes_go_ahead_of_the_prompt_never_into_an_options_value(tmp_path,
     assert given is not None
     changed = [i for i, (a, b) in enumerate(zip(spec.child_argv[1:], argv)) if a != b]
     assert changed == [at] and spec.child_argv[at + 1] == f"[runtime note] stopped\n\n{argv[at]}"
+
+
+END_OLD_SCRIPT = r"""
+import os, signal, sys, time, types
+import ptyprocess, cc_lhc
+CLAUDE = '''
+import subprocess, sys, time
+job = subprocess.Popen(["sh", "-c", "sleep 1.5; exit 3"], start_new_session=True)
+mcp = subprocess.Popen(["sh", "-c", "sleep 4 & read x; exit 0"], stdin=subprocess.PIPE)
+print(job.pid, mcp.pid, flush=True)
+time.sleep(60)
+'''
+child = ptyprocess.PtyProcess.spawn([sys.executable, "-c", CLAUDE])
+line = b""
+while not line.endswith(b"\n"):
+    line += child.read(100)
+job, mcp = map(int, line.split()[-2:])
+time.sleep(0.3)
+carry = cc_lhc.BackgroundCarry.__new__(cc_lhc.BackgroundCarry)
+carry.taken_in, carry.exit_codes, carry.taken_sessions = {}, {}, []
+handoff = types.SimpleNamespace(carry=carry, session=types.SimpleNamespace(
+    home=types.SimpleNamespace(log=lambda *a, **k: None), survivors=[], announce=lambda *a: None))
+cc_lhc.LiveHandoff._end_old(handoff, child, signal.SIGKILL)
+time.sleep(2)
+carry.take_in_left()
+cc_lhc.reap_taken_in(carry.taken_in, carry.exit_codes)
+def ours_ended(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[:2] == ["Z", str(os.getpid())]
+    except OSError:
+        return False
+print(carry.exit_codes.get(job), [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if ours_ended(p)])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_what_the_hangup_of_an_ended_claudes_terminal_ends_is_collected_too():
+    """As the swap's SIGKILL ends the old Claude, the hangup of its terminal ends what ran in
+    its foreground (an MCP server's shell, say), and what those had started comes to cc-lhc
+    while it takes in Claude's processes: it stayed a zombie under cc-lhc until it exited."""
+    import subprocess
+    for _ in range(3):  # (a race by nature: a few times)
+        out = subprocess.run([sys.executable, "-c", END_OLD_SCRIPT], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": str(Path(cc_lhc.__file__).parent)})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[0] == "3 []"

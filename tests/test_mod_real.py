@@ -960,7 +960,8 @@ def test_a_background_agent_that_ran_a_tool_leaves_the_in_process_smart_compact_
     exit_cleanly(t)
 
 
-@pytest.mark.parametrize("typed", ["/compact keep the auth notes", "/compac"])  # (the menu finishes it)
+@pytest.mark.parametrize("typed", ["/compact keep the auth notes", "/compac", "/comp\tkeep the auth notes",
+                                   "/compact keep the auth notes\nthird prompt"])
 def test_a_compact_the_person_queued_while_claude_answered_is_the_one_that_runs(real_claude, tmux, typed):
     """A /compact typed while Claude streams an answer that takes the session over the
     trigger waits in Claude's queue until that answer ends, at the very seam cc-lhc would
@@ -984,20 +985,28 @@ def test_a_compact_the_person_queued_while_claude_answered_is_the_one_that_runs(
     t = with_the_mod(rc, tmux, "first prompt", "first answer")
     type_line(t, "second prompt")
     rc.api.wait_for_requests(2, answered=False)
-    type_line(t, typed)  # (Claude queues it)
+    for line in typed.split("\n"):  # (Claude queues it; "/compac" and Tab: its menu finishes it)
+        head, tab, words = line.partition("\t")
+        if tab:
+            t.send_text(head)
+            t.send_keys("Tab")
+            type_line(t, words)
+        else:
+            type_line(t, line)
     time.sleep(0.3)
     hold.set()
     t.wait_for("second answer")
     wait_for_log(rc, "in_process_compact_served")
     t.wait_for(PROMPT)
-    type_line(t, "third prompt")
+    if "third prompt" not in typed:
+        type_line(t, "third prompt")
     t.wait_for("THIRD-ANSWER")
     requests = rc.api.message_requests
     assert [new_input(r) for r in requests[2:] if "third prompt" not in json.dumps(r["body"])] == []
     (third,) = [r for r in requests if "third prompt" in json.dumps(r["body"]["messages"])]
     first = third["body"]["messages"][0]["content"]
     first = first if isinstance(first, str) else first[0]["text"]
-    assert first.startswith(cc_lhc.REBUILT_MARKER) and ("keep the auth notes" in first) == (" " in typed)
+    assert first.startswith(cc_lhc.REBUILT_MARKER) and ("keep the auth notes" in first) == ("keep" in typed)
     body = json.dumps(third["body"]["messages"])
     assert body.count("second answer") == 1 and body.count(cc_lhc.REBUILT_MARKER) == 1
     assert "Not compacted" not in body

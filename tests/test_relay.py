@@ -565,6 +565,8 @@ def test_the_persons_own_compact_holds_the_seam_until_claude_takes_it(monkeypatc
     d = cc_lhc.DraftWatch()
     for keys, taken in ((b"/compact keep the auth notes\r", True), (b"/compact\r", True),
                         (b"/compac\r", True), (b"/comp\t\r", True),  # (Claude's menu finishes it)
+                        (b"/comp\tkeep the auth notes\r", True), (b"/comp\t keep\r", True),
+                        (b"/cle\t\r", False), (b"/co\tx\r", False),
                         (b"/co\r", False), (b"/comp x\r", False),
                         (b"/compactify\r", False), (b"/clear\r", False), (b"compact\r", False),
                         (b"/compact\x7f\x7f\x7f\x7f\x7f\x7f\x7fclear\r", False),
@@ -611,15 +613,14 @@ def test_the_persons_own_compact_holds_the_seam_until_claude_takes_it(monkeypatc
     clock[0] += 1
     assert h.start(relay) == "" and len(begun) == 3
     assert (tmp_path / "wrapper.log").read_text().count('"person_compact_not_seen"') == 1
-    # a prompt sent after it: the person went on, whatever became of it
+    # a prompt sent after it is no sign it ran: Claude queues the prompt behind it
     relay.on_input(b"/compact\r")
     assert h.start(relay) == h.PERSON_COMPACT
-    clock[0] += 1
+    clock[0] += 5
     relay.on_input(b"what now\r")
-    h.sent_mark = (0, 0.0)
     h._sent_prompt_recorded = lambda: True
-    assert h.start(relay) == "" and len(begun) == 4
-    begun.pop()
+    assert h.start(relay) == h.PERSON_COMPACT and len(begun) == 3
+    h.person_compact_done()
     # the mod's hook asking for the person's view is their /compact come
     relay.on_input(b"/compact\r")
     assert h.start(relay) == h.PERSON_COMPACT
@@ -768,6 +769,8 @@ def test_cc_lhcs_lines_over_claudes_screen_stack_wrap_and_leave_the_cursor():
     said = "carried across the swap: shell b332equbj (pid 1217, 1318), monitor bq8x2k (relaunched)"
     rows = [r for r in _screen_rows(cc_lhc.overlay_lines([said], (10, 40)), 10, 40) if r]
     assert " ".join(rows) == "cc-lhc: " + said and all(len(r) <= 39 for r in rows)
+    rows = [r for r in _screen_rows(cc_lhc.overlay_lines(["a" * 31 + "  next word here"], (10, 40)), 10, 40) if r]
+    assert rows == ["cc-lhc: " + "a" * 31, "next word here"]  # (no row starts with the space between)
     session = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
     session._to_show, session.announced = __import__("collections").deque(), []
     session.on_screen = __import__("collections").deque(maxlen=6)
