@@ -2850,7 +2850,11 @@ def _compressed(text: str):
 
 
 def _packable(row: MessageRow) -> bool:
-    return row.kind == "tool_result" and row.text is not None and len(row.text) >= COMPRESS_MIN_CHARS
+    # (a saved output is the whole of a tool output too: a 20 MB log was kept as it was)
+    return row.kind in PACKED_KINDS and row.text is not None and len(row.text) >= COMPRESS_MIN_CHARS
+
+
+PACKED_KINDS = frozenset(("tool_result", SAVED_OUTPUT))
 
 
 def _stored_row(row: MessageRow, packer=None) -> tuple:
@@ -7600,6 +7604,22 @@ def reap_taken_in(taken: dict, codes: dict) -> None:
             del taken[pid]
 
 
+TRIM_AFTER_BYTES = 8 << 20  # a catch-up reading this much gives what it freed back to the system
+
+
+def release_freed_memory() -> None:
+    """Give the memory freed on the heap back to the system (glibc's malloc_trim; elsewhere
+    nothing): parsing one line of a 20 MB tool output leaves the heap at ten times that,
+    all of it free and none of it returned, for the rest of the session."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def start_watchdog(child_pid: int):
     """Where the kernel cannot tie a child to us (macOS), a small process does it.
 
@@ -8959,6 +8979,8 @@ class Capture:
         self._span = FileSpan(path)   # what this process has verified the transcript holds
         self._agent_spans = {}        # the same for each subagent file, by source key
         self._kept_state = None       # the parser's memory after a read that stored all it parsed
+        self._saved_read = 0          # bytes of saved outputs the read under way took in
+        self._trim_due = False        # a large read was stored: release_freed_memory once done
         self._looked = None           # when _relocated last looked for the transcript elsewhere
         self._legacy_agents = {}      # agent-*.jsonl beside the session -> its entry, or False: not its
         self._legacy_unnamed = {}     # such a file that named no session yet -> its size then
@@ -9014,6 +9036,11 @@ class Capture:
             total += self._catch_up_agents()
         if index and total:
             self.store.index_search(deadline)  # (what a deadline leaves, the next one or a search takes)
+        if self._trim_due:
+            # (a large read leaves the heap many times its size, freed once it is stored but
+            # kept by the allocator for the rest of the session: given back)
+            self._trim_due = False
+            release_freed_memory()
         return total
 
     def _catch_up_main(self, deadline) -> int:
@@ -9123,6 +9150,7 @@ class Capture:
             return e.strerror or str(e)
         if len(raw) > SAVED_OUTPUT_MAX_BYTES:
             return f"larger than {SAVED_OUTPUT_MAX_BYTES >> 20} MiB"
+        self._saved_read += len(raw)
         data = {"type": SAVED_OUTPUT, "path": path, "bytes": len(raw)}
         try:
             text = raw.decode("utf-8")
@@ -9206,6 +9234,8 @@ class Capture:
             if long:
                 store.checkpoint_on_commit(True)
                 store.checkpoint_apart()
+            self._trim_due = self._trim_due or size - offset + self._saved_read >= TRIM_AFTER_BYTES
+            self._saved_read = 0
         if self.caught_up:  # (cut short, the parser may be a batch ahead of what was stored)
             self._kept_state = parser.s
         return total

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sqlite3
+import sys
 import uuid
 from pathlib import Path
+
+import pytest
 
 import cc_lhc
 from fakeapi import block_text, text_reply, tool_use_reply
@@ -80,6 +84,15 @@ def test_the_saved_file_is_a_message_right_after_its_result(tmp_path):
     assert whole["text"].encode() == body and whole["bytes"] == len(body) and whole["path"] == str(saved)
     assert whole["tool_use_id"] == "toolu_big" and whole["turn"] == result["turn"]
     assert problems(home, thread) == []
+    # stored compressed, as a tool result's output is (a 20 MB log was kept as it was)
+    db = sqlite3.connect(home.path("threads", f"{thread}.sqlite"))
+    try:
+        (stored,) = db.execute("SELECT text FROM messages WHERE kind = ?", (cc_lhc.SAVED_OUTPUT,)).fetchone()
+    finally:
+        db.close()
+    assert isinstance(stored, bytes) and len(stored) * 3 < len(body)
+    status, out = run_main("search", NEEDLE, "--thread", thread)  # (and found by search there)
+    assert status == 0 and whole["label"] in out, out
     # the view Claude would be given holds the preview, never the file
     store = cc_lhc.ThreadStore(home, thread)
     turns = cc_lhc.load_turns(store)
@@ -209,3 +222,39 @@ def test_a_long_turn_cut_in_parts_keeps_a_saved_output_with_the_result_that_prev
         assert holding[holding.index(cc_lhc.SAVED_OUTPUT) - 1] == "tool_result"
     finally:
         store.close()
+
+
+RSS_SCRIPT = r"""
+import os, random, string, sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
+import cc_lhc
+from test_capture_live import registered_thread
+from test_saved_outputs import session_with_saved_output
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+rnd = random.Random(1)
+body = "".join(f"{i} {''.join(rnd.choices(string.ascii_letters, k=60))}\n" for i in range(330000)).encode()
+sid, path, saved = session_with_saved_output(Path(sys.argv[2]), body)
+del body
+before = rss()
+home, thread = registered_thread(sid)
+cap = cc_lhc.Capture(home, thread, sid, str(path))
+cap.catch_up()
+cap.stop()
+print(before, rss())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="/proc")
+def test_a_large_saved_output_does_not_leave_cc_lhc_holding_ten_times_its_size(tmp_path):
+    """Capturing a 21 MB saved output took the process from 70 MB to 270 MB and left it
+    there for the rest of the session: freed, but kept by the allocator."""
+    import subprocess
+    env = {**os.environ, "CC_LHC_HOME": str(tmp_path / "lhc")}
+    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(Path(cc_lhc.__file__).parent), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert after - before < 80, (before, after)  # MB (200 more before it was given back)
