@@ -8637,6 +8637,7 @@ class ModBridge:
         self.reason = refusal        # why the mod is not in use ('' while active or waiting)
         self.active = False
         self.hello = None
+        self.hello_seen = None       # (inode, mtime, size) of the handshake file when last read
         self.deadline = None
         self.child_pid = None
         self.unbound_for = None      # the session Claude moved to that the mod has not confirmed
@@ -8679,7 +8680,18 @@ class ModBridge:
         import time
         if not self.folder or session.descriptor is None or self.reason:
             return None
-        hello = read_mod_hello(session.descriptor)
+        # (ten times a second for the session's life: the file is read again only once it
+        # changed, which a stat tells)
+        try:
+            st = os.stat(os.path.join(session.descriptor["shim_dir"], MOD_HELLO_FILE))
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            seen = None
+        if seen is not None and seen == self.hello_seen:
+            hello = self.hello
+        else:
+            hello = read_mod_hello(session.descriptor)
+            self.hello_seen = seen if hello is not None else None  # (a torn read is read again)
         if hello is None or hello == self.hello:
             if self.waiting and self.deadline is not None and time.monotonic() > self.deadline:
                 self.settle(f"no handshake from the mod within {self.HELLO_SECONDS:g} s")
