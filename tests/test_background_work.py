@@ -732,9 +732,20 @@ def test_a_carried_job_is_over_when_its_shell_ends_though_a_process_it_started_r
         shell.wait(timeout=10)
 
 
+# (both scripts below: the processes that ended under this one and were never collected)
+OURS_ENDED = r"""
+def ours_ended(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[:2] == ["Z", str(os.getpid())]
+    except OSError:
+        return False
+"""
+
 SUBREAPER_SCRIPT = r"""
 import os, signal, subprocess, sys, time
 import cc_lhc
+""" + OURS_ENDED + r"""
 # a stand-in for Claude: it starts a background command in a session of its own (which
 # starts a helper of its own in the background) and another process, and prints their pids
 claude = subprocess.Popen([sys.executable, "-c", '''
@@ -758,12 +769,6 @@ print(sorted(taken) == [job], helper in codes, job in codes)
 time.sleep(3)  # the job has ended (and so has the sleep it left, which init took in)
 cc_lhc.reap_taken_in(taken, codes)
 zombies = [p for p in (job, helper) if os.path.exists(f"/proc/{p}")]
-def ours_ended(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[:2] == ["Z", str(os.getpid())]
-    except OSError:
-        return False
 zombies += [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if ours_ended(p)]
 print(codes[job], taken, zombies)
 """
@@ -811,6 +816,7 @@ def test_kept_notes_go_ahead_of_the_prompt_never_into_an_options_value(tmp_path,
 END_OLD_SCRIPT = r"""
 import os, signal, sys, time, types
 import ptyprocess, cc_lhc
+""" + OURS_ENDED + r"""
 CLAUDE = '''
 import subprocess, sys, time
 job = subprocess.Popen(["sh", "-c", "sleep 1.5; exit 3"], start_new_session=True)
@@ -832,12 +838,6 @@ cc_lhc.LiveHandoff._end_old(handoff, child, signal.SIGKILL)
 time.sleep(2)
 carry.take_in_left()
 cc_lhc.reap_taken_in(carry.taken_in, carry.exit_codes)
-def ours_ended(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[:2] == ["Z", str(os.getpid())]
-    except OSError:
-        return False
 print(carry.exit_codes.get(job), [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if ours_ended(p)])
 """
 
