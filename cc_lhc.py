@@ -8991,8 +8991,7 @@ class Capture:
         self._span = FileSpan(path)   # what this process has verified the transcript holds
         self._agent_spans = {}        # the same for each subagent file, by source key
         self._kept_state = None       # the parser's memory after a read that stored all it parsed
-        self._saved_read = 0          # bytes of saved outputs the read under way took in
-        self._trim_due = False        # a large read was stored: release_freed_memory once done
+        self._read_bytes = 0          # what the catch-up under way read: transcripts, saved outputs
         self._looked = None           # when _relocated last looked for the transcript elsewhere
         self._legacy_agents = {}      # agent-*.jsonl beside the session -> its entry, or False: not its
         self._legacy_unnamed = {}     # such a file that named no session yet -> its size then
@@ -9048,11 +9047,11 @@ class Capture:
             total += self._catch_up_agents()
         if index and total:
             self.store.index_search(deadline)  # (what a deadline leaves, the next one or a search takes)
-        if self._trim_due:
+        if self._read_bytes >= TRIM_AFTER_BYTES:
             # (a large read leaves the heap many times its size, freed once it is stored but
             # kept by the allocator for the rest of the session: given back)
-            self._trim_due = False
             release_freed_memory()
+        self._read_bytes = 0
         return total
 
     def _catch_up_main(self, deadline) -> int:
@@ -9162,13 +9161,20 @@ class Capture:
             return e.strerror or str(e)
         if len(raw) > SAVED_OUTPUT_MAX_BYTES:
             return f"larger than {SAVED_OUTPUT_MAX_BYTES >> 20} MiB"
-        self._saved_read += len(raw)
+        self._read_bytes += len(raw)
         data = {"type": SAVED_OUTPUT, "path": path, "bytes": len(raw)}
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = raw.decode("utf-8", "replace")
-            data["raw_base64"] = base64.b64encode(raw).decode("ascii")
+            # (its bytes exactly, compressed as the text column is: a large log with one
+            # latin-1 byte was kept as base64 of the whole file)
+            import zlib
+            packed = zlib.compress(raw, 1)
+            if len(raw) >= COMPRESS_MIN_CHARS and len(packed) * 4 < len(raw) * 3:
+                data["raw_zlib_base64"] = base64.b64encode(packed).decode("ascii")
+            else:
+                data["raw_base64"] = base64.b64encode(raw).decode("ascii")
         return text, _dump(data)
 
     def _relocated(self):
@@ -9246,8 +9252,7 @@ class Capture:
             if long:
                 store.checkpoint_on_commit(True)
                 store.checkpoint_apart()
-            self._trim_due = self._trim_due or size - offset + self._saved_read >= TRIM_AFTER_BYTES
-            self._saved_read = 0
+            self._read_bytes += size - offset
         if self.caught_up:  # (cut short, the parser may be a batch ahead of what was stored)
             self._kept_state = parser.s
         return total
@@ -9466,6 +9471,7 @@ class Capture:
         src = self._check_span(f, span, key, src, size)
         if size == src["offset"]:
             return 0
+        self._read_bytes += size - src["offset"]
         call = self._agent_call(path)
         if call is None and kind == "workflow" and store.linked_call(agent_id) is None:
             parts = key.split("/")  # (its .meta.json names no call: the run's folder does)
@@ -17814,6 +17820,11 @@ def export_record(m: dict, agents=None) -> dict:
     elif m["kind"] == SAVED_OUTPUT and isinstance(data, dict):
         out["text"] = m["text"]  # (the file's bytes are raw_base64 when they are not UTF-8)
         out.update({k: data[k] for k in ("path", "bytes", "raw_base64") if k in data})
+        if "raw_zlib_base64" in data:  # (kept compressed)
+            import base64
+            import zlib
+            out["raw_base64"] = base64.b64encode(zlib.decompress(base64.b64decode(data["raw_zlib_base64"]))
+                                                 ).decode("ascii")
     elif m["text"] is not None:
         out["text"] = m["text"]
         if data is not None:  # (a text block that held more than its text: citations, say)

@@ -121,6 +121,22 @@ def test_bytes_that_are_not_utf8_are_kept_exactly(tmp_path):
     assert base64.b64decode(whole["raw_base64"]) == body and NEEDLE in whole["text"]
 
 
+def test_a_large_output_that_is_not_utf8_is_kept_exactly_and_compressed(tmp_path):
+    """A large log with one latin-1 byte: its exact bytes were kept as base64 of the whole
+    file, uncompressed (5.85 MB for a 4.4 MB log), beside its compressed text."""
+    body = b"".join(b"line %d of a log, caf\xe9\n" % i for i in range(60000))
+    sid, path, _saved = session_with_saved_output(tmp_path, body)
+    home, thread, records = capture(sid, path)
+    [whole] = [r for r in records if r["kind"] == cc_lhc.SAVED_OUTPUT]
+    assert base64.b64decode(whole["raw_base64"]) == body  # (the export gives the bytes as they were)
+    db = sqlite3.connect(home.path("threads", f"{thread}.sqlite"))
+    try:
+        (data,) = db.execute("SELECT data FROM messages WHERE kind = ?", (cc_lhc.SAVED_OUTPUT,)).fetchone()
+    finally:
+        db.close()
+    assert len(data) * 5 < len(body), len(data)
+
+
 def test_a_file_that_is_gone_is_a_counted_problem(tmp_path):
     sid, path, saved = session_with_saved_output(tmp_path, None)
     home, thread, records = capture(sid, path)
@@ -230,31 +246,55 @@ from pathlib import Path
 sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
 import cc_lhc
 from test_capture_live import registered_thread
-from test_saved_outputs import session_with_saved_output
+from test_saved_outputs import preview, session_with_saved_output
 def rss():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
 rnd = random.Random(1)
 body = "".join(f"{i} {''.join(rnd.choices(string.ascii_letters, k=60))}\n" for i in range(330000)).encode()
-sid, path, saved = session_with_saved_output(Path(sys.argv[2]), body)
+tmp = Path(sys.argv[2])
+if sys.argv[3] == "main":
+    sid, path, saved = session_with_saved_output(tmp, body)
+else:  # saved by a subagent: its file under <session>/subagents/ names it
+    import json
+    from test_capture_parse import Transcript, text
+    sid, path, _saved = session_with_saved_output(tmp, b"small")
+    saved = tmp / sid / "tool-results" / "agentbig.txt"
+    saved.write_bytes(body)
+    a = Transcript(sid)
+    a.record({"type": "user", "message": {"role": "user", "content": "look"}})
+    a.assistant({"type": "tool_use", "id": "toolu_ag", "name": "Bash", "input": {"command": "big"}}, stop="tool_use")
+    a.tool_result(("toolu_ag", preview(str(saved))), toolUseResult={"stdout": "x", "persistedOutputPath": str(saved),
+                                                                  "persistedOutputSize": len(body)})
+    a.assistant(text("done"))
+    agent = tmp / sid / "subagents" / "agent-abc.jsonl"
+    agent.parent.mkdir(parents=True)
+    agent.write_text("".join(json.dumps({**json.loads(line), "isSidechain": True, "agentId": "abc"}) + "\n"
+                             for line in a.data().splitlines()))
 del body
 before = rss()
 home, thread = registered_thread(sid)
 cap = cc_lhc.Capture(home, thread, sid, str(path))
 cap.catch_up()
+(saved_outputs,) = cap.store.db.execute("SELECT count(*) FROM messages WHERE kind = ? AND length(text) > 0",
+                                         (cc_lhc.SAVED_OUTPUT,)).fetchone()
+after = rss()
 cap.stop()
-print(before, rss())
+print(before, after, saved_outputs)
 """
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="/proc")
-def test_a_large_saved_output_does_not_leave_cc_lhc_holding_ten_times_its_size(tmp_path):
+@pytest.mark.parametrize("by", ["main", "agent"])
+def test_a_large_saved_output_does_not_leave_cc_lhc_holding_ten_times_its_size(tmp_path, by):
     """Capturing a 21 MB saved output took the process from 70 MB to 270 MB and left it
-    there for the rest of the session: freed, but kept by the allocator."""
+    there for the rest of the session: freed, but kept by the allocator (a subagent's, until
+    the session's own transcript next got a line)."""
     import subprocess
     env = {**os.environ, "CC_LHC_HOME": str(tmp_path / "lhc")}
-    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(Path(cc_lhc.__file__).parent), str(tmp_path)],
+    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(Path(cc_lhc.__file__).parent), str(tmp_path), by],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    before, after = map(int, out.stdout.split())
+    before, after, saved_outputs = map(int, out.stdout.split())
+    assert saved_outputs == (1 if by == "main" else 2)  # (the agent's, and the session's own small one)
     assert after - before < 80, (before, after)  # MB (200 more before it was given back)
