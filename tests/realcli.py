@@ -108,6 +108,29 @@ def running(needle: str) -> list[int]:
     return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
+def end_all_of_this_test(settle: float = 2.0) -> None:
+    """SIGKILL every process left running with this test's CC_LHC_HOME (not this one), as
+    long as new ones appear for ``settle`` seconds: Claude's background daemon starts
+    processes of its own (a pty host, spares) after the session it was given, under no
+    process of the test's, which outlived the test run after run."""
+    import signal
+    import time
+    ours = f"\0CC_LHC_HOME={os.environ['CC_LHC_HOME']}\0".encode()
+    quiet_until, give_up = time.monotonic() + settle, time.monotonic() + 5 * settle
+    while time.monotonic() < min(quiet_until, give_up):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            if int(pid) == os.getpid():
+                continue
+            try:
+                if ours not in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
+                    continue
+                os.kill(int(pid), signal.SIGKILL)
+                quiet_until = time.monotonic() + settle
+            except OSError:
+                continue
+        time.sleep(0.1)
+
+
 def requests_holding(rc, text: str) -> list[dict]:
     """The API requests whose messages hold ``text`` anywhere (history included)."""
     return [r for r in rc.api.message_requests if text in json.dumps(r["body"]["messages"])]

@@ -14,8 +14,8 @@ import pytest
 
 import cc_lhc
 from fakeapi import text_reply, tool_use_reply
-from realcli import (CC_LHC, OVER_USAGE, PROMPT, log_events, new_input, requests_holding, running,
-                     type_line, wait_for_log, wait_until)
+from realcli import (CC_LHC, OVER_USAGE, PROMPT, end_all_of_this_test, log_events, new_input, requests_holding,
+                     running, type_line, wait_for_log, wait_until)
 
 # A swap with a background job or agent beside Claude: two Claude processes start on a
 # loaded 2-core machine, which has been seen to need more than the usual 30 s.
@@ -277,6 +277,7 @@ def test_moving_the_session_to_the_background_at_exit_is_said_with_the_way_back(
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        end_all_of_this_test()  # (and the processes the daemon started under none of them)
     # Once it is done, --continue goes on where the daemon left off (as `claude --continue`
     # would: the newest session of the folder), not in the session it left behind.
     rc.api.script(["back under cc-lhc"])

@@ -228,11 +228,9 @@ def test_a_session_sent_to_the_background_keeps_claudes_own_compaction(real_clau
     """--bg: Claude's daemon runs the session after cc-lhc has ended. It must not inherit
     cc-lhc's switch-off of Claude's own compaction (nor a descriptor of a cc-lhc that is
     gone): with it, the session had no compaction of any kind."""
-    import os
-    import signal
     import time
     from pathlib import Path
-    from realcli import running
+    from realcli import end_all_of_this_test, running
     real_claude.api.responder = lambda body: DEFAULT_TEXT
     p = real_claude.run_lhc("--bg", "do the thing")
     try:
@@ -248,8 +246,4 @@ def test_a_session_sent_to_the_background_keeps_claudes_own_compaction(real_clau
             env = dict(x.decode("utf-8", "replace").split("=", 1) for x in raw if b"=" in x)
             assert "DISABLE_AUTO_COMPACT" not in env and cc_lhc.RUNTIME_ENV not in env
     finally:
-        for pid in running("claude"):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        end_all_of_this_test()  # (the daemon and what it started, under no process of ours)
