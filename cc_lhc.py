@@ -7497,6 +7497,18 @@ def identity_alive(ident) -> bool:
 PR_SET_PDEATHSIG = 1
 
 
+def _linux_libc(name: str):
+    """A function of the C library this process runs on (Linux), or None elsewhere or when
+    it has none by that name (glibc's malloc_trim, say)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def _death_link_preexec(parent_pid: int):
     """A preexec_fn that makes the child die with the wrapper (Linux).
 
@@ -7505,13 +7517,7 @@ def _death_link_preexec(parent_pid: int):
     here, before the fork: importing or loading libraries in a child forked from a
     threaded process can deadlock.
     """
-    prctl = None
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            prctl = None
+    prctl = _linux_libc("prctl")
 
     def link():
         if prctl is not None:
@@ -7527,13 +7533,8 @@ PR_SET_CHILD_SUBREAPER = 36
 def set_subreaper(on: bool) -> bool:
     """Whether cc-lhc now takes in (or, ``on`` false, no longer takes in) the processes its
     descendants leave when they end (Linux; see LiveHandoff._end_old). Whether it holds."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    prctl = _linux_libc("prctl")
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
 
 
 def clock_ticks():
@@ -7611,13 +7612,9 @@ def release_freed_memory() -> None:
     """Give the memory freed on the heap back to the system (glibc's malloc_trim; elsewhere
     nothing): parsing one line of a 20 MB tool output leaves the heap at ten times that,
     all of it free and none of it returned, for the rest of the session."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim = _linux_libc("malloc_trim")
+    if trim is not None:
+        trim(0)
 
 
 def start_watchdog(child_pid: int):
@@ -15838,22 +15835,18 @@ def _children_running(parent: int, command: str) -> list:
     """Pids of ``parent``'s children whose command line holds ``command`` (Linux /proc), as
     written or as a shell quotes it inside '...' (Claude runs it under eval '<command>',
     each ' in it written '"'"')."""
-    found = []
-    if not command or not os.path.isdir("/proc/self"):
-        return found
+    if not command:
+        return []
     forms = {command, command.replace("'", "'\"'\"'")}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    found = []
+    for pid in children_of(parent):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rpartition(")")[2].split()[1])
-            if ppid != parent:
-                continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
         if any(form in cmdline for form in forms):
-            found.append(int(pid))
+            found.append(pid)
     return found
 
 
