@@ -2841,12 +2841,17 @@ def stored_text(value):
     return value
 
 
+def packed_bytes(raw: bytes):
+    """raw zlib-compressed (level 1) when that saves a quarter, else None."""
+    import zlib
+    packed = zlib.compress(raw, 1)
+    return packed if len(packed) * 4 < len(raw) * 3 else None
+
+
 def _compressed(text: str):
     """What the store keeps for a tool result's output: a BLOB when that saves a quarter."""
-    import zlib
-    raw = text.encode("utf-8")
-    packed = zlib.compress(raw, 1)
-    return packed if len(packed) * 4 < len(raw) * 3 else text
+    packed = packed_bytes(text.encode("utf-8"))
+    return text if packed is None else packed
 
 
 def _packable(row: MessageRow) -> bool:
@@ -9166,9 +9171,8 @@ class Capture:
             text = raw.decode("utf-8", "replace")
             # (its bytes exactly, compressed as the text column is: a large log with one
             # latin-1 byte was kept as base64 of the whole file)
-            import zlib
-            packed = zlib.compress(raw, 1)
-            if len(raw) >= COMPRESS_MIN_CHARS and len(packed) * 4 < len(raw) * 3:
+            packed = packed_bytes(raw) if len(raw) >= COMPRESS_MIN_CHARS else None
+            if packed is not None:
                 data["raw_zlib_base64"] = base64.b64encode(packed).decode("ascii")
             else:
                 data["raw_base64"] = base64.b64encode(raw).decode("ascii")
@@ -17264,17 +17268,15 @@ def scan_claude_args(args):
     """
     found = {"print_mode": False, "resume": None, "continue_": False, "session_id": None,
              "fork": False, "autocompact": False, "help_or_version": False,
-             "positionals": [], "positional_at": [], "selectors": [], "fork_args": [],
+             "positional_at": [], "selectors": [], "fork_args": [],
              "no_persistence": False, "background": False}
     i = 0
     while i < len(args):
         a = args[i]
         if a == "--":
-            found["positionals"].extend(args[i + 1:])
             found["positional_at"].extend(range(i + 1, len(args)))
             break
         if not a.startswith("-") or a == "-":
-            found["positionals"].append(a)
             found["positional_at"].append(i)
             i += 1
             continue
@@ -17329,6 +17331,7 @@ def scan_claude_args(args):
         elif name in ("-h", "--help", "-v", "--version"):
             found["help_or_version"] = True
         i += consumed
+    found["positionals"] = [args[at] for at in found["positional_at"]]
     return found
 
 
