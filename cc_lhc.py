@@ -9260,10 +9260,17 @@ class Capture:
 
     def _caught(self, f, parser, src, packer, prefix):
         """The batches of f's new lines from the source's offset, each with its rows and the
-        hash of the file up to its end."""
+        hash of the file up to its end. A batch's rows are taken from the packer only once
+        the next batch is parsed (or the file ended): while the parser holds the GIL the
+        packer's worker gets little of it, so without that time it would leave most of
+        the batch's compression to this thread."""
+        held = None
         for out, consumed, end, n in self._batches(f, parser, src["offset"], src["lines"], packer, prefix):
-            yield CaughtBatch(out, consumed, end, n, stored_rows(out.messages, packer), prefix.hexdigest(),
-                              prefix.copy())
+            if held is not None:
+                yield held._replace(rows=stored_rows(held.out.messages, packer))
+            held = CaughtBatch(out, consumed, end, n, None, prefix.hexdigest(), prefix.copy())
+        if held is not None:
+            yield held._replace(rows=stored_rows(held.out.messages, packer))
 
     def _store_batches(self, batches, write, stored, background: bool, deadline=None):
         """Store each batch with write(batch) (a BatchWriter's, on its thread when

@@ -397,6 +397,42 @@ def test_a_long_catch_up_writes_on_a_store_thread_and_a_failed_write_loses_nothi
     cap.stop()
 
 
+def test_a_batchs_outputs_are_compressed_while_the_next_batch_is_parsed(tmp_path, monkeypatch):
+    """The packer's worker gets little of the GIL while the parser holds it: a batch's rows
+    are taken back only once the next batch is parsed (the last one once the file ended),
+    so the worker has had that time for them, and what is stored is what a one-shot
+    catch-up stores."""
+    data = big_transcript(13, 3)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    monkeypatch.setattr(cc_lhc.Capture, "BATCH_BYTES", 256 << 10)
+    feed, settle = cc_lhc.RolloutParser.feed, cc_lhc.Packer.settle
+    seen = {"fed_to": 0, "settled": []}  # (the end of the last line parsed) when each batch is settled
+
+    def watched_feed(self, line, line_no, at):
+        seen["fed_to"] = max(seen["fed_to"], at + len(line) + 1)
+        return feed(self, line, line_no, at)
+
+    def watched_settle(self, rows):
+        seen["settled"].append((seen["fed_to"], rows[-1].seq if rows else None))
+        return settle(self, rows)
+    monkeypatch.setattr(cc_lhc.RolloutParser, "feed", watched_feed)
+    monkeypatch.setattr(cc_lhc.Packer, "settle", watched_settle)
+    trusted = []
+    trust = cc_lhc.Capture._trust
+    monkeypatch.setattr(cc_lhc.Capture, "_trust", lambda self, batch: (trusted.append(batch.end), trust(self, batch)))
+    cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path), POLICY)
+    cap.catch_up(index=False)
+    assert len(trusted) > 5 and trusted[-1] == len(data)
+    # each batch but the last was settled with the next one already parsed
+    assert len(seen["settled"]) == len(trusted)
+    for (fed_to, _seq), end, after in zip(seen["settled"], trusted, trusted[1:]):
+        assert fed_to == after > end
+    assert seen["settled"][-1][0] == len(data)
+    assert exported(cap.store) == one_shot(tmp_path, data)[1]
+    cap.stop()
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 def test_rows_written_in_small_multi_row_statements_are_the_same_record(tmp_path, monkeypatch, chunk):
     """Each table is written a chunk of rows per statement (a power of two up to
