@@ -8965,10 +8965,14 @@ class Capture:
     BATCH_BYTES = 4 << 20
     # How often the files are looked at: often while Claude is writing (a settled seam
     # or a served view is then seen within about FAST_POLL_SECONDS of its record), less
-    # once nothing changed for ACTIVE_SECONDS. A look is two stat()s.
+    # once nothing changed for ACTIVE_SECONDS, and least once nothing changed for
+    # IDLE_SECONDS (Claude waiting at its prompt: the first line it writes then is read
+    # within IDLE_POLL_SECONDS, and the ones after it quickly again). A look is two stat()s.
     POLL_SECONDS = 0.05
     FAST_POLL_SECONDS = 0.01
     ACTIVE_SECONDS = 2.0
+    IDLE_SECONDS = 10.0
+    IDLE_POLL_SECONDS = 0.25
     def __init__(self, home, thread_id, session_id, path, policy=None, start_offset=0,
                  on_event=None, on_responses=None):
         self.home = home
@@ -9561,12 +9565,12 @@ class Capture:
 
     def _run(self):
         import time
-        last, active_until = None, 0.0
+        last, changed_at = None, time.monotonic()
         while not self._stop.is_set():
             try:
                 key = self._watched()
                 if key != last:
-                    active_until = time.monotonic() + self.ACTIVE_SECONDS
+                    changed_at = time.monotonic()
                     self.catch_up()
                     last = key  # only once read: a failed read is tried again next poll
                     if self.error is not None:
@@ -9581,7 +9585,13 @@ class Capture:
                 self.error = e
                 self.home.log("capture_error", thread=self.thread_id, error=repr(e))
                 self._stop.wait(1.0)
-            self._stop.wait(self.FAST_POLL_SECONDS if time.monotonic() < active_until else self.POLL_SECONDS)
+            self._stop.wait(self.poll_after(time.monotonic() - changed_at))
+
+    @classmethod
+    def poll_after(cls, quiet: float) -> float:
+        """Seconds to the next look, nothing having changed for ``quiet`` seconds."""
+        return (cls.FAST_POLL_SECONDS if quiet < cls.ACTIVE_SECONDS else
+                cls.POLL_SECONDS if quiet < cls.IDLE_SECONDS else cls.IDLE_POLL_SECONDS)
 
     def stop(self) -> int:
         """Stop the live thread and read whatever Claude wrote last."""
@@ -12413,9 +12423,7 @@ class InteractiveHost:
                     if moved:  # the mod saw Claude start another session in this process
                         follower.take(relay, moved)
                 follower.on_tick(relay)
-                relay.timeout = 0.05 if panel.wants_tick else (
-                    0.1 if handoff.wants_tick or (spec.mod and spec.mod.waiting)
-                    else SessionFollower.POLL_SECONDS)
+                relay.timeout = tick_seconds(panel, handoff, spec.mod, relay.child_output_at, now)
 
             relay.on_tick = tick
             relay.timeout = SessionFollower.POLL_SECONDS
@@ -15220,7 +15228,16 @@ class InProcessCompact:
 
     @property
     def wants_tick(self) -> bool:
-        return self.pending is not None or self.usable
+        return self.pending is not None
+
+    # A request from the mod's hook (a /compact running) comes right after the person typed or
+    # while Claude draws; this long after either, Claude is idle at its prompt.
+    LISTEN_SECONDS = 5.0
+
+    def listening(self, now: float, output_at) -> bool:
+        """Whether a request from the mod's hook is to be looked for often now."""
+        last = max(self.handoff.last_input, output_at or 0.0)
+        return self.usable and now - last < self.LISTEN_SECONDS
 
     def start(self, relay, manual=False, prune=None, person=None):
         """'' once the in-process path runs, a reason when nothing should run now, or None
@@ -15490,6 +15507,18 @@ class InProcessCompact:
 
 
 CLEAR_COMMAND = "<command-name>/clear</command-name>"
+
+
+def tick_seconds(panel, handoff, mod, output_at, now: float) -> float:
+    """How long the relay may wait for its next tick: a twentieth of a second while the
+    control panel is open, a tenth while a handoff (or the mod's handshake, or a request
+    from its hook) may need it, else SessionFollower's half a second: Claude idle at its
+    prompt costs a few looks a second."""
+    if panel.wants_tick:
+        return 0.05
+    if handoff.wants_tick or (mod and mod.waiting) or handoff.inproc.listening(now, output_at):
+        return 0.1
+    return SessionFollower.POLL_SECONDS
 
 
 class SessionFollower:

@@ -1603,6 +1603,67 @@ def _live_compact(ctx: Ctx) -> dict:
             "ratio": Ratio("in process / swap", inproc / swap)}
 
 
+IDLE_WINDOW_SECONDS = 30.0
+
+
+def _idle_cpu_once(root: Path, bare: bool) -> tuple[float, float]:
+    """One interactive session (real CLI, fake API, tmux), one prompt answered, then left at
+    Claude's prompt: (cc-lhc's, Claude's) CPU-seconds a minute over IDLE_WINDOW_SECONDS,
+    every thread of each process, their children left out."""
+    import psutil
+    sys.path.insert(0, str(REPO / "tests"))
+    from claude_install import ensure_claude
+    from conftest import FAKE_AUTH_TOKEN, QUIET_ENV, first_run_config
+    from fakeapi import FakeAPI, text_reply
+    from tmuxdrive import Tmux
+    dirs = {n: root / n for n in ("home", "config", "lhc", "xdg", "work", "tmp")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    (dirs["config"] / ".claude.json").write_text(json.dumps(first_run_config([dirs["work"], root])))
+    log = dirs["lhc"] / "wrapper.log"
+    with FakeAPI() as api:
+        env = {k: v for k, v in ORIG_ENV.items() if not k.startswith(("CC_LHC", "CLAUDE", "ANTHROPIC"))}
+        env.update(HOME=str(dirs["home"]), CLAUDE_CONFIG_DIR=str(dirs["config"]), CC_LHC_HOME=str(dirs["lhc"]),
+                   XDG_CONFIG_HOME=str(dirs["xdg"]), TMPDIR=str(dirs["tmp"]), PWD=str(dirs["work"]),
+                   CC_LHC_SUMMARIES="off", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_AUTH_TOKEN=FAKE_AUTH_TOKEN,
+                   CC_LHC_CLAUDE_BIN=str(ensure_claude()), **QUIET_ENV)
+        api.responder = lambda body: text_reply("answered")
+        with Tmux([sys.executable, str(REPO / "cc_lhc.py"), *(["--bare"] if bare else [])],
+                  cols=120, rows=30, env=env, cwd=dirs["work"]) as t:
+            t.wait_for("❯", timeout=30)
+            if not bare:
+                while '"event": "mod_active"' not in (log.read_text() if log.exists() else ""):
+                    time.sleep(0.02)
+            t.send_text("one prompt")
+            t.send_keys("Enter")
+            t.wait_for("answered", timeout=30)
+            shell = psutil.Process(t.pane_pid)
+            ours = next(p for p in shell.children() if "cc_lhc.py" in " ".join(p.cmdline()))
+            claude = ours.children()[0]
+            time.sleep(3)  # the answer's capture and counting done
+            before = [sum(p.cpu_times()[:2]) for p in (ours, claude)]
+            time.sleep(IDLE_WINDOW_SECONDS)
+            after = [sum(p.cpu_times()[:2]) for p in (ours, claude)]
+            t.send_text("/exit")
+            t.send_keys("Enter")
+            t.wait_exit(timeout=15)
+    per_minute = 60 / IDLE_WINDOW_SECONDS
+    return (after[0] - before[0]) * per_minute, (after[1] - before[1]) * per_minute
+
+
+@bench("idle-cpu", "CPU of cc-lhc (and of its Claude) left at Claude's idle prompt after one answer: "
+       "with the cc-lhc mod, and without it (--bare)")
+def _idle_cpu(ctx: Ctx) -> dict:
+    if shutil.which("tmux") is None:
+        raise NotAvailable("tmux is needed")
+    out: dict[str, Any] = {}
+    for kind, bare in (("with the mod", False), ("--bare", True)):
+        ours, claude = _idle_cpu_once(ctx.scratch(f"idle-{'bare' if bare else 'mod'}"), bare)
+        out[f"{kind}: cc-lhc"] = Figure(ours, "CPU-s/min", f"a {IDLE_WINDOW_SECONDS:g} s window, every thread")
+        out[f"{kind}: its Claude"] = Figure(claude, "CPU-s/min", "the same window, for scale")
+    return out
+
+
 def _dist_bundle_exe() -> Path | None:
     dist = REPO / "dist"
     if not dist.is_dir():

@@ -445,40 +445,46 @@ def test_rows_written_in_small_multi_row_statements_are_the_same_record(tmp_path
 
 
 def test_live_capture_looks_often_while_claude_writes_and_less_once_it_is_quiet(tmp_path, monkeypatch):
-    """After a change the files are looked at every FAST_POLL_SECONDS, and once nothing
-    changed for ACTIVE_SECONDS, every POLL_SECONDS."""
+    """After a change the files are looked at every FAST_POLL_SECONDS, once nothing changed
+    for ACTIVE_SECONDS every POLL_SECONDS, and once nothing changed for IDLE_SECONDS (Claude
+    at its prompt) every IDLE_POLL_SECONDS; a change makes the looks quick again."""
     import threading
     monkeypatch.setattr(cc_lhc.Capture, "ACTIVE_SECONDS", 0.3)
+    monkeypatch.setattr(cc_lhc.Capture, "IDLE_SECONDS", 1.0)
+    monkeypatch.setattr(cc_lhc.Capture, "IDLE_POLL_SECONDS", 0.1)
+    fast, slow, idle = cc_lhc.Capture.FAST_POLL_SECONDS, cc_lhc.Capture.POLL_SECONDS, 0.1
     t = Transcript()
     t.user("hello")
     path = t.write(tmp_path / "t.jsonl")
     cap = cc_lhc.Capture(cc_lhc.StateHome(tmp_path / "lhc"), THREAD, SESSION, str(path))
-    waits, changed = [], threading.Event()
+    waits, quiet = [], threading.Event()
     cap.start()
     real_wait = cap._stop.wait
 
     def wait(timeout=None):
         waits.append(timeout)
-        if len(waits) == 60:
-            changed.set()
+        if waits[-3:] == [idle] * 3:
+            quiet.set()
         return real_wait(timeout)
     cap._stop.wait = wait
-    assert changed.wait(10)
+    assert quiet.wait(10)
+    seen = len(waits)
     with open(path, "a") as f:  # Claude writes again: quick looks again
         f.write(json.dumps({"type": "user", "uuid": "late-1", "parentUuid": t.parent, "sessionId": SESSION,
                             "timestamp": "2026-11-30T10:00:09.000Z",
                             "message": {"role": "user", "content": "again"}}) + "\n")
     wait_for(lambda: any(m["text"] == "again" for m in cc_lhc.ThreadStore(cap.home, THREAD).messages()),
              what="the appended prompt")
-    seen = len(waits)
-    wait_for(lambda: len(waits) > seen + 3 and waits[-1] == cc_lhc.Capture.POLL_SECONDS, timeout=10,
-             what="quiet polling again")
+    wait_for(lambda: len(waits) > seen + 3 and waits[-1] == idle, timeout=10, what="idle polling again")
     cap.stop()
-    fast, slow = cc_lhc.Capture.FAST_POLL_SECONDS, cc_lhc.Capture.POLL_SECONDS
-    assert waits[0] == fast and slow in waits[:60]  # the first read was a change, then it went quiet
-    after = waits[60:]
-    assert fast in after and after[-1] == slow
-    assert set(waits) <= {fast, slow}
+
+    def runs(part):  # the waits with repeats folded: the order the looks went through
+        return [w for i, w in enumerate(part) if i == 0 or part[i - 1] != w]
+    assert runs(waits[:seen]) == [fast, slow, idle]  # the first read was a change, then it went quiet
+    after = runs(waits[seen:])  # (an idle look or two may come before the write)
+    assert after[after[0] == idle:] == [fast, slow, idle]
+    assert cc_lhc.Capture.poll_after(0) == fast and cc_lhc.Capture.poll_after(0.5) == slow
+    assert cc_lhc.Capture.poll_after(5) == idle
 
 
 # -- 2. corruption ------------------------------------------------------------------------

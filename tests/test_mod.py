@@ -462,3 +462,43 @@ def test_a_seam_asking_while_an_in_process_compact_waits_is_asked_again_as_it_as
     assert _events(home)[-1] == "handoff_asked_again"
     ipc.on_tick(None)
     assert asked == [prune]  # once
+
+
+def test_the_relay_ticks_often_only_while_a_handoff_the_mod_or_the_person_may_need_it():
+    """Claude idle at its prompt with the mod loaded: the relay looks twice a second, not ten
+    times; a tenth of a second while the person types or Claude draws (a /compact's hook asks
+    right after), while the mod's handshake is awaited or a handoff runs; the panel's pace
+    while it is open."""
+    from types import SimpleNamespace as NS
+    class Handoff:  # LiveHandoff's say: its own timers, and the in-process path's
+        busy, last_input = False, 100.0
+
+        @property
+        def wants_tick(self):
+            return self.busy or self.inproc.wants_tick
+    mod, handoff = NS(active=True, waiting=False), Handoff()
+    inproc = cc_lhc.InProcessCompact.__new__(cc_lhc.InProcessCompact)
+    inproc.handoff, inproc.pending, inproc.refused = handoff, None, ""
+    inproc.session = NS(spec=NS(mod=mod), descriptor={"shim_dir": "/nowhere"})
+    handoff.inproc, panel = inproc, NS(wants_tick=False)
+    idle, quick, listen = cc_lhc.SessionFollower.POLL_SECONDS, 0.1, cc_lhc.InProcessCompact.LISTEN_SECONDS
+    assert idle == 0.5 and not inproc.wants_tick
+
+    def tick(output_at, now):
+        return cc_lhc.tick_seconds(panel, handoff, mod, output_at, now)
+    assert tick(None, 101.0) == quick  # typed a moment ago
+    assert tick(None, 100.0 + listen + 0.1) == idle  # nothing since: Claude is idle
+    assert tick(100.0 + listen, 100.0 + listen + 0.1) == quick  # Claude drew just now
+    mod.waiting = True  # the handshake is awaited
+    assert tick(None, 200.0) == quick
+    mod.waiting = False
+    inproc.refused = "refused before"  # no view is asked of this mod any more
+    assert tick(None, 101.0) == idle
+    inproc.refused, inproc.pending = "", object()  # a view is being served
+    assert inproc.wants_tick and tick(None, 200.0) == quick
+    inproc.pending, handoff.busy = None, True  # a swap under way
+    assert tick(None, 200.0) == quick
+    panel.wants_tick = True
+    assert tick(None, 200.0) == 0.05
+    assert cc_lhc.tick_seconds(NS(wants_tick=False), NS(wants_tick=False, last_input=100.0, inproc=NS(
+        listening=lambda now, at: False)), None, None, 101.0) == idle  # no mod
