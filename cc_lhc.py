@@ -3141,6 +3141,7 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
         db.create_function("lhc_block_values", 1, _block_values, deterministic=True)
         db.create_function("lhc_result_body", 2, _result_body, deterministic=True)
         db.create_function("lhc_block_strings", 1, _block_strings, deterministic=True)
+        db.create_function("lhc_retrieval_call", 2, _retrieval_call, deterministic=True)
         try:
             db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
@@ -18485,22 +18486,40 @@ class SearchHit:
         return f"{head}m{self.seq} (t{self.turn}, {what}, {when}, {self.how}): {self.context}"
 
 
-# A message that is cc-lhc's own retrieval, in a query's columns (kind, tool_name, body,
-# call_id): a call of get-turns, get-messages or search (as a Bash command or the mod's
-# tool) and what one answered (its envelope, or whatever the call's output became when the
-# command piped it through grep or tail). Claude searching for a string twice finds its
-# first search as well: such hits come after every other one, so they never push the
-# original out.
-def _retrieval_call_sql(tool_name: str, values: str) -> str:
-    return (f"({tool_name} IN ('lhc_get_turns', 'lhc_get_messages', 'lhc_search') OR "
-            + " OR ".join(f"instr({values}, 'cc-lhc {verb}') > 0" for verb in ("search", "get-turns", "get-messages"))
-            + ")")
+# A command line that runs one (not one that only names it: a grep for it, a file written
+# about it): cc-lhc (by any path) first in the line or after a separator, its variables set
+# before it or not.
+RETRIEVAL_RUN = re.compile(r"(?:^|[;&|({`\n]|\$\()\s*(?:\w+=\S*\s+)*(?:\S*/)?cc-lhc(?:\.exe)?\s+"
+                           r"(?:search|get-turns|get-messages)(?![\w-])")
+RETRIEVAL_TOOLS = ("lhc_get_turns", "lhc_get_messages", "lhc_search")
 
 
+def _retrieval_call(tool_name, text) -> int:
+    """lhc_retrieval_call() in SQL: 1 when a tool call (its name, its JSON input) runs one
+    of cc-lhc's retrievals: the mod's tools, or a command line (RETRIEVAL_RUN)."""
+    if tool_name in RETRIEVAL_TOOLS:
+        return 1
+    if not isinstance(text, str) or "cc-lhc" not in text:
+        return 0
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return 0
+    command = value.get("command") if isinstance(value, dict) else None
+    return int(isinstance(command, str) and RETRIEVAL_RUN.search(command) is not None)
+
+
+# A message that is cc-lhc's own retrieval, in a query's columns (kind, body, call_id, and
+# seq of the row named hit): a call of get-turns, get-messages or search (as a command line
+# or the mod's tool) and what one answered (its envelope, or whatever the call's output
+# became when the command piped it through grep or tail). Claude searching for a string
+# twice finds its first search as well: such hits come after every other one, so they
+# never push the original out.
 OWN_RETRIEVAL_SQL = ("coalesce(CASE WHEN kind = 'tool_result' THEN substr(body, 1, 15) = '<cc-lhc-recall ' "
                      "OR EXISTS (SELECT 1 FROM messages c WHERE c.tool_use_id = call_id AND c.kind = 'tool_call' "
-                     f"AND {_retrieval_call_sql('c.tool_name', 'c.text')}) "
-                     f"WHEN kind = 'tool_call' THEN {_retrieval_call_sql('tool_name', 'body')} ELSE 0 END, 0)")
+                     "AND lhc_retrieval_call(c.tool_name, c.text)) "
+                     "WHEN kind = 'tool_call' THEN (SELECT lhc_retrieval_call(c.tool_name, c.text) "
+                     "FROM messages c WHERE c.seq = hit.seq) ELSE 0 END, 0)")
 # What a search reads of a message (m), the columns above among them.
 HIT_COLUMNS_SQL = f"m.seq, m.turn, m.kind, m.tool_name, m.created, m.agent, m.tool_use_id AS call_id, " \
                   f"{SEARCH_BODY_SQL} AS body"
@@ -18537,7 +18556,7 @@ def _exact_hits(store, text: str, limit: int, behind=False, through=SEQ_MAX):
         # once for each kind of hit.
         hits = ([], [])
         for seq, turn, kind, tool, created, agent, _call, body, own in store.db.execute(
-                f"SELECT *, {OWN_RETRIEVAL_SQL} FROM ({inner}) WHERE seq <= ? AND instr(body, ?) > 0",
+                f"SELECT *, {OWN_RETRIEVAL_SQL} FROM ({inner}) AS hit WHERE seq <= ? AND instr(body, ?) > 0",
                 (*args[:-1], through, args[-1])):
             if len(hits[own]) < limit:
                 hits[own].append(SearchHit(store.thread_id, seq, turn, kind, tool, created, "exact",
@@ -18576,7 +18595,7 @@ def _word_hits(store, text: str, limit: int, through=SEQ_MAX):
         # hundred KB holding the words many times that took seconds to minutes.
         found = {row[0]: row for row in db.execute(
             f"SELECT *, {OWN_RETRIEVAL_SQL} FROM (SELECT {HIT_COLUMNS_SQL} "
-            f"FROM messages m WHERE m.seq IN ({','.join('?' * len(seqs))}) LIMIT -1)",
+            f"FROM messages m WHERE m.seq IN ({','.join('?' * len(seqs))}) LIMIT -1) AS hit",
             seqs)} if seqs else {}
         for seq, rank in ranked:
             if seq not in found:
@@ -18676,11 +18695,13 @@ def search_thread(store, text: str, limit: int, through=SEQ_MAX):
 
 def _merged(first, then, limit) -> list:
     """Two lists of hits as one: each message once, cc-lhc's own retrievals after the rest."""
-    seen, out = set(), []
+    seen, out = {}, []
     for hit in first + then:
         if hit.seq not in seen:
-            seen.add(hit.seq)
+            seen[hit.seq] = len(out)
             out.append(hit)
+        elif hit.how == "exact":  # (found both ways: it holds the text as it was given)
+            out[seen[hit.seq]] = hit
     return sorted(out, key=lambda h: h.own)[:limit]
 
 

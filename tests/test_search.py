@@ -243,6 +243,63 @@ def test_a_retrieval_piped_through_a_filter_still_comes_after_the_original(tmp_p
     assert len(hits_of(out)) == 4 and hits_of(out)[0]["seq"] == str(original["seq"])
 
 
+def test_a_call_that_only_names_a_retrieval_is_no_retrieval_and_its_exact_match_comes_first(
+        tmp_path, monkeypatch, capsysbinary):
+    """A file Claude writes about `cc-lhc search`, a grep for the words, a commit message
+    naming them: none runs a retrieval, so their exact match is shown first and labelled
+    exact, above the messages that only hold the words. A command line that runs one (after
+    a cd, with a variable set, by its path, piped on) is Claude's own and comes last."""
+    tr = Transcript()
+    tr.prompt("write the doc")
+    doc = "The signing key QZ-88-ALPHA rotates nightly. To find old sessions, run cc-lhc search with the key."
+    calls = tr.response(tool_use("Write", file_path="docs/keys.md", content=doc), stop="tool_use")
+    tr.results((calls[0]["id"], "File created successfully at: docs/keys.md", False))
+    calls = tr.response(tool_use("Bash", command='grep -rn "cc-lhc search" docs/ # GREP-ONLY-5521'),
+                        stop="tool_use")
+    tr.results((calls[0]["id"], "docs/keys.md:1: GREP-ONLY-5521 noted", False))
+    tr.response(text("written"))
+    for n in range(4):
+        tr.prompt(f"job {n}")
+        tr.response(text(f"job {n}: ALPHA key (QZ 88) rotates nightly"))
+    own = ["cd /work && cc-lhc search 'ALPHA rotates nightly' | head -5",
+           "LC_ALL=C ~/.local/bin/cc-lhc get-messages m2", "cc-lhc get-turns t1; echo GREP-ONLY-5521"]
+    for command in own:
+        tr.prompt("look it up")
+        tr.response(tool_use("Bash", command=command), stop="tool_use")
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    rows = thread.messages().values()
+    (write,) = [m for m in rows if m["kind"] == "tool_call" and m["tool_name"] == "Write"]
+    (grep,) = [m for m in rows if m["kind"] == "tool_call" and "grep -rn" in (m["text"] or "")]
+    status, out, _ = search(capsysbinary, "--limit", "3", "ALPHA rotates nightly")
+    assert status == 0 and hits_of(out)[0]["seq"] == str(write["seq"]), out
+    assert re.search(rf"^m{write['seq']} \(t1, tool_call Write, [^)]*, exact\): ", out, re.M), out
+    status, out, _ = search(capsysbinary, "--limit", "3", "GREP-ONLY-5521")
+    assert [h["seq"] for h in hits_of(out)][:2] == [str(grep["seq"] + 1), str(grep["seq"])], out
+    for command in own:
+        assert cc_lhc._retrieval_call("Bash", json.dumps({"command": command})) == 1, command
+    for command in ('grep -rn "cc-lhc search" docs/', "echo run cc-lhc get-turns t3", "man cc-lhc-search"):
+        assert cc_lhc._retrieval_call("Bash", json.dumps({"command": command})) == 0, command
+    assert cc_lhc._retrieval_call("Write", json.dumps({"content": "cc-lhc search x"})) == 0
+    assert cc_lhc._retrieval_call("lhc_search", json.dumps({"text": "x"})) == 1
+
+
+def test_claudes_own_retrieval_found_exactly_and_by_its_words_is_labelled_exact(tmp_path, monkeypatch,
+                                                                               capsysbinary):
+    """Nothing but Claude's own search holds the text exactly, and other messages hold its
+    words: the search call is shown last, and as what it is, an exact match."""
+    tr = Transcript()
+    tr.prompt("what about the nightly rotation")
+    tr.response(text("the ALPHA key rotates every night"))
+    tr.prompt("look it up")
+    tr.response(tool_use("Bash", command="cc-lhc search 'ALPHA key rotates nightly'"), stop="tool_use")
+    thread = intake_transcript(tr, tmp_path)
+    grant(thread, monkeypatch)
+    status, out, _ = search(capsysbinary, "ALPHA key rotates nightly")
+    lines = [line for line in out.splitlines() if line.startswith("m")]
+    assert status == 0 and "tool_call Bash" in lines[-1] and ", exact): " in lines[-1], out
+
+
 def test_a_calls_tool_name_and_an_answers_citations_are_found(tmp_path, monkeypatch, capsysbinary):
     """Each hit line names a call's tool, so the name is searched too; an answer's citations
     (the text cited, its url and title) are kept with it and searched with its text. The
