@@ -5846,11 +5846,13 @@ def turn_items(view: View, turn: Turn, arm=None, native=False):
 
 # How the header names the way back when the cc-lhc mod is active: its tools, each line
 # no longer than the Bash line it replaces (the header's reserve is measured on those).
+# The labels are placeholders (tN, mN): a real-looking one (m57) may not exist in the thread
+# and would read as a pointer to it.
 NATIVE_READ_BACK = [
     "To read anything back exactly, call these tools:",
-    "  lhc_get_turns [t12, t13]     whole turns as recorded",
-    "  lhc_get_messages [m57]       single messages, such as a stubbed tool output",
-    "  lhc_get_messages [m40-m60]   a run of messages, such as part of a long turn",
+    "  lhc_get_turns [tN, tM]       whole turns as recorded",
+    "  lhc_get_messages [mN]        single messages, such as a stubbed tool output",
+    "  lhc_get_messages [mN-mM]     a run of messages, such as part of a long turn",
     "  lhc_search \"some text\"      where an exact string (a command, an error line) or some words appear",
 ]
 
@@ -5874,9 +5876,9 @@ def render_header(view: View, files, fallback_note: bool, native: bool = False) 
         lines += split_lines(n, view.pieces[n])
     lines += NATIVE_READ_BACK if native else [
         "To read anything back exactly, run these through Bash:",
-        "  cc-lhc get-turns t12 t13     whole turns as recorded",
-        "  cc-lhc get-messages m57      single messages, such as a stubbed tool output",
-        "  cc-lhc get-messages m40-m60  a run of messages, such as part of a long turn",
+        "  cc-lhc get-turns tN tM       whole turns as recorded",
+        "  cc-lhc get-messages mN       single messages, such as a stubbed tool output",
+        "  cc-lhc get-messages mN-mM    a run of messages, such as part of a long turn",
         "  cc-lhc search \"some text\"    where an exact string (a command, an error line) or some words appear",
     ]
     lines.append("Use them instead of guessing what an earlier turn said.")
