@@ -12470,6 +12470,8 @@ def _stop_this_job() -> None:
 
 
 def _readable(fd) -> bool:
+    if fd in CLOSED_AT_START:
+        return False
     try:
         os.fstat(fd)
         return True
@@ -17595,7 +17597,7 @@ def say(message: str) -> None:
     try:
         sys.stderr.write(f"{PROG}: {message}\n")
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # (AttributeError: no stderr at all)
         pass
 
 
@@ -19774,8 +19776,34 @@ COMMANDS = {"threads": cmd_threads, "export": cmd_export, "get-turns": cmd_get_t
             "mod-hello": cmd_mod_hello, "mod-compact": cmd_mod_compact, "preview": cmd_preview}
 
 
+# The standard streams cc-lhc was started with closed (`cc-lhc 2>&-`), now on the null device.
+CLOSED_AT_START = set()
+
+
+def fill_closed_standard_fds() -> None:
+    """Put the null device on each standard stream started closed: else the first file
+    cc-lhc opens (a database, its log) takes that number, and what is written to the stream
+    (a message, Claude's own output) goes into the file. cc-lhc's messages then go nowhere,
+    as they would have; an input so filled is still no input (_readable)."""
+    for fd, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, flags)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)  # (os.open's own are not: Claude must get it too)
+        CLOSED_AT_START.add(fd)
+    if sys.stderr is None and 2 in CLOSED_AT_START:
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    fill_closed_standard_fds()
     try:
         if argv and argv[0] == "__watchdog" and len(argv) == 3:  # (cc-lhc's own: two pids)
             pids = [int(a) if re.fullmatch(r"[0-9]{1,10}", a) else 0 for a in argv[1:]]

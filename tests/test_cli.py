@@ -952,3 +952,29 @@ def test_output_left_in_the_buffer_for_a_reader_that_has_gone_ends_quietly(iso_e
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 1 and err == "", err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_standard_streams_started_closed_get_the_null_device_and_no_file_takes_their_place(fake_claude, iso_env):
+    """`cc-lhc ... 2>&-` (or `<&-`, `>&-`): the first file cc-lhc opened took the stream's
+    number, and its messages raised (exit 1 for a usage error, no Claude at all after a
+    notice). Each such stream is the null device now, for cc-lhc and the Claude it starts:
+    messages go nowhere, as they would have, and everything else works."""
+    def closed(stream, *args, script=None):
+        env = {**fake_claude.env, "FAKE_CLAUDE_SCRIPT": json.dumps(script or [])}
+        return subprocess.run(["sh", "-c", f'exec "$0" "$@" {stream}>&-', sys.executable, str(CC_LHC), *args],
+                              env=env, cwd=fake_claude.cwd, capture_output=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+    p = closed(2, "--lhc-bogus")
+    assert p.returncode == 2 and p.stdout == b""
+    for stream in (2, 0):
+        script = [{"run": ["sh", "-c", f"readlink /proc/$PPID/fd/{stream}"]}, {"stderr": "to Claude's stderr"},
+                  {"print": "answered"}]
+        for args in (["-p", "hi"], ["--lhc-target", "abc", "-p", "hi"]):  # (the second says a notice first)
+            p = closed(stream, *args, script=script)
+            assert p.returncode == 0 and p.stdout.decode().split("\n")[0] == "/dev/null", p
+            assert b"answered" in p.stdout
+    p = closed(1, "threads")
+    assert p.returncode == 1 and b"standard output is closed" in p.stderr
+    assert subprocess.run([sys.executable, str(CC_LHC), "doctor"], env=fake_claude.env, capture_output=True,
+                          cwd=fake_claude.cwd, timeout=60).stdout.count(b"[fail]") == 0
