@@ -2616,7 +2616,9 @@ class RolloutParser:
             s.closed_response = ClosedResponse(response_id, s.open_turn, s.segment, s.segment_first,
                                                s.segment_bytes)
             self._close_turn(last, "closed", stop or "api_error", created)
-            s.turn_end_due = stop in TERMINAL_STOP_REASONS
+            # (an API error Claude writes as its answer, stop_sequence and all, runs no Stop
+            # hook: nothing reports its end)
+            s.turn_end_due = stop in TERMINAL_STOP_REASONS and not rec.get("isApiErrorMessage")
 
 
 def _local_command_part(content):

@@ -1439,6 +1439,31 @@ def test_stop_hooks_hold_the_seam_until_they_report(tmp_path):
     store.close()
 
 
+def test_an_api_error_after_stop_hooks_ran_is_a_settled_seam(tmp_path):
+    """A thread that runs Stop hooks (a 2.1.39 session wrote stop_hook_summary after each
+    turn), then the API refuses a request as too long: Claude writes its error as an answer
+    (stop_sequence, model <synthetic>) and runs no Stop hook after it, so nothing will ever
+    report that turn's end. The seam is settled: the too-long rejection is rebuilt now, not
+    held for a report that never comes."""
+    sid = "sess-hooks-error"
+    t = Transcript(sid)
+    t.user("first prompt")
+    t.assistant(text("first answer"))
+    t.bookkeeping("system", subtype="stop_hook_summary", uuid="sys-1")
+    t.user("second prompt")
+    t.record({"type": "assistant", "isApiErrorMessage": True, "sessionId": sid, "message": {
+        "id": "err1", "role": "assistant", "model": "<synthetic>", "stop_reason": "stop_sequence",
+        "content": [text("Prompt is too long")]}})
+    path = t.write(tmp_path / f"{sid}.jsonl")
+    home = cc_lhc.StateHome(tmp_path / "lhc")
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(sid, str(tmp_path), "fresh")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    assert cc_lhc.unsettled_reason(cap.store) == ""
+    cap.stop()
+
+
 def rewound_thread(t, sid, tmp_path):
     """The transcript captured into a new thread: (home, thread, its open store, the texts
     every view can hold, in order)."""

@@ -696,6 +696,26 @@ def test_a_too_long_rejection_is_compacted_and_continued_once(real_claude, tmux)
     assert log.count('"event": "too_long_continued"') == 1
 
 
+def test_a_too_long_rejection_in_a_session_with_stop_hooks_is_compacted_and_continued(real_claude, tmux):
+    """A Stop hook configured (the thread waits for its report after each final answer):
+    Claude writes the too-long refusal as an answer and runs no Stop hook after it, so
+    nothing ever reports that turn's end; the refusal is still compacted and continued."""
+    from fakeapi import error_reply
+    settings = json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "true"}]}]}})
+    too_long = error_reply(400, "prompt is too long: 1050000 tokens > 1000000 maximum")
+    real_claude.api.script(["ready", too_long, "continuing from the note"])
+    t = tmux([sys.executable, CC_LHC, "--settings", settings], cols=110, rows=32, env=real_claude.env,
+             cwd=real_claude.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "hello")
+    t.wait_for("ready")
+    wait_until(lambda: thread_turns(real_claude)[1] == "", "the hook's report of the first turn")
+    type_line(t, "now read every pdf")
+    wait_for_log(real_claude, "too_long_continued")
+    t.wait_for("continuing from the note")
+    exit_cleanly(t)
+
+
 SHOWN_COUNTED = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
