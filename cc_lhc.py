@@ -13607,10 +13607,19 @@ def smart_compact_before_launch(spec, home, policy, capture):
     held = capture.store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()
     gone = held is not None and not os.path.lexists(capture.path) and transcript_elsewhere(capture.path) is None
     astray = held is not None and os.path.lexists(capture.path) and not claude_reads(capture.path)
+    cut = 0 if gone or astray or held is None else records_cut_from(capture.store, spec.session_id, capture.path)
     if gone:
         say(f"the transcript of session {spec.session_id} is gone (Claude Code removes old "
             f"sessions); writing the conversation again from thread {capture.thread_id[:8]}")
         home.log("transcript_gone", thread=capture.thread_id, session=spec.session_id, path=capture.path)
+    elif cut:
+        # Cut or written over after capture read it: resumed as it is, Claude would go on
+        # without the records it lost.
+        say(f"the transcript of session {spec.session_id} no longer holds {cut} record(s) cc-lhc "
+            f"captured from it (it was cut or written over); writing the conversation again from "
+            f"thread {capture.thread_id[:8]}")
+        home.log("transcript_cut", thread=capture.thread_id, session=spec.session_id, path=capture.path,
+                 records=cut)
     elif astray:
         # (`rollout write --projects-root` put it there, or CLAUDE_CONFIG_DIR changed since)
         say(f"session {spec.session_id} is in {os.path.dirname(capture.path)}, where Claude Code "
@@ -13618,8 +13627,8 @@ def smart_compact_before_launch(spec, home, policy, capture):
             f"{capture.thread_id[:8]}")
         home.log("transcript_astray", thread=capture.thread_id, session=spec.session_id, path=capture.path)
         gone = True
-    compacted = not gone and compacted_in_process(home, spec.session_id, capture.store)
-    unresumable = gone or compacted  # as it is, Claude cannot go on with it: written again
+    compacted = not gone and not cut and compacted_in_process(home, spec.session_id, capture.store)
+    unresumable = gone or bool(cut) or compacted  # as it is, Claude cannot go on with it: written again
     if compacted:
         # Claude reads a session back by its records' message ids, and the newest records the
         # mod's compaction kept are written after its boundary with the ids they had before
@@ -13689,6 +13698,22 @@ def smart_compact_before_launch(spec, home, policy, capture):
                         pending.path)
     fresh.lease = lease
     return fresh, pending
+
+
+def records_cut_from(store, session_id, path) -> int:
+    """How many records of the session the thread holds that its transcript no longer does:
+    looked for only once capture saw the file cut or written over (and read it again from
+    its start, keeping all it held)."""
+    if store.db.execute("SELECT 1 FROM problems WHERE session = ? AND kind IN (?, ?) LIMIT 1",
+                        (session_id, "transcript_shrank", "transcript_rewritten")).fetchone() is None:
+        return 0
+    try:
+        with open(path, "rb") as f:
+            found = set(re.findall(rb'"uuid"\s*:\s*"([^"\\]+)"', f.read()))
+    except OSError:
+        return 0
+    return sum(1 for (uuid,) in store.db.execute("SELECT uuid FROM chain WHERE session = ?", (session_id,))
+               if uuid.encode("utf-8", "surrogatepass") not in found)
 
 
 def compacted_in_process(home, session_id, store=None) -> bool:

@@ -974,6 +974,35 @@ def test_a_one_shot_the_api_rejected_as_too_long_is_rebuilt_at_the_next_launch(r
     assert _one_shot_session(rc.run_lhc("--resume", rebuilt, "-p", "turn four", "--output-format", "json")) == rebuilt
 
 
+def test_a_transcript_cut_after_capture_is_written_again_from_the_thread_before_claude_resumes_it(real_claude):
+    """The transcript lost its first records after cc-lhc captured them (cut, or deleted
+    while Claude ran and written anew): the thread still holds them, but the next launch
+    resumed Claude on the cut file without a word, and Claude went on without them. It is
+    written again from the thread, and said. A file whose records only moved holds them
+    all: resumed as it is."""
+    rc = real_claude
+    rc.api.script(["ANSWER-ONE remember ZEBRA-11"])
+    sid = _one_shot_session(rc.run_lhc("-p", "first prompt KIWI-1", "--output-format", "json"))
+    rc.api.script(["ANSWER-TWO"])
+    assert _one_shot_session(rc.run_lhc("--resume", sid, "-p", "second prompt KIWI-2",
+                                        "--output-format", "json")) == sid
+    path = rc.project_dir / f"{sid}.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[1:] + lines[:1]))  # (the same records, one moved: none lost)
+    rc.api.script(["ANSWER-THREE"])
+    p = rc.run_lhc("--resume", sid, "-p", "third prompt KIWI-3", "--output-format", "json")
+    assert _one_shot_session(p) == sid and "no longer holds" not in p.stderr, p.stderr
+    first = next(i for i, line in enumerate(lines) if b"KIWI-2" in line)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[first:]))  # turn one cut away
+    rc.api.script(["ANSWER-FOUR"])
+    p = rc.run_lhc("--resume", sid, "-p", "fourth prompt KIWI-4", "--output-format", "json")
+    assert re.search(rf"the transcript of session {sid} no longer holds \d+ record\(s\)", p.stderr), p.stderr
+    assert _one_shot_session(p) != sid
+    sent = json.dumps(rc.api.message_requests[-1]["body"]["messages"])
+    for word in ("KIWI-1", "ZEBRA-11", "KIWI-2", "KIWI-3", "KIWI-4"):
+        assert word in sent, word
+
+
 def test_a_plain_claude_session_resumed_from_another_folder_is_adopted_where_it_is(real_claude):
     """Claude finds a session it wrote under another folder's projects folder and goes on
     writing it there; cc-lhc looked only in this folder's, captured nothing, said nothing, and
