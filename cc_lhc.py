@@ -13766,11 +13766,14 @@ def _cwd_threads(registry, hostdb, cwd):
 
 
 def refuse_lost_thread(home, hostdb, registry, thread_id, spec) -> None:
-    """A resume of a thread whose record is gone (or empty) while Claude Code's transcript
-    of its current session is gone too: nothing is left to go on with, so the launch is
-    refused (exit 1) before anything makes a new, empty record in its place, which would
-    hide the loss from `cc-lhc doctor`. With the transcript there, the launch captures it
-    into a new record, as doctor's fix says."""
+    """A resume of a thread whose record is gone (or empty). With Claude Code's transcript of
+    its current session gone too, nothing is left to go on with, so the launch is refused
+    (exit 1) before anything makes a new, empty record in its place, which would hide the
+    loss from `cc-lhc doctor`. Else the record is made again from the transcripts: every
+    earlier session of the thread Claude Code still keeps is taken in here, oldest first
+    (a rebuilt one from after the part it replayed), and the launch captures the current one
+    as always; the thread then holds what they hold, under the labels it gave them before.
+    Said, with the sessions whose transcripts are gone."""
     record = home.path("threads", f"{thread_id}.sqlite")
     try:
         if os.stat(record).st_size:
@@ -13782,11 +13785,35 @@ def refuse_lost_thread(home, hostdb, registry, thread_id, spec) -> None:
         return  # (opening it says what is wrong)
     session = registry.current_session(thread_id) or spec.session_id
     path = _session_rollout(hostdb, session, spec.cwd)
-    if os.path.lexists(path) or transcript_elsewhere(path) is not None:
-        return
-    raise LhcError(f"thread {thread_id}: its record {record} {state}, and Claude Code's transcript of "
-                   f"its session {session} is gone too, so there is nothing to resume; "
-                   "cc-lhc doctor says more")
+    if not (os.path.lexists(path) or transcript_elsewhere(path) is not None):
+        raise LhcError(f"thread {thread_id}: its record {record} {state}, and Claude Code's transcript of "
+                       f"its session {session} is gone too, so there is nothing to resume; "
+                       "cc-lhc doctor says more")
+    earlier = [sid for (sid,) in registry.db.execute(
+        "SELECT session_id FROM aliases WHERE thread_id = ? AND session_id != ? ORDER BY created, rowid",
+        (thread_id, session))]
+    taken, gone = [], []
+    for sid in earlier:
+        known = hostdb.session(sid)
+        where = (known["rollout_path"] if known and known["rollout_path"] else None) or \
+            _session_rollout(hostdb, sid, spec.cwd)
+        if not os.path.isfile(where):
+            gone.append(sid)
+            continue
+        capture = Capture(home, thread_id, sid, where,
+                          start_offset=known["replayed_prefix_bytes"] if known else 0)
+        try:
+            capture.catch_up()
+        finally:
+            capture.stop()
+        taken.append(sid)
+    said = (f"thread {thread_id[:8]}: its record {record} {state}; it is made again from Claude Code's "
+            f"transcripts of its sessions ({len(taken) + 1} of {len(earlier) + 1} still there)")
+    if gone:
+        said += (f"; what only the gone ones held ({', '.join(g[:8] for g in gone)}) is in the thread "
+                 "no more, beyond what the current session replays of it")
+    say(said)
+    home.log("thread_record_retaken", thread=thread_id, state=state, sessions=taken + [session], gone=gone)
 
 
 def continue_target(spec, registry, hostdb):

@@ -1003,6 +1003,41 @@ def test_a_transcript_cut_after_capture_is_written_again_from_the_thread_before_
         assert word in sent, word
 
 
+@pytest.mark.parametrize("lost", ["emptied", "removed"])
+def test_a_lost_thread_record_is_made_again_from_every_session_claude_still_keeps(real_claude, lost):
+    """The thread's record was emptied (or removed) after a Smart Compact: the next launch
+    made a new record of the current (rebuilt) session alone, without a word, so the older
+    turns were gone from the thread and the labels moved. Every session Claude Code still
+    keeps is taken in again, oldest first, under the labels they had, and it is said."""
+    rc = real_claude
+    rc.api.script(["ANSWER-ONE remember ZEBRA-11"])
+    assert rc.run_lhc("-p", "first prompt KIWI-1").returncode == 0
+    rc.api.script([text_reply("ANSWER-TWO big LLAMA-22", usage=OVER)])
+    assert rc.run_lhc("-c", "-p", "second prompt KIWI-2").returncode == 0
+    rc.api.script(["ANSWER-THREE"])
+    p = rc.run_lhc("-c", "-p", "third prompt KIWI-3")
+    assert p.returncode == 0 and "Smart Compact" in p.stderr, p.stderr
+    (record,) = (rc.iso.lhc / "threads").glob("*.sqlite")
+    before = json.loads(rc.run_lhc("export", record.stem, "--format", "json").stdout)
+    if lost == "emptied":
+        os.truncate(record, 0)
+    else:
+        for tail in ("", "-wal", "-shm"):
+            Path(str(record) + tail).unlink(missing_ok=True)
+    rc.api.script(["ANSWER-FOUR"])
+    p = rc.run_lhc("-c", "-p", "fourth prompt KIWI-4")
+    assert p.returncode == 0, p.stderr
+    state = "is empty" if lost == "emptied" else "is missing"
+    assert f"its record {record} {state}; it is made again from Claude Code's transcripts of its sessions " \
+           "(2 of 2 still there)" in p.stderr, p.stderr
+    after = json.loads(rc.run_lhc("export", record.stem, "--format", "json").stdout)
+    key = [(m["label"], m["kind"], m.get("text")) for m in before]
+    assert [(m["label"], m["kind"], m.get("text")) for m in after][:len(key)] == key
+    texts = "\n".join(m.get("text") or "" for m in after)
+    for word in ("KIWI-1", "ZEBRA-11", "KIWI-2", "KIWI-3", "KIWI-4"):
+        assert word in texts, word
+
+
 def test_a_plain_claude_session_resumed_from_another_folder_is_adopted_where_it_is(real_claude):
     """Claude finds a session it wrote under another folder's projects folder and goes on
     writing it there; cc-lhc looked only in this folder's, captured nothing, said nothing, and
