@@ -19551,8 +19551,9 @@ def cmd_backfill_labels(args) -> int:
     return EXIT_OK
 
 
-def store_file_check(path: str, what: str, migrations):
+def store_file_check(path: str, what: str, migrations, damaged_fix=None):
     """(status, what, detail, fix) for doctor: can this SQLite file of ours be used?
+    ``damaged_fix``: the fix for a damaged file, when there is a better one than salvage.
 
     Read only: no migration is applied and nothing is written (a quick_check reads
     every page, which is what finds a damaged file before a session needs it).
@@ -19585,10 +19586,14 @@ def store_file_check(path: str, what: str, migrations):
     except OSError as e:
         return ("fail", what, f"{path}: {e}", chmod)
     if damage != ["ok"]:
-        return ("fail", what, f"{path} is damaged: {'; '.join(damage)}",
-                f"restore it from a backup, or salvage it with `sqlite3 {shlex.quote(path)} .recover "
-                f"| sqlite3 {shlex.quote(path + '.recovered')}` and put the result in its place "
-                "(Claude's own transcripts are not affected)")
+        # (.recover fails where sqlite3 was built without it; with && that stops there, where
+        # a pipe went on and made an empty file to put in the damaged one's place)
+        return ("fail", what, f"{path} is damaged: {'; '.join(damage)}", damaged_fix or (
+                f"restore it from a backup, or salvage it with `sqlite3 {shlex.quote(path)} .recover > "
+                f"{shlex.quote(path + '.sql')} && sqlite3 {shlex.quote(path + '.recovered')} < "
+                f"{shlex.quote(path + '.sql')}` (sqlite3 3.40 or later, built with .recover) and put "
+                "the result in its place, keeping the damaged file (Claude's own transcripts are "
+                "not affected)"))
     if have > len(migrations):
         return ("fail", what, f"schema {have}, newer than the {len(migrations)} this cc-lhc knows",
                 "upgrade cc-lhc to the version that wrote it; the file is left unchanged")
@@ -19696,8 +19701,14 @@ def cmd_doctor(args) -> int:
               "thread can be read", f"chmod u+rwx {shlex.quote(home.path('threads'))}")
     unusable = 0
     for thread_id in threads:  # each thread store on its own: one damaged file is named alone
-        found = store_file_check(home.path("threads", f"{thread_id}.sqlite"), f"thread {thread_id}",
-                                 THREAD_MIGRATIONS)
+        record = home.path("threads", f"{thread_id}.sqlite")
+        aside = home.path("damaged")
+        found = store_file_check(record, f"thread {thread_id}", THREAD_MIGRATIONS, damaged_fix=(
+            f"move its files aside, `mkdir -p {shlex.quote(aside)} && mv {shlex.quote(record)}* "
+            f"{shlex.quote(aside)}/`: the thread's next launch (cc-lhc -c in its folder) makes it again "
+            "from Claude Code's transcripts of its sessions, under the same labels; what only the "
+            "damaged file holds (sessions Claude Code has since removed) can be salvaged from it "
+            "with sqlite3's .recover"))
         if found[0] != "ok" and not _dropped_meanwhile(home, thread_id):
             unusable += 1
             check(*found)

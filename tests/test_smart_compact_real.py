@@ -1038,6 +1038,37 @@ def test_a_lost_thread_record_is_made_again_from_every_session_claude_still_keep
         assert word in texts, word
 
 
+def test_doctors_fix_for_a_damaged_thread_file_gets_the_whole_thread_back(real_claude):
+    """doctor's fix for a damaged thread file was a pipe through sqlite3's .recover, which
+    fails where sqlite3 lacks it (Debian's 3.40) and then made an empty file to put in the
+    damaged one's place: the thread lost everything. The fix now moves the files aside, and
+    the next launch makes the record again from Claude Code's transcripts."""
+    rc = real_claude
+    rc.api.script(["ANSWER-ONE remember ZEBRA-11"])
+    assert rc.run_lhc("-p", "first prompt KIWI-1").returncode == 0
+    rc.api.script([text_reply("ANSWER-TWO big LLAMA-22", usage=OVER)])
+    assert rc.run_lhc("-c", "-p", "second prompt KIWI-2").returncode == 0
+    rc.api.script(["ANSWER-THREE"])
+    assert "Smart Compact" in rc.run_lhc("-c", "-p", "third prompt KIWI-3").stderr
+    (record,) = (rc.iso.lhc / "threads").glob("*.sqlite")
+    with open(record, "r+b") as f:  # one page damaged
+        f.seek(5 * 2048 + 8)
+        f.write(b"\xff" * 8)
+    d = rc.run_lhc("doctor")
+    assert d.returncode == 1 and f"thread {record.stem}" in d.stdout and "is damaged" in d.stdout, d.stdout
+    fix = re.search(r"move its files aside, `([^`]+)`", d.stdout).group(1)
+    assert subprocess.run(fix, shell=True).returncode == 0
+    assert not list((rc.iso.lhc / "threads").glob(record.name + "*"))
+    rc.api.script(["ANSWER-FOUR"])
+    p = rc.run_lhc("-c", "-p", "fourth prompt KIWI-4")
+    assert p.returncode == 0 and "it is made again from Claude Code's transcripts" in p.stderr, p.stderr
+    texts = "\n".join(m.get("text") or "" for m in json.loads(rc.run_lhc("export", record.stem, "--format",
+                                                                          "json").stdout))
+    for word in ("KIWI-1", "ZEBRA-11", "KIWI-2", "KIWI-3", "KIWI-4"):
+        assert word in texts, word
+    assert rc.run_lhc("doctor").returncode == 0
+
+
 def test_a_plain_claude_session_resumed_from_another_folder_is_adopted_where_it_is(real_claude):
     """Claude finds a session it wrote under another folder's projects folder and goes on
     writing it there; cc-lhc looked only in this folder's, captured nothing, said nothing, and
