@@ -312,7 +312,7 @@ def test_doctor_names_a_damaged_thread_file_says_how_to_fix_it_and_exits_1(fake_
     lines = out(p).splitlines()
     (named,) = [i for i, line in enumerate(lines) if line.startswith("[fail]") and bad in line]
     assert str(path) in lines[named] and "damaged" in lines[named]
-    assert lines[named + 1].strip().startswith("fix: restore it from a backup")
+    assert lines[named + 1].strip().startswith("fix: move its files aside")
     assert "[fail] thread files: 2 checked, 1 unusable" in out(p)
     assert good not in out(p)  # the sound thread is not named
     assert "Traceback" not in err(p)
