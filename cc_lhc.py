@@ -19878,18 +19878,18 @@ def main(argv=None) -> int:
         if argv and argv[0] == "__carry-guard" and len(argv) == 3:
             return run_carry_guard(argv[1], argv[2])
         command = argv[0] if argv and argv[0] in LHC_SUBCOMMANDS else None
+        if command and sys.stdout is None:  # (started with its standard output closed: `cc-lhc ... >&-`)
+            raise LhcError(f"{command}: standard output is closed, so there is nowhere to write "
+                           "the answer", EXIT_ERROR)
+        if command in COMMAND_USAGE and asks_for_help(command, argv[1:]):
+            print(COMMAND_USAGE[command])  # (whatever state the folders are in: nothing is kept)
+            return EXIT_OK
         if not (command is None and only_help_or_version(argv)):
             check_environment(command)
         if command:
-            if sys.stdout is None:  # (started with its standard output closed: `cc-lhc ... >&-`)
-                raise LhcError(f"{command}: standard output is closed, so there is nowhere to write "
-                               "the answer", EXIT_ERROR)
             bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
             if bad is not None:  # (bytes the locale could not decode: nothing can match them)
                 raise usage_error(f"{argv[0]}: the argument {os.fsencode(bad)!r} is not UTF-8 text")
-            if command in COMMAND_USAGE and asks_for_help(command, argv[1:]):
-                print(COMMAND_USAGE[command])
-                return EXIT_OK
             return COMMANDS[argv[0]](argv[1:])
         return cmd_launch(argv)
     except LhcError as e:
@@ -19945,10 +19945,11 @@ def check_environment(command) -> None:
         # Claude's tools run cc-lhc from other folders than this one: they must find the same home
         os.environ["CC_LHC_HOME"] = os.path.abspath(home)
     root = StateHome().root
-    if command != "doctor" and os.path.lexists(root) and not os.path.isdir(root):
+    apart = command in ("doctor", "preview")  # (doctor reports it; preview keeps nothing there)
+    if not apart and os.path.lexists(root) and not os.path.isdir(root):
         raise LhcError(f"the state folder {root} is not a folder; point CC_LHC_HOME at a folder "
                        "(cc-lhc doctor checks it)", EXIT_ERROR)
-    problem, mend = state_folder_problem(root) if command != "doctor" else ("", "")
+    problem, mend = state_folder_problem(root) if not apart else ("", "")
     if problem:
         # (read as empty, it would say "no threads yet" of a folder full of them)
         raise LhcError(f"{problem}; {mend} (cc-lhc doctor checks it)", EXIT_ERROR)

@@ -978,3 +978,26 @@ def test_standard_streams_started_closed_get_the_null_device_and_no_file_takes_t
     assert p.returncode == 1 and b"standard output is closed" in p.stderr
     assert subprocess.run([sys.executable, str(CC_LHC), "doctor"], env=fake_claude.env, capture_output=True,
                           cwd=fake_claude.cwd, timeout=60).stdout.count(b"[fail]") == 0
+
+
+@pytest.mark.parametrize("home_is", ["a file", "read-only"])
+def test_usage_and_preview_answer_whatever_the_state_folder(fake_claude, iso_env, home_is):
+    """`cc-lhc <command> --help` and `cc-lhc preview` keep nothing in the state folder: they
+    answered "the state folder ... is not a folder" (or read-only) with exit 1."""
+    home = iso_env.root / "lhc-odd"
+    if home_is == "a file":
+        home.write_text("")
+    else:
+        home.mkdir()
+        os.chmod(home, 0o500)
+    try:
+        for args in (["threads", "--help"], ["search", "--help"], ["measure", "-h"], ["export", "--help"],
+                     ["get-turns", "--help"], ["preview", "--list"]):
+            p = lhc(fake_claude, *args, env={"CC_LHC_HOME": str(home)})
+            assert p.returncode == 0 and out(p), (args, err(p))
+        if home_is == "a file" or os.geteuid() != 0:  # (root writes a read-only folder all the same)
+            p = lhc(fake_claude, "threads", env={"CC_LHC_HOME": str(home)})
+            assert p.returncode == 1 and "state folder" in err(p)
+    finally:
+        if home.is_dir():
+            os.chmod(home, 0o700)
