@@ -1449,12 +1449,24 @@ def user_config_path(env=None) -> str:
     return os.path.join(base, "cc-lhc", "config.json")
 
 
+def config_file_there(path: str) -> bool:
+    """Whether a config file is (or may be) at path: one in a folder that cannot be looked
+    into is reported as unreadable, never skipped as if there were none (lexists says no)."""
+    try:
+        os.lstat(path)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+
+
 def project_config_path(cwd: str):
     """The nearest .cc-lhc.json at or above cwd, or None."""
     here = os.path.abspath(cwd)
     while True:
         candidate = os.path.join(here, ".cc-lhc.json")
-        if os.path.lexists(candidate):  # a folder or dangling link here is reported, not skipped
+        if config_file_there(candidate):  # a folder or dangling link here is reported, not skipped
             return candidate
         parent = os.path.dirname(here)
         if parent == here:
@@ -1481,7 +1493,7 @@ def _read_config_file(path):
 def load_policy(cwd: str, flag_values: dict) -> Policy:
     layers = []
     user = user_config_path()
-    if os.path.lexists(user):
+    if config_file_there(user):
         layers.append((user, _read_config_file(user)))
     project = project_config_path(cwd)
     if project:

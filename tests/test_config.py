@@ -4,6 +4,7 @@ configuration that falls back field by field, says so once, and never stops a se
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -228,6 +229,30 @@ def test_unreadable_file_falls_back_naming_it(iso_env, where):
     assert p.fell_back and len(p.problems) == 1
     assert str(path) in p.problems[0] and "cannot read" in p.problems[0], p.problems
     assert p.values == BUILTIN
+
+
+def test_a_config_file_in_a_folder_that_cannot_be_looked_into_is_reported_not_skipped(iso_env, monkeypatch):
+    """~/.config/cc-lhc made unsearchable (chmod 000, not root): lexists said no file, so the
+    user's settings were left out without a word. It is reported as a file that cannot be read."""
+    path = user_config(iso_env)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"profile": "balanced"}))
+    real_lstat, real_read = os.lstat, cc_lhc.read_small_file
+
+    def lstat(name, *args, **kwargs):  # (as the kernel answers a non-root user)
+        if os.fspath(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_lstat(name, *args, **kwargs)
+
+    def read(name, *args, **kwargs):
+        if os.fspath(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(name, *args, **kwargs)
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(cc_lhc, "read_small_file", read)
+    p = policy(iso_env.work)
+    assert p.fell_back and len(p.problems) == 1, p.problems
+    assert str(path) in p.problems[0] and "cannot read" in p.problems[0], p.problems
 
 
 def test_utf8_bom_is_accepted(iso_env):
