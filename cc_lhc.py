@@ -19878,9 +19878,35 @@ def fill_closed_standard_fds() -> None:
         sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
 
 
+def write_utf8() -> None:
+    """cc-lhc writes UTF-8 whatever the locale says (JSON, search hits with their marks, a
+    path): a stream set to another encoding (PYTHONIOENCODING=ascii, a C locale with
+    PYTHONUTF8=0) raised on the first character beyond it."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        if encoding not in ("utf8", "") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(encoding="utf-8")
+            except (ValueError, OSError):
+                pass
+
+
+def not_utf8(what: str, value: str) -> str:
+    """Why a name read as bytes the interpreter could not decode is refused: bytes that are
+    not UTF-8, or UTF-8 read as ASCII (Python's UTF-8 mode turned off in a C locale)."""
+    raw = os.fsencode(value)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"{what} {raw!r} is not UTF-8 text"
+    return (f"{what} {raw!r} is UTF-8 text this Python reads as {sys.getfilesystemencoding()} "
+            "(PYTHONUTF8=0 in a C locale?): unset PYTHONUTF8 or use a UTF-8 locale such as C.UTF-8")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     fill_closed_standard_fds()
+    write_utf8()
     try:
         if argv and argv[0] == "__watchdog" and len(argv) == 3:  # (cc-lhc's own: two pids)
             pids = [int(a) if re.fullmatch(r"[0-9]{1,10}", a) else 0 for a in argv[1:]]
@@ -19901,7 +19927,7 @@ def main(argv=None) -> int:
         if command:
             bad = next((a for a in argv[1:] if SURROGATE.search(a)), None)
             if bad is not None:  # (bytes the locale could not decode: nothing can match them)
-                raise usage_error(f"{argv[0]}: the argument {os.fsencode(bad)!r} is not UTF-8 text")
+                raise usage_error(f"{argv[0]}: {not_utf8('the argument', bad)}")
             return COMMANDS[argv[0]](argv[1:])
         return cmd_launch(argv)
     except LhcError as e:
@@ -19951,8 +19977,8 @@ def check_environment(command) -> None:
     for what, value in (("working folder", cwd), ("state folder (CC_LHC_HOME)", home),
                         ("Claude config folder (CLAUDE_CONFIG_DIR)", os.environ.get("CLAUDE_CONFIG_DIR", ""))):
         if SURROGATE.search(value):
-            raise LhcError(f"the {what} {os.fsencode(value)!r} is not UTF-8 text, and cc-lhc records it "
-                           "in its threads as text; use a folder whose name is UTF-8", EXIT_USAGE)
+            raise LhcError(f"{not_utf8('the ' + what, value)}; cc-lhc records it in its threads as "
+                           "text, so it needs a folder whose name it reads as UTF-8", EXIT_USAGE)
     if home and not os.path.isabs(home):
         # Claude's tools run cc-lhc from other folders than this one: they must find the same home
         os.environ["CC_LHC_HOME"] = os.path.abspath(home)

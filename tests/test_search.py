@@ -1516,3 +1516,26 @@ def test_a_launchs_catch_up_leaves_indexing_past_its_deadline_to_the_next_read(t
     marks = dict(again.store.db.execute("SELECT key, value FROM meta WHERE key IN ('fts_upto', 'exact_upto')"))
     again.stop()
     assert marks == {"fts_upto": str(top), "exact_upto": str(top)}
+
+
+def test_output_is_utf8_whatever_encoding_the_streams_were_given(tmp_path):
+    """A stream set to ASCII (PYTHONIOENCODING=ascii, or a C locale with PYTHONUTF8=0):
+    search's hit lines (their »« marks), export and a non-ASCII word ended in a traceback.
+    cc-lhc writes UTF-8; and an argument Python read as ASCII, though its bytes are UTF-8,
+    is refused as that, with the way out, not as bytes that are not UTF-8."""
+    tr = Transcript()
+    tr.prompt("hello café")
+    tr.response(text("hello there, naïve world"))
+    thread = intake_transcript(tr, tmp_path)
+
+    def run(*args, **env):
+        return subprocess.run([sys.executable, str(CC_LHC), *args], capture_output=True, timeout=60,
+                              env={**os.environ, **env})
+    p = run("search", "--thread", thread.id, "hello", PYTHONIOENCODING="ascii")
+    assert p.returncode == 0 and "\u00bbhello\u00ab".encode() in p.stdout and b"Traceback" not in p.stderr, p.stderr
+    p = run("export", thread.id, PYTHONIOENCODING="ascii")
+    assert p.returncode == 0 and "naïve".encode() in p.stdout, p.stderr
+    p = run("search", "--thread", thread.id, "café", LC_ALL="C", PYTHONUTF8="0", LANG="C")
+    if sys.getfilesystemencoding() == "utf-8" and p.returncode == 0:
+        pytest.skip("this interpreter reads arguments as UTF-8 even so")
+    assert p.returncode == 2 and b"PYTHONUTF8" in p.stderr and b"Traceback" not in p.stderr, p.stderr
