@@ -9082,7 +9082,7 @@ class Capture:
         self._open(deadline)
         try:
             f = open_regular(self.path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a folder on its path is a file: none yet either)
             f = self._relocated()
             if f is None:
                 self.caught_up = True  # no transcript yet: nothing to catch up with
@@ -9593,7 +9593,7 @@ class Capture:
                     if self.error is not None:
                         self.on_event(("capture_recovered", self.error_since), self)
                     self.error = self.error_since = None
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 pass  # Claude writes the file with the first prompt
             except Exception as e:  # capture must never take the session down
                 if self.error is None:
@@ -13543,7 +13543,9 @@ def new_capture(spec, home, policy, hostdb, thread, session_id, path, live=True)
         if kind in ("capture_failing", "capture_recovered"):
             # (the capture thread: said once a streak, never from each of its retries)
             note = (f"cc-lhc cannot write its record of this session ({turn}); Claude goes on, and "
-                    "what it writes is taken in once cc-lhc can write again (the control panel's /status)"
+                    "what it writes is taken in once cc-lhc can write again " +
+                    ("(cc-lhc's next launch of this session, at the latest)" if spec.print_mode else
+                     "(the control panel's /status)")
                     if kind == "capture_failing" else
                     "cc-lhc writes its record of this session again; nothing Claude wrote meanwhile was lost")
             if spec.session is not None:
@@ -19979,6 +19981,10 @@ def check_environment(command) -> None:
         if SURROGATE.search(value):
             raise LhcError(f"{not_utf8('the ' + what, value)}; cc-lhc records it in its threads as "
                            "text, so it needs a folder whose name it reads as UTF-8", EXIT_USAGE)
+    config = os.environ.get("CLAUDE_CONFIG_DIR", "")
+    if command is None and config and os.path.lexists(config) and not os.path.isdir(config):
+        say(f"Claude's config folder {config} (CLAUDE_CONFIG_DIR) is not a folder: Claude keeps no "
+            "transcript there, so cc-lhc has nothing of this session to capture")
     if home and not os.path.isabs(home):
         # Claude's tools run cc-lhc from other folders than this one: they must find the same home
         os.environ["CC_LHC_HOME"] = os.path.abspath(home)

@@ -1001,3 +1001,17 @@ def test_usage_and_preview_answer_whatever_the_state_folder(fake_claude, iso_env
     finally:
         if home.is_dir():
             os.chmod(home, 0o700)
+
+
+def test_a_claude_config_folder_that_is_a_file_is_said_and_leaves_no_thread(fake_claude, iso_env):
+    """CLAUDE_CONFIG_DIR naming a file: Claude answers and keeps no transcript. cc-lhc said it
+    could not write its own record (a NotADirectoryError read as a failing store) and left an
+    empty thread flagged DEGRADED for good. It says what is wrong, and keeps no thread."""
+    config = iso_env.root / "not-a-folder"
+    config.write_text("x")
+    p = lhc(fake_claude, "-p", "hi", script=[{"sleep": 0.3}, {"print": "answered"}],
+            env={"CLAUDE_CONFIG_DIR": str(config)})
+    assert p.returncode == 0 and "answered" in out(p), err(p)
+    assert f"Claude's config folder {config} (CLAUDE_CONFIG_DIR) is not a folder" in err(p)
+    assert "cannot write its record" not in err(p)
+    assert json.loads(out(lhc(fake_claude, "threads", "--json"))) == []
