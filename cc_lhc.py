@@ -12553,6 +12553,10 @@ def run_host(spec, home) -> int:
     return run_oneshot(spec, home) if spec.print_mode else run_interactive(spec, home)
 
 
+WAY_BACK = ("to go on with this conversation under cc-lhc: cc-lhc --resume {session} (or cc-lhc -c in "
+            "this folder); `claude --resume` goes on without cc-lhc's record and Smart Compact")
+
+
 class ManagedSession:
     """Everything around one Claude child on a thread, set up before it and settled after.
 
@@ -12630,6 +12634,7 @@ class ManagedSession:
                                                                              self.policy)),
             ("acceptance", self._settle),
             ("continued elsewhere", self._continued_elsewhere),
+            ("way back", self._way_back),
             ("kept notes", self._kept_notes_told),
             ("descriptor", lambda: self.descriptor and remove_descriptor(
                 home, self.hostdb, self.descriptor, "session ended")),
@@ -12702,6 +12707,20 @@ class ManagedSession:
             f"(`claude agents` lists it); cc-lhc does not capture or Smart Compact it there, and "
             f"Claude's own compaction is off in it. Once it is done, `cc-lhc --resume {moved}` "
             "takes it up again under cc-lhc.")
+
+    def _way_back(self) -> None:
+        """Claude's own last line names `claude --resume <session>`, which would go on without
+        cc-lhc: the way back through cc-lhc is said after it (an interactive session that
+        holds a turn, and went on nowhere else)."""
+        if self.spec.print_mode or self.detached or any("cc-lhc --resume" in n for n in self.notices):
+            return
+        store = ThreadStore(self.home, self.capture.thread_id)
+        try:
+            held = store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone()
+        finally:
+            store.close()
+        if held:
+            self.notices.append(WAY_BACK.format(session=self.capture.session_id))
 
     def _last_words(self) -> None:
         # What was shown inside Claude's screen is said again once the terminal is the

@@ -716,6 +716,27 @@ def test_a_too_long_rejection_in_a_session_with_stop_hooks_is_compacted_and_cont
     exit_cleanly(t)
 
 
+def test_at_exit_the_way_back_through_cc_lhc_follows_claudes_own_resume_line(real_claude, tmux):
+    """Claude's last words name `claude --resume <session>`: a person who follows them goes on
+    without cc-lhc. cc-lhc's way back follows them, naming the same session; a session in
+    which nothing was typed has nothing to go back to, and gets none."""
+    rc = real_claude
+    rc.api.script(["first answer"])
+    t = tmux([sys.executable, CC_LHC], cols=140, rows=32, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    type_line(t, "hello")
+    t.wait_for("first answer")
+    exit_cleanly(t)
+    screen = t.capture(history=True)
+    (session,) = re.findall(r"claude --resume ([0-9a-f-]{36})", screen)
+    assert screen.index(f"claude --resume {session}") < screen.index(
+        f"cc-lhc: to go on with this conversation under cc-lhc: cc-lhc --resume {session}"), screen
+    t = tmux([sys.executable, CC_LHC], cols=140, rows=32, env=rc.env, cwd=rc.cwd)
+    t.wait_for(PROMPT)
+    exit_cleanly(t)
+    assert "to go on with this conversation" not in t.capture(history=True)
+
+
 SHOWN_COUNTED = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
