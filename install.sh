@@ -474,6 +474,8 @@ take_lock() {
         write_lock_owner
         return 0
     fi
+    [ -d "$LOCK_DIR" ] ||
+        err "cannot write in $INSTALL_DIR (read-only, or not yours?): set CC_LHC_INSTALL_DIR to a folder you can write; nothing was changed"
     _holder="" _since=""
     { IFS= read -r _holder && IFS= read -r _since; } 2>/dev/null <"$LOCK_DIR/pid" || true
     case "$_holder" in
@@ -489,7 +491,7 @@ take_lock() {
     fi
     # The holder is gone: the lock is stale.
     rm -rf "$LOCK_DIR"
-    mkdir "$LOCK_DIR" 2>/dev/null || { LOCK_DIR=""; err "cannot create $INSTALL_DIR/.install-lock"; }
+    mkdir "$LOCK_DIR" 2>/dev/null || { LOCK_DIR=""; err "cannot write in $INSTALL_DIR (read-only, or not yours?): set CC_LHC_INSTALL_DIR to a folder you can write; nothing was changed"; }
     write_lock_owner
 }
 
@@ -537,13 +539,32 @@ path_hint() {
     case "${SHELL:-}" in
         */fish) _how="fish_add_path \"$(dquoted "$BIN_DIR" '\\"$')\"" ;;
         */zsh) _how="echo $(squoted "$_export") >> ~/.zshrc" ;;
-        */bash) _how="echo $(squoted "$_export") >> ~/.bashrc" ;;
+        */bash)
+            # (an interactive bash reads ~/.bashrc, a login one ~/.bash_profile or else ~/.profile:
+            # a new terminal on macOS, a tmux window, an ssh session)
+            _login="~/.profile"
+            [ -f "$HOME/.bash_profile" ] && _login="~/.bash_profile"
+            _how="echo $(squoted "$_export") >> ~/.bashrc
+    echo $(squoted "$_export") >> $_login" ;;
         *) _how="echo $(squoted "$_export") >> ~/.profile" ;;
     esac
     # (typed at a prompt: single quotes, where an interactive bash or zsh expands no `!`)
     warn "$BIN_DIR is not on your PATH. To add it, run:
     $_how
 then open a new terminal (or run: export PATH=$(squoted "$BIN_DIR"):\"\$PATH\")."
+}
+
+# " (the disk holding $1 is full)" when it has no room left, else nothing: said with the
+# failure a full disk makes (a download cut short, an unpack that stopped). $2 (any word):
+# $1 is the download folder, which TMPDIR moves.
+full_hint() {
+    _avail=$(df -Pk "$1" 2>/dev/null | awk 'NR == 2 { print $4 }')
+    case "$_avail" in
+        '' | *[!0-9]*) return 0 ;;
+    esac
+    if [ "$_avail" -lt 1024 ]; then
+        printf ' (the disk holding %s is full%s)' "$1" "${2:+; TMPDIR names another folder to download into}"
+    fi
 }
 
 # -- main -------------------------------------------------------------------------
@@ -631,8 +652,12 @@ main() {
         _version=$(sed -n "s/^[0-9a-fA-F]\{64\}  *\*\{0,1\}cc-lhc-\(.*\)-$TARGET_OS-$TARGET_ARCH\.tar\.gz\$/\1/p" \
             "$TMP_DIR/SHA256SUMS")
         case "$_version" in
-            '' | *"
-"*) err "cannot tell which version $_base/ holds; pass --version X.Y.Z" ;;
+            '') if grep -q 'cc-lhc-.*\.tar\.gz' "$TMP_DIR/SHA256SUMS"; then
+                    err "$_base/ holds no cc-lhc for $TARGET_OS-$TARGET_ARCH (its SHA256SUMS lists builds for other systems only)"
+                fi
+                err "cannot tell which version $_base/ holds (its SHA256SUMS lists no cc-lhc bundle); pass --version X.Y.Z" ;;
+            *"
+"*) err "$_base/ holds several versions of cc-lhc; pass --version X.Y.Z" ;;
         esac
     fi
 
@@ -664,7 +689,8 @@ refusing to install"
     fi
 
     say "downloading $_asset"
-    download "$_base/$_asset" "$TMP_DIR/$_asset" || err "could not download $_base/$_asset"
+    download "$_base/$_asset" "$TMP_DIR/$_asset" ||
+        err "could not download $_base/$_asset$(full_hint "$TMP_DIR" tmp)"
     _got=$(sha256_of "$TMP_DIR/$_asset") || err "could not compute the SHA-256 of $_asset with $HASHER"
     if [ "$_got" != "$_want" ]; then
         err "checksum mismatch for $_asset
@@ -674,7 +700,8 @@ refusing to install (nothing was changed)"
     fi
     say "verified sha256 $_got"
 
-    ensure mkdir -p "$INSTALL_DIR/versions"
+    mkdir -p "$INSTALL_DIR/versions" 2>/dev/null ||
+        err "cannot make $INSTALL_DIR/versions (read-only, or not yours?): set CC_LHC_INSTALL_DIR to a folder you can write; nothing was changed"
     INSTALL_DIR=$(cd "$INSTALL_DIR" && pwd) || err "cannot use $INSTALL_DIR"
     take_lock
     # Leftovers of interrupted runs (we hold the lock, so none is live).
@@ -684,10 +711,18 @@ refusing to install (nothing was changed)"
     _name="$_version-$_id"
     _dest="$INSTALL_DIR/versions/$_name"
     STAGING=$(mktemp -d "$INSTALL_DIR/versions/.staging.XXXXXX") || err "cannot create a staging folder in $INSTALL_DIR/versions"
-    (cd "$STAGING" && tar -xzf "$TMP_DIR/$_asset") || err "could not unpack $_asset"
+    if ! (cd "$STAGING" && tar -xzf "$TMP_DIR/$_asset" 2>"$TMP_DIR/tar.err"); then
+        err "could not unpack $_asset into $INSTALL_DIR/versions ($(tail -n 1 "$TMP_DIR/tar.err"))$(full_hint "$INSTALL_DIR"); nothing was changed"
+    fi
     _top="$STAGING/cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH"
     [ ! -L "$_top" ] || err "$_asset holds its folder as a symbolic link; refusing to install (nothing was changed)"
-    [ -x "$_top/cc-lhc" ] || err "$_asset does not contain cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH/cc-lhc"
+    [ -f "$_top/cc-lhc" ] || err "$_asset does not contain cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH/cc-lhc"
+    if [ ! -x "$_top/cc-lhc" ]; then
+        # (its mode says it runs, yet it may not: the filesystem forbids running programs)
+        [ -n "$(find "$_top/cc-lhc" -perm -100 2>/dev/null)" ] ||
+            err "$_asset holds cc-lhc-$_version-$TARGET_OS-$TARGET_ARCH/cc-lhc as a file that is not executable; refusing to install (nothing was changed)"
+        err "programs cannot run from $INSTALL_DIR (its filesystem is mounted noexec?): set CC_LHC_INSTALL_DIR to a folder elsewhere; nothing was changed"
+    fi
     # Verified is not the same as harmless: a link in the bundle that leads out of
     # its own folder would make the installed version use files it does not carry.
     _real_top=$(cd "$_top" && pwd -P) || err "cannot use $_top"
@@ -725,7 +760,8 @@ $_check"
         rm -rf "$STAGING"
     fi
 
-    ensure mkdir -p "$BIN_DIR"
+    mkdir -p "$BIN_DIR" 2>/dev/null ||
+        err "cannot make $BIN_DIR (read-only, or not yours?): set CC_LHC_BIN_DIR to a folder you can write; $_version is unpacked in $_dest but nothing was switched to it"
     BIN_DIR=$(cd "$BIN_DIR" && pwd) || err "cannot use $BIN_DIR"
     _link="$BIN_DIR/cc-lhc"
     check_command_path  # again, before switching: it may have appeared meanwhile

@@ -48,7 +48,7 @@ esac
 
 
 def make_bundle(folder: Path, version: str, *, status: int = 0, with_sleeper: bool = True,
-                links: dict[str, str] | None = None) -> Path:
+                links: dict[str, str] | None = None, mode: int = 0o755) -> Path:
     """cc-lhc-<v>-<os>-<arch>.tar.gz holding a scripted cc-lhc (and a real binary to run);
     `links` adds symbolic links, path inside the bundle -> target as written."""
     name = BUILD.bundle_basename(version, OS_NAME, ARCH)
@@ -56,7 +56,7 @@ def make_bundle(folder: Path, version: str, *, status: int = 0, with_sleeper: bo
     (tree / "_internal").mkdir(parents=True)
     exe = tree / "cc-lhc"
     exe.write_text(FAKE_CC_LHC.replace("@VERSION@", version).replace("@STATUS@", str(status)))
-    exe.chmod(0o755)
+    exe.chmod(mode)
     for where, target in (links or {}).items():
         (tree / where).parent.mkdir(parents=True, exist_ok=True)
         (tree / where).symlink_to(target)
@@ -902,3 +902,52 @@ def test_running_a_first_install_again_says_nothing_of_unrecorded_versions(box, 
         proc = box.install("--version", "0.1.0")
         assert proc.returncode == 0, stderr(proc)
         assert "not recorded" not in stderr(proc)
+
+
+def test_a_mirror_with_no_bundle_for_this_system_says_so_without_a_version(box, server, tmp_path):
+    """A folder of bundles for other systems only: "cannot tell which version" sent the person
+    to --version, which only then named the missing build."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    fakes = {"uname": 'case "$1" in -s) echo Darwin;; -m) echo arm64;; esac\n', "sysctl": "echo 0\n"}
+    path = private_path(tmp_path, [t for t in BASE_TOOLS if t not in fakes] + ["curl", "sha256sum"], fakes)
+    proc = box.install(path=path)
+    assert proc.returncode != 0 and "holds no cc-lhc for macos-arm64" in stderr(proc), stderr(proc)
+    assert not box.install_dir.exists()
+
+
+@pytest.mark.parametrize("profile", ["~/.profile", "~/.bash_profile"])
+def test_a_bash_path_hint_reaches_login_shells_too(box, server, tmp_path, profile):
+    """With SHELL=bash the hint added the folder to ~/.bashrc only, which a login bash (a new
+    terminal on macOS, a tmux window, ssh) never reads: the command was not found there."""
+    server.serve(make_release(tmp_path, "0.1.0"))
+    if profile == "~/.bash_profile":
+        (box.home / ".bash_profile").write_text("# mine\n")
+    proc = box.install("--version", "0.1.0", SHELL="/bin/bash")
+    assert proc.returncode == 0, stderr(proc)
+    hints = [line.strip() for line in stderr(proc).splitlines() if line.strip().startswith("echo ")]
+    assert [h.rsplit(" >> ", 1)[1] for h in hints] == ["~/.bashrc", profile]
+    for hint in hints:
+        assert subprocess.run(["bash", "-c", hint], env={"HOME": str(box.home), "PATH": "/usr/bin:/bin"},
+                              timeout=30).returncode == 0
+    login = subprocess.run(["bash", "-l", "-c", "command -v cc-lhc"], capture_output=True, text=True, timeout=30,
+                           env={"HOME": str(box.home), "PATH": "/usr/bin:/bin"})
+    assert login.stdout.strip() == str(box.bin), login.stderr
+
+
+def test_folders_that_cannot_be_written_are_named_and_nothing_is_switched(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = box.install("--version", "0.1.0", CC_LHC_INSTALL_DIR=str(blocker / "cc-lhc"))
+    assert proc.returncode != 0
+    assert f"cannot make {blocker}/cc-lhc/versions" in stderr(proc) and "nothing was changed" in stderr(proc)
+    proc = box.install("--version", "0.1.0", CC_LHC_BIN_DIR=str(blocker / "bin"))
+    assert proc.returncode != 0 and f"cannot make {blocker}/bin" in stderr(proc), stderr(proc)
+    assert "nothing was switched to it" in stderr(proc) and not (box.install_dir / "current").exists()
+
+
+def test_a_bundle_whose_command_is_not_executable_is_refused_as_that(box, server, tmp_path):
+    server.serve(make_release(tmp_path, "0.1.0", mode=0o644))
+    proc = box.install("--version", "0.1.0")
+    assert proc.returncode != 0 and "as a file that is not executable" in stderr(proc), stderr(proc)
+    assert "does not contain" not in stderr(proc) and box.version_dirs() == []
