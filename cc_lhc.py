@@ -19633,6 +19633,39 @@ def store_file_check(path: str, what: str, migrations, damaged_fix=None):
     return ("ok", what, f"schema {have} of {len(migrations)} known")
 
 
+# What doctor says of a transcript capture found cut, written over or unreadable.
+TRANSCRIPT_TROUBLES = {"transcript_shrank": "was cut after cc-lhc captured it",
+                       "transcript_rewritten": "was written over after cc-lhc captured it",
+                       "transcript_unreadable": "cannot be read"}
+TRANSCRIPT_TROUBLE_FIX = {
+    "transcript_shrank": "nothing to do: the thread keeps every record it captured, and the next launch of "
+                         "the session writes it again from the thread if the transcript lost any",
+    "transcript_unreadable": "make it a regular file you can read; capture takes it in then"}
+TRANSCRIPT_TROUBLE_FIX["transcript_rewritten"] = TRANSCRIPT_TROUBLE_FIX["transcript_shrank"]
+
+
+def transcript_troubles(record: str, current) -> list:
+    """(session, kind, what doctor says) when the transcript of the thread's current session
+    was found cut, written over or unreadable (its newest such problem), read only. (Once a
+    launch wrote the session again from the thread, the current one is another.)"""
+    import sqlite3
+    if not current:
+        return []
+    try:
+        db = sqlite3.connect(f"file:{record}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return []
+    try:
+        rows = db.execute(
+            f"SELECT session, kind, max(id) FROM problems WHERE kind IN ({','.join('?' * len(TRANSCRIPT_TROUBLES))}) "
+            "AND session = ? GROUP BY session", (*TRANSCRIPT_TROUBLES, current)).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        db.close()
+    return [(session, kind, TRANSCRIPT_TROUBLES[kind]) for session, kind, _id in rows]
+
+
 def cmd_doctor(args) -> int:
     """Check this installation; exit 1 when something is broken, saying how to fix it.
     --repair also rebuilds registry entries from the thread files and refreshes every
@@ -19733,6 +19766,12 @@ def cmd_doctor(args) -> int:
         check("fail", "thread files", f"{home.path('threads')} cannot be listed ({unlisted}), so no "
               "thread can be read", f"chmod u+rwx {shlex.quote(home.path('threads'))}")
     unusable = 0
+
+    def current_of(thread_id):
+        try:
+            return Registry(home).current_session(thread_id)
+        except (sqlite3.Error, LhcError, OSError):
+            return None  # (the registry's own check says what is wrong with it)
     for thread_id in threads:  # each thread store on its own: one damaged file is named alone
         record = home.path("threads", f"{thread_id}.sqlite")
         aside = home.path("damaged")
@@ -19745,6 +19784,10 @@ def cmd_doctor(args) -> int:
         if found[0] != "ok" and not _dropped_meanwhile(home, thread_id):
             unusable += 1
             check(*found)
+        elif found[0] == "ok":
+            for session, kind, detail in transcript_troubles(record, current_of(thread_id)):
+                check("warn", f"thread {thread_id}", f"the transcript of session {session} {detail}",
+                      TRANSCRIPT_TROUBLE_FIX[kind])
     if not unlisted:
         check("ok" if not unusable else "fail", "thread files",
               f"{len(threads)} checked" + (f", {unusable} unusable (named above)" if unusable else ""))

@@ -1015,3 +1015,30 @@ def test_a_claude_config_folder_that_is_a_file_is_said_and_leaves_no_thread(fake
     assert f"Claude's config folder {config} (CLAUDE_CONFIG_DIR) is not a folder" in err(p)
     assert "cannot write its record" not in err(p)
     assert json.loads(out(lhc(fake_claude, "threads", "--json"))) == []
+
+
+def test_doctor_warns_of_a_current_session_whose_transcript_was_cut(iso_env, capsys):
+    """Capture found the transcript of a thread's current session cut under it: `threads`
+    said DEGRADED, doctor said all was well. It warns (exit 0: the thread keeps every record,
+    and the next launch writes the session again from it)."""
+    from test_capture_parse import Transcript, text
+    sid = "11111111-2222-4333-8444-555555555555"
+    t = Transcript(sid)
+    t.user("first prompt")
+    t.assistant(text("first answer"))
+    t.user("second prompt")
+    t.assistant(text("second answer"))
+    path = t.write(iso_env.root / f"{sid}.jsonl")
+    home = cc_lhc.StateHome()
+    home.ensure()
+    thread = cc_lhc.Registry(home).create_thread(sid, str(iso_env.work), "fresh")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    path.write_bytes(b"".join(line + b"\n" for line in t.lines[2:]))  # the first turn cut away
+    cap.catch_up()
+    cap.stop()
+    assert cc_lhc.main(["doctor"]) in (0, 1)
+    said = capsys.readouterr().out
+    assert f"[warn] thread {thread}: the transcript of session {sid} was cut after cc-lhc captured it" in said
+    assert "the next launch of the session writes it again from the thread" in said
+    assert f"thread {thread}" not in said.split("[warn] thread", 1)[0]  # (named once, as a warning)
