@@ -8512,10 +8512,27 @@ def claude_version_of(binary: str):
 MOD_CONFLICTS = ("--bare", "--safe-mode")  # both leave plugins unloaded
 
 
+ENV_OFF = ("off", "0", "false", "no")
+ENV_ON = ("on", "1", "true", "yes", "")
+_env_said = set()
+
+
+def env_off(name: str) -> bool:
+    """Whether a switch of cc-lhc's environment (on unless set so) is off: off, 0, false or
+    no, in any case. Any other word leaves it on, and is said once a process."""
+    value = os.environ.get(name, "")
+    if value.strip().lower() in ENV_OFF:
+        return True
+    if value.strip().lower() not in ENV_ON and name not in _env_said:
+        _env_said.add(name)
+        say(f"{name}={value!r} is neither on nor off (off, 0, false or no turn it off): left on")
+    return False
+
+
 def mod_refusal(spec) -> str:
     """Why a launch does not offer the mod to its Claude child ('' when it does)."""
-    if os.environ.get("CC_LHC_MOD", "on") == "off":
-        return "CC_LHC_MOD=off"
+    if env_off("CC_LHC_MOD"):
+        return f"CC_LHC_MOD={os.environ['CC_LHC_MOD']}"
     clash = [a for a in spec.claude_args if a.partition("=")[0] in MOD_CONFLICTS]
     if clash:
         return f"{clash[0]} loads no plugins"
@@ -12588,7 +12605,7 @@ class ManagedSession:
         self.views_replayed = []          # newest seq when capture saw a view served in process
         # Turn summaries are written in the background while a person works; a one-shot
         # exits too soon for them and keeps its one prompt's cost predictable.
-        self.summaries = not spec.print_mode and os.environ.get("CC_LHC_SUMMARIES", "on") != "off"
+        self.summaries = not spec.print_mode and not env_off("CC_LHC_SUMMARIES")
         self.too_long = None              # (turn, tool calls that ran) of the newest rejection
         self.too_long_handled = set()
         self.continued = False            # the one automatic continuation has been used
@@ -17614,9 +17631,9 @@ Environment:
   CC_LHC_HOME          state folder (default ~/.cc-lhc)
   CC_LHC_CLAUDE_BIN    the claude program to run (default: claude on PATH)
   CC_LHC_TOKENIZER_FILE  o200k_base rank file for exact token counts
-  CC_LHC_SUMMARIES     "off" stops background turn summaries (extractive ones are used)
+  CC_LHC_SUMMARIES     "off" (or 0, false, no) stops background turn summaries (extractive ones are used)
   CC_LHC_LEADER        the key that opens the control panel (default ctrl-])
-  CC_LHC_MOD           "off" keeps the cc-lhc mod out of Claude (Smart Compact swaps)
+  CC_LHC_MOD           "off" (or 0, false, no) keeps the cc-lhc mod out of Claude (Smart Compact swaps)
   CC_LHC_MOD_COMPACT   "decline": the mod keeps its tools but Smart Compact swaps
   CLAUDE_CONFIG_DIR    Claude's own folder (default ~/.claude)
   CLAUDE_CODE_PLUGIN_DIRS  read, not set: plugin folders Claude loads (their Stop hooks)

@@ -85,6 +85,20 @@ def test_the_mod_is_offered_only_to_a_claude_at_least_as_new_as_the_one_measured
     assert cc_lhc.mod_refusal(_spec(new, "--safe-mode")) == "--safe-mode loads no plugins"
     monkeypatch.setenv("CC_LHC_MOD", "off")
     assert cc_lhc.mod_refusal(_spec(new)) == "CC_LHC_MOD=off"
+    for off in ("0", "OFF", "false", "No"):  # (0 and OFF left the mod on without a word)
+        monkeypatch.setenv("CC_LHC_MOD", off)
+        assert cc_lhc.mod_refusal(_spec(new)) == f"CC_LHC_MOD={off}"
+
+
+def test_an_environment_switch_set_to_another_word_stays_on_and_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(cc_lhc, "_env_said", set())
+    for value in ("on", "1", "TRUE", "yes", ""):
+        monkeypatch.setenv("CC_LHC_SUMMARIES", value)
+        assert not cc_lhc.env_off("CC_LHC_SUMMARIES")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("CC_LHC_SUMMARIES", "disabled")
+    assert not cc_lhc.env_off("CC_LHC_SUMMARIES") and not cc_lhc.env_off("CC_LHC_SUMMARIES")
+    assert capsys.readouterr().err.count("CC_LHC_SUMMARIES='disabled' is neither on nor off") == 1
 
 
 class _Session:
