@@ -938,14 +938,38 @@ class CountsCache:
             self._db = None
 
 
+# A text longer than this is counted a piece at a time: the core hands back a list of its
+# tokens, 36 bytes of Python objects each (a 12 MB prompt's made 100 MB for a count).
+COUNT_PIECE_CHARS = 1 << 20
+# Where a long text is cut: after a line end that a letter follows, or between two words
+# (a letter, then a space and a letter). No piece of o200k's pattern holds a letter after a
+# line end (those that hold one end in white space, or in slashes after punctuation), and a
+# piece of letters ends at the space, which begins the next word's piece: so the pieces,
+# and their tokens, are those of the whole text (a test holds them equal).
+COUNT_CUT = re.compile(r"\n(?=[A-Za-z])|(?<=[A-Za-z])(?= [A-Za-z])")
+
+
 def _token_count(core, text: str) -> int:
     """o200k_base's count of one text, as tiktoken's Encoding.encode_ordinary makes it: a
     text holding lone surrogates (which the core cannot take) is counted as tiktoken counts
-    it, each one read as U+FFFD."""
+    it, each one read as U+FFFD. A long one is counted in parts (COUNT_CUT)."""
     try:
-        return len(core.encode_ordinary(text))
+        return sum(len(core.encode_ordinary(part)) for part in _count_parts(text))
     except UnicodeEncodeError:
-        return len(core.encode_ordinary(core_text(text)))
+        return sum(len(core.encode_ordinary(part)) for part in _count_parts(core_text(text)))
+
+
+def _count_parts(text: str):
+    """The text in parts of about COUNT_PIECE_CHARS, cut where COUNT_CUT allows (a part
+    with no such place in it stays whole)."""
+    start, n = 0, len(text)
+    while n - start > COUNT_PIECE_CHARS:
+        cut = COUNT_CUT.search(text, start + COUNT_PIECE_CHARS)
+        if cut is None:
+            break
+        yield text[start:cut.end()]
+        start = cut.end()
+    yield text[start:] if start else text
 
 
 def _token_counts(core, texts, threads: int = 4) -> list:
@@ -6700,8 +6724,29 @@ class SummariserError(LhcError):
         self.usage = usage
 
 
-def _one_line(text) -> str:
-    return " ".join(str(text or "").split())
+def _one_line(text, limit=None) -> str:
+    """The text's words on one line. With a ``limit``: only as much of it as that takes
+    (its first ``limit`` characters are the whole line's, and it is longer when the whole
+    line is), not a split of all of a 12 MB prompt's words to keep a few hundred."""
+    text = str(text or "")
+    if limit is None or len(text) <= 4 * limit + 64:
+        return " ".join(text.split())
+    first = NOT_SPACE.search(text)  # (a prompt may open with pages of blank lines)
+    start = first.start() if first else len(text)
+    size = 4 * limit + 64
+    while True:
+        line = " ".join(text[start:start + size].split())
+        if start + size >= len(text) or len(line) > limit:
+            return line
+        size *= 2
+
+
+NOT_SPACE = re.compile(r"\S")
+
+
+def _has_words(text) -> bool:
+    text = str(text or "")
+    return bool(text) and not text.isspace()
 
 
 def _clip(text: str, limit: int) -> str:
@@ -6717,17 +6762,17 @@ def _clip_middle(text: str, limit: int) -> str:
     return f"{text[:head]}\n[\u2026 {len(text) - head - tail} characters left out \u2026]\n{text[-tail:]}"
 
 
-def _tool_key_argument(message) -> str:
+def _tool_key_argument(message, limit=None) -> str:
     try:
         args = json.loads(message.get("text") or "null")
     except ValueError:
-        return _one_line(message.get("text"))
+        return _one_line(message.get("text"), limit)
     if not isinstance(args, dict):
         return ""
     for key in TOOL_KEY_ARGUMENTS + tuple(sorted(args)):
         value = args.get(key)
         if isinstance(value, str) and value.strip():
-            return _one_line(value)
+            return _one_line(value, limit)
     return ""
 
 
@@ -6748,22 +6793,22 @@ def extractive_summary(messages, part=False) -> str:
     names = _tool_names(messages)
 
     def first(kinds, items):
-        return next((m for m in items if m.get("kind") in kinds and _one_line(m.get("text"))), None)
+        return next((m for m in items if m.get("kind") in kinds and _has_words(m.get("text"))), None)
 
     lines = [EXTRACTIVE_MARKER]
     prompt = first(("user_text",), messages)
     compacted = first(("compact_summary",), messages)
     if prompt:
         lines.append(f"Asked (m{prompt['seq']}): "
-                     + _clip(_one_line(prompt["text"]), EXTRACTIVE_PROMPT_CHARS))
+                     + _clip(_one_line(prompt["text"], EXTRACTIVE_PROMPT_CHARS), EXTRACTIVE_PROMPT_CHARS))
     elif compacted:
         lines.append(f"Compacted history (m{compacted['seq']}): "
-                     + _clip(_one_line(compacted["text"]), EXTRACTIVE_PROMPT_CHARS))
+                     + _clip(_one_line(compacted["text"], EXTRACTIVE_PROMPT_CHARS), EXTRACTIVE_PROMPT_CHARS))
     calls = [m for m in messages if m.get("kind") == "tool_call"]
     if calls:
         shown = []
         for m in calls:
-            arg = _clip(_tool_key_argument(m), 60)
+            arg = _clip(_tool_key_argument(m, 60), 60)
             shown.append(f"{m.get('tool_name') or 'tool'} m{m['seq']}" + (f" {arg}" if arg else ""))
         lines.append(_clip(f"Tools ({len(calls)}): " + "; ".join(shown), EXTRACTIVE_TOOLS_CHARS))
     errors = [m for m in messages if (m.get("kind") == "tool_result" and m.get("is_error"))
@@ -6772,12 +6817,12 @@ def extractive_summary(messages, part=False) -> str:
         noted = []
         for m in errors:
             what = "API error" if m.get("kind") == "api_error" else names.get(m.get("tool_use_id"), "tool")
-            noted.append(f"{what} m{m['seq']}: {_clip(_one_line(m.get('text')), 80)}")
+            noted.append(f"{what} m{m['seq']}: {_clip(_one_line(m.get('text'), 80), 80)}")
         lines.append(_clip(f"Errors ({len(errors)}): " + "; ".join(noted), EXTRACTIVE_ERRORS_CHARS))
     reply = first(("assistant_text",), reversed(messages))
     if reply:
         lines.append(f"{'Said last' if part else 'Answered'} (m{reply['seq']}): "
-                     + _clip(_one_line(reply["text"]), EXTRACTIVE_REPLY_CHARS))
+                     + _clip(_one_line(reply["text"], EXTRACTIVE_REPLY_CHARS), EXTRACTIVE_REPLY_CHARS))
     elif not part:
         lines.append("Answered: no text reply in this turn")
     return _clip("\n".join(lines), EXTRACTIVE_MAX_CHARS)
@@ -6886,7 +6931,7 @@ def parse_summariser_output(status: int, stdout: str, stderr: str) -> dict:
     spent = spent if usage else None
     if status != 0 or doc is None or doc.get("is_error"):
         detail = doc.get("result") if isinstance(doc, dict) else None
-        detail = _clip(_one_line(detail or stderr or stdout) or "no output", 300)
+        detail = _clip(_one_line(detail or stderr or stdout, 300) or "no output", 300)
         if status == 0 and doc is None:
             raise SummariserError(f"summariser output is not a JSON result: {detail}")
         raise SummariserError(f"summariser failed (exit status {status}): {detail}", spent)

@@ -117,6 +117,27 @@ def test_extractive_summary_is_deterministic_and_bounded():
     assert "Answered (m999): The end" in first  # the reply survives the caps of the lines above
 
 
+def test_a_line_cut_to_a_limit_reads_only_what_the_limit_takes_and_says_the_same():
+    """A 12 MB prompt was split into all its words to keep a few hundred characters (100 MB
+    for one extractive summary). The line cut to a limit is the whole line's, cut."""
+    import random
+    random.seed(11)
+    pieces = ["word", " ", "\n\n", "\t", "   " * 50, "\u00e9t\u00e9", "x" * 300, "\u3000", ""]
+    for _ in range(2000):
+        text = "".join(random.choice(pieces) for _ in range(random.randint(0, 120)))
+        for limit in (1, 5, 60, 80, 300):
+            assert cc_lhc._clip(cc_lhc._one_line(text, limit), limit) == cc_lhc._clip(cc_lhc._one_line(text), limit)
+    big = [msg(1, 1, "user_text", "      \n" * 400_000 + "the prompt " * 300_000),
+           msg(2, 1, "assistant_text", "done " * 300_000)]
+    import tracemalloc
+    tracemalloc.start()
+    summary = cc_lhc.extractive_summary(big)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert "Asked (m1): the prompt the prompt" in summary and "Answered (m2): done done" in summary
+    assert peak < 20_000_000, peak  # (the texts are 6 MB; all their words were 60 MB and more)
+
+
 def test_extractive_summary_of_a_turn_without_text():
     text = cc_lhc.extractive_summary([msg(4, 2, "tool_call", "{}", tool_use_id="a", tool_name="Task")])
     assert text.startswith(cc_lhc.EXTRACTIVE_MARKER)

@@ -816,3 +816,26 @@ def test_measure_counts_the_header_with_the_encoder_built_for_the_session(tmp_pa
     assert subset["exact"] and whole["exact"]
     assert subset["out"][2] == 1, subset  # one encoder: none built for the header alone
     assert subset["out"][:2] == whole["out"][:2] and whole["out"][2] == 0
+
+
+def test_a_long_text_counted_in_parts_counts_as_the_whole(o200k, monkeypatch):
+    """A long text is counted a part at a time (the core's list of tokens for a 12 MB prompt
+    was 100 MB of Python ints), cut only where o200k's pieces cannot span: the parts' counts
+    add up to the whole text's, at every cut the fuzzed texts offer."""
+    import tracemalloc
+    import cc_lhc
+    whole = o200k[0]
+    monkeypatch.setattr(cc_lhc, "COUNT_PIECE_CHARS", 3)  # (a cut at each place allowed)
+    for text in fuzz_texts(41, 3000) + [" ".join(fuzz_texts(42, 50)), "\n".join(fuzz_texts(43, 50))]:
+        parts = list(cc_lhc._count_parts(text))
+        assert "".join(parts) == text
+        assert cc_lhc._token_count(whole, text) == len(whole.encode_ordinary(cc_lhc.core_text(text))), repr(text)
+    monkeypatch.setattr(cc_lhc, "COUNT_PIECE_CHARS", 1 << 20)
+    big = "\n".join(f"line {i}: the value was {i * 7} and then some words" for i in range(250_000))
+    assert len(big) > 10_000_000 and len(list(cc_lhc._count_parts(big))) > 5
+    tracemalloc.start()
+    n = cc_lhc._token_count(whole, big)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert n == len(whole.encode_ordinary(big))
+    assert peak < 30_000_000, peak  # (its 3.5 million tokens at once: 120 MB)
