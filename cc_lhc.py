@@ -4679,7 +4679,8 @@ def repair_branch(home, thread_id, current) -> None:
 def load_turns(store, closed_only=True):
     """All turns of a thread with their messages, in order (as the views see them): a
     message a rewind left off Claude's branch is not one of them (off_branch), nor is a
-    `/compact` command's own turn (see compaction_command)."""
+    `/compact` command's own turn (see compaction_command), nor the summary Claude's own
+    compaction wrote of turns the thread holds (see summarised_here)."""
     turns = {}
     for n, kind, status in store.db.execute("SELECT n, kind, status FROM turns ORDER BY n"):
         if closed_only and status == "open":
@@ -4690,7 +4691,17 @@ def load_turns(store, closed_only=True):
         t = turns.get(m["turn"])
         if t is not None and not (runs and any(a <= m["seq"] <= b for a, b in runs)):
             t.messages.append(m)
-    return [t for t in turns.values() if t.messages and not compaction_command(t)]
+    kept = [t for t in turns.values() if t.messages and not compaction_command(t)]
+    return [t for i, t in enumerate(kept) if not summarised_here(t, kept[:i])]
+
+
+def summarised_here(turn, before) -> bool:
+    """Whether a turn is the summary Claude's own compaction wrote (its /compact, or its
+    automatic one) of turns the thread holds word for word: a view has those turns, as far
+    as they fit, and its own summaries of the rest, so this one would tell them twice, in
+    words that ask Claude to go on without asking. The thread keeps it; a summary of what
+    the thread never held (a session compacted before cc-lhc first saw it) stays in views."""
+    return turn.kind == "compact_summary" and any(t.kind != "compact_summary" for t in before)
 
 
 COMPACT_COMMAND = "<command-name>/compact</command-name>"

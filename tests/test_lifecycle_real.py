@@ -175,6 +175,11 @@ def test_manual_compact_is_one_turn_reported_on_screen_and_in_status(real_claude
     kept = texts(real_claude, thread["id"])
     assert kept[:2] == ["remember the number 4711", "an answer worth keeping"]  # nothing lost
     assert kept[-2:] == ["and now", "after the compact"]
+    assert any("SUMMARY OF THE CONVERSATION" in (k or "") for k in kept)
+    # The views hold the turns it summarised, not its summary of them as well
+    seen = views_text(real_claude, thread["id"])
+    assert "remember the number 4711" in seen and "after the compact" in seen
+    assert "SUMMARY OF THE CONVERSATION" not in seen
 
 
 def test_no_notifier_flag_keeps_quiet_but_still_follows(real_claude, tmux):

@@ -1551,3 +1551,38 @@ def test_a_view_over_its_target_is_never_written_even_when_it_names_a_turn(tmp_p
     with pytest.raises(cc_lhc.ViewHoldsNoTurn):
         cc_lhc.plan_rebuild(thread.home, thread.store, thread.id, cc_lhc.resolve_policy([]), str(uuid.uuid4()),
                             "/home/u/proj", projects_root=str(tmp_path / "p"))
+
+
+def test_claudes_own_summary_of_turns_the_thread_holds_is_in_no_view(tmp_path):
+    """After Claude's own compaction (a person's /compact with the mod off, or its automatic
+    one) a later view held both the turns word for word and Claude's summary of them, which
+    asks Claude to go on without asking. The thread keeps the summary; views leave it out.
+    A summary of what the thread never held (the first thing it saw) stays in views."""
+    summary = ("This session is being continued from a previous conversation that ran out of context. "
+               "SUMMARY-OF-THE-EARLIER-TURNS. Please continue the conversation from where we left it off "
+               "without asking the user any further questions.")
+
+    def compacted(tr):
+        tr._record("system", subtype="compact_boundary", content="Conversation compacted",
+                   compactMetadata={"trigger": "manual", "preTokens": 1000})
+        tr._record("user", isCompactSummary=True, isVisibleInTranscriptOnly=True,
+                   message={"role": "user", "content": summary})
+    tr = Transcript()
+    tr.prompt("remember the number 4711")
+    tr.response(text("an answer worth keeping"))
+    compacted(tr)
+    tr.prompt("and now")
+    tr.response(text("after the compact"))
+    thread = intake_transcript(tr, tmp_path)
+    assert any("SUMMARY-OF-THE-EARLIER-TURNS" in (m["text"] or "") for m in thread.messages().values())
+    seen = [m["text"] for turn in thread.turns for m in turn.messages]
+    assert seen == ["remember the number 4711", "an answer worth keeping", "and now", "after the compact"]
+    view = cc_lhc.build_view(thread.id, thread.turns, 100_000, "default")
+    assert [n for n, _band in sorted(view.bands.items())] == [1, 3]
+    first = Transcript()
+    compacted(first)
+    first.prompt("go on")
+    first.response(text("going on"))
+    (tmp_path / "b").mkdir()
+    kept = intake_transcript(first, tmp_path / "b")
+    assert any("SUMMARY-OF-THE-EARLIER-TURNS" in (m["text"] or "") for turn in kept.turns for m in turn.messages)
