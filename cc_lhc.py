@@ -1476,13 +1476,14 @@ def user_config_path(env=None) -> str:
 def config_file_there(path: str) -> bool:
     """Whether a config file is (or may be) at path: one in a folder that cannot be looked
     into is reported as unreadable, never skipped as if there were none (lexists says no)."""
+    import errno
     try:
         os.lstat(path)
         return True
     except (FileNotFoundError, NotADirectoryError):
         return False
-    except OSError:
-        return True
+    except OSError as e:
+        return e.errno != errno.ENAMETOOLONG  # (a folder too deep to name: none found there)
 
 
 def project_config_path(cwd: str):
@@ -13876,10 +13877,13 @@ def refuse_lost_thread(home, hostdb, registry, thread_id, spec) -> None:
     its current session gone too, nothing is left to go on with, so the launch is refused
     (exit 1) before anything makes a new, empty record in its place, which would hide the
     loss from `cc-lhc doctor`. Else the record is made again from the transcripts: every
-    earlier session of the thread Claude Code still keeps is taken in here, oldest first
-    (a rebuilt one from after the part it replayed), and the launch captures the current one
-    as always; the thread then holds what they hold, under the labels it gave them before.
-    Said, with the sessions whose transcripts are gone."""
+    session of the thread Claude Code still keeps is taken in, in the order the thread
+    took them (a rebuilt one from after the part it replayed; a rebuild rolled back held
+    nothing of its own), before recovery or the launch's capture go on. Said, with what
+    could not be had again: sessions whose transcripts are gone, and the turns a first
+    session replayed from elsewhere (a fork's, from the thread it was forked from). A thread
+    that went back to an older session and on in it gets its turns in session order, under
+    new labels."""
     record = home.path("threads", f"{thread_id}.sqlite")
     try:
         if os.stat(record).st_size:
@@ -13895,31 +13899,40 @@ def refuse_lost_thread(home, hostdb, registry, thread_id, spec) -> None:
         raise LhcError(f"thread {thread_id}: its record {record} {state}, and Claude Code's transcript of "
                        f"its session {session} is gone too, so there is nothing to resume; "
                        "cc-lhc doctor says more")
-    earlier = [sid for (sid,) in registry.db.execute(
-        "SELECT session_id FROM aliases WHERE thread_id = ? AND session_id != ? ORDER BY created, rowid",
-        (thread_id, session))]
-    taken, gone = [], []
-    for sid in earlier:
+    sessions = [sid for (sid,) in registry.db.execute(
+        "SELECT a.session_id FROM aliases a WHERE a.thread_id = ? AND NOT EXISTS (SELECT 1 FROM rebuilds r "
+        "WHERE r.session_id = a.session_id AND r.status = 'abandoned') ORDER BY a.created, a.rowid",
+        (thread_id,))]
+    if session not in sessions:
+        sessions.append(session)
+    taken, gone, replayed = [], [], None
+    for sid in sessions:
         known = hostdb.session(sid)
         where = (known["rollout_path"] if known and known["rollout_path"] else None) or \
             _session_rollout(hostdb, sid, spec.cwd)
         if not os.path.isfile(where):
             gone.append(sid)
             continue
-        capture = Capture(home, thread_id, sid, where,
-                          start_offset=known["replayed_prefix_bytes"] if known else 0)
+        skipped = known["replayed_prefix_bytes"] if known else 0
+        if not taken and skipped:
+            replayed = sid  # (what it replays came from sessions this thread does not name)
+        capture = Capture(home, thread_id, sid, where, start_offset=skipped)
         try:
             capture.catch_up()
         finally:
             capture.stop()
         taken.append(sid)
     said = (f"thread {thread_id[:8]}: its record {record} {state}; it is made again from Claude Code's "
-            f"transcripts of its sessions ({len(taken) + 1} of {len(earlier) + 1} still there)")
+            f"transcripts of its sessions ({len(taken)} of {len(sessions)} still there)")
     if gone:
         said += (f"; what only the gone ones held ({', '.join(g[:8] for g in gone)}) is in the thread "
-                 "no more, beyond what the current session replays of it")
+                 "no more, beyond what a later session replays of it")
+    if replayed:
+        said += (f"; the turns session {replayed[:8]} began with (replayed from the thread it was made "
+                 "from) are not taken in again")
     say(said)
-    home.log("thread_record_retaken", thread=thread_id, state=state, sessions=taken + [session], gone=gone)
+    home.log("thread_record_retaken", thread=thread_id, state=state, sessions=taken, gone=gone,
+             replayed_from_elsewhere=replayed)
 
 
 def continue_target(spec, registry, hostdb):
@@ -18651,10 +18664,14 @@ class SearchHit:
 
 
 # A command line that runs one (not one that only names it: a grep for it, a file written
-# about it): cc-lhc (by any path) first in the line or after a separator, its variables set
-# before it or not.
-RETRIEVAL_RUN = re.compile(r"(?:^|[;&|({`\n]|\$\()\s*(?:\w+=\S*\s+)*(?:\S*/)?cc-lhc(?:\.exe)?\s+"
-                           r"(?:search|get-turns|get-messages)(?![\w-])")
+# about it, a here-document's text): cc-lhc (by any path, quoted or not) first in the line
+# or after a separator, with variables set before it, or run through a command that runs
+# the rest of its line (timeout 30, env, nice, sudo, time, xargs).
+RETRIEVAL_RUN = re.compile(
+    r"(?:^|[;&|({`\n]|\$\()\s*(?:(?:\w+=\S*|timeout(?:\s+[^\s;&|]+){1,4}?|env|nice(?:\s+-n)?(?:\s+-?\d+)?|"
+    r"sudo(?:\s+-\S+)*|time|command|exec|xargs(?:\s+-\S+)*|nohup)\s+)*[\"']?(?:[^\s;&|]*/)?cc-lhc(?:\.exe)?"
+    r"[\"']?\s+(?:search|get-turns|get-messages)(?![\w-])")
+HEREDOC = re.compile(r"<<-?\s*([\"']?)(\w+)\1[^\n]*\n(.*?)(?:\n\t*\2[ \t]*(?:\n|$)|$)", re.S)
 RETRIEVAL_TOOLS = ("lhc_get_turns", "lhc_get_messages", "lhc_search")
 
 
@@ -18670,7 +18687,11 @@ def _retrieval_call(tool_name, text) -> int:
     except (ValueError, RecursionError):
         return 0
     command = value.get("command") if isinstance(value, dict) else None
-    return int(isinstance(command, str) and RETRIEVAL_RUN.search(command) is not None)
+    if not isinstance(command, str):
+        return 0
+    # (a here-document's lines are its text, never commands: its opening line is kept)
+    command = HEREDOC.sub(lambda m: m.group(0).split("\n", 1)[0] + "\n", command)
+    return int(RETRIEVAL_RUN.search(command) is not None)
 
 
 # A message that is cc-lhc's own retrieval, in a query's columns (kind, body, call_id, and
@@ -19841,10 +19862,20 @@ def cmd_doctor(args) -> int:
     unusable = 0
 
     def current_of(thread_id):
+        """(read only: doctor writes nothing without --repair)"""
+        registry = home.path("registry.sqlite")
+        if not os.path.isfile(registry):
+            return None
         try:
-            return Registry(home).current_session(thread_id)
-        except (sqlite3.Error, LhcError, OSError):
+            db = sqlite3.connect(f"file:{registry}?mode=ro", uri=True, timeout=5)
+            try:
+                row = db.execute("SELECT session_id FROM aliases WHERE thread_id = ? AND is_current = 1",
+                                 (thread_id,)).fetchone()
+            finally:
+                db.close()
+        except sqlite3.Error:
             return None  # (the registry's own check says what is wrong with it)
+        return row[0] if row else None
     for thread_id in threads:  # each thread store on its own: one damaged file is named alone
         record = home.path("threads", f"{thread_id}.sqlite")
         aside = home.path("damaged")
@@ -20023,7 +20054,7 @@ def write_utf8() -> None:
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
         if encoding not in ("utf8", "") and hasattr(stream, "reconfigure"):
             try:
-                stream.reconfigure(encoding="utf-8")
+                stream.reconfigure(encoding="utf-8", errors=stream.errors)
             except (ValueError, OSError):
                 pass
 

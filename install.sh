@@ -474,8 +474,10 @@ take_lock() {
         write_lock_owner
         return 0
     fi
-    [ -d "$LOCK_DIR" ] ||
+    if [ ! -d "$LOCK_DIR" ]; then
+        LOCK_DIR=""  # (not ours: cleanup must never remove a lock another installer took meanwhile)
         err "cannot write in $INSTALL_DIR (read-only, or not yours?): set CC_LHC_INSTALL_DIR to a folder you can write; nothing was changed"
+    fi
     _holder="" _since=""
     { IFS= read -r _holder && IFS= read -r _since; } 2>/dev/null <"$LOCK_DIR/pid" || true
     case "$_holder" in

@@ -1042,3 +1042,33 @@ def test_doctor_warns_of_a_current_session_whose_transcript_was_cut(iso_env, cap
     assert f"[warn] thread {thread}: the transcript of session {sid} was cut after cc-lhc captured it" in said
     assert "the next launch of the session writes it again from the thread" in said
     assert f"thread {thread}" not in said.split("[warn] thread", 1)[0]  # (named once, as a warning)
+
+
+def test_doctor_writes_nothing_without_repair_even_to_read_a_threads_current_session(fake_claude, iso_env):
+    """doctor's look at each thread's current session opened the registry as a launch does
+    (migrations, rebuilt from the thread files when missing): `cc-lhc doctor` made a new
+    registry.sqlite where the README says only --repair writes."""
+    assert lhc(fake_claude, "-p", "one", script=transcript_steps("one", fake_claude.cwd)).returncode == 0
+    for tail in ("", "-wal", "-shm"):
+        (iso_env.lhc / f"registry.sqlite{tail}").unlink(missing_ok=True)
+    p = lhc(fake_claude, "doctor")
+    assert "[warn] registry" in out(p) and not (iso_env.lhc / "registry.sqlite").exists(), out(p)
+
+
+def test_utf8_streams_keep_the_error_handling_they_were_given(monkeypatch):
+    """Made UTF-8, a stream kept 'strict' where it had 'backslashreplace' (stderr) or
+    'surrogateescape': a message naming a path of undecodable bytes was then dropped whole."""
+    import io
+    err = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="backslashreplace")
+    monkeypatch.setattr(sys, "stderr", err)
+    cc_lhc.write_utf8()
+    assert err.encoding == "utf-8" and err.errors == "backslashreplace"
+    cc_lhc.say("a folder named caf\udcc3\udca9")
+    err.flush()
+    assert b"caf\\udcc3\\udca9" in err.buffer.getvalue()
+
+
+def test_a_working_folder_too_deep_to_name_holds_no_config_file(monkeypatch):
+    import errno
+    monkeypatch.setattr(os, "lstat", lambda path: (_ for _ in ()).throw(OSError(errno.ENAMETOOLONG, "File name too long")))
+    assert not cc_lhc.config_file_there("/deep/.cc-lhc.json")

@@ -276,9 +276,14 @@ def test_a_call_that_only_names_a_retrieval_is_no_retrieval_and_its_exact_match_
     assert re.search(rf"^m{write['seq']} \(t1, tool_call Write, [^)]*, exact\): ", out, re.M), out
     status, out, _ = search(capsysbinary, "--limit", "3", "GREP-ONLY-5521")
     assert [h["seq"] for h in hits_of(out)][:2] == [str(grep["seq"] + 1), str(grep["seq"])], out
-    for command in own:
+    for command in own + ["timeout 30 cc-lhc search x", "timeout -s KILL 10 cc-lhc search x",
+                          "env CC_LHC_HOME=/a cc-lhc search x", '"$HOME/.local/bin/cc-lhc" search x',
+                          "nice -n 5 cc-lhc get-turns t1", "echo m1 | xargs -n1 cc-lhc get-messages",
+                          "cat <<EOF > f\nhello\nEOF\ncc-lhc search x"]:
         assert cc_lhc._retrieval_call("Bash", json.dumps({"command": command})) == 1, command
-    for command in ('grep -rn "cc-lhc search" docs/', "echo run cc-lhc get-turns t3", "man cc-lhc-search"):
+    for command in ('grep -rn "cc-lhc search" docs/', "echo run cc-lhc get-turns t3", "man cc-lhc-search",
+                    "cat > notes.md <<'EOF'\nsome text\ncc-lhc search 'X' finds things\nEOF",
+                    "cat > n.md <<-END\n\tcc-lhc get-turns t1\n\tEND\necho done"):
         assert cc_lhc._retrieval_call("Bash", json.dumps({"command": command})) == 0, command
     assert cc_lhc._retrieval_call("Write", json.dumps({"content": "cc-lhc search x"})) == 0
     assert cc_lhc._retrieval_call("lhc_search", json.dumps({"text": "x"})) == 1

@@ -1038,6 +1038,30 @@ def test_a_lost_thread_record_is_made_again_from_every_session_claude_still_keep
         assert word in texts, word
 
 
+@pytest.mark.parametrize("point", ["before-acceptance", "after-rollout-write"])
+def test_a_lost_record_after_a_crash_left_a_rebuild_pending_gets_the_old_session_back(real_claude, point):
+    """A crash left a Smart Compact's rebuild pending (or to be rolled back), then the record
+    was lost: the remaking took the pending rebuild for an earlier session and left the old
+    current one out, whose turns recovery then moved away from; and a rebuild rolled back
+    (which never held anything of the thread's own) was named as a session whose content
+    was lost. Every session that holds the thread's turns is taken in; the rolled-back one
+    is not named."""
+    rc = real_claude
+    old = start_thread(rc, OVER)
+    thread_id = threads(rc)[0]["id"]
+    crashed = lhc(rc, "--resume", old, "-p", "next", env={cc_lhc.FAILPOINT_ENV: point})
+    assert crashed.returncode == -9, (crashed.returncode, crashed.stderr)
+    if point == "after-rollout-write":
+        assert "rolled back" in ok(lhc(rc, "--resume", old, "-p", "again")).stderr
+    record = rc.iso.lhc / "threads" / f"{thread_id}.sqlite"
+    for tail in ("", "-wal", "-shm"):
+        Path(str(record) + tail).unlink(missing_ok=True)
+    p = ok(lhc(rc, "-c", "-p", "after the loss"))
+    assert "it is made again from Claude Code's transcripts" in p.stderr and "in the thread no more" not in p.stderr
+    texts = "\n".join(m.get("text") or "" for m in export(rc, thread_id))
+    assert "hello one" in texts and "remember 777" in texts and "after the loss" in texts
+
+
 def test_doctors_fix_for_a_damaged_thread_file_gets_the_whole_thread_back(real_claude):
     """doctor's fix for a damaged thread file was a pipe through sqlite3's .recover, which
     fails where sqlite3 lacks it (Debian's 3.40) and then made an empty file to put in the
