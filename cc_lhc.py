@@ -11714,6 +11714,8 @@ class ControlPanel:
         self.open = False
         self.line = ""
         relay.hold_output = False
+        if relay.modes.dec.get(25) is False:
+            relay.to_user += b"\x1b[?25l"  # (the cursor as Claude left it: hidden)
         if not self.over_alt:
             relay.to_user += b"\x1b[?1049l" + bytes(relay.held)  # Claude's screen, then what it said meanwhile
         else:
@@ -11725,6 +11727,7 @@ class ControlPanel:
             self.restore_at = time.monotonic() + 0.15
             relay.timeout = 0.05
         relay.held.clear()
+        self.session.show_notices(relay)  # (what cc-lhc said while the panel was open)
 
     def resized(self, _rows, _cols) -> None:
         """The terminal changed size: an open panel is drawn again to fit it."""
@@ -11762,6 +11765,9 @@ class ControlPanel:
         for text in self.output:
             for part in text.split("\n"):
                 lines += wrap_cells(part, cols)
+        if len(lines) > rows - 1 >= 2:  # (cut to the terminal's height: said, not silently)
+            more = len(lines) - (rows - 2)
+            lines = lines[:rows - 2] + [cells_prefix(f"\u2026 {more} more lines: a taller terminal shows them", cols)]
         lines = lines[:rows - 1]
         hint = ""
         typed = self.line.split(" ")[0]
@@ -11772,8 +11778,9 @@ class ControlPanel:
         while shown and cell_width(shown) > cols - 1:
             shown = shown[1:]
         prompt = cells_prefix(shown + hint, cols)
+        # (the cursor shown where the person types: Claude hides the terminal's, drawing its own)
         screen = ("\x1b[H\x1b[2J" + "\r\n".join(lines) + f"\x1b[{rows};1H{prompt}"
-                  f"\x1b[{rows};{min(cols, cell_width(shown) + 1)}H")
+                  f"\x1b[{rows};{min(cols, cell_width(shown) + 1)}H\x1b[?25h")
         self.relay.to_user += screen.encode("utf-8", "replace")
 
     # -- commands -----------------------------------------------------------------------
@@ -11871,7 +11878,9 @@ class ControlPanel:
         store = self._store()  # (opened once: each look is one read of what capture committed)
         try:
             while True:
-                if store.db.execute("SELECT 1 FROM messages WHERE agent IS NULL LIMIT 1").fetchone():
+                # (a command's own records, the /clear that began this thread, are no conversation)
+                if store.db.execute("SELECT 1 FROM messages m JOIN turns t ON t.n = m.turn WHERE m.agent IS NULL "
+                                    "AND t.kind != ? LIMIT 1", (COMMAND_TURN,)).fetchone():
                     return False
                 src = store.source(capture.session_id) if capture is not None else None
                 try:
@@ -11926,6 +11935,8 @@ class ControlPanel:
             return "Smart Prune did not start: nothing is captured in this session yet"
         why_not = self._start_once_settled(manual=True, prune=target)
         if why_not:
+            if why_not.startswith(LiveHandoff.PASSING):  # (only an automatic one comes back by itself)
+                why_not += "; this request is not kept: run /smart-prune again then"
             return f"Smart Prune did not hand over: {why_not}"
         self._hide()  # back to Claude's screen; the switch follows once the replacement is up
         return f"Smart Prune started (down to {target:,} tokens)"
@@ -11989,8 +12000,7 @@ class ControlPanel:
                       "loading); the next accepted Smart Compact ends it")
         else:
             native = "off for this session (DISABLE_AUTO_COMPACT=1)"
-        running = ("Smart Compact handoff under way" if self.handoff and self.handoff.candidate
-                   else "none")
+        running = self.handoff.running() if self.handoff else "none"
         store = self._store()
         try:
             boundary, arm = visibility_boundary(store), _meta(store, THINKING_KEY)
@@ -12828,6 +12838,8 @@ class ManagedSession:
         """On the relay's thread: write waiting notices as their own lines (``again``: the
         recent ones once more, over a screen Claude drew anew)."""
         import time
+        if relay.hold_output:  # (the control panel is open: they wait for it to close)
+            return
         now, fresh = time.monotonic(), again
         while self._to_show:
             text = self._to_show.popleft()
@@ -14584,6 +14596,8 @@ class LiveHandoff:
         self.retry_at = None        # swap_soon: when to try the waiting swap again (monotonic)
         self.no_room = None         # (thread, target, newest turn, why) when no turn fitted (_no_rebuild)
         self.retry_until = None     # and until when
+        self.retry_prune = None     # and the prune target it carries out, when it is a Smart Prune
+        self.pruning = None         # the prune target of the handoff begun last (None: Smart Compact)
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
         self.sent_mark = (0, 0.0)   # (newest recorded prompt, time.time()) when the person last sent one
@@ -14664,6 +14678,7 @@ class LiveHandoff:
         if self.session.detached:
             return self.session.detached
         self.asked = ("Smart Prune" if prune is not None else "Smart Compact") if manual else None
+        self.pruning = prune
         try:
             return self._begin(relay, manual, prune, urgent=urgent) or ""
         except Exception as e:  # a failed attempt must never take the session down
@@ -14921,10 +14936,26 @@ class LiveHandoff:
         else:
             self.replay_overflow = True
 
-    def swap_soon(self, relay) -> None:
-        """Swap now, or as soon as the seam settles (within SEAM_WAIT_SECONDS)."""
+    def running(self) -> str:
+        """The operation under way, as /details names it ('none')."""
+        what = "Smart Prune" if (self.inproc.prune if self.inproc.pending is not None else self.pruning) \
+            is not None else "Smart Compact"
+        if self.candidate is not None:
+            return f"{what} handoff under way (a replacement Claude is starting)"
+        if self.inproc.pending is not None:
+            return (f"{what} in process under way (Claude is taking the view in)" if self.inproc.replayed is None
+                    else f"{what} in process: the view is in; Claude's next request settles it")
+        if self.retry_at is not None:
+            return f"{what} waits for a settled seam"
+        return "none"
+
+    def swap_soon(self, relay, prune=None) -> None:
+        """Swap now, or as soon as the seam settles (within SEAM_WAIT_SECONDS): Smart Prune
+        down to ``prune`` tokens when that is what the in-process path could not do."""
         import time
-        why = self.start(relay, manual=True)
+        if prune is not None:
+            self.retry_prune = prune
+        why = self.start(relay, manual=True, prune=self.retry_prune)
         if why.startswith(self.PASSING):
             now = time.monotonic()
             if self.retry_until is None:
@@ -14934,7 +14965,7 @@ class LiveHandoff:
                 self.retry_at = now + self.SEAM_RETRY_SECONDS
                 return
             self.session.home.log("handoff_seam_wait_over", why=why)
-        self.retry_at = self.retry_until = None
+        self.retry_at = self.retry_until = self.retry_prune = None
 
     @property
     def wants_tick(self) -> bool:
@@ -14982,6 +15013,7 @@ class LiveHandoff:
             self.submit_at = None
             relay.to_child += b"\r"
         if self.candidate is None:
+            self._accept_waiting()
             if (self.held is not None and not self.draft.pending
                     and now - self.last_input >= self.QUIET_SECONDS and self._person_compact_gone(now)):
                 # The draft (or dialog) that held an automatic Smart Compact back was erased
@@ -15120,6 +15152,21 @@ class LiveHandoff:
             else:
                 session.pending = waiting  # settled when the session ends
                 home.log("handoff_acceptance_deferred", session=waiting.session_id)
+
+    def _accept_waiting(self) -> None:
+        """A rebuild Claude was started on (one made before the launch, or a swap's whose
+        transcript was still untouched at the switch) becomes the thread's as soon as Claude
+        writes to it, not at the session's end: /details and `cc-lhc threads` say so now."""
+        waiting, session = self.session.pending, self.session
+        if waiting is None or waiting.session_id != session.spec.session_id:
+            return
+        try:
+            written = os.path.getsize(waiting.path) > waiting.prefix
+        except OSError:
+            return
+        if written and self._after_switch("accept", accept, session.home, session.capture.thread_id,
+                                          waiting) is not None:
+            session.pending = None
 
     # -- telling Claude about carried work -------------------------------------------
 
@@ -15382,6 +15429,7 @@ class InProcessCompact:
     # measured (scripts/bench.py live-compact), so a short gap is enough.
     SUBMIT_DELAY = 0.02
     FALLBACK = "in-process Smart Compact was refused ({why}); cc-lhc swaps the Claude process instead"
+    FALLBACK_PRUNE = "in-process Smart Prune was refused ({why}); cc-lhc prunes by swapping the Claude process instead"
     PERSON = ("your /compact runs as a cc-lhc Smart Compact through the cc-lhc mod: the newest turns "
               "stay word for word, nothing is summarised away")
     PERSON_NATIVE = "your /compact runs Claude's own summary ({why}); cc-lhc still keeps every turn"
@@ -15398,6 +15446,7 @@ class InProcessCompact:
         self.refused = ""          # once refused in this window, the swap serves from then on
         self.started = None
         self.seen = 0              # views capture had seen when this one started
+        self.prune = None          # the prune target of the one under way (None: Smart Compact)
 
     @property
     def usable(self) -> bool:
@@ -15430,6 +15479,7 @@ class InProcessCompact:
         spec.mod.ready()
         store = ThreadStore(home, capture.thread_id)
         early = person is None and prune is None
+        self.prune = prune  # (a swap that takes over when the mod declines does the same)
         try:
             a = assess(home, session.hostdb, store, capture.thread_id, spec.session_id, session.policy,
                        manual=manual or person is not None, prune=prune is not None)
@@ -15605,9 +15655,9 @@ class InProcessCompact:
         relay.drop_input = False
         self.refused = why
         home.log("in_process_compact_refused", why=why)
-        session.announce(self.FALLBACK.format(why=why), relay)
+        session.announce((self.FALLBACK_PRUNE if self.prune is not None else self.FALLBACK).format(why=why), relay)
         if swap:
-            self.handoff.swap_soon(relay)
+            self.handoff.swap_soon(relay, prune=self.prune)
 
     def _rebound_by_request(self) -> None:
         """After /clear the mod gives no handshake for the new session, but its compact

@@ -283,13 +283,15 @@ def test_interactive_resume_over_the_trigger_opens_the_rebuilt_session(real_clau
 def test_interactive_resume_is_accepted_once_claude_opens_the_rebuild(real_claude, tmux):
     # Claude 2.1.328 writes its own records as soon as it opens a resumed session, so the
     # rebuild is observed accepting even if the user leaves without typing: the thread
-    # moves on to it, and nothing is left pending.
+    # moves on to it then (not only at the session's end), and nothing is left pending.
     old = _over_trigger_thread(real_claude)
     t = tmux([sys.executable, CC_LHC, "--resume", old], cols=120, rows=30, env=real_claude.env,
              cwd=real_claude.cwd)
     t.wait_for(PROMPT)
-    exit_cleanly(t)
     home = cc_lhc.StateHome(real_claude.env["CC_LHC_HOME"])
+    wait_until(lambda: cc_lhc.Registry(home).db.execute(
+        "SELECT status FROM rebuilds").fetchone() == ("accepted",), "the rebuild accepted while Claude runs")
+    exit_cleanly(t)
     registry = cc_lhc.Registry(home)
     ((thread_id, *_),) = registry.threads()
     ((session, status),) = registry.db.execute("SELECT session_id, status FROM rebuilds").fetchall()

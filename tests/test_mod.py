@@ -378,15 +378,15 @@ def _waiting_handoff(tmp_path, monkeypatch, answers):
     home = cc_lhc.StateHome(tmp_path / "lhc")
     home.ensure()
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
-    h.session, h.candidate, h.submit_at = SimpleNamespace(home=home, overlay_until=None,
+    h.session, h.candidate, h.submit_at = SimpleNamespace(home=home, overlay_until=None, pending=None,
                                                           overlay_done=lambda now: False,
                                                           overlay_cleared=lambda at: False), None, None
-    h.retry_at = h.retry_until = None
+    h.retry_at = h.retry_until = h.retry_prune = None
     h.held = None  # (no automatic Smart Compact a draft held back)
     h.inproc = SimpleNamespace(on_tick=lambda relay: None, wants_tick=False)
     h._tell_carried = lambda relay: None
     asked = []
-    h.start = lambda relay, manual=False: (asked.append(clock.now), answers.pop(0))[1]
+    h.start = lambda relay, manual=False, prune=None: (asked.append(clock.now), answers.pop(0))[1]
     return h, clock, asked, home
 
 
@@ -520,3 +520,19 @@ def test_the_relay_ticks_often_only_while_a_handoff_the_mod_or_the_person_may_ne
     assert tick(None, 200.0) == 0.05
     assert cc_lhc.tick_seconds(NS(wants_tick=False), NS(wants_tick=False, last_input=100.0, inproc=NS(
         listening=lambda now, at: False)), None, None, 101.0) == idle  # no mod
+
+
+def test_a_prune_the_mod_declines_is_carried_out_by_the_swap_even_after_waiting_for_its_seam(tmp_path, monkeypatch):
+    """The mod declined a Smart Prune (CC_LHC_MOD_COMPACT=decline, or a hook that never took
+    the view): the swap that took over ran a plain Smart Compact, and said so. It prunes,
+    also when it first waits for the seam to settle, and a later swap is a Smart Compact."""
+    unsettled = f"{cc_lhc.UNSETTLED} (the transcript was left mid-turn (t3 is still open))"
+    h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch, [unsettled, "", ""])
+    prunes = []
+    start = h.start
+    h.start = lambda relay, manual=False, prune=None: (prunes.append(prune), start(relay, manual))[1]
+    h.swap_soon(None, prune=3000)
+    clock.now += h.SEAM_RETRY_SECONDS
+    h.on_tick(None)
+    h.swap_soon(None)
+    assert prunes == [3000, 3000, None]

@@ -28,7 +28,7 @@ def panel(monkeypatch, leader=None, policy=None, found=None, home=None):
     session = types.SimpleNamespace(capture=types.SimpleNamespace(thread_id="t" * 36),
                                     spec=types.SimpleNamespace(session_id="s" * 36, found=found,
                                                                autocompact=bool(found), mod=None),
-                                    home=home, alarms=[], descriptor=None,
+                                    home=home, alarms=[], descriptor=None, show_notices=lambda relay: None,
                                     policy=policy or cc_lhc.Policy(dict(cc_lhc.BUILTIN_POLICY),
                                                                      dict.fromkeys(cc_lhc.BUILTIN_POLICY, "builtin"), []))
     host = types.SimpleNamespace(size=lambda: (24, 80), child=FakeChild())
@@ -599,3 +599,96 @@ def test_the_fallback_said_over_claudes_screen_names_the_first_problem_and_how_m
     spec = types.SimpleNamespace(said_at_start=[])
     cc_lhc.announce_policy(cc_lhc.resolve_policy([("p", {"a": 1, "b": 2})]), cc_lhc.StateHome(), spec)
     assert spec.said_at_start[0].endswith("; and 1 more: ctrl-g shows them)")
+
+
+@pytest.mark.parametrize("why", [cc_lhc.LiveHandoff.DRAFT_WAITS, cc_lhc.UNSETTLED + " (t2 is still open)"])
+def test_a_smart_prune_asked_for_at_a_passing_moment_says_to_ask_again(why):
+    """A refused /smart-prune said "Smart Compact waits for it", and never ran: the panel's
+    requests are not kept, which it now says, as /smart-compact's do."""
+    import types
+    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=None)
+    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)),
+                                types.SimpleNamespace(start=lambda relay, manual, prune=None: why))
+    panel._nothing_yet = lambda: False
+    panel.SETTLE_WAIT = 0
+    said = panel.cmd_smart_prune(["1000"])
+    assert said.startswith(f"Smart Prune did not hand over: {why}") and "run /smart-prune again" in said
+
+
+def test_a_thread_holding_only_the_clear_that_began_it_has_nothing_to_compact(iso_env, tmp_path):
+    """/clear, then /smart-compact at once: the thread held the /clear command's own records,
+    and a rebuild of a session holding only `/clear` ran."""
+    import types
+    import uuid
+    from test_capture_parse import Transcript
+    home = cc_lhc.StateHome()
+    home.ensure()
+    sid = str(uuid.uuid4())
+    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
+    t = Transcript(sid)
+    t.user("<command-name>/clear</command-name>\n<command-message>clear</command-message>\n<command-args></command-args>")
+    t.user("<local-command-stdout></local-command-stdout>")
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    cap.stop()
+    store = cc_lhc.ThreadStore(home, thread)
+    assert store.db.execute("SELECT count(*) FROM messages").fetchone()[0] > 0
+    assert {k for (k,) in store.db.execute("SELECT kind FROM turns")} == {cc_lhc.COMMAND_TURN}
+    store.close()
+    started = []
+    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
+                                    capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
+    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)),
+                                types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(1) or ""))
+    assert panel.cmd_smart_compact([]) == "Smart Compact did not start: nothing is captured in this session yet"
+    assert started == []
+
+
+def test_output_cut_to_the_terminals_height_says_so_and_the_cursor_shows_where_one_types(monkeypatch):
+    p = panel(monkeypatch)
+    p.relay.modes.dec[25] = False  # (Claude hid the terminal's cursor, drawing its own)
+    p._show()
+    p.output = ["\n".join(f"line {i}" for i in range(40))]
+    p.relay.to_user.clear()
+    p._render()
+    frame = bytes(p.relay.to_user).decode()
+    rows = 24
+    assert "line 19\r\n" in frame and "line 20" not in frame  # (title, blank, 20 lines, the note: 23 rows)
+    assert f"\u2026 {40 + 2 - (rows - 2)} more lines: a taller terminal shows them" in frame
+    assert frame.endswith("\x1b[?25h")  # (shown at the input line)
+    p.relay.to_user.clear()
+    p._hide()
+    assert b"\x1b[?25l" in bytes(p.relay.to_user)  # (hidden again, as Claude left it)
+
+
+def test_the_running_operation_names_an_in_process_one_and_a_prune():
+    from types import SimpleNamespace as NS
+    h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
+    h.candidate, h.retry_at, h.pruning = None, None, None
+    h.inproc = NS(pending=None, prune=None, replayed=None)
+    assert h.running() == "none"
+    h.inproc.pending = object()
+    assert h.running() == "Smart Compact in process under way (Claude is taking the view in)"
+    h.inproc.prune, h.inproc.replayed = 3000, 7
+    assert h.running() == "Smart Prune in process: the view is in; Claude's next request settles it"
+    h.inproc.pending, h.candidate, h.pruning = None, object(), None
+    assert h.running() == "Smart Compact handoff under way (a replacement Claude is starting)"
+
+
+def test_a_notice_said_while_the_panel_is_open_waits_for_it_to_close(monkeypatch):
+    """cc-lhc's lines were written over the open panel (its input line too), and stood there
+    until the next key redrew it. They wait, and are written once the panel closes."""
+    import collections
+    p = panel(monkeypatch)
+    s = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
+    s._to_show, s.announced, s.on_screen = collections.deque(), [], collections.deque(maxlen=6)
+    s.overlay_until = s.overlay_drawn_at = None
+    p.session.show_notices = lambda relay: s.show_notices(relay)
+    p._show()
+    s._to_show.append("Smart Compact did not run: a reason")
+    p.relay.to_user.clear()
+    s.show_notices(p.relay)
+    assert bytes(p.relay.to_user) == b"" and list(s._to_show) == ["Smart Compact did not run: a reason"]
+    p._hide()
+    assert b"Smart Compact did not run: a reason" in bytes(p.relay.to_user) and not s._to_show
