@@ -544,10 +544,10 @@ path_hint() {
         */bash)
             # (an interactive bash reads ~/.bashrc, a login one ~/.bash_profile or else ~/.profile:
             # a new terminal on macOS, a tmux window, an ssh session)
-            _login="~/.profile"
-            [ -f "$HOME/.bash_profile" ] && _login="~/.bash_profile"
+            _login=.profile
+            [ -f "$HOME/.bash_profile" ] && _login=.bash_profile
             _how="echo $(squoted "$_export") >> ~/.bashrc
-    echo $(squoted "$_export") >> $_login" ;;
+    echo $(squoted "$_export") >> ~/$_login" ;;
         *) _how="echo $(squoted "$_export") >> ~/.profile" ;;
     esac
     # (typed at a prompt: single quotes, where an interactive bash or zsh expands no `!`)
