@@ -2880,6 +2880,17 @@ def stored_text(value):
     return value
 
 
+def stored_text_head(value, chars):
+    """lhc_text_head() in SQL: about the first ``chars`` characters of a text column's value,
+    a compressed BLOB opened only that far (an acknowledgement is read from the start of a
+    tool result: opening every 30 MB output whole to read it took seconds)."""
+    if isinstance(value, bytes):
+        import zlib
+        head = zlib.decompressobj().decompress(value, 4 * chars)
+        return head.decode("utf-8", "ignore")[:chars]  # (a character cut at the end left out)
+    return value[:chars] if isinstance(value, str) else value
+
+
 def packed_bytes(raw: bytes):
     """raw zlib-compressed (level 1) when that saves a quarter, else None."""
     import zlib
@@ -3053,7 +3064,7 @@ class StoredMessage(dict):
     but shows few of them as their recorded blocks. Every way of reading the dict sees it.
     """
 
-    __slots__ = ("_stored_data",)
+    __slots__ = ("_stored_data", "_text_size")
 
     def __missing__(self, key):
         if key != "data":
@@ -3181,6 +3192,7 @@ def open_db(path: str, migrations, *, synchronous="NORMAL", page_size=None, busy
         db.create_function("lhc_result_body", 2, _result_body, deterministic=True)
         db.create_function("lhc_block_strings", 1, _block_strings, deterministic=True)
         db.create_function("lhc_retrieval_call", 2, _retrieval_call, deterministic=True)
+        db.create_function("lhc_text_head", 2, stored_text_head, deterministic=True)
         try:
             db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             if page_size:  # takes effect only on a new, empty file; an existing one keeps its own
@@ -4780,11 +4792,24 @@ def read_back(seq: int, native: bool = False) -> str:
     return f"lhc_get_messages m{seq}" if native else f"cc-lhc get-messages m{seq}"
 
 
+def text_size(m) -> tuple:
+    """(UTF-8 bytes, lines) of a message's text, worked out once for a stored message: a
+    view's fitting asks again and again (a 30 MB output of other than ASCII was encoded
+    some thirty times for one Smart Compact)."""
+    cached = getattr(m, "_text_size", None)
+    if cached is not None:
+        return cached
+    text = m["text"] or ""
+    size = (utf8_len(text), text.count("\n") + (1 if text and not text.endswith("\n") else 0))
+    if isinstance(m, StoredMessage):
+        m._text_size = size
+    return size
+
+
 def tool_stub(m: dict, tool_name: str, native: bool = False) -> str:
     """The lean band's stand-in for a tool output: its size and the exact way back."""
-    text = m["text"] or ""
-    lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-    size = _human_size(utf8_len(text))
+    nbytes, lines = text_size(m)
+    size = _human_size(nbytes)
     data = block_data(m)
     images = data_images(data) if data else 0
     pictures = f", {images} image{'s' if images > 1 else ''}" if images else ""
@@ -4795,7 +4820,7 @@ def tool_stub(m: dict, tool_name: str, native: bool = False) -> str:
 def _keeps_verbatim(m: dict) -> bool:
     """Whether a tool output is short enough for the lean band to keep as it is (an image
     in it never is: it weighs IMAGE_TOKENS, not the word its text names it by)."""
-    size = utf8_len(m["text"] or "")
+    size = text_size(m)[0]
     if size > ERROR_KEEP_BYTES or (size > STUB_KEEP_BYTES and not m["is_error"]):
         return False
     data = block_data(m)
@@ -10162,6 +10187,9 @@ def _closed(item, seq, notes, stops, metas) -> bool:
 CARRIED_PREFIX = "background_carried:"
 
 
+ACK_CHARS = 16_384  # of a tool result, read for a launch acknowledgement (a few hundred at most)
+
+
 def background_items(store) -> list:
     """The background items open in a thread's main conversation, oldest first.
 
@@ -10173,7 +10201,7 @@ def background_items(store) -> list:
     db = store.db
     marks = ",".join("?" * len(BACKGROUND_TOOLS))
     launches = db.execute(
-        "SELECT c.seq, c.tool_name, c.tool_use_id, c.text, lhc_text(r.text) FROM messages c "
+        f"SELECT c.seq, c.tool_name, c.tool_use_id, c.text, lhc_text_head(r.text, {ACK_CHARS}) FROM messages c "
         "JOIN messages r ON r.kind = 'tool_result' AND r.tool_use_id = c.tool_use_id "
         "AND coalesce(r.is_error, 0) = 0 AND r.agent IS NULL "
         f"WHERE c.kind = 'tool_call' AND c.agent IS NULL AND c.tool_name IN ({marks}) "

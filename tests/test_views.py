@@ -1586,3 +1586,25 @@ def test_claudes_own_summary_of_turns_the_thread_holds_is_in_no_view(tmp_path):
     (tmp_path / "b").mkdir()
     kept = intake_transcript(first, tmp_path / "b")
     assert any("SUMMARY-OF-THE-EARLIER-TURNS" in (m["text"] or "") for turn in kept.turns for m in turn.messages)
+
+
+def test_a_large_outputs_size_is_worked_out_once_and_an_acknowledgement_read_from_its_start(monkeypatch):
+    """A Smart Compact of a thread with 30 MB outputs of other than ASCII took 14-22 s before
+    Claude started: each fitting round encoded every one again to know its size, and the
+    look for background work opened every output whole to read an acknowledgement that is a
+    few hundred characters at its start."""
+    import zlib
+    text = ("résultat ligne\n" * 200_000)
+    m = cc_lhc.StoredMessage(seq=5, text=text, is_error=0, tool_use_id="t", kind="tool_result")
+    m._stored_data = None
+    calls = []
+    real = cc_lhc.utf8_len
+    monkeypatch.setattr(cc_lhc, "utf8_len", lambda t: (calls.append(len(t)), real(t))[1])
+    first = cc_lhc.tool_stub(m, "Bash")
+    for _ in range(30):
+        assert cc_lhc.tool_stub(m, "Bash") == first and not cc_lhc._keeps_verbatim(m)
+    assert len(calls) == 1 and "200000 lines" in first
+    packed = zlib.compress(text.encode(), 1)
+    head = cc_lhc.stored_text_head(packed, 1000)
+    assert head == text[:1000] and cc_lhc.stored_text_head(text, 10) == text[:10]
+    assert cc_lhc.stored_text_head(zlib.compress("é".encode() * 10), 3) == "ééé"
