@@ -4078,9 +4078,11 @@ class ThreadStore:
             # continuation's end each depend on that, read in a later batch or not)
             state.answering = db.execute("SELECT 1 FROM messages WHERE turn = ? AND agent IS NULL AND "
                                          "role = 'assistant' LIMIT 1", (row[0],)).fetchone() is not None
-            seg = db.execute("SELECT max(segment) FROM messages WHERE turn = ? AND agent IS NULL",
-                             (row[0],)).fetchone()[0]
-            state.segment = seg or 0
+            # (the newest message's: segments only grow through a turn, and the index on turn
+            # gives it at once, where max() read every message of a turn of thousands)
+            seg = db.execute("SELECT segment FROM messages WHERE turn = ? AND agent IS NULL "
+                             "ORDER BY seq DESC LIMIT 1", (row[0],)).fetchone()
+            state.segment = (seg[0] if seg else 0) or 0
             closed = db.execute("SELECT 1 FROM segments WHERE turn = ? AND idx = ?",
                                 (row[0], state.segment)).fetchone()
             if closed:
