@@ -11564,6 +11564,11 @@ def leader_sequences(leader: bytes) -> tuple:
     return (leader, f"\x1b[{key};5u".encode(), f"\x1b[27;5;{key}~".encode())
 
 
+# The keys that scroll the panel's output (lines, or pages of about the terminal's height).
+PANEL_SCROLL_KEYS = {b"\x1b[A": -1, b"\x1bOA": -1, b"\x1b[B": 1, b"\x1bOB": 1,
+                     b"\x1b[5~": -2, b"\x1b[6~": 2}
+
+
 class ControlPanel:
     """The panel on ctrl-]: an alternate screen over Claude's, so nothing lands in its input.
 
@@ -11585,6 +11590,7 @@ class ControlPanel:
         self.restore_at = None
         self.line = ""
         self.output = []
+        self.scroll = 0  # output lines scrolled past, when more than the terminal's height
         self.last_action = "none yet"
         self.told_fallback = False  # the configuration fallback is said on the first opening
         self.cut = b""              # a terminal sequence the last read cut short (terminal_sent)
@@ -11665,6 +11671,11 @@ class ControlPanel:
                     break
                 if kind == "reply":  # Claude asked its terminal something: the answer is Claude's
                     claudes += data[i:end]
+                step = PANEL_SCROLL_KEYS.get(bytes(data[i:end]))
+                if step is not None:  # (what is cut to the terminal's height moves)
+                    rows = max(1, self.host.size()[0])
+                    self.scroll = max(0, self.scroll + (step if abs(step) == 1 else step // 2 * max(1, rows - 4)))
+                    self._render()
                 i = end  # arrows, mouse reports and the like: not for the panel's line
                 continue
             if c in (0x0D, 0x0A):
@@ -11707,7 +11718,7 @@ class ControlPanel:
 
     def _show(self) -> None:
         relay = self.relay
-        self.open, self.cut = True, b""
+        self.open, self.cut, self.scroll = True, b"", 0
         relay.hold_output = True
         self.output = self._opening_notes() + [
             f"Type a command (/help lists them); Esc or {self.leader_name} returns to Claude."]
@@ -11792,12 +11803,16 @@ class ControlPanel:
                                   f"cc-lhc control panel \u00b7 thread {thread}",
                                   f"cc-lhc panel \u00b7 {thread}") if cell_width(t) <= cols), "cc-lhc panel"[:cols])
         lines = [title] + ([""] if rows > 8 else [])
-        for text in self.output:
-            for part in text.split("\n"):
-                lines += wrap_cells(part, cols)
-        if len(lines) > rows - 1 >= 2:  # (cut to the terminal's height: said, not silently)
-            more = len(lines) - (rows - 2)
-            lines = lines[:rows - 2] + [cells_prefix(f"\u2026 {more} more lines: a taller terminal shows them", cols)]
+        body = [row for text in self.output for part in text.split("\n") for row in wrap_cells(part, cols)]
+        room = rows - 1 - len(lines)
+        if len(body) > room >= 2:  # (more than fits: scrolled with the arrows, and said)
+            shown = room - 1
+            self.scroll = max(0, min(self.scroll, len(body) - shown))
+            top = self.scroll
+            lines += body[top:top + shown] + [cells_prefix(
+                f"\u2026 lines {top + 1}\u2013{top + shown} of {len(body)}: \u2191 \u2193 PgUp PgDn scroll", cols)]
+        else:
+            lines += body
         lines = lines[:rows - 1]
         hint = ""
         typed = self.line.split(" ")[0]
@@ -11818,6 +11833,7 @@ class ControlPanel:
     def _run(self, line: str) -> None:
         if not line:
             return
+        self.scroll = 0
         name, _, rest = line.partition(" ")
         if name not in PANEL_COMMANDS:
             matches = [c for c in PANEL_COMMANDS if c.startswith(name)]

@@ -655,7 +655,15 @@ def test_output_cut_to_the_terminals_height_says_so_and_the_cursor_shows_where_o
     frame = bytes(p.relay.to_user).decode()
     rows = 24
     assert "line 19\r\n" in frame and "line 20" not in frame  # (title, blank, 20 lines, the note: 23 rows)
-    assert f"\u2026 {40 + 2 - (rows - 2)} more lines: a taller terminal shows them" in frame
+    assert "\u2026 lines 1\u201320 of 40: \u2191 \u2193 PgUp PgDn scroll" in frame and rows == 24
+    p.relay.to_user.clear()
+    p.on_input(b"\x1b[6~")  # (a page down, then a line up: the rest shows)
+    p.on_input(b"\x1b[A")
+    frame = bytes(p.relay.to_user).decode().rsplit("\x1b[H\x1b[2J", 1)[1]
+    assert "line 38\r\n" in frame and "line 19\r\n" in frame and "line 18\r\n" not in frame
+    assert "lines 20\u201339 of 40" in frame
+    p.on_input(b"\x1b[B" * 5)  # (down past the end: the last lines stay)
+    assert "line 39\r\n" in bytes(p.relay.to_user).decode().rsplit("\x1b[H\x1b[2J", 1)[1]
     assert frame.endswith("\x1b[?25h")  # (shown at the input line)
     p.relay.to_user.clear()
     p._hide()
