@@ -11586,6 +11586,7 @@ class ControlPanel:
         self.session, self.host, self.handoff = session, host, handoff
         self.relay = None
         self.open = False
+        self.cursor_hidden = False  # whether Claude had hidden the terminal's cursor when the panel opened
         self.over_alt = False
         self.restore_at = None
         self.line = ""
@@ -11719,6 +11720,9 @@ class ControlPanel:
     def _show(self) -> None:
         relay = self.relay
         self.open, self.cut, self.scroll = True, b"", 0
+        # (as Claude left the terminal's cursor: the panel's frames show it, and their bytes
+        # are what the relay's record of the modes holds once written)
+        self.cursor_hidden = relay.modes.dec.get(25) is False
         relay.hold_output = True
         self.output = self._opening_notes() + [
             f"Type a command (/help lists them); Esc or {self.leader_name} returns to Claude."]
@@ -11755,7 +11759,7 @@ class ControlPanel:
         self.open = False
         self.line = ""
         relay.hold_output = False
-        if relay.modes.dec.get(25) is False:
+        if self.cursor_hidden:
             relay.to_user += b"\x1b[?25l"  # (the cursor as Claude left it: hidden)
         if not self.over_alt:
             relay.to_user += b"\x1b[?1049l" + bytes(relay.held)  # Claude's screen, then what it said meanwhile
@@ -11925,8 +11929,9 @@ class ControlPanel:
         try:
             while True:
                 # (a command's own records, the /clear that began this thread, are no conversation)
+                # (a command the model answered, a skill, is conversation)
                 if store.db.execute("SELECT 1 FROM messages m JOIN turns t ON t.n = m.turn WHERE m.agent IS NULL "
-                                    "AND t.kind != ? LIMIT 1", (COMMAND_TURN,)).fetchone():
+                                    "AND (t.kind != ? OR m.role = 'assistant') LIMIT 1", (COMMAND_TURN,)).fetchone():
                     return False
                 src = store.source(capture.session_id) if capture is not None else None
                 try:
@@ -12855,7 +12860,7 @@ class ManagedSession:
     def _last_words(self) -> None:
         # What was shown inside Claude's screen is said again once the terminal is the
         # user's own, where it stays readable (each line once).
-        for line in dict.fromkeys(self.notices + self.alarms + self.announced):
+        for line in dict.fromkeys(self.notices + self.alarms + self.announced + list(self._to_show)):
             if line not in self.said_before:
                 say(line)
 
@@ -14644,6 +14649,7 @@ class LiveHandoff:
         self.retry_until = None     # and until when
         self.retry_prune = None     # and the prune target it carries out, when it is a Smart Prune
         self.pruning = None         # the prune target of the handoff begun last (None: Smart Compact)
+        self.accept_failed = False  # accepting the rebuild Claude was started on failed: left to the end
         self.seam_turn = None       # the newest turn at the seam the swap under way rebuilt at
         self.draft = DraftWatch()   # what the person has typed into Claude's box and not sent
         self.sent_mark = (0, 0.0)   # (newest recorded prompt, time.time()) when the person last sent one
@@ -14995,11 +15001,12 @@ class LiveHandoff:
             return f"{what} waits for a settled seam"
         return "none"
 
-    def swap_soon(self, relay, prune=None) -> None:
+    def swap_soon(self, relay, prune=None, retry=False) -> None:
         """Swap now, or as soon as the seam settles (within SEAM_WAIT_SECONDS): Smart Prune
-        down to ``prune`` tokens when that is what the in-process path could not do."""
+        down to ``prune`` tokens when that is what the in-process path could not do. A
+        ``retry`` of the waiting one does what it was asked to."""
         import time
-        if prune is not None:
+        if not retry:
             self.retry_prune = prune
         why = self.start(relay, manual=True, prune=self.retry_prune)
         if why.startswith(self.PASSING):
@@ -15054,7 +15061,7 @@ class LiveHandoff:
             self.reshow_at = None
             self.session.show_notices(relay, again=True)
         if self.retry_at is not None and now >= self.retry_at and self.candidate is None:
-            self.swap_soon(relay)
+            self.swap_soon(relay, retry=True)
         if self.submit_at is not None and now >= self.submit_at:
             self.submit_at = None
             relay.to_child += b"\r"
@@ -15204,14 +15211,17 @@ class LiveHandoff:
         transcript was still untouched at the switch) becomes the thread's as soon as Claude
         writes to it, not at the session's end: /details and `cc-lhc threads` say so now."""
         waiting, session = self.session.pending, self.session
-        if waiting is None or waiting.session_id != session.spec.session_id:
+        if waiting is None or waiting.session_id != session.spec.session_id or self.accept_failed:
             return
         try:
             written = os.path.getsize(waiting.path) > waiting.prefix
         except OSError:
             return
-        if written and self._after_switch("accept", accept, session.home, session.capture.thread_id,
-                                          waiting) is not None:
+        if not written:
+            return
+        if self._after_switch("accept", accept, session.home, session.capture.thread_id, waiting) is None:
+            self.accept_failed = True  # (logged; the session's end tries again, not every tick)
+        else:
             session.pending = None
 
     # -- telling Claude about carried work -------------------------------------------

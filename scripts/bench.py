@@ -1534,30 +1534,45 @@ def _smart_compact_overhead(ctx: Ctx) -> dict:
     return out
 
 
+def _session_dirs(root: Path) -> dict:
+    """The folders of one real-CLI session a benchmark runs under root (Claude's config marks
+    the work folder trusted)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import first_run_config
+    dirs = {n: root / n for n in ("home", "config", "lhc", "xdg", "work", "tmp")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    (dirs["config"] / ".claude.json").write_text(json.dumps(first_run_config([dirs["work"], root])))
+    return dirs
+
+
+def _session_env(dirs: dict, api) -> dict:
+    """The environment of such a session: nothing of this machine's own Claude or cc-lhc."""
+    from claude_install import ensure_claude
+    from conftest import FAKE_AUTH_TOKEN, QUIET_ENV
+    env = {k: v for k, v in ORIG_ENV.items() if not k.startswith(("CC_LHC", "CLAUDE", "ANTHROPIC"))}
+    env.update(HOME=str(dirs["home"]), CLAUDE_CONFIG_DIR=str(dirs["config"]), CC_LHC_HOME=str(dirs["lhc"]),
+               XDG_CONFIG_HOME=str(dirs["xdg"]), TMPDIR=str(dirs["tmp"]), PWD=str(dirs["work"]),
+               CC_LHC_SUMMARIES="off", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_AUTH_TOKEN=FAKE_AUTH_TOKEN,
+               CC_LHC_CLAUDE_BIN=str(ensure_claude()), **QUIET_ENV)
+    return env
+
+
 def _live_compact_once(root: Path, bare: bool) -> float:
     """One interactive session (real CLI, fake API, tmux) whose answer goes over the
     trigger at a settled seam: seconds from that answer to Claude's first request on the
     compacted conversation, the next prompt typed as soon as cc-lhc says it is done."""
     sys.path.insert(0, str(REPO / "tests"))
-    from claude_install import ensure_claude
-    from conftest import FAKE_AUTH_TOKEN, QUIET_ENV, first_run_config
     from fakeapi import FakeAPI, text_reply
     from tmuxdrive import Tmux
-    dirs = {n: root / n for n in ("home", "config", "lhc", "xdg", "work", "tmp")}
-    for d in dirs.values():
-        d.mkdir(parents=True)
-    (dirs["config"] / ".claude.json").write_text(json.dumps(first_run_config([dirs["work"], root])))
+    dirs = _session_dirs(root)
     small = {"input_tokens": 1_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
              "output_tokens": 5}
     over = dict(small, input_tokens=365_000)
     log = dirs["lhc"] / "wrapper.log"
     done = "handoff_switched" if bare else "in_process_compact_served"
     with FakeAPI() as api:
-        env = {k: v for k, v in ORIG_ENV.items() if not k.startswith(("CC_LHC", "CLAUDE", "ANTHROPIC"))}
-        env.update(HOME=str(dirs["home"]), CLAUDE_CONFIG_DIR=str(dirs["config"]), CC_LHC_HOME=str(dirs["lhc"]),
-                   XDG_CONFIG_HOME=str(dirs["xdg"]), TMPDIR=str(dirs["tmp"]), PWD=str(dirs["work"]),
-                   CC_LHC_SUMMARIES="off", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_AUTH_TOKEN=FAKE_AUTH_TOKEN,
-                   CC_LHC_CLAUDE_BIN=str(ensure_claude()), **QUIET_ENV)
+        env = _session_env(dirs, api)
         api.script([text_reply("first answer", usage=small), text_reply("over the trigger", usage=over)])
         api.responder = lambda body: text_reply("on the compacted conversation", usage=small)
         with Tmux([sys.executable, str(REPO / "cc_lhc.py"), *(["--bare"] if bare else [])],
@@ -1612,21 +1627,12 @@ def _idle_cpu_once(root: Path, bare: bool) -> tuple[float, float]:
     every thread of each process, their children left out."""
     import psutil
     sys.path.insert(0, str(REPO / "tests"))
-    from claude_install import ensure_claude
-    from conftest import FAKE_AUTH_TOKEN, QUIET_ENV, first_run_config
     from fakeapi import FakeAPI, text_reply
     from tmuxdrive import Tmux
-    dirs = {n: root / n for n in ("home", "config", "lhc", "xdg", "work", "tmp")}
-    for d in dirs.values():
-        d.mkdir(parents=True)
-    (dirs["config"] / ".claude.json").write_text(json.dumps(first_run_config([dirs["work"], root])))
+    dirs = _session_dirs(root)
     log = dirs["lhc"] / "wrapper.log"
     with FakeAPI() as api:
-        env = {k: v for k, v in ORIG_ENV.items() if not k.startswith(("CC_LHC", "CLAUDE", "ANTHROPIC"))}
-        env.update(HOME=str(dirs["home"]), CLAUDE_CONFIG_DIR=str(dirs["config"]), CC_LHC_HOME=str(dirs["lhc"]),
-                   XDG_CONFIG_HOME=str(dirs["xdg"]), TMPDIR=str(dirs["tmp"]), PWD=str(dirs["work"]),
-                   CC_LHC_SUMMARIES="off", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_AUTH_TOKEN=FAKE_AUTH_TOKEN,
-                   CC_LHC_CLAUDE_BIN=str(ensure_claude()), **QUIET_ENV)
+        env = _session_env(dirs, api)
         api.responder = lambda body: text_reply("answered")
         with Tmux([sys.executable, str(REPO / "cc_lhc.py"), *(["--bare"] if bare else [])],
                   cols=120, rows=30, env=env, cwd=dirs["work"]) as t:

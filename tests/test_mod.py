@@ -382,6 +382,7 @@ def _waiting_handoff(tmp_path, monkeypatch, answers):
                                                           overlay_done=lambda now: False,
                                                           overlay_cleared=lambda at: False), None, None
     h.retry_at = h.retry_until = h.retry_prune = None
+    h.accept_failed = False
     h.held = None  # (no automatic Smart Compact a draft held back)
     h.inproc = SimpleNamespace(on_tick=lambda relay: None, wants_tick=False)
     h._tell_carried = lambda relay: None
@@ -536,3 +537,16 @@ def test_a_prune_the_mod_declines_is_carried_out_by_the_swap_even_after_waiting_
     h.on_tick(None)
     h.swap_soon(None)
     assert prunes == [3000, 3000, None]
+
+
+def test_a_swap_asked_for_after_a_waiting_prune_is_what_it_was_asked_to_be(tmp_path, monkeypatch):
+    """A prune's swap waiting for its seam must not turn a later Smart Compact asked for
+    meanwhile (a /resume's rewrite) into a prune."""
+    unsettled = f"{cc_lhc.UNSETTLED} (t3 is still open)"
+    h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch, [unsettled, "", ""])
+    prunes = []
+    start = h.start
+    h.start = lambda relay, manual=False, prune=None: (prunes.append(prune), start(relay, manual))[1]
+    h.swap_soon(None, prune=3000)
+    h.swap_soon(None)
+    assert prunes == [3000, None]

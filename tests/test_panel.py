@@ -700,3 +700,69 @@ def test_a_notice_said_while_the_panel_is_open_waits_for_it_to_close(monkeypatch
     assert bytes(p.relay.to_user) == b"" and list(s._to_show) == ["Smart Compact did not run: a reason"]
     p._hide()
     assert b"Smart Compact did not run: a reason" in bytes(p.relay.to_user) and not s._to_show
+
+
+def test_the_cursor_claude_hid_is_hidden_again_once_the_panels_frames_reached_the_terminal(monkeypatch):
+    """The relay's record of the terminal's modes holds what was written: the panel's own
+    frames show the cursor, so the record read at closing time said it was shown, and the
+    cursor stayed on over Claude's screen. What Claude had is taken as the panel opens."""
+    import os
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    p = panel(monkeypatch)
+    p.relay = cc_lhc.Relay(0, None, w)
+    p.relay.to_user += b"\x1b[?25l"  # (Claude hides it, and that reaches the terminal)
+    p.relay._to_user()
+    p._show()
+    p.relay._to_user()  # (the panel's frame reaches it too)
+    os.read(r, 1 << 20)
+    p.relay.to_user.clear()
+    p._hide()
+    out = bytes(p.relay.to_user)
+    assert out.rfind(b"\x1b[?25l") > out.rfind(b"\x1b[?25h")
+    os.close(r)
+    os.close(w)
+
+
+def test_a_notice_held_for_the_panel_is_said_at_the_end_when_the_panel_never_closed(monkeypatch):
+    import collections
+    said = []
+    monkeypatch.setattr(cc_lhc, "say", lambda text: said.append(text))
+    s = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
+    s._to_show, s.announced, s.on_screen = collections.deque(), [], collections.deque(maxlen=6)
+    s.overlay_until = s.overlay_drawn_at = None
+    s.notices, s.alarms, s.said_before, s.control_w = [], [], set(), 1
+    s.home = type("H", (), {"log": staticmethod(lambda *a, **k: None)})()
+    p = panel(monkeypatch)
+    p._show()
+    s.announce("in-process Smart Compact was refused (a reason)", p.relay)
+    assert list(s._to_show)  # (held: the panel is open, and Claude then ends)
+    s._last_words()
+    assert said == ["in-process Smart Compact was refused (a reason)"]
+
+
+def test_a_thread_of_commands_the_model_answered_is_conversation(iso_env, tmp_path):
+    """A skill or custom command (/review) is a turn of kind command that the model answers:
+    /smart-compact and /smart-prune refused such a thread as holding nothing yet."""
+    import types
+    import uuid
+    from test_capture_parse import Transcript, text
+    home = cc_lhc.StateHome()
+    home.ensure()
+    sid = str(uuid.uuid4())
+    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
+    t = Transcript(sid)
+    t.user("<command-name>/review</command-name>\n<command-message>review</command-message>")
+    t.user("Review the change on this branch.", isMeta=True)
+    t.assistant(text("reviewed: it looks fine"))
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    cap.stop()
+    started = []
+    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
+                                    capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
+    p = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)),
+                            types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(prune) or ""))
+    p._hide = lambda: None
+    assert p.cmd_smart_prune(["1000"]).startswith("Smart Prune started") and started == [1000]

@@ -1003,13 +1003,9 @@ def test_a_transcript_cut_after_capture_is_written_again_from_the_thread_before_
         assert word in sent, word
 
 
-@pytest.mark.parametrize("lost", ["emptied", "removed"])
-def test_a_lost_thread_record_is_made_again_from_every_session_claude_still_keeps(real_claude, lost):
-    """The thread's record was emptied (or removed) after a Smart Compact: the next launch
-    made a new record of the current (rebuilt) session alone, without a word, so the older
-    turns were gone from the thread and the labels moved. Every session Claude Code still
-    keeps is taken in again, oldest first, under the labels they had, and it is said."""
-    rc = real_claude
+def compacted_thread(rc) -> Path:
+    """Three one-shots in one thread, the third Smart Compacted (the second's answer went over
+    the trigger): the thread's record file. Its turns hold KIWI-1..3 and ZEBRA-11."""
     rc.api.script(["ANSWER-ONE remember ZEBRA-11"])
     assert rc.run_lhc("-p", "first prompt KIWI-1").returncode == 0
     rc.api.script([text_reply("ANSWER-TWO big LLAMA-22", usage=OVER)])
@@ -1018,6 +1014,17 @@ def test_a_lost_thread_record_is_made_again_from_every_session_claude_still_keep
     p = rc.run_lhc("-c", "-p", "third prompt KIWI-3")
     assert p.returncode == 0 and "Smart Compact" in p.stderr, p.stderr
     (record,) = (rc.iso.lhc / "threads").glob("*.sqlite")
+    return record
+
+
+@pytest.mark.parametrize("lost", ["emptied", "removed"])
+def test_a_lost_thread_record_is_made_again_from_every_session_claude_still_keeps(real_claude, lost):
+    """The thread's record was emptied (or removed) after a Smart Compact: the next launch
+    made a new record of the current (rebuilt) session alone, without a word, so the older
+    turns were gone from the thread and the labels moved. Every session Claude Code still
+    keeps is taken in again, oldest first, under the labels they had, and it is said."""
+    rc = real_claude
+    record = compacted_thread(rc)
     before = json.loads(rc.run_lhc("export", record.stem, "--format", "json").stdout)
     if lost == "emptied":
         os.truncate(record, 0)
@@ -1068,13 +1075,7 @@ def test_doctors_fix_for_a_damaged_thread_file_gets_the_whole_thread_back(real_c
     damaged one's place: the thread lost everything. The fix now moves the files aside, and
     the next launch makes the record again from Claude Code's transcripts."""
     rc = real_claude
-    rc.api.script(["ANSWER-ONE remember ZEBRA-11"])
-    assert rc.run_lhc("-p", "first prompt KIWI-1").returncode == 0
-    rc.api.script([text_reply("ANSWER-TWO big LLAMA-22", usage=OVER)])
-    assert rc.run_lhc("-c", "-p", "second prompt KIWI-2").returncode == 0
-    rc.api.script(["ANSWER-THREE"])
-    assert "Smart Compact" in rc.run_lhc("-c", "-p", "third prompt KIWI-3").stderr
-    (record,) = (rc.iso.lhc / "threads").glob("*.sqlite")
+    record = compacted_thread(rc)
     with open(record, "r+b") as f:  # one page damaged
         f.seek(5 * 2048 + 8)
         f.write(b"\xff" * 8)
