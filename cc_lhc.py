@@ -19913,6 +19913,16 @@ def cmd_doctor(args) -> int:
                                                   "no trigram tokenizer (3.34+), so search scans"),
           "run cc-lhc with a Python whose SQLite is 3.34 or newer (the release bundle's is); "
           "search works meanwhile, more slowly")
+    try:  # (the configuration a launch in this folder would read)
+        policy = load_policy(os.getcwd(), {})
+    except OSError:
+        policy = None
+    if policy is not None:
+        check("warn" if policy.fell_back else "ok", "configuration",
+              "; ".join(policy.problems) if policy.fell_back else
+              "the files a launch here reads are valid (" + (", ".join(sorted(
+                  {src for src in policy.sources.values() if src != "builtin"})) or "built-in values only") + ")",
+              "mend what is named; until then a launch uses the built-in value of each field in question")
     if not os.path.isdir(home.root):
         if os.path.lexists(home.root):
             check("fail", "state home", f"{home.root} is not a folder",

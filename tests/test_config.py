@@ -398,3 +398,17 @@ def test_control_characters_in_a_project_file_reach_no_terminal(iso_env):
     [problem] = p.problems
     assert "\x1b" not in problem and "\x07" not in problem
     assert "\\x1b]0;PWNED\\x07\\x1b[2Jx" in problem
+
+
+def test_doctor_checks_the_configuration_a_launch_here_would_read(iso_env, capsys, monkeypatch):
+    """doctor said nothing of a configuration only a launch (or measure) found wrong."""
+    monkeypatch.chdir(iso_env.work)
+    write_project(iso_env.work, json.dumps({"profile": "nonsense"}).encode())
+    cc_lhc.main(["doctor"])
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "] configuration" in line)
+    assert line.startswith("[warn] configuration") and "profile" in line and ".cc-lhc.json" in line, out
+    write_project(iso_env.work, json.dumps({"profile": "balanced"}).encode())
+    cc_lhc.main(["doctor"])
+    out = capsys.readouterr().out
+    assert "[  ok] configuration: the files a launch here reads are valid" in out, out
