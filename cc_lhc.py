@@ -11713,7 +11713,10 @@ class ControlPanel:
         """Tab (or Enter on a partial name) completes a command without running it."""
         name, _, rest = line.partition(" ")
         matches = [c for c in PANEL_COMMANDS if c.startswith(name or "/")]
-        return matches[0] + " " + rest.lstrip(" ") if len(matches) == 1 else line  # (what follows kept)
+        if len(matches) == 1:
+            return matches[0] + " " + rest.lstrip(" ")  # (what follows kept)
+        common = os.path.commonprefix(matches) if matches and not rest else ""
+        return common if len(common) > len(name) else line  # (as far as the candidates agree: /s -> /st)
 
     # -- screen -------------------------------------------------------------------------
 

@@ -766,3 +766,12 @@ def test_a_thread_of_commands_the_model_answered_is_conversation(iso_env, tmp_pa
                             types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(prune) or ""))
     p._hide = lambda: None
     assert p.cmd_smart_prune(["1000"]).startswith("Smart Prune started") and started == [1000]
+
+
+def test_tab_completes_as_far_as_the_commands_it_could_be_agree(monkeypatch):
+    p = panel(monkeypatch)
+    p._show()
+    for typed, completed in (("/sm", "/smart-"), ("/st", "/stat"), ("/s", "/s"), ("/b", "/bounds ")):
+        p.line = ""
+        p.on_input(typed.encode() + b"\t")
+        assert p.line == completed, (typed, p.line)
