@@ -511,7 +511,7 @@ def test_smart_compact_waits_for_a_draft_and_for_a_prompt_just_sent(monkeypatch,
     import time
     import types
     monkeypatch.setenv("CC_LHC_HOME", str(tmp_path))
-    session = types.SimpleNamespace(home=cc_lhc.StateHome(), detached="",
+    session = types.SimpleNamespace(home=cc_lhc.StateHome(), detached="", pending=None,
                                     spec=types.SimpleNamespace(mod=None, session_id="s"))
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.candidate, h.submit_at, h.continue_note = session, None, None, None
@@ -574,7 +574,7 @@ def test_the_persons_own_compact_holds_the_seam_until_claude_takes_it(monkeypatc
         d.compact_sent_at = None
         d.feed(keys, 5.0)
         assert (d.compact_sent_at == 5.0) is taken, keys
-    session = types.SimpleNamespace(home=cc_lhc.StateHome(), detached="",
+    session = types.SimpleNamespace(home=cc_lhc.StateHome(), detached="", pending=None,
                                     spec=types.SimpleNamespace(mod=None, session_id="s"))
     h = cc_lhc.LiveHandoff.__new__(cc_lhc.LiveHandoff)
     h.session, h.candidate, h.submit_at, h.continue_note, h.held = session, None, None, None, None
@@ -774,7 +774,7 @@ def test_cc_lhcs_lines_over_claudes_screen_stack_wrap_and_leave_the_cursor():
     session = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
     session._to_show, session.announced = __import__("collections").deque(), []
     session.on_screen = __import__("collections").deque(maxlen=6)
-    relay = types.SimpleNamespace(to_user=bytearray(), get_size=lambda: (10, 60))
+    relay = types.SimpleNamespace(to_user=bytearray(), get_size=lambda: (10, 60), hold_output=False)
     for text in ("input typed during compaction was not delivered", "Smart Compact did not complete"):
         session._to_show.append(text)
         session.show_notices(relay)
@@ -928,7 +928,7 @@ def test_lines_claude_clears_its_screen_over_while_they_stand_are_written_again(
     session = cc_lhc.ManagedSession.__new__(cc_lhc.ManagedSession)
     session._to_show, session.announced = collections.deque(), []
     session.on_screen = collections.deque(maxlen=6)
-    session.overlay_until = session.overlay_drawn_at = None
+    session.overlay_until = session.overlay_drawn_at = session.pending = None
     session.home = types.SimpleNamespace(log=lambda *a, **k: None)
     relay = types.SimpleNamespace(to_user=bytearray(), get_size=lambda: (10, 60), child_cleared_at=99.0,
                                   hold_output=False, child_alt_screen=True)
