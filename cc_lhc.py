@@ -13873,6 +13873,9 @@ def smart_compact_before_launch(spec, home, policy, capture):
     return fresh, pending
 
 
+RECORD_UUID = re.compile(rb'"uuid"\s*:\s*"([^"\\]+)"')
+
+
 def records_cut_from(store, session_id, path) -> int:
     """How many records of the session the thread holds that its transcript no longer does:
     looked for only once capture saw the file cut or written over (and read it again from
@@ -13880,9 +13883,11 @@ def records_cut_from(store, session_id, path) -> int:
     if store.db.execute("SELECT 1 FROM problems WHERE session = ? AND kind IN (?, ?) LIMIT 1",
                         (session_id, "transcript_shrank", "transcript_rewritten")).fetchone() is None:
         return 0
+    found = set()
     try:
-        with open(path, "rb") as f:
-            found = set(re.findall(rb'"uuid"\s*:\s*"([^"\\]+)"', f.read()))
+        with open(path, "rb") as f:  # (a line at a time: a transcript may be 100 MB)
+            for line in f:
+                found.update(RECORD_UUID.findall(line))
     except OSError:
         return 0
     return sum(1 for (uuid,) in store.db.execute("SELECT uuid FROM chain WHERE session = ?", (session_id,))
@@ -18781,13 +18786,12 @@ RETRIEVAL_RUN = re.compile(
     r"sudo(?:\s+-\S+)*|time|command|exec|xargs(?:\s+-\S+)*|nohup)\s+)*[\"']?(?:[^\s;&|]*/)?cc-lhc(?:\.exe)?"
     r"[\"']?\s+(?:search|get-turns|get-messages)(?![\w-])")
 HEREDOC = re.compile(r"<<-?\s*([\"']?)(\w+)\1[^\n]*\n(.*?)(?:\n\t*\2[ \t]*(?:\n|$)|$)", re.S)
-RETRIEVAL_TOOLS = ("lhc_get_turns", "lhc_get_messages", "lhc_search")
 
 
 def _retrieval_call(tool_name, text) -> int:
     """lhc_retrieval_call() in SQL: 1 when a tool call (its name, its JSON input) runs one
     of cc-lhc's retrievals: the mod's tools, or a command line (RETRIEVAL_RUN)."""
-    if tool_name in RETRIEVAL_TOOLS:
+    if tool_name in MOD_TOOLS:
         return 1
     if not isinstance(text, str) or "cc-lhc" not in text:
         return 0
@@ -19980,21 +19984,20 @@ def cmd_doctor(args) -> int:
               "thread can be read", f"chmod u+rwx {shlex.quote(home.path('threads'))}")
     unusable = 0
 
-    def current_of(thread_id):
-        """(read only: doctor writes nothing without --repair)"""
+    def current_sessions() -> dict:
+        """thread -> current session, read once (read only: doctor writes nothing without --repair)."""
         registry = home.path("registry.sqlite")
         if not os.path.isfile(registry):
-            return None
+            return {}
         try:
             db = sqlite3.connect(f"file:{registry}?mode=ro", uri=True, timeout=5)
             try:
-                row = db.execute("SELECT session_id FROM aliases WHERE thread_id = ? AND is_current = 1",
-                                 (thread_id,)).fetchone()
+                return dict(db.execute("SELECT thread_id, session_id FROM aliases WHERE is_current = 1"))
             finally:
                 db.close()
         except sqlite3.Error:
-            return None  # (the registry's own check says what is wrong with it)
-        return row[0] if row else None
+            return {}  # (the registry's own check says what is wrong with it)
+    current = current_sessions()
     for thread_id in threads:  # each thread store on its own: one damaged file is named alone
         record = home.path("threads", f"{thread_id}.sqlite")
         aside = home.path("damaged")
@@ -20008,7 +20011,7 @@ def cmd_doctor(args) -> int:
             unusable += 1
             check(*found)
         elif found[0] == "ok":
-            for session, kind, detail in transcript_troubles(record, current_of(thread_id)):
+            for session, kind, detail in transcript_troubles(record, current.get(thread_id)):
                 check("warn", f"thread {thread_id}", f"the transcript of session {session} {detail}",
                       TRANSCRIPT_TROUBLE_FIX[kind])
     if not unlisted:
