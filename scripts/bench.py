@@ -1558,13 +1558,28 @@ def _session_env(dirs: dict, api) -> dict:
     return env
 
 
+@contextlib.contextmanager
+def _ready_session(dirs: dict, env: dict, bare: bool):
+    """cc-lhc (the checkout's) in tmux on the real CLI, at Claude's prompt, the mod's handshake
+    done unless ``bare``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from tmuxdrive import Tmux
+    log = dirs["lhc"] / "wrapper.log"
+    with Tmux([sys.executable, str(REPO / "cc_lhc.py"), *(["--bare"] if bare else [])],
+              cols=120, rows=30, env=env, cwd=dirs["work"]) as t:
+        t.wait_for("❯", timeout=30)
+        if not bare:
+            while '"event": "mod_active"' not in (log.read_text() if log.exists() else ""):
+                time.sleep(0.02)
+        yield t
+
+
 def _live_compact_once(root: Path, bare: bool) -> float:
     """One interactive session (real CLI, fake API, tmux) whose answer goes over the
     trigger at a settled seam: seconds from that answer to Claude's first request on the
     compacted conversation, the next prompt typed as soon as cc-lhc says it is done."""
     sys.path.insert(0, str(REPO / "tests"))
     from fakeapi import FakeAPI, text_reply
-    from tmuxdrive import Tmux
     dirs = _session_dirs(root)
     small = {"input_tokens": 1_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
              "output_tokens": 5}
@@ -1575,12 +1590,7 @@ def _live_compact_once(root: Path, bare: bool) -> float:
         env = _session_env(dirs, api)
         api.script([text_reply("first answer", usage=small), text_reply("over the trigger", usage=over)])
         api.responder = lambda body: text_reply("on the compacted conversation", usage=small)
-        with Tmux([sys.executable, str(REPO / "cc_lhc.py"), *(["--bare"] if bare else [])],
-                  cols=120, rows=30, env=env, cwd=dirs["work"]) as t:
-            t.wait_for("❯", timeout=30)
-            if not bare:
-                while '"event": "mod_active"' not in (log.read_text() if log.exists() else ""):
-                    time.sleep(0.02)
+        with _ready_session(dirs, env, bare) as t:
             for prompt, answer in (("first", "first answer"), ("second", "over the trigger")):
                 t.send_text(prompt)
                 t.send_keys("Enter")
@@ -1628,18 +1638,11 @@ def _idle_cpu_once(root: Path, bare: bool) -> tuple[float, float]:
     import psutil
     sys.path.insert(0, str(REPO / "tests"))
     from fakeapi import FakeAPI, text_reply
-    from tmuxdrive import Tmux
     dirs = _session_dirs(root)
-    log = dirs["lhc"] / "wrapper.log"
     with FakeAPI() as api:
         env = _session_env(dirs, api)
         api.responder = lambda body: text_reply("answered")
-        with Tmux([sys.executable, str(REPO / "cc_lhc.py"), *(["--bare"] if bare else [])],
-                  cols=120, rows=30, env=env, cwd=dirs["work"]) as t:
-            t.wait_for("❯", timeout=30)
-            if not bare:
-                while '"event": "mod_active"' not in (log.read_text() if log.exists() else ""):
-                    time.sleep(0.02)
+        with _ready_session(dirs, env, bare) as t:
             t.send_text("one prompt")
             t.send_keys("Enter")
             t.wait_for("answered", timeout=30)
