@@ -387,7 +387,9 @@ def _waiting_handoff(tmp_path, monkeypatch, answers):
     h.inproc = SimpleNamespace(on_tick=lambda relay: None, wants_tick=False)
     h._tell_carried = lambda relay: None
     asked = []
-    h.start = lambda relay, manual=False, prune=None: (asked.append(clock.now), answers.pop(0))[1]
+    h.prunes = []  # (the prune target each start was asked for)
+    h.start = lambda relay, manual=False, prune=None: (asked.append(clock.now), h.prunes.append(prune),
+                                                       answers.pop(0))[2]
     return h, clock, asked, home
 
 
@@ -529,14 +531,11 @@ def test_a_prune_the_mod_declines_is_carried_out_by_the_swap_even_after_waiting_
     also when it first waits for the seam to settle, and a later swap is a Smart Compact."""
     unsettled = f"{cc_lhc.UNSETTLED} (the transcript was left mid-turn (t3 is still open))"
     h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch, [unsettled, "", ""])
-    prunes = []
-    start = h.start
-    h.start = lambda relay, manual=False, prune=None: (prunes.append(prune), start(relay, manual))[1]
     h.swap_soon(None, prune=3000)
     clock.now += h.SEAM_RETRY_SECONDS
     h.on_tick(None)
     h.swap_soon(None)
-    assert prunes == [3000, 3000, None]
+    assert h.prunes == [3000, 3000, None]
 
 
 def test_a_swap_asked_for_after_a_waiting_prune_is_what_it_was_asked_to_be(tmp_path, monkeypatch):
@@ -544,9 +543,6 @@ def test_a_swap_asked_for_after_a_waiting_prune_is_what_it_was_asked_to_be(tmp_p
     meanwhile (a /resume's rewrite) into a prune."""
     unsettled = f"{cc_lhc.UNSETTLED} (t3 is still open)"
     h, clock, asked, home = _waiting_handoff(tmp_path, monkeypatch, [unsettled, "", ""])
-    prunes = []
-    start = h.start
-    h.start = lambda relay, manual=False, prune=None: (prunes.append(prune), start(relay, manual))[1]
     h.swap_soon(None, prune=3000)
     h.swap_soon(None)
-    assert prunes == [3000, None]
+    assert h.prunes == [3000, None]

@@ -362,7 +362,6 @@ def test_a_smart_compact_of_a_session_with_nothing_captured_yet_is_not_started(i
 def panel_over_a_transcript(tmp_path, start):
     """A panel on a thread whose transcript holds one answered prompt (not captured yet);
     ``start`` plays the handoff's. Returns (panel, home, thread, session, transcript path)."""
-    import types
     import uuid
     from test_capture_parse import Transcript, text
     home = cc_lhc.StateHome()
@@ -373,12 +372,36 @@ def panel_over_a_transcript(tmp_path, start):
     t.user("hello")
     t.assistant(text("an answer on the screen"))
     path = t.write(tmp_path / "t.jsonl")
+    return panel_on(home, thread, sid, path, start), home, thread, sid, path
+
+
+def panel_on(home, thread, sid, path, start):
+    """A panel on that thread and session (its transcript at path); ``start`` plays the handoff's."""
+    import types
     session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
                                     capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
     panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)),
                                 types.SimpleNamespace(start=start))
     panel._hide = lambda: None
-    return panel, home, thread, sid, path
+    return panel
+
+
+def captured_thread(tmp_path, write):
+    """A new thread whose transcript ``write(transcript)`` fills, captured:
+    (home, thread, session, transcript path)."""
+    import uuid
+    from test_capture_parse import Transcript
+    home = cc_lhc.StateHome()
+    home.ensure()
+    sid = str(uuid.uuid4())
+    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
+    t = Transcript(sid)
+    write(t)
+    path = t.write(tmp_path / "t.jsonl")
+    cap = cc_lhc.Capture(home, thread, sid, str(path))
+    cap.catch_up()
+    cap.stop()
+    return home, thread, sid, path
 
 
 def test_a_smart_compact_asked_while_capture_is_behind_waits_for_it(iso_env, monkeypatch, tmp_path):
@@ -618,29 +641,17 @@ def test_a_smart_prune_asked_for_at_a_passing_moment_says_to_ask_again(why):
 def test_a_thread_holding_only_the_clear_that_began_it_has_nothing_to_compact(iso_env, tmp_path):
     """/clear, then /smart-compact at once: the thread held the /clear command's own records,
     and a rebuild of a session holding only `/clear` ran."""
-    import types
-    import uuid
-    from test_capture_parse import Transcript
-    home = cc_lhc.StateHome()
-    home.ensure()
-    sid = str(uuid.uuid4())
-    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
-    t = Transcript(sid)
-    t.user("<command-name>/clear</command-name>\n<command-message>clear</command-message>\n<command-args></command-args>")
-    t.user("<local-command-stdout></local-command-stdout>")
-    path = t.write(tmp_path / "t.jsonl")
-    cap = cc_lhc.Capture(home, thread, sid, str(path))
-    cap.catch_up()
-    cap.stop()
+    def write(t):
+        t.user("<command-name>/clear</command-name>\n<command-message>clear</command-message>\n"
+               "<command-args></command-args>")
+        t.user("<local-command-stdout></local-command-stdout>")
+    home, thread, sid, path = captured_thread(tmp_path, write)
     store = cc_lhc.ThreadStore(home, thread)
     assert store.db.execute("SELECT count(*) FROM messages").fetchone()[0] > 0
     assert {k for (k,) in store.db.execute("SELECT kind FROM turns")} == {cc_lhc.COMMAND_TURN}
     store.close()
     started = []
-    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
-                                    capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
-    panel = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)),
-                                types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(1) or ""))
+    panel = panel_on(home, thread, sid, path, lambda relay, manual, prune=None: started.append(1) or "")
     assert panel.cmd_smart_compact([]) == "Smart Compact did not start: nothing is captured in this session yet"
     assert started == []
 
@@ -744,29 +755,16 @@ def test_a_notice_held_for_the_panel_is_said_at_the_end_when_the_panel_never_clo
 def test_a_thread_of_commands_the_model_answered_is_conversation(iso_env, tmp_path):
     """A skill or custom command (/review) is a turn of kind command that the model answers:
     /smart-compact and /smart-prune refused such a thread as holding nothing yet."""
-    import types
-    import uuid
-    from test_capture_parse import Transcript, text
-    home = cc_lhc.StateHome()
-    home.ensure()
-    sid = str(uuid.uuid4())
-    thread = cc_lhc.Registry(home).create_thread(sid, "/w", "fresh")
-    t = Transcript(sid)
-    t.user("<command-name>/review</command-name>\n<command-message>review</command-message>")
-    t.user("Review the change on this branch.", isMeta=True)
-    t.assistant(text("reviewed: it looks fine"))
-    path = t.write(tmp_path / "t.jsonl")
-    cap = cc_lhc.Capture(home, thread, sid, str(path))
-    cap.catch_up()
-    cap.stop()
-    started = []
-    session = types.SimpleNamespace(policy=cc_lhc.resolve_policy([]), home=home,
-                                    capture=types.SimpleNamespace(thread_id=thread, session_id=sid, path=str(path)))
-    p = cc_lhc.ControlPanel(session, types.SimpleNamespace(size=lambda: (24, 80)),
-                            types.SimpleNamespace(start=lambda relay, manual, prune=None: started.append(prune) or ""))
-    p._hide = lambda: None
-    assert p.cmd_smart_prune(["1000"]).startswith("Smart Prune started") and started == [1000]
+    from test_capture_parse import text
 
+    def write(t):
+        t.user("<command-name>/review</command-name>\n<command-message>review</command-message>")
+        t.user("Review the change on this branch.", isMeta=True)
+        t.assistant(text("reviewed: it looks fine"))
+    home, thread, sid, path = captured_thread(tmp_path, write)
+    started = []
+    p = panel_on(home, thread, sid, path, lambda relay, manual, prune=None: started.append(prune) or "")
+    assert p.cmd_smart_prune(["1000"]).startswith("Smart Prune started") and started == [1000]
 
 def test_tab_completes_as_far_as_the_commands_it_could_be_agree(monkeypatch):
     p = panel(monkeypatch)
